@@ -1,0 +1,292 @@
+-- payonce schema, version 1.
+--
+-- Every uniqueness and every allowed value is a constraint here, so the
+-- database refuses what the code must never do, even if the code is wrong.
+-- Unique keys are named indexes with the incident review's `uk_` names.
+-- Times are RFC 3339 UTC text with milliseconds (YYYY-MM-DDTHH:MM:SS.sssZ),
+-- so they sort as text. Money is an integer number of minor units.
+--
+-- Applied by src/store.rs in one IMMEDIATE transaction when
+-- PRAGMA user_version is below 1; the store sets user_version in that same
+-- transaction, so two processes opening a new file do not race.
+
+CREATE TABLE orders (
+    id          INTEGER PRIMARY KEY,
+    order_no    TEXT    NOT NULL CHECK (length(order_no) BETWEEN 1 AND 64
+                                        AND order_no NOT GLOB '*[^A-Za-z0-9_.-]*'),
+    user_id     TEXT    NOT NULL CHECK (length(user_id) BETWEEN 1 AND 64
+                                        AND user_id NOT GLOB '*[^A-Za-z0-9_.-]*'),
+    amount      INTEGER NOT NULL CHECK (typeof(amount) = 'integer'
+                                        AND amount BETWEEN 1 AND 1000000000000),
+    currency    TEXT    NOT NULL CHECK (currency GLOB '[A-Z][A-Z][A-Z]'),
+    status      TEXT    NOT NULL CHECK (status IN ('PENDING', 'PAID', 'CLOSED', 'REFUNDING', 'REFUNDED')),
+    pay_no      TEXT,
+    created_at  TEXT    NOT NULL,
+    expires_at  TEXT    NOT NULL,
+    paid_at     TEXT,
+    closed_at   TEXT,
+    refund_no   TEXT,
+    refunded_at TEXT,
+    -- A paid order always names the payment that paid it, and only such an order does.
+    CHECK ((status IN ('PENDING', 'CLOSED')) = (pay_no IS NULL)),
+    CHECK ((status IN ('PENDING', 'CLOSED')) = (paid_at IS NULL)),
+    CHECK ((status = 'CLOSED') = (closed_at IS NOT NULL)),
+    CHECK ((status = 'REFUNDED') = (refunded_at IS NOT NULL)),
+    CHECK ((status IN ('REFUNDING', 'REFUNDED')) = (refund_no IS NOT NULL))
+);
+CREATE UNIQUE INDEX uk_order_no ON orders (order_no);
+CREATE INDEX ix_orders_user ON orders (user_id, id);
+CREATE INDEX ix_orders_status ON orders (status, id);
+CREATE INDEX ix_orders_pending_expiry ON orders (expires_at) WHERE status = 'PENDING';
+
+-- The five legal edges of the order state machine (src/domain.rs holds the
+-- same table). Anything else is refused here even if the code tries it.
+CREATE TRIGGER orders_legal_transitions
+BEFORE UPDATE OF status ON orders
+WHEN NEW.status IS NOT OLD.status
+ AND NOT ((OLD.status = 'PENDING'   AND NEW.status = 'PAID')
+       OR (OLD.status = 'PENDING'   AND NEW.status = 'CLOSED')
+       OR (OLD.status = 'PAID'      AND NEW.status = 'REFUNDING')
+       OR (OLD.status = 'REFUNDING' AND NEW.status = 'REFUNDED')
+       OR (OLD.status = 'REFUNDING' AND NEW.status = 'PAID'))
+BEGIN
+    SELECT RAISE(ABORT, 'illegal order transition');
+END;
+
+CREATE TRIGGER orders_identity_immutable
+BEFORE UPDATE OF id, order_no, user_id, amount, currency, created_at ON orders
+WHEN NEW.id IS NOT OLD.id OR NEW.order_no IS NOT OLD.order_no OR NEW.user_id IS NOT OLD.user_id
+  OR NEW.amount IS NOT OLD.amount OR NEW.currency IS NOT OLD.currency
+  OR NEW.created_at IS NOT OLD.created_at
+BEGIN
+    SELECT RAISE(ABORT, 'an order''s identity, amount and currency never change');
+END;
+
+CREATE TRIGGER orders_no_delete BEFORE DELETE ON orders
+BEGIN
+    SELECT RAISE(ABORT, 'orders are never deleted');
+END;
+
+-- One row per platform payment serial number. `state` is `received` while
+-- the record waits in record-only mode (outcome `recorded`), `decided` once
+-- its outcome is decided.
+CREATE TABLE pay_callback_log (
+    id          INTEGER PRIMARY KEY,
+    pay_no      TEXT    NOT NULL CHECK (length(pay_no) BETWEEN 1 AND 64
+                                        AND pay_no NOT GLOB '*[^A-Za-z0-9_.-]*'),
+    channel     TEXT    NOT NULL CHECK (channel IN ('generic', 'wechatpay', 'alipay')),
+    order_id    INTEGER NOT NULL REFERENCES orders (id),
+    amount      INTEGER NOT NULL CHECK (typeof(amount) = 'integer'
+                                        AND amount BETWEEN 1 AND 1000000000000),
+    -- What the platform reported for this pay_no; FAILED may be superseded
+    -- once by SUCCESS (the FAILED delivery is kept in audit_log).
+    status      TEXT    NOT NULL CHECK (status IN ('SUCCESS', 'FAILED')),
+    outcome     TEXT    NOT NULL CHECK (outcome IN ('recorded', 'payment_failed', 'paid_after_close',
+                                                    'already_paid', 'amount_mismatch', 'applied')),
+    state       TEXT    NOT NULL CHECK (state IN ('received', 'decided')),
+    source      TEXT    NOT NULL CHECK (source IN ('callback', 'reconciliation')),
+    raw_body    BLOB    NOT NULL,
+    -- The platform's own payment time when it sent one, else NULL.
+    paid_at     TEXT,
+    received_at TEXT    NOT NULL,
+    decided_at  TEXT,
+    -- Same instant as decided_at, present only for payments that were applied.
+    applied_at  TEXT GENERATED ALWAYS AS (CASE WHEN outcome = 'applied' THEN decided_at END) VIRTUAL,
+    -- The rewards due when the payment was applied: {"coupons":[..],"points":N}.
+    rewards_due TEXT CHECK (rewards_due IS NULL OR json_valid(rewards_due)),
+    -- For refund-required payments: how an operator resolved them.
+    resolution  TEXT CHECK (resolution IN ('refunded_externally', 'accepted')),
+    resolved_at TEXT,
+    CHECK ((state = 'received') = (outcome = 'recorded')),
+    CHECK ((state = 'decided') = (decided_at IS NOT NULL)),
+    CHECK (state = 'received' OR (outcome = 'payment_failed') = (status = 'FAILED')),
+    CHECK ((outcome = 'applied') = (rewards_due IS NOT NULL)),
+    CHECK (resolution IS NULL OR outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch')),
+    CHECK ((resolution IS NULL) = (resolved_at IS NULL))
+);
+CREATE UNIQUE INDEX uk_pay_no ON pay_callback_log (pay_no);
+CREATE INDEX ix_pay_callback_log_order ON pay_callback_log (order_id);
+CREATE INDEX ix_pay_callback_log_received ON pay_callback_log (id) WHERE state = 'received';
+CREATE INDEX ix_pay_callback_log_outcome ON pay_callback_log (outcome, id);
+
+-- At most one applied payment per order: the database's own answer to two
+-- channels paying one order.
+CREATE UNIQUE INDEX uk_applied_order ON pay_callback_log (order_id) WHERE outcome = 'applied';
+
+CREATE TRIGGER pay_callback_log_identity_immutable
+BEFORE UPDATE ON pay_callback_log
+WHEN NEW.id IS NOT OLD.id OR NEW.pay_no IS NOT OLD.pay_no OR NEW.channel IS NOT OLD.channel
+  OR NEW.order_id IS NOT OLD.order_id OR NEW.source IS NOT OLD.source
+  OR NEW.received_at IS NOT OLD.received_at
+  OR (NEW.status IS NOT OLD.status AND NOT (OLD.status = 'FAILED' AND NEW.status = 'SUCCESS'))
+BEGIN
+    SELECT RAISE(ABORT, 'a recorded callback keeps its pay_no, channel, order and source; FAILED may become SUCCESS once');
+END;
+
+-- A decided outcome is final, except that payment_failed may be superseded
+-- by a later SUCCESS of the same pay_no.
+CREATE TRIGGER pay_callback_log_outcome_final
+BEFORE UPDATE OF outcome ON pay_callback_log
+WHEN NEW.outcome IS NOT OLD.outcome
+ AND NOT (OLD.outcome IN ('recorded', 'payment_failed'))
+BEGIN
+    SELECT RAISE(ABORT, 'a decided payment outcome is final');
+END;
+
+CREATE TRIGGER pay_callback_log_no_delete BEFORE DELETE ON pay_callback_log
+BEGIN
+    SELECT RAISE(ABORT, 'pay_callback_log is append-only');
+END;
+
+CREATE TABLE refund (
+    id           INTEGER PRIMARY KEY,
+    refund_no    TEXT    NOT NULL CHECK (length(refund_no) BETWEEN 1 AND 64
+                                         AND refund_no NOT GLOB '*[^A-Za-z0-9_.-]*'),
+    order_id     INTEGER NOT NULL REFERENCES orders (id),
+    status       TEXT    NOT NULL CHECK (status IN ('REQUESTED', 'SUCCEEDED', 'FAILED')),
+    requested_at TEXT    NOT NULL,
+    settled_at   TEXT,
+    CHECK ((status = 'REQUESTED') = (settled_at IS NULL))
+);
+CREATE UNIQUE INDEX uk_refund_no ON refund (refund_no);
+CREATE INDEX ix_refund_order ON refund (order_id);
+-- One refund in flight per order, and one full refund per order in this version.
+CREATE UNIQUE INDEX uk_refund_requested ON refund (order_id) WHERE status = 'REQUESTED';
+CREATE UNIQUE INDEX uk_refund_succeeded ON refund (order_id) WHERE status = 'SUCCEEDED';
+
+CREATE TRIGGER refund_legal_transitions
+BEFORE UPDATE ON refund
+WHEN NEW.refund_no IS NOT OLD.refund_no OR NEW.order_id IS NOT OLD.order_id
+  OR NEW.requested_at IS NOT OLD.requested_at
+  OR (NEW.status IS NOT OLD.status
+      AND NOT (OLD.status = 'REQUESTED' AND NEW.status IN ('SUCCEEDED', 'FAILED')))
+BEGIN
+    SELECT RAISE(ABORT, 'a refund only settles once, REQUESTED -> SUCCEEDED | FAILED');
+END;
+
+CREATE TRIGGER refund_no_delete BEFORE DELETE ON refund
+BEGIN
+    SELECT RAISE(ABORT, 'refund is append-only');
+END;
+
+CREATE TABLE user_coupon (
+    id                 INTEGER PRIMARY KEY,
+    user_id            TEXT    NOT NULL,
+    order_id           INTEGER NOT NULL REFERENCES orders (id),
+    coupon_template_id TEXT    NOT NULL CHECK (length(coupon_template_id) BETWEEN 1 AND 64
+                                               AND coupon_template_id NOT GLOB '*[^A-Za-z0-9_.-]*'),
+    status             TEXT    NOT NULL CHECK (status IN ('ACTIVE', 'FROZEN', 'USED')),
+    created_at         TEXT    NOT NULL
+);
+CREATE UNIQUE INDEX uk_order_tpl ON user_coupon (order_id, coupon_template_id);
+CREATE INDEX ix_user_coupon_user ON user_coupon (user_id, id);
+
+-- Compensation freezes, never deletes; a coupon is issued ACTIVE.
+CREATE TRIGGER user_coupon_issued_active BEFORE INSERT ON user_coupon
+WHEN NEW.status IS NOT 'ACTIVE'
+BEGIN
+    SELECT RAISE(ABORT, 'a coupon is issued ACTIVE');
+END;
+
+CREATE TRIGGER user_coupon_status_only
+BEFORE UPDATE ON user_coupon
+WHEN NEW.id IS NOT OLD.id OR NEW.user_id IS NOT OLD.user_id OR NEW.order_id IS NOT OLD.order_id
+  OR NEW.coupon_template_id IS NOT OLD.coupon_template_id OR NEW.created_at IS NOT OLD.created_at
+  OR (NEW.status IS NOT OLD.status AND NOT (OLD.status = 'ACTIVE' AND NEW.status IN ('FROZEN', 'USED')))
+BEGIN
+    SELECT RAISE(ABORT, 'a coupon only moves ACTIVE -> FROZEN | USED');
+END;
+
+CREATE TRIGGER user_coupon_no_delete BEFORE DELETE ON user_coupon
+BEGIN
+    SELECT RAISE(ABORT, 'user_coupon is append-only: freeze instead');
+END;
+
+CREATE TABLE point_log (
+    id         INTEGER PRIMARY KEY,
+    user_id    TEXT    NOT NULL,
+    order_id   INTEGER NOT NULL REFERENCES orders (id),
+    point_type TEXT    NOT NULL CHECK (point_type IN ('ORDER_PAID', 'ORDER_PAID_REVERSAL')),
+    points     INTEGER NOT NULL CHECK (typeof(points) = 'integer'),
+    created_at TEXT    NOT NULL,
+    CHECK ((point_type = 'ORDER_PAID' AND points > 0)
+        OR (point_type = 'ORDER_PAID_REVERSAL' AND points < 0))
+);
+CREATE UNIQUE INDEX uk_order_type ON point_log (order_id, point_type);
+CREATE INDEX ix_point_log_user ON point_log (user_id, id);
+
+CREATE TRIGGER point_log_no_update BEFORE UPDATE ON point_log
+BEGIN
+    SELECT RAISE(ABORT, 'point_log is append-only: reverse with a negative entry');
+END;
+
+CREATE TRIGGER point_log_no_delete BEFORE DELETE ON point_log
+BEGIN
+    SELECT RAISE(ABORT, 'point_log is append-only: reverse with a negative entry');
+END;
+
+-- AUTOINCREMENT: a seq is never reused, so a consumer's cursor never skips an event.
+CREATE TABLE outbox_event (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id   TEXT    NOT NULL,
+    type       TEXT    NOT NULL CHECK (type IN ('order.paid', 'order.closed', 'order.refunding',
+                                                'order.refunded', 'order.refund_failed',
+                                                'payment.refund_required')),
+    order_no   TEXT    NOT NULL,
+    data       TEXT    NOT NULL CHECK (json_valid(data)),
+    created_at TEXT    NOT NULL,
+    CHECK (substr(event_id, 1, length(type) + 1) = type || ':')
+);
+CREATE UNIQUE INDEX uk_event_id ON outbox_event (event_id);
+
+CREATE TRIGGER outbox_event_no_update BEFORE UPDATE ON outbox_event
+BEGIN
+    SELECT RAISE(ABORT, 'outbox_event is append-only');
+END;
+
+CREATE TRIGGER outbox_event_no_delete BEFORE DELETE ON outbox_event
+BEGIN
+    SELECT RAISE(ABORT, 'outbox_event is append-only');
+END;
+
+-- Stored API responses of the access-layer Idempotency-Key. Not a ledger:
+-- expired rows may be deleted.
+CREATE TABLE idempotency_key (
+    scope         TEXT    NOT NULL,
+    key           TEXT    NOT NULL CHECK (length(key) BETWEEN 1 AND 255),
+    fingerprint   TEXT    NOT NULL CHECK (length(fingerprint) = 64),
+    status_code   INTEGER NOT NULL CHECK (status_code BETWEEN 200 AND 499),
+    response_body BLOB    NOT NULL,
+    created_at    TEXT    NOT NULL,
+    expires_at    TEXT    NOT NULL
+);
+CREATE UNIQUE INDEX uk_scope_key ON idempotency_key (scope, key);
+CREATE INDEX ix_idempotency_key_expiry ON idempotency_key (expires_at);
+
+CREATE TABLE audit_log (
+    id       INTEGER PRIMARY KEY,
+    at       TEXT NOT NULL,
+    actor    TEXT NOT NULL,
+    action   TEXT NOT NULL,
+    order_no TEXT,
+    detail   TEXT NOT NULL CHECK (json_valid(detail))
+);
+CREATE INDEX ix_audit_log_order ON audit_log (order_no, id);
+CREATE INDEX ix_audit_log_action ON audit_log (action, id);
+
+CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+BEGIN
+    SELECT RAISE(ABORT, 'audit_log is append-only');
+END;
+
+CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+BEGIN
+    SELECT RAISE(ABORT, 'audit_log is append-only');
+END;
+
+CREATE TABLE settings (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    CHECK (name <> 'mode' OR value IN ('normal', 'record_only'))
+);
+INSERT INTO settings (name, value) VALUES ('mode', 'normal');

@@ -1,0 +1,457 @@
+//! The HTTP API as a plain function: [`handle`] takes the app and a parsed
+//! [`Request`] and returns a [`Response`]. No socket here (`http.rs` owns
+//! that), so every route is testable in process.
+
+use crate::app::{App, CreateOrder, PaymentCallback, RefundCallback, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
+use crate::clock::{format_ms, parse_rfc3339_ms};
+use crate::domain::{OrderStatus, PlatformStatus};
+use crate::error::Error;
+use crate::signature::{self, SignatureError};
+use serde_json::{json, Map, Value};
+
+/// Largest request body accepted by the JSON endpoints.
+pub const BODY_BYTES_MAX: usize = 64 * 1024;
+/// How long a client is told to wait after a 503.
+pub const RETRY_AFTER_S: u32 = 1;
+
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    pub method: String,
+    /// The path without the query string, e.g. `/v1/orders/ORD-1`.
+    pub path: String,
+    /// The raw query string without `?`, possibly empty.
+    pub query: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    /// The first header of that name, compared case-insensitively.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn json(status: u16, value: &Value) -> Response {
+        Response {
+            status,
+            headers: vec![("Content-Type".into(), "application/json".into())],
+            body: value.to_string().into_bytes(),
+        }
+    }
+
+    pub fn error(err: &Error) -> Response {
+        let mut response = Response::json(err.status, &err.to_json());
+        if err.status == 503 {
+            response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
+        }
+        response
+    }
+
+    pub fn with_header(mut self, name: &str, value: &str) -> Response {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Routes one request. Never panics on any input (the HTTP layer still
+/// turns a panic into a 500, as a last resort).
+pub fn handle(app: &App, req: &Request) -> Response {
+    match route(app, req) {
+        Ok(response) => response,
+        Err(err) => {
+            if err.is_server_error() {
+                eprintln!("payonce: error: {} {}: {err}", req.method, req.path);
+            }
+            Response::error(&err)
+        }
+    }
+}
+
+/// The route table; `methods` lists what a path allows, for 405.
+fn route(app: &App, req: &Request) -> Result<Response, Error> {
+    let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
+    let method = req.method.as_str();
+    let (allowed, result): (&[&str], Option<Result<Response, Error>>) = match segments.as_slice() {
+        ["healthz"] => (&["GET"], (method == "GET").then(|| healthz(app))),
+        ["v1", "orders"] => (
+            &["GET", "POST"],
+            match method {
+                "POST" => Some(create_order(app, req)),
+                "GET" => Some(list_orders(app, req)),
+                _ => None,
+            },
+        ),
+        ["v1", "orders", order_no] => (&["GET"], (method == "GET").then(|| get_order(app, order_no))),
+        ["v1", "orders", order_no, "close"] => (&["POST"], (method == "POST").then(|| close_order(app, req, order_no))),
+        ["v1", "orders", order_no, "refund"] => {
+            (&["POST"], (method == "POST").then(|| request_refund(app, req, order_no)))
+        }
+        ["v1", "users", user_id, "coupons"] => (&["GET"], (method == "GET").then(|| user_coupons(app, user_id))),
+        ["v1", "users", user_id, "points"] => (&["GET"], (method == "GET").then(|| user_points(app, user_id))),
+        ["v1", "events"] => (&["GET"], (method == "GET").then(|| events(app, req))),
+        ["v1", "callbacks", channel] => (&["POST"], (method == "POST").then(|| payment_callback(app, req, channel))),
+        ["v1", "callbacks", channel, "refund"] => {
+            (&["POST"], (method == "POST").then(|| refund_callback(app, req, channel)))
+        }
+        _ => return Err(Error::new(404, "not_found", format!("no route for {}", req.path))),
+    };
+    match result {
+        Some(result) => result,
+        None => Ok(Response::error(&Error::new(
+            405,
+            "method_not_allowed",
+            format!("{method} is not allowed on {}; allowed: {}", req.path, allowed.join(", ")),
+        ))
+        .with_header("Allow", &allowed.join(", "))),
+    }
+}
+
+/// Every route whose path the router knows, as `METHOD /path/{param}`.
+pub const ROUTES: &[&str] = &[
+    "GET /healthz",
+    "POST /v1/orders",
+    "GET /v1/orders",
+    "GET /v1/orders/{order_no}",
+    "POST /v1/orders/{order_no}/close",
+    "POST /v1/orders/{order_no}/refund",
+    "GET /v1/users/{user_id}/coupons",
+    "GET /v1/users/{user_id}/points",
+    "GET /v1/events",
+    "POST /v1/callbacks/{channel}",
+    "POST /v1/callbacks/{channel}/refund",
+];
+
+// ---- handlers ----
+
+fn healthz(app: &App) -> Result<Response, Error> {
+    app.health()?;
+    Ok(Response::json(200, &json!({"status": "ok"})))
+}
+
+fn create_order(app: &App, req: &Request) -> Result<Response, Error> {
+    let body = json_object(req, &["order_no", "user_id", "amount", "currency", "expires_in_s"])?;
+    let order_no = match optional_str(&body, "order_no")? {
+        Some(order_no) => order_no,
+        None if req.header("Idempotency-Key").is_none() => {
+            return Err(Error::new(
+                400,
+                "idempotency_key_required",
+                "send an order_no or an Idempotency-Key header: the back end never relies on the front end to stop a double click",
+            ))
+        }
+        None => {
+            return Err(Error::invalid(
+                "order_no is required: server-generated order numbers need access-layer Idempotency-Key support, which this version does not have",
+            ))
+        }
+    };
+    let create = CreateOrder {
+        order_no,
+        user_id: required_str(&body, "user_id")?,
+        amount: required_i64(&body, "amount")?,
+        currency: optional_str(&body, "currency")?.unwrap_or_else(|| "CNY".to_owned()),
+        expires_in_s: optional_i64(&body, "expires_in_s")?,
+    };
+    let (order, created) = app.create_order(&create)?;
+    let response = Response::json(if created { 201 } else { 200 }, &order.to_json());
+    Ok(if created { response } else { response.with_header("Idempotent-Replayed", "true") })
+}
+
+fn get_order(app: &App, order_no: &str) -> Result<Response, Error> {
+    Ok(Response::json(200, &app.order(order_no)?.to_json()))
+}
+
+fn list_orders(app: &App, req: &Request) -> Result<Response, Error> {
+    let query = parse_query(&req.query)?;
+    let user_id = query_value(&query, "user_id");
+    let status = match query_value(&query, "status") {
+        None => None,
+        Some(s) => Some(OrderStatus::parse(s).ok_or_else(|| {
+            Error::invalid("status must be one of PENDING, PAID, CLOSED, REFUNDING, REFUNDED")
+        })?),
+    };
+    let after = query_int(&query, "after", 0, i64::MAX)?;
+    let limit = page_limit(&query)?;
+    let (orders, next) = app.list_orders(user_id, status, after, limit)?;
+    let orders: Vec<Value> = orders.iter().map(|o| o.to_json()).collect();
+    Ok(Response::json(200, &json!({"orders": orders, "next_after": next.map(|n| n.to_string())})))
+}
+
+fn close_order(app: &App, req: &Request, order_no: &str) -> Result<Response, Error> {
+    if !req.body.is_empty() {
+        json_object(req, &[])?;
+    }
+    Ok(Response::json(200, &app.close_order(order_no)?.to_json()))
+}
+
+fn request_refund(app: &App, req: &Request, order_no: &str) -> Result<Response, Error> {
+    let body = json_object(req, &["refund_no"])?;
+    let refund_no = required_str(&body, "refund_no")?;
+    Ok(Response::json(200, &app.request_refund(order_no, &refund_no)?.to_json()))
+}
+
+fn user_coupons(app: &App, user_id: &str) -> Result<Response, Error> {
+    let coupons: Vec<Value> = app
+        .user_coupons(user_id)?
+        .iter()
+        .map(|c| {
+            json!({"order_no": c.order_no, "coupon_template_id": c.coupon_template_id,
+                   "status": c.status, "created_at": c.created_at})
+        })
+        .collect();
+    Ok(Response::json(200, &json!({"coupons": coupons})))
+}
+
+fn user_points(app: &App, user_id: &str) -> Result<Response, Error> {
+    let (balance, entries) = app.user_points(user_id)?;
+    let entries: Vec<Value> = entries
+        .iter()
+        .map(|p| json!({"order_no": p.order_no, "point_type": p.point_type, "points": p.points, "created_at": p.created_at}))
+        .collect();
+    Ok(Response::json(200, &json!({"balance": balance, "entries": entries})))
+}
+
+fn events(app: &App, req: &Request) -> Result<Response, Error> {
+    let query = parse_query(&req.query)?;
+    let after = query_int(&query, "after", 0, i64::MAX)?.unwrap_or(0);
+    let limit = page_limit(&query)?;
+    let rows = app.events(after, limit)?;
+    let next_after = rows.last().map_or(after, |e| e.seq);
+    let events: Vec<Value> = rows
+        .into_iter()
+        .map(|e| {
+            json!({"seq": e.seq, "event_id": e.event_id, "type": e.event_type,
+                   "order_no": e.order_no, "data": e.data, "created_at": e.created_at})
+        })
+        .collect();
+    Ok(Response::json(200, &json!({"events": events, "next_after": next_after})))
+}
+
+// ---- callbacks: the generic channel ----
+
+const CHANNEL_GENERIC: &str = "generic";
+
+/// Verifies a generic-channel request. Nothing is read from the body, let
+/// alone recorded, before this passes.
+fn verify_generic(app: &App, req: &Request, channel: &str) -> Result<(), Error> {
+    if channel != CHANNEL_GENERIC || app.config.callback_secrets.is_empty() {
+        return Err(Error::new(404, "channel_not_configured", format!("payment channel {channel:?} is not configured")));
+    }
+    let now_s = app.clock.now_ms().div_euclid(1000);
+    match signature::verify(req.header("Payonce-Signature"), &req.body, &app.config.callback_secrets, now_s) {
+        Ok(()) => Ok(()),
+        Err(SignatureError::Invalid) => Err(Error::new(
+            401,
+            "invalid_signature",
+            "Payonce-Signature is missing, malformed or matches no configured secret",
+        )),
+        Err(SignatureError::Expired) => Err(Error::new(
+            401,
+            "signature_expired",
+            format!("Payonce-Signature t is more than {} s from now", signature::SIGNATURE_TOLERANCE_S),
+        )),
+    }
+}
+
+fn payment_callback(app: &App, req: &Request, channel: &str) -> Result<Response, Error> {
+    verify_generic(app, req, channel)?;
+    check_json_media_type(req)?;
+    let body = parse_object(&req.body)?;
+    let paid_at = match optional_str(&body, "paid_at")? {
+        None => None,
+        Some(text) => Some(format_ms(parse_rfc3339_ms(&text).ok_or_else(|| {
+            Error::invalid("paid_at must be an RFC 3339 timestamp with an offset")
+        })?)),
+    };
+    let callback = PaymentCallback {
+        channel: CHANNEL_GENERIC.to_owned(),
+        pay_no: required_str(&body, "pay_no")?,
+        order_no: required_str(&body, "order_no")?,
+        amount: required_i64(&body, "amount")?,
+        status: platform_status(&body)?,
+        paid_at,
+        raw_body: req.body.clone(),
+    };
+    let reply = app.deliver_payment(&callback)?;
+    Ok(Response::json(200, &reply.to_json()))
+}
+
+fn refund_callback(app: &App, req: &Request, channel: &str) -> Result<Response, Error> {
+    verify_generic(app, req, channel)?;
+    check_json_media_type(req)?;
+    let body = parse_object(&req.body)?;
+    let callback = RefundCallback {
+        channel: CHANNEL_GENERIC.to_owned(),
+        refund_no: required_str(&body, "refund_no")?,
+        order_no: required_str(&body, "order_no")?,
+        status: platform_status(&body)?,
+    };
+    let outcome = app.deliver_refund(&callback)?;
+    Ok(Response::json(200, &json!({"code": "SUCCESS", "outcome": outcome.as_str()})))
+}
+
+fn platform_status(body: &Map<String, Value>) -> Result<PlatformStatus, Error> {
+    let status = required_str(body, "status")?;
+    PlatformStatus::parse(&status).ok_or_else(|| Error::invalid("status must be SUCCESS or FAILED"))
+}
+
+// ---- body and query helpers ----
+
+fn check_json_media_type(req: &Request) -> Result<(), Error> {
+    let Some(content_type) = req.header("Content-Type") else {
+        return Ok(());
+    };
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    if media_type.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(Error::new(415, "unsupported_media_type", format!("expected application/json, got {media_type:?}")))
+    }
+}
+
+/// The body as a JSON object with no fields outside `allowed`.
+fn json_object(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Error> {
+    check_json_media_type(req)?;
+    let body = parse_object(&req.body)?;
+    if let Some(unknown) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Error::invalid(format!("unknown field {unknown:?}")));
+    }
+    Ok(body)
+}
+
+fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
+    // serde_json refuses nesting deeper than 128, so hostile depth is a 400, not a stack overflow.
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Error::invalid("the body must be a JSON object")),
+        Err(e) => Err(Error::new(400, "invalid_json", format!("the body is not valid JSON: {e}"))),
+    }
+}
+
+fn required_str(body: &Map<String, Value>, field: &str) -> Result<String, Error> {
+    optional_str(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
+}
+
+fn optional_str(body: &Map<String, Value>, field: &str) -> Result<Option<String>, Error> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(Error::invalid(format!("{field} must be a string"))),
+    }
+}
+
+fn required_i64(body: &Map<String, Value>, field: &str) -> Result<i64, Error> {
+    optional_i64(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
+}
+
+/// Integers only: `99.0`, `"99"`, `1e3` and out-of-range numbers are refused.
+fn optional_i64(body: &Map<String, Value>, field: &str) -> Result<Option<i64>, Error> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| Error::invalid(format!("{field} must be an integer (minor units for money)"))),
+        Some(_) => Err(Error::invalid(format!("{field} must be an integer (minor units for money)"))),
+    }
+}
+
+fn parse_query(query: &str) -> Result<Vec<(String, String)>, Error> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            Ok((percent_decode(key)?, percent_decode(value)?))
+        })
+        .collect()
+}
+
+fn query_value<'q>(query: &'q [(String, String)], name: &str) -> Option<&'q str> {
+    query.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
+}
+
+fn query_int(query: &[(String, String)], name: &str, min: i64, max: i64) -> Result<Option<i64>, Error> {
+    match query_value(query, name) {
+        None => Ok(None),
+        Some(text) => match text.parse::<i64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(Error::invalid(format!("{name} must be an integer from {min} to {max}"))),
+        },
+    }
+}
+
+/// `limit`: default 100; values above 1000 are served as 1000.
+fn page_limit(query: &[(String, String)]) -> Result<usize, Error> {
+    let limit = query_int(query, "limit", 1, i64::MAX)?;
+    Ok(limit.map_or(PAGE_LIMIT_DEFAULT, |n| usize::try_from(n).unwrap_or(PAGE_LIMIT_MAX).min(PAGE_LIMIT_MAX)))
+}
+
+fn percent_decode(text: &str) -> Result<String, Error> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
+                out.push(byte.ok_or_else(|| Error::invalid("malformed percent-encoding in the query string"))?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| Error::invalid("the query string is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_strings_decode() {
+        let q = parse_query("user_id=u%2D1&status=PAID&flag&x=a+b").unwrap_or_default();
+        assert_eq!(query_value(&q, "user_id"), Some("u-1"));
+        assert_eq!(query_value(&q, "status"), Some("PAID"));
+        assert_eq!(query_value(&q, "flag"), None);
+        assert_eq!(query_value(&q, "x"), Some("a b"));
+        assert!(parse_query("a=%zz").is_err());
+        assert!(parse_query("a=%ff").is_err());
+        assert!(parse_query("a=%4").is_err());
+    }
+
+    #[test]
+    fn integers_are_strict() {
+        let check = |body: &str, ok: Option<i64>| {
+            let map = parse_object(body.as_bytes()).unwrap_or_default();
+            assert_eq!(optional_i64(&map, "amount").ok().flatten(), ok, "{body}");
+        };
+        check(r#"{"amount":9900}"#, Some(9900));
+        check(r#"{"amount":99.0}"#, None);
+        check(r#"{"amount":"9900"}"#, None);
+        check(r#"{"amount":1e3}"#, None);
+        check(r#"{"amount":18446744073709551615}"#, None);
+        check(r#"{"amount":true}"#, None);
+    }
+}

@@ -1,0 +1,574 @@
+//! The exactly-once operations: what the HTTP API offers, callable in
+//! process with no socket.
+//!
+//! Every write follows one shape, the corrected sequence of the incident:
+//!
+//! ```text
+//! let _key = self.locks.lock(key);     // 1. process-local key lock, outside the transaction
+//! self.store.write(|tx| {              // 2. BEGIN IMMEDIATE (after the writer queue)
+//!     ...claim the idempotency key...  // 3. UNIQUE insert (pay_no, order_no, refund_no)
+//!     ...CAS the order...              // 4. UPDATE .. WHERE status = ?; affected rows decide
+//!     ...each side effect...           // 5. its own UNIQUE key
+//!     ...outbox event...               // 6. uk_event_id
+//! })                                   // 7. COMMIT
+//! // 8. `_key` drops here: after the commit, by scope order
+//! ```
+
+use crate::clock::Clock;
+use crate::domain::{
+    is_amount, is_currency, is_identifier, EventType, Order, OrderStatus, PaymentOutcome,
+    PlatformStatus, RefundOutcome, RefundStatus, Rewards,
+};
+use crate::error::Error;
+use crate::keylock::KeyedLocks;
+use crate::store::{
+    CallbackRecord, Claim, CouponRow, EventRow, NewCallback, NewOrder, PointRow, Store,
+    StoreOptions, Tx,
+};
+use serde_json::{json, Value};
+
+/// Default PENDING lifetime (`--order-ttl-s`).
+pub const ORDER_TTL_S_DEFAULT: i64 = 900;
+/// Bounds of `expires_in_s`.
+pub const EXPIRES_IN_S_MAX: i64 = 86_400;
+/// Page size bounds of the list endpoints.
+pub const PAGE_LIMIT_DEFAULT: usize = 100;
+pub const PAGE_LIMIT_MAX: usize = 1_000;
+
+/// The actor written to `audit_log` for what payonce decides by itself.
+const ACTOR_SYSTEM: &str = "payonce";
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub rewards: Rewards,
+    pub order_ttl_s: i64,
+    /// HMAC secrets of the generic channel; empty = channel not configured.
+    pub callback_secrets: Vec<Vec<u8>>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config { rewards: Rewards::default(), order_ttl_s: ORDER_TTL_S_DEFAULT, callback_secrets: Vec::new() }
+    }
+}
+
+/// One payonce: a store, the key locks, a clock and the settings.
+pub struct App {
+    pub store: Store,
+    pub locks: KeyedLocks,
+    pub clock: Clock,
+    pub config: Config,
+}
+
+/// An order to create (already shaped; [`App::create_order`] validates it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateOrder {
+    pub order_no: String,
+    pub user_id: String,
+    pub amount: i64,
+    pub currency: String,
+    pub expires_in_s: Option<i64>,
+}
+
+/// A payment notification, verified by its channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaymentCallback {
+    pub channel: String,
+    pub pay_no: String,
+    pub order_no: String,
+    pub amount: i64,
+    pub status: PlatformStatus,
+    /// The platform's payment time, normalised to payonce's UTC text.
+    pub paid_at: Option<String>,
+    /// The exact bytes received, kept in `pay_callback_log.raw_body`.
+    pub raw_body: Vec<u8>,
+}
+
+/// A refund result, verified by its channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundCallback {
+    pub channel: String,
+    pub refund_no: String,
+    pub order_no: String,
+    pub status: PlatformStatus,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PaymentReply {
+    pub outcome: PaymentReplyOutcome,
+}
+
+/// What the platform is told: a fresh outcome, or `duplicate` with the
+/// outcome recorded first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaymentReplyOutcome {
+    Decided(PaymentOutcome),
+    Duplicate { original: PaymentOutcome },
+}
+
+impl PaymentReply {
+    pub fn outcome_str(&self) -> &'static str {
+        match self.outcome {
+            PaymentReplyOutcome::Decided(o) => o.as_str(),
+            PaymentReplyOutcome::Duplicate { .. } => "duplicate",
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        match self.outcome {
+            PaymentReplyOutcome::Decided(o) => json!({"code": "SUCCESS", "outcome": o.as_str()}),
+            PaymentReplyOutcome::Duplicate { original } => {
+                json!({"code": "SUCCESS", "outcome": "duplicate", "original": original.as_str()})
+            }
+        }
+    }
+}
+
+/// An order with everything it caused, for `GET /v1/orders/{order_no}`.
+#[derive(Clone, Debug)]
+pub struct OrderDetail {
+    pub order: Order,
+    pub payments: Vec<CallbackRecord>,
+    pub coupons: Vec<CouponRow>,
+    pub points: Vec<PointRow>,
+}
+
+impl OrderDetail {
+    pub fn to_json(&self) -> Value {
+        let mut value = self.order.to_json();
+        let payments: Vec<Value> = self
+            .payments
+            .iter()
+            .map(|p| {
+                json!({
+                    "pay_no": p.pay_no, "channel": p.channel, "amount": p.amount,
+                    "outcome": p.outcome.as_str(), "state": if p.decided { "decided" } else { "received" },
+                    "source": p.source, "received_at": p.received_at,
+                })
+            })
+            .collect();
+        let coupons: Vec<Value> = self
+            .coupons
+            .iter()
+            .map(|c| json!({"coupon_template_id": c.coupon_template_id, "status": c.status, "created_at": c.created_at}))
+            .collect();
+        let points: Vec<Value> = self
+            .points
+            .iter()
+            .map(|p| json!({"point_type": p.point_type, "points": p.points, "created_at": p.created_at}))
+            .collect();
+        if let Value::Object(map) = &mut value {
+            map.insert("payments".into(), Value::Array(payments));
+            map.insert("coupons".into(), Value::Array(coupons));
+            map.insert("points".into(), Value::Array(points));
+        }
+        value
+    }
+}
+
+/// Where a write came from, for `pay_callback_log.source`.
+const SOURCE_CALLBACK: &str = "callback";
+
+impl App {
+    /// Opens payonce on `db` (`":memory:"` for a shared in-memory database)
+    /// and records the reward settings it runs with in `settings`.
+    pub fn open(db: &str, clock: Clock, config: Config) -> Result<App, Error> {
+        App::open_with(db, clock, config, &StoreOptions::default())
+    }
+
+    pub fn open_with(db: &str, clock: Clock, config: Config, options: &StoreOptions) -> Result<App, Error> {
+        let store = Store::open(db, options)?;
+        let app = App { store, locks: KeyedLocks::new(), clock, config };
+        app.record_reward_settings()?;
+        Ok(app)
+    }
+
+    fn record_reward_settings(&self) -> Result<(), Error> {
+        let coupons = json!(self.config.rewards.coupon_templates).to_string();
+        let points = self.config.rewards.points_per_yuan.to_string();
+        self.store.write(|tx| {
+            tx.put_setting("reward_coupon_templates", &coupons)?;
+            tx.put_setting("reward_points_per_yuan", &points)
+        })
+    }
+
+    // ---- orders ----
+
+    /// Creates the order once per order_no: `(order, true)` when created,
+    /// `(stored, false)` when the same order was created before, 409
+    /// `order_no_conflict` when the order_no holds a different order.
+    pub fn create_order(&self, req: &CreateOrder) -> Result<(Order, bool), Error> {
+        validate_create_order(req)?;
+        let expires_in_s = req.expires_in_s.unwrap_or(self.config.order_ttl_s);
+        let _key = self.locks.lock(&format!("order:{}", req.order_no));
+        let now_ms = self.clock.now_ms();
+        let new = NewOrder {
+            order_no: req.order_no.clone(),
+            user_id: req.user_id.clone(),
+            amount: req.amount,
+            currency: req.currency.clone(),
+            created_at: crate::clock::format_ms(now_ms),
+            expires_at: crate::clock::format_ms(now_ms.saturating_add(expires_in_s.saturating_mul(1000))),
+        };
+        let result = self.store.write(|tx| tx.insert_order(&new))?;
+        match result {
+            Ok(order) => Ok((order, true)),
+            Err(existing)
+                if existing.user_id == req.user_id
+                    && existing.amount == req.amount
+                    && existing.currency == req.currency =>
+            {
+                Ok((existing, false))
+            }
+            Err(_) => Err(Error::new(
+                409,
+                "order_no_conflict",
+                format!("order_no {:?} already holds an order with other user_id, amount or currency", req.order_no),
+            )),
+        }
+    }
+
+    pub fn order(&self, order_no: &str) -> Result<OrderDetail, Error> {
+        self.store.read(|tx| {
+            let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
+            Ok(OrderDetail {
+                payments: tx.callbacks_of_order(order.id)?,
+                coupons: tx.coupons_of_order(order.id)?,
+                points: tx.points_of_order(order.id)?,
+                order,
+            })
+        })
+    }
+
+    /// Newest first; the cursor is the last order's position, opaque to callers.
+    pub fn list_orders(
+        &self,
+        user_id: Option<&str>,
+        status: Option<OrderStatus>,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<(Vec<Order>, Option<i64>), Error> {
+        let limit = limit.clamp(1, PAGE_LIMIT_MAX);
+        // One extra row tells whether another page exists.
+        let mut orders = self.store.read(|tx| tx.list_orders(user_id, status, after, limit + 1))?;
+        let next = if orders.len() > limit {
+            orders.truncate(limit);
+            orders.last().map(|o| o.id)
+        } else {
+            None
+        };
+        Ok((orders, next))
+    }
+
+    /// PENDING→CLOSED; an already CLOSED order is answered as it is.
+    pub fn close_order(&self, order_no: &str) -> Result<Order, Error> {
+        let _key = self.locks.lock(&format!("order:{order_no}"));
+        let now = self.clock.now_text();
+        self.store
+            .write(|tx| {
+                let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
+                if tx.cas_order_closed(order.id, &now)? {
+                    let closed = tx.order_by_id(order.id)?;
+                    let data = json!({"order": closed.to_json()});
+                    tx.emit_event(EventType::OrderClosed, order_no, order_no, &data, &now)?;
+                    return Ok(Ok(closed));
+                }
+                if order.status == OrderStatus::Closed {
+                    return Ok(Ok(order));
+                }
+                Ok(Err(refuse_transition(tx, &order, OrderStatus::Closed, "close", &now, json!({}))?))
+            })?
+    }
+
+    /// PAID→REFUNDING with a `refund` row REQUESTED. The same refund_no again
+    /// while REFUNDING or REFUNDED answers the order.
+    pub fn request_refund(&self, order_no: &str, refund_no: &str) -> Result<Order, Error> {
+        if !is_identifier(refund_no) {
+            return Err(Error::invalid("refund_no must be 1-64 characters of [A-Za-z0-9_.-]"));
+        }
+        let _key = self.locks.lock(&format!("refund:{refund_no}"));
+        let now = self.clock.now_text();
+        self.store
+            .write(|tx| {
+                let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
+                let detail = json!({"refund_no": refund_no});
+                if let Some(existing) = tx.refund_by_no(refund_no)? {
+                    let same_order = existing.order_id == order.id;
+                    if same_order && existing.status != RefundStatus::Failed {
+                        return Ok(Ok(order));
+                    }
+                    return Ok(Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?));
+                }
+                if !tx.cas_order_refunding(order.id, refund_no)? {
+                    return Ok(Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?));
+                }
+                let inserted = tx.insert_refund(refund_no, order.id, &now)?;
+                assert!(inserted, "refund_no {refund_no} appeared inside its own transaction");
+                let refunding = tx.order_by_id(order.id)?;
+                let data = json!({"order": refunding.to_json(), "refund": {"refund_no": refund_no, "status": "REQUESTED"}});
+                tx.emit_event(EventType::OrderRefunding, &format!("{order_no}/{refund_no}"), order_no, &data, &now)?;
+                Ok(Ok(refunding))
+            })?
+    }
+
+    // ---- payment callbacks: the incident's path ----
+
+    /// Delivers a verified payment callback, exactly once per pay_no.
+    pub fn deliver_payment(&self, cb: &PaymentCallback) -> Result<PaymentReply, Error> {
+        validate_payment(cb)?;
+        // 1. The key is the payment's own serial number, not the order: two
+        //    payments of one order are not serialised here; the database decides.
+        let _pay_key = self.locks.lock(&format!("pay:{}", cb.pay_no));
+        let now = self.clock.now_text();
+        // 2. BEGIN IMMEDIATE ... 7. COMMIT, inside `write`.
+        self.store.write(|tx| {
+            let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
+            let new = NewCallback {
+                pay_no: &cb.pay_no,
+                channel: &cb.channel,
+                order_id: order.id,
+                amount: cb.amount,
+                status: cb.status,
+                source: SOURCE_CALLBACK,
+                raw_body: &cb.raw_body,
+                paid_at: cb.paid_at.as_deref(),
+                received_at: &now,
+            };
+            // 3. Record the callback under uk_pay_no.
+            let record_id = match tx.claim_pay_no(&new)? {
+                Claim::New(id) => id,
+                Claim::Existing(prior) => {
+                    let superseded = prior.outcome == PaymentOutcome::PaymentFailed
+                        && cb.status == PlatformStatus::Success
+                        && tx.supersede_failed_payment(prior.id, &new)?;
+                    if !superseded {
+                        return Ok(PaymentReply { outcome: PaymentReplyOutcome::Duplicate { original: prior.outcome } });
+                    }
+                    let detail = json!({"pay_no": cb.pay_no, "superseded_outcome": "payment_failed",
+                                        "superseded_received_at": prior.received_at});
+                    tx.audit(&now, ACTOR_SYSTEM, "payment_failed_superseded", Some(&order.order_no), &detail)?;
+                    prior.id
+                }
+            };
+            // 4–6. Decide: CAS, side effects, event.
+            let outcome = self.decide_payment(tx, record_id, &order, &now)?;
+            Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(outcome) })
+        })
+        // 8. `_pay_key` drops here, after the commit.
+    }
+
+    /// Decides a recorded payment in the spec's order of precedence. The
+    /// CAS's affected-row count decides `applied`; only when it changed
+    /// nothing is the order read to say why.
+    fn decide_payment(&self, tx: &Tx, record_id: i64, order: &Order, now: &str) -> Result<PaymentOutcome, Error> {
+        let record = tx.callback_by_id(record_id)?;
+        assert!(!record.decided, "deciding a callback twice");
+        let paid_at = record.paid_at.clone().unwrap_or_else(|| now.to_owned());
+        let outcome = if record.status == PlatformStatus::Failed {
+            PaymentOutcome::PaymentFailed
+        } else if tx.cas_order_paid(order.id, record.amount, &record.pay_no, &paid_at)? {
+            PaymentOutcome::Applied
+        } else {
+            let current = tx.order_by_id(order.id)?;
+            match current.status {
+                OrderStatus::Closed => PaymentOutcome::PaidAfterClose,
+                OrderStatus::Pending => {
+                    assert_ne!(current.amount, record.amount, "CAS refused a PENDING order at its own amount");
+                    PaymentOutcome::AmountMismatch
+                }
+                _ => PaymentOutcome::AlreadyPaid,
+            }
+        };
+        let rewards_due = if outcome == PaymentOutcome::Applied {
+            Some(self.apply_rewards(tx, order, record.amount, now)?)
+        } else {
+            None
+        };
+        let decided = tx.decide_callback(record_id, outcome, now, rewards_due.as_ref().map(|v| v.to_string()).as_deref())?;
+        assert!(decided, "callback {record_id} was decided by someone else inside our transaction");
+        if outcome == PaymentOutcome::Applied || outcome.requires_refund() {
+            let current = tx.order_by_id(order.id)?;
+            let payment = json!({"pay_no": record.pay_no, "channel": record.channel,
+                                 "amount": record.amount, "outcome": outcome.as_str()});
+            let data = json!({"order": current.to_json(), "payment": payment});
+            let (event_type, subject) = if outcome == PaymentOutcome::Applied {
+                (EventType::OrderPaid, order.order_no.as_str())
+            } else {
+                (EventType::PaymentRefundRequired, record.pay_no.as_str())
+            };
+            if !tx.emit_event(event_type, subject, &order.order_no, &data, now)? {
+                // Impossible while the CAS and uk_pay_no hold; the unique key is the last word.
+                log_suppressed("outbox_event", &event_type.event_id(subject));
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Issues the configured coupons and points, each under its own UNIQUE
+    /// key, and returns the rewards due as recorded with the payment.
+    fn apply_rewards(&self, tx: &Tx, order: &Order, amount: i64, now: &str) -> Result<Value, Error> {
+        let rewards = &self.config.rewards;
+        for template in &rewards.coupon_templates {
+            if !tx.issue_coupon(&order.user_id, order.id, template, now)? {
+                log_suppressed("user_coupon", &format!("{}/{template}", order.order_no));
+            }
+        }
+        let points = rewards.points_for(amount);
+        if points > 0 && !tx.add_order_points(&order.user_id, order.id, points, now)? {
+            log_suppressed("point_log", &format!("{}/ORDER_PAID", order.order_no));
+        }
+        Ok(json!({"coupons": rewards.coupon_templates, "points": points}))
+    }
+
+    // ---- refund callbacks ----
+
+    /// Delivers a verified refund result, exactly once per refund_no.
+    pub fn deliver_refund(&self, cb: &RefundCallback) -> Result<RefundOutcome, Error> {
+        validate_refund(cb)?;
+        let _refund_key = self.locks.lock(&format!("refund:{}", cb.refund_no));
+        let now = self.clock.now_text();
+        self.store.write(|tx| {
+            let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
+            let refund = tx.refund_by_no(&cb.refund_no)?.filter(|r| r.order_id == order.id);
+            let Some(refund) = refund else {
+                return unexpected_refund(tx, &order, cb, None, &now);
+            };
+            let (settle_to, outcome) = match (refund.status, cb.status) {
+                (RefundStatus::Requested, PlatformStatus::Success) => (RefundStatus::Succeeded, RefundOutcome::Applied),
+                (RefundStatus::Requested, PlatformStatus::Failed) => (RefundStatus::Failed, RefundOutcome::RefundFailed),
+                (RefundStatus::Succeeded, PlatformStatus::Success) | (RefundStatus::Failed, PlatformStatus::Failed) => {
+                    return Ok(RefundOutcome::Duplicate)
+                }
+                (settled, _) => return unexpected_refund(tx, &order, cb, Some(settled), &now),
+            };
+            if !tx.settle_refund(refund.id, settle_to, &now)? {
+                return Err(Error::internal(format!("refund {} changed inside its transaction", cb.refund_no)));
+            }
+            let moved = match outcome {
+                RefundOutcome::Applied => tx.cas_order_refunded(order.id, &cb.refund_no, &now)?,
+                _ => tx.cas_order_refund_failed(order.id, &cb.refund_no)?,
+            };
+            if !moved {
+                // A REQUESTED refund always has its order REFUNDING (uk_refund_requested,
+                // the CAS in request_refund); anything else is a bug: roll back.
+                return Err(Error::internal(format!("order {} is not REFUNDING for {}", order.order_no, cb.refund_no)));
+            }
+            let event_type = if outcome == RefundOutcome::Applied {
+                tx.reverse_order_points(order.id, &now)?;
+                tx.freeze_active_coupons(order.id)?;
+                EventType::OrderRefunded
+            } else {
+                EventType::OrderRefundFailed
+            };
+            let current = tx.order_by_id(order.id)?;
+            let data = json!({"order": current.to_json(),
+                              "refund": {"refund_no": cb.refund_no, "status": settle_to.as_str()}});
+            let subject = format!("{}/{}", order.order_no, cb.refund_no);
+            tx.emit_event(event_type, &subject, &order.order_no, &data, &now)?;
+            Ok(outcome)
+        })
+    }
+
+    // ---- reads ----
+
+    pub fn events(&self, after: i64, limit: usize) -> Result<Vec<EventRow>, Error> {
+        self.store.read(|tx| tx.events_after(after, limit.clamp(1, PAGE_LIMIT_MAX)))
+    }
+
+    pub fn user_coupons(&self, user_id: &str) -> Result<Vec<CouponRow>, Error> {
+        self.store.read(|tx| tx.coupons_of_user(user_id))
+    }
+
+    /// The user's points balance and entries.
+    pub fn user_points(&self, user_id: &str) -> Result<(i64, Vec<PointRow>), Error> {
+        let entries = self.store.read(|tx| tx.points_of_user(user_id))?;
+        let balance = entries.iter().map(|e| e.points).sum();
+        Ok((balance, entries))
+    }
+
+    /// Healthy when the database answers.
+    pub fn health(&self) -> Result<(), Error> {
+        self.store.read(|tx| tx.ping())
+    }
+}
+
+/// Writes the refusal to `audit_log` (committed with the transaction) and
+/// returns the 409 for the caller.
+fn refuse_transition(tx: &Tx, order: &Order, to: OrderStatus, action: &str, now: &str, mut detail: Value) -> Result<Error, Error> {
+    if let Value::Object(map) = &mut detail {
+        map.insert("from".into(), json!(order.status.as_str()));
+        map.insert("to".into(), json!(to.as_str()));
+        map.insert("request".into(), json!(action));
+    }
+    tx.audit(now, "api", "transition_refused", Some(&order.order_no), &detail)?;
+    Ok(Error::invalid_transition(format!(
+        "order {} is {}; cannot {action} it",
+        order.order_no,
+        order.status.as_str()
+    )))
+}
+
+/// A refund result payonce did not ask for, or one contradicting a settled
+/// refund: recorded in `audit_log` for an operator.
+fn unexpected_refund(
+    tx: &Tx,
+    order: &Order,
+    cb: &RefundCallback,
+    settled: Option<RefundStatus>,
+    now: &str,
+) -> Result<RefundOutcome, Error> {
+    let detail = json!({"refund_no": cb.refund_no, "channel": cb.channel, "status": cb.status.as_str(),
+                        "settled_status": settled.map(RefundStatus::as_str), "order_status": order.status.as_str()});
+    tx.audit(now, ACTOR_SYSTEM, "unexpected_refund", Some(&order.order_no), &detail)?;
+    Ok(RefundOutcome::UnexpectedRefund)
+}
+
+/// A unique key stopped a second side effect that the CAS should have
+/// stopped first. Never expected; logged so an operator sees it.
+fn log_suppressed(table: &str, key: &str) {
+    eprintln!("payonce: warning: unique key suppressed a duplicate {table} row for {key}");
+}
+
+fn validate_create_order(req: &CreateOrder) -> Result<(), Error> {
+    if !is_identifier(&req.order_no) {
+        return Err(Error::invalid("order_no must be 1-64 characters of [A-Za-z0-9_.-]"));
+    }
+    if !is_identifier(&req.user_id) {
+        return Err(Error::invalid("user_id must be 1-64 characters of [A-Za-z0-9_.-]"));
+    }
+    if !is_amount(req.amount) {
+        return Err(Error::invalid("amount must be an integer from 1 to 1000000000000 (minor units)"));
+    }
+    if !is_currency(&req.currency) {
+        return Err(Error::invalid("currency must be 3 upper-case letters"));
+    }
+    if let Some(s) = req.expires_in_s {
+        if !(1..=EXPIRES_IN_S_MAX).contains(&s) {
+            return Err(Error::invalid("expires_in_s must be an integer from 1 to 86400"));
+        }
+    }
+    Ok(())
+}
+
+fn validate_payment(cb: &PaymentCallback) -> Result<(), Error> {
+    if !is_identifier(&cb.pay_no) {
+        return Err(Error::invalid("pay_no must be 1-64 characters of [A-Za-z0-9_.-]"));
+    }
+    if !is_identifier(&cb.order_no) {
+        return Err(Error::invalid("order_no must be 1-64 characters of [A-Za-z0-9_.-]"));
+    }
+    if !is_amount(cb.amount) {
+        return Err(Error::invalid("amount must be an integer from 1 to 1000000000000 (minor units)"));
+    }
+    Ok(())
+}
+
+fn validate_refund(cb: &RefundCallback) -> Result<(), Error> {
+    if !is_identifier(&cb.refund_no) {
+        return Err(Error::invalid("refund_no must be 1-64 characters of [A-Za-z0-9_.-]"));
+    }
+    if !is_identifier(&cb.order_no) {
+        return Err(Error::invalid("order_no must be 1-64 characters of [A-Za-z0-9_.-]"));
+    }
+    Ok(())
+}

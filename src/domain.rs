@@ -1,0 +1,331 @@
+//! The vocabulary of payonce: order states and their legal edges, callback
+//! outcomes, identifiers and money limits. Pure data and pure functions; no I/O.
+
+use serde_json::{json, Value};
+
+/// Smallest and largest amount in minor units.
+pub const AMOUNT_MIN: i64 = 1;
+pub const AMOUNT_MAX: i64 = 1_000_000_000_000;
+/// Identifiers are 1..=64 characters of `[A-Za-z0-9_.-]`.
+pub const IDENTIFIER_BYTES_MAX: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OrderStatus {
+    Pending,
+    Paid,
+    Closed,
+    Refunding,
+    Refunded,
+}
+
+/// The only legal edges of the order state machine. `schema.sql` holds the
+/// same table as a trigger, so the database refuses what this table refuses.
+pub const LEGAL_TRANSITIONS: [(OrderStatus, OrderStatus); 5] = [
+    (OrderStatus::Pending, OrderStatus::Paid),       // payment callback (the only way in)
+    (OrderStatus::Pending, OrderStatus::Closed),     // expiry or explicit close
+    (OrderStatus::Paid, OrderStatus::Refunding),     // refund requested
+    (OrderStatus::Refunding, OrderStatus::Refunded), // refund callback SUCCESS
+    (OrderStatus::Refunding, OrderStatus::Paid),     // refund callback FAILED
+];
+
+impl OrderStatus {
+    pub const ALL: [OrderStatus; 5] = [
+        OrderStatus::Pending,
+        OrderStatus::Paid,
+        OrderStatus::Closed,
+        OrderStatus::Refunding,
+        OrderStatus::Refunded,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Pending => "PENDING",
+            OrderStatus::Paid => "PAID",
+            OrderStatus::Closed => "CLOSED",
+            OrderStatus::Refunding => "REFUNDING",
+            OrderStatus::Refunded => "REFUNDED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<OrderStatus> {
+        OrderStatus::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    pub fn can_move_to(self, to: OrderStatus) -> bool {
+        LEGAL_TRANSITIONS.contains(&(self, to))
+    }
+}
+
+/// What a payment callback did, decided in the spec's order of precedence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PaymentOutcome {
+    /// Waiting in record-only mode; decided later.
+    Recorded,
+    PaymentFailed,
+    PaidAfterClose,
+    AlreadyPaid,
+    AmountMismatch,
+    Applied,
+}
+
+impl PaymentOutcome {
+    pub const ALL: [PaymentOutcome; 6] = [
+        PaymentOutcome::Recorded,
+        PaymentOutcome::PaymentFailed,
+        PaymentOutcome::PaidAfterClose,
+        PaymentOutcome::AlreadyPaid,
+        PaymentOutcome::AmountMismatch,
+        PaymentOutcome::Applied,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PaymentOutcome::Recorded => "recorded",
+            PaymentOutcome::PaymentFailed => "payment_failed",
+            PaymentOutcome::PaidAfterClose => "paid_after_close",
+            PaymentOutcome::AlreadyPaid => "already_paid",
+            PaymentOutcome::AmountMismatch => "amount_mismatch",
+            PaymentOutcome::Applied => "applied",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<PaymentOutcome> {
+        PaymentOutcome::ALL.into_iter().find(|o| o.as_str() == text)
+    }
+
+    /// Money moved to the merchant but the order did not take it: the
+    /// buyer must get it back (event `payment.refund_required`).
+    pub fn requires_refund(self) -> bool {
+        matches!(
+            self,
+            PaymentOutcome::PaidAfterClose | PaymentOutcome::AlreadyPaid | PaymentOutcome::AmountMismatch
+        )
+    }
+}
+
+/// What the platform says happened to a payment or a refund.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlatformStatus {
+    Success,
+    Failed,
+}
+
+impl PlatformStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlatformStatus::Success => "SUCCESS",
+            PlatformStatus::Failed => "FAILED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<PlatformStatus> {
+        match text {
+            "SUCCESS" => Some(PlatformStatus::Success),
+            "FAILED" => Some(PlatformStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefundOutcome {
+    Applied,
+    RefundFailed,
+    Duplicate,
+    UnexpectedRefund,
+}
+
+impl RefundOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefundOutcome::Applied => "applied",
+            RefundOutcome::RefundFailed => "refund_failed",
+            RefundOutcome::Duplicate => "duplicate",
+            RefundOutcome::UnexpectedRefund => "unexpected_refund",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefundStatus {
+    Requested,
+    Succeeded,
+    Failed,
+}
+
+impl RefundStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefundStatus::Requested => "REQUESTED",
+            RefundStatus::Succeeded => "SUCCEEDED",
+            RefundStatus::Failed => "FAILED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<RefundStatus> {
+        match text {
+            "REQUESTED" => Some(RefundStatus::Requested),
+            "SUCCEEDED" => Some(RefundStatus::Succeeded),
+            "FAILED" => Some(RefundStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// Event types of the outbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    OrderPaid,
+    OrderClosed,
+    OrderRefunding,
+    OrderRefunded,
+    OrderRefundFailed,
+    PaymentRefundRequired,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::OrderPaid => "order.paid",
+            EventType::OrderClosed => "order.closed",
+            EventType::OrderRefunding => "order.refunding",
+            EventType::OrderRefunded => "order.refunded",
+            EventType::OrderRefundFailed => "order.refund_failed",
+            EventType::PaymentRefundRequired => "payment.refund_required",
+        }
+    }
+
+    /// `"{type}:{subject}"`, the event's idempotency key.
+    pub fn event_id(self, subject: &str) -> String {
+        format!("{}:{subject}", self.as_str())
+    }
+}
+
+pub const POINT_TYPE_ORDER_PAID: &str = "ORDER_PAID";
+pub const POINT_TYPE_ORDER_PAID_REVERSAL: &str = "ORDER_PAID_REVERSAL";
+
+/// An order as stored and as returned by the API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Order {
+    pub id: i64,
+    pub order_no: String,
+    pub user_id: String,
+    pub amount: i64,
+    pub currency: String,
+    pub status: OrderStatus,
+    pub pay_no: Option<String>,
+    pub created_at: String,
+    pub expires_at: String,
+    pub paid_at: Option<String>,
+    pub closed_at: Option<String>,
+    pub refund_no: Option<String>,
+    pub refunded_at: Option<String>,
+}
+
+impl Order {
+    /// The order object of the API: every key present, unset ones `null`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "order_no": self.order_no,
+            "user_id": self.user_id,
+            "amount": self.amount,
+            "currency": self.currency,
+            "status": self.status.as_str(),
+            "pay_no": self.pay_no,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "paid_at": self.paid_at,
+            "closed_at": self.closed_at,
+            "refund_no": self.refund_no,
+            "refunded_at": self.refunded_at,
+        })
+    }
+}
+
+/// Rewards a payment earns, fixed when it is applied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rewards {
+    pub coupon_templates: Vec<String>,
+    pub points_per_yuan: i64,
+}
+
+impl Rewards {
+    /// points = floor(amount × N / 100), in i128 so no amount overflows.
+    pub fn points_for(&self, amount: i64) -> i64 {
+        let points = i128::from(amount) * i128::from(self.points_per_yuan) / 100;
+        i64::try_from(points).unwrap_or(i64::MAX)
+    }
+}
+
+pub fn is_identifier(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= IDENTIFIER_BYTES_MAX
+        && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+pub fn is_currency(text: &str) -> bool {
+    text.len() == 3 && text.bytes().all(|b| b.is_ascii_uppercase())
+}
+
+pub fn is_amount(amount: i64) -> bool {
+    (AMOUNT_MIN..=AMOUNT_MAX).contains(&amount)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_state_pair_is_legal_only_along_the_five_edges() {
+        let legal = [
+            ("PENDING", "PAID"),
+            ("PENDING", "CLOSED"),
+            ("PAID", "REFUNDING"),
+            ("REFUNDING", "REFUNDED"),
+            ("REFUNDING", "PAID"),
+        ];
+        for from in OrderStatus::ALL {
+            for to in OrderStatus::ALL {
+                let expected = legal.contains(&(from.as_str(), to.as_str()));
+                assert_eq!(from.can_move_to(to), expected, "{from:?} -> {to:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn identifiers() {
+        let check = |text: &str, ok: bool| assert_eq!(is_identifier(text), ok, "{text:?}");
+        check("ORD-2024.01_x", true);
+        check(&"a".repeat(64), true);
+        check(&"a".repeat(65), false);
+        check("", false);
+        check("has space", false);
+        check("订单", false);
+        check("a/b", false);
+        check("a\0", false);
+    }
+
+    #[test]
+    fn currencies_and_amounts() {
+        assert!(is_currency("CNY"));
+        assert!(!is_currency("cny"));
+        assert!(!is_currency("CNYY"));
+        assert!(is_amount(1) && is_amount(AMOUNT_MAX));
+        assert!(!is_amount(0) && !is_amount(-5) && !is_amount(AMOUNT_MAX + 1));
+    }
+
+    #[test]
+    fn points_are_floored_and_never_overflow() {
+        let r = Rewards { coupon_templates: vec![], points_per_yuan: 3 };
+        assert_eq!(r.points_for(9_999), 299);
+        let big = Rewards { coupon_templates: vec![], points_per_yuan: i64::MAX };
+        assert_eq!(big.points_for(AMOUNT_MAX), i64::MAX);
+    }
+
+    #[test]
+    fn outcome_names_round_trip() {
+        for o in PaymentOutcome::ALL {
+            assert_eq!(PaymentOutcome::parse(o.as_str()), Some(o));
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! payonce: exactly-once orders and payment callbacks for a small merchant,
+//! on SQLite.
+//!
+//! Use it as a service (`payonce serve`) or as a library in a merchant's own
+//! tests: open an [`App`] on `":memory:"` with a [`Clock::manual`] clock and
+//! call the same operations the HTTP API offers.
+//!
+//! ```
+//! use payonce::{App, Clock, Config, CreateOrder, PaymentCallback, PlatformStatus};
+//!
+//! let app = App::open(":memory:", Clock::manual(1_700_000_000_000), Config::default()).unwrap();
+//! app.create_order(&CreateOrder {
+//!     order_no: "ORD-1".into(), user_id: "u1".into(), amount: 9900,
+//!     currency: "CNY".into(), expires_in_s: None,
+//! }).unwrap();
+//! let callback = PaymentCallback {
+//!     channel: "generic".into(), pay_no: "PAY-1".into(), order_no: "ORD-1".into(),
+//!     amount: 9900, status: PlatformStatus::Success, paid_at: None, raw_body: b"{}".to_vec(),
+//! };
+//! assert_eq!(app.deliver_payment(&callback).unwrap().outcome_str(), "applied");
+//! assert_eq!(app.deliver_payment(&callback).unwrap().outcome_str(), "duplicate");
+//! ```
+
+pub mod api;
+pub mod app;
+pub mod clock;
+pub mod domain;
+pub mod error;
+pub mod http;
+pub mod keylock;
+pub mod signature;
+pub mod store;
+
+pub use app::{App, Config, CreateOrder, PaymentCallback, PaymentReply, RefundCallback};
+pub use clock::Clock;
+pub use domain::{OrderStatus, PaymentOutcome, PlatformStatus, RefundOutcome, Rewards};
+pub use error::Error;

@@ -1,0 +1,753 @@
+//! The storage module: the only place that speaks SQL.
+//!
+//! A [`Store`] is an `r2d2` pool of SQLite connections with payonce's
+//! PRAGMAs, the schema of `schema.sql` applied once (guarded by
+//! `user_version`), and a process-wide writer queue. Every write runs in
+//! [`Store::write`]: queue, `BEGIN IMMEDIATE`, the caller's closure over a
+//! [`Tx`], `COMMIT`. Reads run in [`Store::read`] on a consistent snapshot.
+//!
+//! A later PostgreSQL backend is an addition here: the rest of payonce sees
+//! only `Store`, `Tx` and the row types below.
+
+use crate::domain::{
+    EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus, RefundStatus,
+    POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
+};
+use crate::error::Error;
+use parking_lot::Mutex;
+use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior};
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The whole schema, applied at start.
+pub const SCHEMA_SQL: &str = include_str!("../schema.sql");
+/// `PRAGMA user_version` once `SCHEMA_SQL` is applied.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a connection waits in SQLite's busy handler for another
+/// process's writer before the request fails with 503 `database_busy`.
+pub const BUSY_TIMEOUT_MS: u64 = 5_000;
+/// How long a request waits for a pooled connection.
+pub const POOL_WAIT_MS: u64 = 10_000;
+pub const POOL_SIZE_DEFAULT: u32 = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synchronous {
+    /// Every commit is fsynced: an acknowledged callback survives power loss.
+    Full,
+    /// For benchmarks and throwaway databases only.
+    Normal,
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub pool_size: u32,
+    pub busy_timeout_ms: u64,
+    pub synchronous: Synchronous,
+    /// Queue this process's writers on one mutex so SQLite's busy handler
+    /// (which sleeps in steps of up to 100 ms) only arbitrates between
+    /// processes. Off only to measure what it buys.
+    pub writer_queue: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            pool_size: POOL_SIZE_DEFAULT,
+            busy_timeout_ms: BUSY_TIMEOUT_MS,
+            synchronous: Synchronous::Full,
+            writer_queue: true,
+        }
+    }
+}
+
+pub struct Store {
+    pool: r2d2::Pool<SqliteConnectionManager>,
+    writer_queue: Option<Mutex<()>>,
+    /// For `:memory:`: a memdb database vanishes with its last connection,
+    /// and the pool may close idle ones, so one stays open for the store's life.
+    _memdb_anchor: Option<Mutex<Connection>>,
+    pub is_memory: bool,
+}
+
+static MEMDB_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl Store {
+    /// Opens `path`, or a fresh shared in-memory database for `":memory:"`.
+    pub fn open(path: &str, options: &StoreOptions) -> Result<Store, Error> {
+        let is_memory = path == ":memory:";
+        let (target, flags) = if is_memory {
+            let n = MEMDB_COUNTER.fetch_add(1, Ordering::Relaxed);
+            let uri = format!("file:/payonce-{}-{n}?vfs=memdb", std::process::id());
+            let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_URI
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            (uri, flags)
+        } else {
+            let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            (path.to_owned(), flags)
+        };
+        let anchor = if is_memory {
+            let conn = Connection::open_with_flags(&target, flags)?;
+            configure_connection(&conn, options, is_memory)?;
+            Some(Mutex::new(conn))
+        } else {
+            None
+        };
+        let init_options = options.clone();
+        let manager = SqliteConnectionManager::file(&target)
+            .with_flags(flags)
+            .with_init(move |conn| configure_connection(conn, &init_options, is_memory));
+        let pool = r2d2::Pool::builder()
+            .max_size(options.pool_size)
+            .min_idle(Some(1))
+            .connection_timeout(Duration::from_millis(POOL_WAIT_MS))
+            .build(manager)
+            .map_err(|e| Error::internal(format!("cannot open database {path:?}: {e}")))?;
+        let store = Store {
+            pool,
+            writer_queue: options.writer_queue.then(|| Mutex::new(())),
+            _memdb_anchor: anchor,
+            is_memory,
+        };
+        store.apply_schema()?;
+        Ok(store)
+    }
+
+    fn apply_schema(&self) -> Result<(), Error> {
+        let mut conn = self.pool.get()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        if version > SCHEMA_VERSION {
+            return Err(Error::internal(format!(
+                "database schema version {version} is newer than this payonce ({SCHEMA_VERSION})"
+            )));
+        }
+        if version < SCHEMA_VERSION {
+            tx.execute_batch(SCHEMA_SQL)?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Runs `work` in one `BEGIN IMMEDIATE` transaction and commits it when
+    /// `work` returns `Ok`; rolls back otherwise. The caller takes its key
+    /// lock before calling and drops it after this returns, i.e. after commit.
+    pub fn write<T>(&self, work: impl FnOnce(&Tx) -> Result<T, Error>) -> Result<T, Error> {
+        let mut conn = self.pool.get()?;
+        // Taken after the caller's key lock, released after commit (drop order).
+        let _writer = self.writer_queue.as_ref().map(|m| m.lock());
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let value = work(&Tx { conn: &tx })?;
+        tx.commit()?;
+        Ok(value)
+    }
+
+    /// Runs `work` on one read snapshot.
+    pub fn read<T>(&self, work: impl FnOnce(&Tx) -> Result<T, Error>) -> Result<T, Error> {
+        let mut conn = self.pool.get()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let value = work(&Tx { conn: &tx })?;
+        tx.commit()?;
+        Ok(value)
+    }
+
+    /// A pooled connection for checks and tests that need raw SQL (the
+    /// schema tests use it to prove the database refuses what it must).
+    pub fn raw_connection(&self) -> Result<r2d2::PooledConnection<SqliteConnectionManager>, Error> {
+        Ok(self.pool.get()?)
+    }
+}
+
+fn configure_connection(
+    conn: &Connection,
+    options: &StoreOptions,
+    is_memory: bool,
+) -> rusqlite::Result<()> {
+    // busy_timeout first: switching a new file to WAL may wait for another process.
+    conn.busy_timeout(Duration::from_millis(options.busy_timeout_ms))?;
+    if !is_memory {
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(rusqlite::Error::InvalidParameterName(format!(
+                "journal_mode stayed {mode}, WAL required"
+            )));
+        }
+    }
+    let synchronous = match options.synchronous {
+        Synchronous::Full => "FULL",
+        Synchronous::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", synchronous)?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(())
+}
+
+/// A transaction (IMMEDIATE for writes, a read snapshot for reads). Every
+/// query payonce runs is a method here.
+pub struct Tx<'c> {
+    conn: &'c Connection,
+}
+
+/// A new order, validated.
+#[derive(Clone, Debug)]
+pub struct NewOrder {
+    pub order_no: String,
+    pub user_id: String,
+    pub amount: i64,
+    pub currency: String,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+/// A row of `pay_callback_log`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallbackRecord {
+    pub id: i64,
+    pub pay_no: String,
+    pub channel: String,
+    pub order_id: i64,
+    pub amount: i64,
+    pub status: PlatformStatus,
+    pub outcome: PaymentOutcome,
+    pub decided: bool,
+    pub source: String,
+    pub paid_at: Option<String>,
+    pub received_at: String,
+    pub decided_at: Option<String>,
+}
+
+/// A payment delivery to record: what the platform said, byte for byte.
+#[derive(Clone, Debug)]
+pub struct NewCallback<'a> {
+    pub pay_no: &'a str,
+    pub channel: &'a str,
+    pub order_id: i64,
+    pub amount: i64,
+    pub status: PlatformStatus,
+    pub source: &'a str,
+    pub raw_body: &'a [u8],
+    pub paid_at: Option<&'a str>,
+    pub received_at: &'a str,
+}
+
+pub enum Claim {
+    /// This delivery is the first of its pay_no; the row waits to be decided.
+    New(i64),
+    /// The pay_no was recorded before.
+    Existing(CallbackRecord),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundRecord {
+    pub id: i64,
+    pub refund_no: String,
+    pub order_id: i64,
+    pub status: RefundStatus,
+    pub requested_at: String,
+    pub settled_at: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CouponRow {
+    pub order_no: String,
+    pub coupon_template_id: String,
+    pub status: String,
+    pub created_at: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PointRow {
+    pub order_no: String,
+    pub point_type: String,
+    pub points: i64,
+    pub created_at: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRow {
+    pub seq: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub order_no: String,
+    pub data: Value,
+    pub created_at: String,
+}
+
+const ORDER_COLUMNS: &str = "id, order_no, user_id, amount, currency, status, pay_no, created_at, \
+     expires_at, paid_at, closed_at, refund_no, refunded_at";
+const CALLBACK_COLUMNS: &str = "id, pay_no, channel, order_id, amount, status, outcome, state, \
+     source, paid_at, received_at, decided_at";
+
+fn order_from_row(row: &Row) -> rusqlite::Result<Order> {
+    let status: String = row.get(5)?;
+    Ok(Order {
+        id: row.get(0)?,
+        order_no: row.get(1)?,
+        user_id: row.get(2)?,
+        amount: row.get(3)?,
+        currency: row.get(4)?,
+        status: OrderStatus::parse(&status).ok_or_else(|| bad_value(5, &status))?,
+        pay_no: row.get(6)?,
+        created_at: row.get(7)?,
+        expires_at: row.get(8)?,
+        paid_at: row.get(9)?,
+        closed_at: row.get(10)?,
+        refund_no: row.get(11)?,
+        refunded_at: row.get(12)?,
+    })
+}
+
+fn callback_from_row(row: &Row) -> rusqlite::Result<CallbackRecord> {
+    let status: String = row.get(5)?;
+    let outcome: String = row.get(6)?;
+    let state: String = row.get(7)?;
+    // Pair assertion with the CHECKs of schema.sql: read back what was written.
+    let outcome = PaymentOutcome::parse(&outcome).ok_or_else(|| bad_value(6, &outcome))?;
+    let decided = match state.as_str() {
+        "received" => false,
+        "decided" => true,
+        _ => return Err(bad_value(7, &state)),
+    };
+    assert_eq!(decided, outcome != PaymentOutcome::Recorded, "callback state/outcome disagree");
+    Ok(CallbackRecord {
+        id: row.get(0)?,
+        pay_no: row.get(1)?,
+        channel: row.get(2)?,
+        order_id: row.get(3)?,
+        amount: row.get(4)?,
+        status: PlatformStatus::parse(&status).ok_or_else(|| bad_value(5, &status))?,
+        outcome,
+        decided,
+        source: row.get(8)?,
+        paid_at: row.get(9)?,
+        received_at: row.get(10)?,
+        decided_at: row.get(11)?,
+    })
+}
+
+fn refund_from_row(row: &Row) -> rusqlite::Result<RefundRecord> {
+    let status: String = row.get(3)?;
+    Ok(RefundRecord {
+        id: row.get(0)?,
+        refund_no: row.get(1)?,
+        order_id: row.get(2)?,
+        status: RefundStatus::parse(&status).ok_or_else(|| bad_value(3, &status))?,
+        requested_at: row.get(4)?,
+        settled_at: row.get(5)?,
+    })
+}
+
+fn bad_value(column: usize, value: &str) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(
+        column,
+        rusqlite::types::Type::Text,
+        format!("unexpected value {value:?}").into(),
+    )
+}
+
+/// Converts an affected-row count that must be 0 or 1 into a decision.
+fn one_row(changed: usize, what: &str) -> Result<bool, Error> {
+    match changed {
+        0 => Ok(false),
+        1 => Ok(true),
+        n => Err(Error::internal(format!("{what} changed {n} rows, expected at most one"))),
+    }
+}
+
+impl Tx<'_> {
+    // ---- orders ----
+
+    /// Inserts the order unless its order_no exists; `Err(existing)` then.
+    pub fn insert_order(&self, order: &NewOrder) -> Result<Result<Order, Order>, Error> {
+        let inserted = self.conn.execute(
+            "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5, ?6)
+             ON CONFLICT (order_no) DO NOTHING",
+            params![
+                order.order_no,
+                order.user_id,
+                order.amount,
+                order.currency,
+                order.created_at,
+                order.expires_at
+            ],
+        )?;
+        let stored = self.order_by_no(&order.order_no)?.ok_or_else(|| {
+            Error::internal(format!("order {} vanished inside its transaction", order.order_no))
+        })?;
+        Ok(if one_row(inserted, "insert order")? { Ok(stored) } else { Err(stored) })
+    }
+
+    pub fn order_by_no(&self, order_no: &str) -> Result<Option<Order>, Error> {
+        let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE order_no = ?1");
+        Ok(self.conn.query_row(&sql, [order_no], order_from_row).optional()?)
+    }
+
+    pub fn order_by_id(&self, id: i64) -> Result<Order, Error> {
+        let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = ?1");
+        Ok(self.conn.query_row(&sql, [id], order_from_row)?)
+    }
+
+    /// Newest first, filtered, after the cursor (an order id).
+    pub fn list_orders(
+        &self,
+        user_id: Option<&str>,
+        status: Option<OrderStatus>,
+        before_id: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Order>, Error> {
+        let sql = format!(
+            "SELECT {ORDER_COLUMNS} FROM orders
+             WHERE (?1 IS NULL OR user_id = ?1) AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
+             ORDER BY id DESC LIMIT ?4"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt.query_map(
+            params![user_id, status.map(OrderStatus::as_str), before_id, limit],
+            order_from_row,
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// CAS PENDING→PAID, only at the order's own amount. `false` when the
+    /// order is not PENDING or the amount differs; the caller reads why.
+    pub fn cas_order_paid(&self, order_id: i64, amount: i64, pay_no: &str, paid_at: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "UPDATE orders SET status = 'PAID', pay_no = ?3, paid_at = ?4
+             WHERE id = ?1 AND status = 'PENDING' AND amount = ?2",
+            params![order_id, amount, pay_no, paid_at],
+        )?;
+        one_row(changed, "pay order")
+    }
+
+    /// CAS PENDING→CLOSED.
+    pub fn cas_order_closed(&self, order_id: i64, closed_at: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "UPDATE orders SET status = 'CLOSED', closed_at = ?2 WHERE id = ?1 AND status = 'PENDING'",
+            params![order_id, closed_at],
+        )?;
+        one_row(changed, "close order")
+    }
+
+    /// CAS PAID→REFUNDING.
+    pub fn cas_order_refunding(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "UPDATE orders SET status = 'REFUNDING', refund_no = ?2 WHERE id = ?1 AND status = 'PAID'",
+            params![order_id, refund_no],
+        )?;
+        one_row(changed, "start refund")
+    }
+
+    /// CAS REFUNDING→REFUNDED for this refund_no.
+    pub fn cas_order_refunded(&self, order_id: i64, refund_no: &str, refunded_at: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "UPDATE orders SET status = 'REFUNDED', refunded_at = ?3
+             WHERE id = ?1 AND status = 'REFUNDING' AND refund_no = ?2",
+            params![order_id, refund_no, refunded_at],
+        )?;
+        one_row(changed, "settle refund")
+    }
+
+    /// CAS REFUNDING→PAID for this refund_no (the refund failed; a new one may be asked).
+    pub fn cas_order_refund_failed(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "UPDATE orders SET status = 'PAID', refund_no = NULL
+             WHERE id = ?1 AND status = 'REFUNDING' AND refund_no = ?2",
+            params![order_id, refund_no],
+        )?;
+        one_row(changed, "fail refund")
+    }
+
+    // ---- payment callbacks ----
+
+    /// Claims the pay_no: inserts the delivery as `received`, or returns the
+    /// record that already holds it (`uk_pay_no`).
+    pub fn claim_pay_no(&self, cb: &NewCallback) -> Result<Claim, Error> {
+        let inserted = self.conn.execute(
+            "INSERT INTO pay_callback_log
+                 (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'recorded', 'received', ?6, ?7, ?8, ?9)
+             ON CONFLICT (pay_no) DO NOTHING",
+            params![
+                cb.pay_no,
+                cb.channel,
+                cb.order_id,
+                cb.amount,
+                cb.status.as_str(),
+                cb.source,
+                cb.raw_body,
+                cb.paid_at,
+                cb.received_at
+            ],
+        )?;
+        if one_row(inserted, "record callback")? {
+            return Ok(Claim::New(self.conn.last_insert_rowid()));
+        }
+        let existing = self.callback_by_pay_no(cb.pay_no)?.ok_or_else(|| {
+            Error::internal(format!("pay_no {} conflicted but is not recorded", cb.pay_no))
+        })?;
+        Ok(Claim::Existing(existing))
+    }
+
+    /// A SUCCESS of a pay_no recorded as `payment_failed` supersedes it,
+    /// once: the row returns to `received` carrying the new delivery.
+    /// `false` when the row is not (or no longer) a decided FAILED.
+    pub fn supersede_failed_payment(&self, id: i64, cb: &NewCallback) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "UPDATE pay_callback_log
+             SET status = 'SUCCESS', outcome = 'recorded', state = 'received', decided_at = NULL,
+                 amount = ?2, raw_body = ?3, paid_at = ?4
+             WHERE id = ?1 AND status = 'FAILED' AND outcome = 'payment_failed' AND state = 'decided'",
+            params![id, cb.amount, cb.raw_body, cb.paid_at],
+        )?;
+        one_row(changed, "supersede failed payment")
+    }
+
+    pub fn callback_by_id(&self, id: i64) -> Result<CallbackRecord, Error> {
+        let sql = format!("SELECT {CALLBACK_COLUMNS} FROM pay_callback_log WHERE id = ?1");
+        Ok(self.conn.query_row(&sql, [id], callback_from_row)?)
+    }
+
+    pub fn callback_by_pay_no(&self, pay_no: &str) -> Result<Option<CallbackRecord>, Error> {
+        let sql = format!("SELECT {CALLBACK_COLUMNS} FROM pay_callback_log WHERE pay_no = ?1");
+        Ok(self.conn.query_row(&sql, [pay_no], callback_from_row).optional()?)
+    }
+
+    pub fn raw_body_of(&self, id: i64) -> Result<Vec<u8>, Error> {
+        Ok(self.conn.query_row("SELECT raw_body FROM pay_callback_log WHERE id = ?1", [id], |r| r.get(0))?)
+    }
+
+    /// CAS received→decided. `rewards_due` is set exactly for `applied`.
+    pub fn decide_callback(
+        &self,
+        id: i64,
+        outcome: PaymentOutcome,
+        decided_at: &str,
+        rewards_due: Option<&str>,
+    ) -> Result<bool, Error> {
+        assert!(outcome != PaymentOutcome::Recorded, "deciding a callback as recorded");
+        assert_eq!(outcome == PaymentOutcome::Applied, rewards_due.is_some());
+        let changed = self.conn.execute(
+            "UPDATE pay_callback_log SET outcome = ?2, state = 'decided', decided_at = ?3, rewards_due = ?4
+             WHERE id = ?1 AND state = 'received'",
+            params![id, outcome.as_str(), decided_at, rewards_due],
+        )?;
+        one_row(changed, "decide callback")
+    }
+
+    pub fn callbacks_of_order(&self, order_id: i64) -> Result<Vec<CallbackRecord>, Error> {
+        let sql = format!("SELECT {CALLBACK_COLUMNS} FROM pay_callback_log WHERE order_id = ?1 ORDER BY id");
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([order_id], callback_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    // ---- side effects, each under its own UNIQUE key ----
+
+    /// Issues a coupon under `uk_order_tpl`; `false` if it was issued before.
+    pub fn issue_coupon(&self, user_id: &str, order_id: i64, template: &str, now: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at)
+             VALUES (?1, ?2, ?3, 'ACTIVE', ?4)
+             ON CONFLICT (order_id, coupon_template_id) DO NOTHING",
+            params![user_id, order_id, template, now],
+        )?;
+        one_row(changed, "issue coupon")
+    }
+
+    /// Adds the order's points under `uk_order_type`; `false` if added before.
+    pub fn add_order_points(&self, user_id: &str, order_id: i64, points: i64, now: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (order_id, point_type) DO NOTHING",
+            params![user_id, order_id, POINT_TYPE_ORDER_PAID, points, now],
+        )?;
+        one_row(changed, "add points")
+    }
+
+    /// Reverses the order's `ORDER_PAID` points by one negative entry under
+    /// `uk_order_type`; `false` when there is nothing to reverse or it was
+    /// reversed before.
+    pub fn reverse_order_points(&self, order_id: i64, now: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
+             SELECT user_id, order_id, ?2, -points, ?3 FROM point_log
+             WHERE order_id = ?1 AND point_type = ?4
+             ON CONFLICT (order_id, point_type) DO NOTHING",
+            params![order_id, POINT_TYPE_ORDER_PAID_REVERSAL, now, POINT_TYPE_ORDER_PAID],
+        )?;
+        one_row(changed, "reverse points")
+    }
+
+    /// Freezes the order's ACTIVE coupons; returns how many.
+    pub fn freeze_active_coupons(&self, order_id: i64) -> Result<usize, Error> {
+        Ok(self.conn.execute(
+            "UPDATE user_coupon SET status = 'FROZEN' WHERE order_id = ?1 AND status = 'ACTIVE'",
+            [order_id],
+        )?)
+    }
+
+    /// Writes an outbox event under `uk_event_id`; `false` if it exists.
+    pub fn emit_event(
+        &self,
+        event_type: EventType,
+        subject: &str,
+        order_no: &str,
+        data: &Value,
+        now: &str,
+    ) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "INSERT INTO outbox_event (event_id, type, order_no, data, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (event_id) DO NOTHING",
+            params![event_type.event_id(subject), event_type.as_str(), order_no, data.to_string(), now],
+        )?;
+        one_row(changed, "emit event")
+    }
+
+    pub fn events_after(&self, after_seq: i64, limit: usize) -> Result<Vec<EventRow>, Error> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT seq, event_id, type, order_no, data, created_at FROM outbox_event
+             WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt.query_map(params![after_seq, limit], |row| {
+            let data: String = row.get(4)?;
+            Ok(EventRow {
+                seq: row.get(0)?,
+                event_id: row.get(1)?,
+                event_type: row.get(2)?,
+                order_no: row.get(3)?,
+                data: serde_json::from_str(&data).map_err(|e| bad_value(4, &e.to_string()))?,
+                created_at: row.get(5)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    // ---- refunds ----
+
+    pub fn refund_by_no(&self, refund_no: &str) -> Result<Option<RefundRecord>, Error> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT id, refund_no, order_id, status, requested_at, settled_at FROM refund WHERE refund_no = ?1",
+                [refund_no],
+                refund_from_row,
+            )
+            .optional()?)
+    }
+
+    /// Inserts a REQUESTED refund under `uk_refund_no`; `false` if the refund_no exists.
+    pub fn insert_refund(&self, refund_no: &str, order_id: i64, now: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "INSERT INTO refund (refund_no, order_id, status, requested_at) VALUES (?1, ?2, 'REQUESTED', ?3)
+             ON CONFLICT (refund_no) DO NOTHING",
+            params![refund_no, order_id, now],
+        )?;
+        one_row(changed, "request refund")
+    }
+
+    /// CAS REQUESTED→`to`.
+    pub fn settle_refund(&self, id: i64, to: RefundStatus, now: &str) -> Result<bool, Error> {
+        assert!(to != RefundStatus::Requested, "settling a refund as REQUESTED");
+        let changed = self.conn.execute(
+            "UPDATE refund SET status = ?2, settled_at = ?3 WHERE id = ?1 AND status = 'REQUESTED'",
+            params![id, to.as_str(), now],
+        )?;
+        one_row(changed, "settle refund")
+    }
+
+    // ---- rewards read back ----
+
+    pub fn coupons_of_order(&self, order_id: i64) -> Result<Vec<CouponRow>, Error> {
+        self.coupons_where("c.order_id = ?1", rusqlite::types::Value::Integer(order_id))
+    }
+
+    pub fn coupons_of_user(&self, user_id: &str) -> Result<Vec<CouponRow>, Error> {
+        self.coupons_where("c.user_id = ?1", rusqlite::types::Value::Text(user_id.to_owned()))
+    }
+
+    fn coupons_where(&self, filter: &str, value: rusqlite::types::Value) -> Result<Vec<CouponRow>, Error> {
+        let sql = format!(
+            "SELECT o.order_no, c.coupon_template_id, c.status, c.created_at
+             FROM user_coupon c JOIN orders o ON o.id = c.order_id WHERE {filter} ORDER BY c.id"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([value], |row| {
+            Ok(CouponRow {
+                order_no: row.get(0)?,
+                coupon_template_id: row.get(1)?,
+                status: row.get(2)?,
+                created_at: row.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn points_of_order(&self, order_id: i64) -> Result<Vec<PointRow>, Error> {
+        self.points_where("p.order_id = ?1", rusqlite::types::Value::Integer(order_id))
+    }
+
+    pub fn points_of_user(&self, user_id: &str) -> Result<Vec<PointRow>, Error> {
+        self.points_where("p.user_id = ?1", rusqlite::types::Value::Text(user_id.to_owned()))
+    }
+
+    fn points_where(&self, filter: &str, value: rusqlite::types::Value) -> Result<Vec<PointRow>, Error> {
+        let sql = format!(
+            "SELECT o.order_no, p.point_type, p.points, p.created_at
+             FROM point_log p JOIN orders o ON o.id = p.order_id WHERE {filter} ORDER BY p.id"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql)?;
+        let rows = stmt.query_map([value], |row| {
+            Ok(PointRow {
+                order_no: row.get(0)?,
+                point_type: row.get(1)?,
+                points: row.get(2)?,
+                created_at: row.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    // ---- audit and settings ----
+
+    pub fn audit(&self, at: &str, actor: &str, action: &str, order_no: Option<&str>, detail: &Value) -> Result<(), Error> {
+        self.conn.execute(
+            "INSERT INTO audit_log (at, actor, action, order_no, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![at, actor, action, order_no, detail.to_string()],
+        )?;
+        Ok(())
+    }
+
+    pub fn setting(&self, name: &str) -> Result<Option<String>, Error> {
+        Ok(self
+            .conn
+            .query_row("SELECT value FROM settings WHERE name = ?1", [name], |r| r.get(0))
+            .optional()?)
+    }
+
+    pub fn put_setting(&self, name: &str, value: &str) -> Result<(), Error> {
+        self.conn.execute(
+            "INSERT INTO settings (name, value) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            params![name, value],
+        )?;
+        Ok(())
+    }
+
+    /// `SELECT 1`, for health checks.
+    pub fn ping(&self) -> Result<(), Error> {
+        self.conn.query_row("SELECT 1", [], |_| Ok(()))?;
+        Ok(())
+    }
+}
