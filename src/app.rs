@@ -264,20 +264,40 @@ impl App {
     pub fn close_order(&self, order_no: &str) -> Result<Order, Error> {
         let _key = self.locks.lock(&format!("order:{order_no}"));
         let now = self.clock.now_text();
-        self.store
-            .write(|tx| {
-                let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
-                if tx.cas_order_closed(order.id, &now)? {
-                    let closed = tx.order_by_id(order.id)?;
-                    let data = json!({"order": closed.to_json()});
-                    tx.emit_event(EventType::OrderClosed, order_no, order_no, &data, &now)?;
-                    return Ok(Ok(closed));
+        self.store.write(|tx| {
+            let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
+            if let Some(closed) = close_in_tx(tx, &order, &now)? {
+                return Ok(Ok(closed));
+            }
+            if order.status == OrderStatus::Closed {
+                return Ok(Ok(order));
+            }
+            Ok(Err(refuse_transition(tx, &order, OrderStatus::Closed, "close", &now, json!({}))?))
+        })?
+    }
+
+    /// Closes up to `batch` PENDING orders whose `expires_at` has passed, one
+    /// transaction each (a payment racing the sweeper waits at most one
+    /// order's close). Returns how many it closed.
+    pub fn close_expired(&self, batch: usize) -> Result<usize, Error> {
+        let now = self.clock.now_text();
+        let due = self.store.read(|tx| tx.expired_pending_orders(&now, batch))?;
+        let mut closed = 0;
+        for order_no in due {
+            let _key = self.locks.lock(&format!("order:{order_no}"));
+            let did_close = self.store.write(|tx| {
+                let Some(order) = tx.order_by_no(&order_no)? else {
+                    return Ok(false);
+                };
+                // Re-judged inside the write transaction: a payment may have won meanwhile.
+                if order.expires_at > now {
+                    return Ok(false);
                 }
-                if order.status == OrderStatus::Closed {
-                    return Ok(Ok(order));
-                }
-                Ok(Err(refuse_transition(tx, &order, OrderStatus::Closed, "close", &now, json!({}))?))
-            })?
+                Ok(close_in_tx(tx, &order, &now)?.is_some())
+            })?;
+            closed += usize::from(did_close);
+        }
+        Ok(closed)
     }
 
     /// PAID→REFUNDING with a `refund` row REQUESTED. The same refund_no again
@@ -490,6 +510,18 @@ impl App {
     pub fn health(&self) -> Result<(), Error> {
         self.store.read(|tx| tx.ping())
     }
+}
+
+/// CAS PENDING→CLOSED with its `order.closed` event; `None` when the CAS
+/// changed nothing (the order is not PENDING).
+fn close_in_tx(tx: &Tx, order: &Order, now: &str) -> Result<Option<Order>, Error> {
+    if !tx.cas_order_closed(order.id, now)? {
+        return Ok(None);
+    }
+    let closed = tx.order_by_id(order.id)?;
+    let data = json!({"order": closed.to_json()});
+    tx.emit_event(EventType::OrderClosed, &order.order_no, &order.order_no, &data, now)?;
+    Ok(Some(closed))
 }
 
 /// Writes the refusal to `audit_log` (committed with the transaction) and

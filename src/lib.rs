@@ -23,6 +23,7 @@
 
 pub mod api;
 pub mod app;
+pub mod background;
 pub mod clock;
 pub mod domain;
 pub mod error;

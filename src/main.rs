@@ -1,6 +1,7 @@
 //! `payonce`: argument parsing and wiring only; everything else is in the library.
 
 use payonce::app::{Config, ORDER_TTL_S_DEFAULT};
+use payonce::background::{spawn_sweeper, SWEEP_INTERVAL_S_DEFAULT};
 use payonce::domain::{is_identifier, Rewards};
 use payonce::http::{Server, WORKERS_DEFAULT};
 use payonce::{App, Clock};
@@ -9,6 +10,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The fixed secret of `--dev`; printed loudly, never for production.
 const DEV_CALLBACK_SECRET: &str = "payonce-dev-secret";
@@ -39,6 +41,7 @@ Options:
   --coupon TEMPLATE         coupon template issued on payment (repeatable)
   --points-per-yuan N       points = floor(amount x N / 100); no entry when 0 [default: 0]
   --order-ttl-s N           default PENDING lifetime in seconds [default: 900]
+  --sweep-interval-s N      how often expired PENDING orders are closed [default: 1]
   -h, --help                this help
 ";
 
@@ -50,6 +53,7 @@ struct ServeArgs {
     coupons: Vec<String>,
     points_per_yuan: i64,
     order_ttl_s: i64,
+    sweep_interval_s: u64,
 }
 
 fn main() -> ExitCode {
@@ -85,6 +89,7 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
         coupons: Vec::new(),
         points_per_yuan: 0,
         order_ttl_s: ORDER_TTL_S_DEFAULT,
+        sweep_interval_s: SWEEP_INTERVAL_S_DEFAULT,
     };
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
@@ -101,6 +106,9 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
             }
             Long("points-per-yuan") => args.points_per_yuan = int_value(&mut parser, "--points-per-yuan", 0, 1_000_000)?,
             Long("order-ttl-s") => args.order_ttl_s = int_value(&mut parser, "--order-ttl-s", 1, 86_400)?,
+            Long("sweep-interval-s") => {
+                args.sweep_interval_s = int_value(&mut parser, "--sweep-interval-s", 1, 86_400)?.unsigned_abs()
+            }
             Short('h') | Long("help") => {
                 print!("{SERVE_USAGE}");
                 std::process::exit(0);
@@ -150,7 +158,11 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     if args.dev {
         print_tour(addr);
     }
-    let finished = server.serve(Arc::new(app), shutdown, WORKERS_DEFAULT);
+    let app = Arc::new(app);
+    let sweeper = spawn_sweeper(Arc::clone(&app), Duration::from_secs(args.sweep_interval_s), Arc::clone(&shutdown))
+        .map_err(|e| format!("cannot start the expiry sweeper: {e}"))?;
+    let finished = server.serve(app, shutdown, WORKERS_DEFAULT);
+    let _ = sweeper.join();
     if !finished {
         eprintln!("payonce: warning: shutdown grace period ended with requests still in flight");
     }
@@ -180,7 +192,7 @@ fn print_tour(addr: SocketAddr) {
          \x20      -d '{{\"order_no\":\"ORD-1\",\"user_id\":\"u1\",\"amount\":9900}}'\n\
          \x20 BODY='{{\"pay_no\":\"PAY-1\",\"order_no\":\"ORD-1\",\"amount\":9900,\"status\":\"SUCCESS\"}}'\n\
          \x20 T=$(date +%s); SIG=$(printf '%s.%s' \"$T\" \"$BODY\" | openssl dgst -sha256 -hmac {DEV_CALLBACK_SECRET} -r | cut -d' ' -f1)\n\
-         \x20 curl -s -X POST http://{addr}/v1/callbacks/generic -H \"Payonce-Signature: t=$T,v1=$SIG\" -d \"$BODY\"   # twice: applied, then duplicate\n\
+         \x20 curl -s -X POST http://{addr}/v1/callbacks/generic -H 'Content-Type: application/json' -H \"Payonce-Signature: t=$T,v1=$SIG\" -d \"$BODY\"   # twice: applied, then duplicate\n\
          \x20 curl -s http://{addr}/v1/orders/ORD-1\n"
     );
 }

@@ -417,6 +417,17 @@ impl Tx<'_> {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// PENDING orders whose `expires_at` is not after `now`, oldest first
+    /// (served by the partial index `ix_orders_pending_expiry`).
+    pub fn expired_pending_orders(&self, now: &str, limit: usize) -> Result<Vec<String>, Error> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT order_no FROM orders WHERE status = 'PENDING' AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt.query_map(params![now, limit], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// CAS PENDING→PAID, only at the order's own amount. `false` when the
     /// order is not PENDING or the amount differs; the caller reads why.
     pub fn cas_order_paid(&self, order_id: i64, amount: i64, pay_no: &str, paid_at: &str) -> Result<bool, Error> {

@@ -1,0 +1,10 @@
+//! One integration-test binary, a module per area (ripgrep's layout).
+
+mod util;
+
+mod api_http;
+mod expiry;
+mod hostile;
+mod incident;
+mod schema;
+mod storm;

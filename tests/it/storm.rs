@@ -1,0 +1,597 @@
+//! Storms: many orders, each paid by several re-deliveries of one pay_no and
+//! some by a second channel's pay_no as well, all delivered at once from 16
+//! threads in a seeded random order. Whatever the interleaving, every order
+//! is PAID once by exactly one of its payments, its coupons and points land
+//! once, there is one `order.paid` per order and one
+//! `payment.refund_required` per losing payment.
+//!
+//! One generator ([`Storm`]) and one verifier ([`verify`]) serve every
+//! variant: in process on the shared memdb and on a file database, over
+//! HTTP against one `payonce serve`, and against two `payonce serve`
+//! processes on one database file (where only SQLite, not the in-process
+//! key lock, keeps the two processes apart).
+//!
+//! A failure names its seed; `PAYONCE_STORM_SEED=<seed>` replays that storm
+//! (the deliveries and their order in the list are the same; the thread
+//! interleaving is whatever the machine does).
+
+use crate::util::{Rng, Server, TempDir};
+use payonce::{App, Clock, Config, CreateOrder, PaymentCallback, PlatformStatus, Rewards};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Worker threads (in process) or client threads (over HTTP).
+const THREADS: usize = 16;
+const COUPONS: [&str; 2] = ["NEW10", "VIP"];
+const POINTS_PER_YUAN: i64 = 1;
+/// `--coupon NEW10 --coupon VIP --points-per-yuan 1`, the in-process rewards' twin.
+const SERVE_FLAGS: [&str; 6] = ["--coupon", "NEW10", "--coupon", "VIP", "--points-per-yuan", "1"];
+/// How often one HTTP delivery is re-sent after a 503 `database_busy`
+/// (what a payment platform does with a non-2xx answer) before the test fails.
+const BUSY_RETRIES_MAX: usize = 20;
+
+/// Sizes, measured to keep the module well under a minute in a debug build
+/// on two cores with synchronous=FULL (see the numbers each test prints).
+const ORDERS_IN_PROCESS: usize = 300;
+const ORDERS_HTTP: usize = 200;
+const ORDERS_TWO_PROCESSES: usize = 200;
+
+// ---- the generator ----
+
+struct StormOrder {
+    order_no: String,
+    user_id: String,
+    amount: i64,
+    /// The first channel's pay_no, then for some orders a second channel's.
+    pay_nos: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Delivery {
+    order: usize,
+    /// Index into the order's `pay_nos`.
+    pay: usize,
+    /// Which process receives it, in the two-process storm (0 or 1).
+    target: usize,
+}
+
+struct Storm {
+    seed: u64,
+    orders: Vec<StormOrder>,
+    /// Every delivery of every pay_no, shuffled into one list.
+    deliveries: Vec<Delivery>,
+}
+
+/// What one delivery was answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Answer {
+    outcome: String,
+    original: Option<String>,
+}
+
+impl Storm {
+    /// `orders` orders; each first pay_no delivered 2..=5 times, and for
+    /// about a quarter of the orders a second pay_no delivered 1..=3 times.
+    fn new(seed: u64, orders: usize) -> Storm {
+        let mut rng = Rng::new(seed);
+        let mut list = Vec::with_capacity(orders);
+        let mut deliveries = Vec::new();
+        for i in 0..orders {
+            // >= 100 minor units, so points (floor(amount / 100)) are positive.
+            let amount = 100 + rng.below(99_900) as i64;
+            let mut pay_nos = vec![format!("PAY-A-{i:05}")];
+            let first_deliveries = 2 + rng.below(4) as usize;
+            deliveries.extend((0..first_deliveries).map(|_| Delivery { order: i, pay: 0, target: 0 }));
+            if rng.below(4) == 0 {
+                pay_nos.push(format!("PAY-B-{i:05}"));
+                let second_deliveries = 1 + rng.below(3) as usize;
+                deliveries.extend((0..second_deliveries).map(|_| Delivery { order: i, pay: 1, target: 0 }));
+            }
+            list.push(StormOrder {
+                order_no: format!("ORD-{i:05}"),
+                user_id: format!("user-{}", i % 37),
+                amount,
+                pay_nos,
+            });
+        }
+        rng.shuffle(&mut deliveries);
+        for delivery in &mut deliveries {
+            delivery.target = rng.below(2) as usize;
+        }
+        let storm = Storm { seed, orders: list, deliveries };
+        assert!(storm.second_channel_payments() > 0, "seed {seed:#x} made no second-channel payment; pick another");
+        storm
+    }
+
+    fn pay_no(&self, d: &Delivery) -> &str {
+        &self.orders[d.order].pay_nos[d.pay]
+    }
+
+    fn second_channel_payments(&self) -> usize {
+        self.orders.iter().filter(|o| o.pay_nos.len() > 1).count()
+    }
+
+    /// The generic channel's body of one delivery.
+    fn body(&self, d: &Delivery) -> Value {
+        let order = &self.orders[d.order];
+        json!({"pay_no": order.pay_nos[d.pay], "order_no": order.order_no, "amount": order.amount, "status": "SUCCESS"})
+    }
+
+    fn context(&self, label: &str) -> String {
+        format!("{label} storm, seed {:#x} (replay with PAYONCE_STORM_SEED={:#x})", self.seed, self.seed)
+    }
+
+    /// Delivers every delivery of the list from `THREADS` threads, each
+    /// taking the next one off a shared atomic index. Returns the answers in
+    /// list order and the wall time.
+    fn run(&self, deliver: impl Fn(&Delivery) -> Answer + Sync) -> (Vec<Answer>, Duration) {
+        let start = Instant::now();
+        let answers = in_parallel(self.deliveries.len(), |i| deliver(&self.deliveries[i]));
+        (answers, start.elapsed())
+    }
+}
+
+/// `f(0..n)` on `THREADS` threads pulling indexes off one atomic counter;
+/// results in index order. A worker's panic is re-raised with its message.
+fn in_parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let next = AtomicUsize::new(0);
+    let chunks: Vec<Vec<(usize, T)>> = thread::scope(|scope| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        if i >= n {
+                            break done;
+                        }
+                        done.push((i, f(i)));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+    });
+    let mut slots: Vec<Option<T>> = (0..n).map(|_| None).collect();
+    for (i, value) in chunks.into_iter().flatten() {
+        slots[i] = Some(value);
+    }
+    slots.into_iter().enumerate().map(|(i, v)| v.unwrap_or_else(|| panic!("item {i} was never run"))).collect()
+}
+
+fn seed(default: u64) -> u64 {
+    match std::env::var("PAYONCE_STORM_SEED") {
+        Ok(text) => {
+            let text = text.trim();
+            let parsed = match text.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => text.parse(),
+            };
+            parsed.unwrap_or_else(|_| panic!("PAYONCE_STORM_SEED={text:?} is not a number"))
+        }
+        Err(_) => default,
+    }
+}
+
+fn report(label: &str, storm: &Storm, elapsed: Duration) {
+    let secs = elapsed.as_secs_f64();
+    let n = storm.deliveries.len();
+    println!(
+        "{label} storm: {n} deliveries in {secs:.2} s = {:.0} deliveries/s ({} orders, {} second-channel payments, seed {:#x})",
+        n as f64 / secs.max(1e-9),
+        storm.orders.len(),
+        storm.second_channel_payments(),
+        storm.seed
+    );
+}
+
+// ---- what the database holds, however it was read ----
+
+#[derive(Debug, Default)]
+struct OrderView {
+    status: String,
+    pay_no: Option<String>,
+    /// (pay_no, outcome, decided)
+    payments: Vec<(String, String, bool)>,
+    /// (coupon_template_id, status)
+    coupons: Vec<(String, String)>,
+    /// (point_type, points)
+    points: Vec<(String, i64)>,
+}
+
+#[derive(Debug)]
+struct EventView {
+    seq: i64,
+    event_type: String,
+    event_id: String,
+    order_no: String,
+    /// `data.payment.pay_no` and `data.payment.outcome`.
+    payment_pay_no: Option<String>,
+    payment_outcome: Option<String>,
+}
+
+impl EventView {
+    fn new(seq: i64, event_type: String, event_id: String, order_no: String, data: &Value) -> EventView {
+        let field = |name: &str| data["payment"][name].as_str().map(str::to_owned);
+        EventView {
+            seq,
+            event_type,
+            event_id,
+            order_no,
+            payment_pay_no: field("pay_no"),
+            payment_outcome: field("outcome"),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct DbView {
+    orders: BTreeMap<String, OrderView>,
+    events: Vec<EventView>,
+}
+
+/// The database through the library's own reads: `app.order` for each order
+/// and `app.events` page by page.
+fn view_of_app(app: &App, storm: &Storm) -> DbView {
+    let mut view = DbView::default();
+    for order in &storm.orders {
+        let detail = app.order(&order.order_no).unwrap_or_else(|e| panic!("app.order({}): {e}", order.order_no));
+        view.orders.insert(
+            order.order_no.clone(),
+            OrderView {
+                status: detail.order.status.as_str().to_owned(),
+                pay_no: detail.order.pay_no.clone(),
+                payments: detail
+                    .payments
+                    .iter()
+                    .map(|p| (p.pay_no.clone(), p.outcome.as_str().to_owned(), p.decided))
+                    .collect(),
+                coupons: detail.coupons.iter().map(|c| (c.coupon_template_id.clone(), c.status.clone())).collect(),
+                points: detail.points.iter().map(|p| (p.point_type.clone(), p.points)).collect(),
+            },
+        );
+    }
+    let mut after = 0;
+    loop {
+        let page = app.events(after, 100).unwrap_or_else(|e| panic!("app.events({after}): {e}"));
+        let Some(last) = page.last() else { break };
+        after = last.seq;
+        view.events.extend(
+            page.into_iter().map(|e| EventView::new(e.seq, e.event_type, e.event_id, e.order_no, &e.data)),
+        );
+    }
+    view
+}
+
+/// The database file read directly, read-only, in one snapshot: every row
+/// of the tables a payment touches, so stray rows of any order show too.
+fn view_of_file(db: &Path) -> DbView {
+    use rusqlite::{Connection, OpenFlags};
+    let mut conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap_or_else(|e| panic!("open {} read-only: {e}", db.display()));
+    let tx = conn.transaction().expect("read transaction");
+    let mut view = DbView::default();
+    let rows = |sql: &str, f: &mut dyn FnMut(&rusqlite::Row) -> rusqlite::Result<()>| {
+        let mut stmt = tx.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut rows = stmt.query([]).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        while let Some(row) = rows.next().unwrap_or_else(|e| panic!("{sql}: {e}")) {
+            f(row).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+    };
+    rows("SELECT order_no, status, pay_no FROM orders ORDER BY id", &mut |r| {
+        let order = OrderView { status: r.get(1)?, pay_no: r.get(2)?, ..OrderView::default() };
+        view.orders.insert(r.get(0)?, order);
+        Ok(())
+    });
+    let order_of = |orders: &mut BTreeMap<String, OrderView>, order_no: String| -> *mut OrderView {
+        orders.get_mut(&order_no).unwrap_or_else(|| panic!("a row names order {order_no}, which does not exist"))
+    };
+    rows(
+        "SELECT o.order_no, p.pay_no, p.outcome, p.state FROM pay_callback_log p JOIN orders o ON o.id = p.order_id ORDER BY p.id",
+        &mut |r| {
+            let state: String = r.get(3)?;
+            let order = order_of(&mut view.orders, r.get(0)?);
+            // SAFETY: a unique borrow of one map entry, used at once.
+            unsafe { (*order).payments.push((r.get(1)?, r.get(2)?, state == "decided")) };
+            Ok(())
+        },
+    );
+    rows(
+        "SELECT o.order_no, c.coupon_template_id, c.status FROM user_coupon c JOIN orders o ON o.id = c.order_id ORDER BY c.id",
+        &mut |r| {
+            let order = order_of(&mut view.orders, r.get(0)?);
+            unsafe { (*order).coupons.push((r.get(1)?, r.get(2)?)) };
+            Ok(())
+        },
+    );
+    rows(
+        "SELECT o.order_no, p.point_type, p.points FROM point_log p JOIN orders o ON o.id = p.order_id ORDER BY p.id",
+        &mut |r| {
+            let order = order_of(&mut view.orders, r.get(0)?);
+            unsafe { (*order).points.push((r.get(1)?, r.get(2)?)) };
+            Ok(())
+        },
+    );
+    rows("SELECT seq, type, event_id, order_no, data FROM outbox_event ORDER BY seq", &mut |r| {
+        let data: String = r.get(4)?;
+        let data: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("event data is not JSON ({e}): {data}"));
+        view.events.push(EventView::new(r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, &data));
+        Ok(())
+    });
+    drop(tx);
+    view
+}
+
+// ---- the verifier ----
+
+/// Checks a finished storm from its answers and from the database.
+fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
+    let ctx = storm.context(label);
+    assert_eq!(answers.len(), storm.deliveries.len(), "{ctx}: one answer per delivery");
+
+    // Answers: per pay_no exactly one decided answer; every other delivery
+    // of that pay_no is `duplicate` naming the decided outcome.
+    let mut by_pay: HashMap<&str, Vec<&Answer>> = HashMap::new();
+    for (d, answer) in storm.deliveries.iter().zip(answers) {
+        by_pay.entry(storm.pay_no(d)).or_default().push(answer);
+    }
+    let mut decided: HashMap<&str, &str> = HashMap::new();
+    for (pay_no, list) in &by_pay {
+        let fresh: Vec<&&Answer> = list.iter().filter(|a| a.outcome != "duplicate").collect();
+        assert_eq!(fresh.len(), 1, "{ctx}: pay_no {pay_no} got {} non-duplicate answers: {list:?}", fresh.len());
+        let first = fresh[0];
+        assert!(
+            first.outcome == "applied" || first.outcome == "already_paid",
+            "{ctx}: pay_no {pay_no} was decided {:?}; a payment of a PENDING order at its amount is applied or already_paid",
+            first.outcome
+        );
+        assert_eq!(first.original, None, "{ctx}: pay_no {pay_no}: a decided answer carries no \"original\"");
+        for answer in list.iter().filter(|a| a.outcome == "duplicate") {
+            assert_eq!(
+                answer.original.as_deref(),
+                Some(first.outcome.as_str()),
+                "{ctx}: pay_no {pay_no}: a duplicate must name the outcome recorded first; answers {list:?}"
+            );
+        }
+        decided.insert(pay_no, first.outcome.as_str());
+    }
+    let applied_total = decided.values().filter(|o| **o == "applied").count();
+    assert_eq!(applied_total, storm.orders.len(), "{ctx}: answers `applied` in all, one per order");
+
+    // The database: every order PAID by exactly one of its payments, rewards once.
+    assert_eq!(db.orders.len(), storm.orders.len(), "{ctx}: orders in the database");
+    let mut winner_of: HashMap<&str, &str> = HashMap::new();
+    let mut losers: HashMap<&str, &str> = HashMap::new(); // losing pay_no -> order_no
+    for order in &storm.orders {
+        let no = order.order_no.as_str();
+        let winners: Vec<&str> =
+            order.pay_nos.iter().map(String::as_str).filter(|p| decided.get(p) == Some(&"applied")).collect();
+        assert_eq!(winners.len(), 1, "{ctx}: order {no}: applied answers for {winners:?} of {:?}", order.pay_nos);
+        let winner = winners[0];
+        winner_of.insert(no, winner);
+        for loser in order.pay_nos.iter().filter(|p| p.as_str() != winner) {
+            losers.insert(loser, no);
+        }
+
+        let view = db.orders.get(no).unwrap_or_else(|| panic!("{ctx}: order {no} is missing"));
+        assert_eq!(view.status, "PAID", "{ctx}: order {no}: {view:?}");
+        assert_eq!(view.pay_no.as_deref(), Some(winner), "{ctx}: order {no} is paid by another pay_no than the one answered `applied`");
+
+        let mut payments = view.payments.clone();
+        payments.sort();
+        let mut expected: Vec<(String, String, bool)> = order
+            .pay_nos
+            .iter()
+            .map(|p| (p.clone(), if p == winner { "applied" } else { "already_paid" }.to_owned(), true))
+            .collect();
+        expected.sort();
+        assert_eq!(payments, expected, "{ctx}: order {no}: pay_callback_log rows (pay_no, outcome, decided)");
+
+        let mut coupons = view.coupons.clone();
+        coupons.sort();
+        let expected: Vec<(String, String)> = COUPONS.iter().map(|t| (t.to_string(), "ACTIVE".to_owned())).collect();
+        assert_eq!(coupons, expected, "{ctx}: order {no}: coupons, exactly one per template");
+
+        let points = order.amount * POINTS_PER_YUAN / 100;
+        assert_eq!(view.points, vec![("ORDER_PAID".to_owned(), points)], "{ctx}: order {no}: exactly one ORDER_PAID point entry");
+    }
+    assert_eq!(losers.len(), storm.second_channel_payments(), "{ctx}: one losing payment per second-channel order");
+
+    // Events: one `order.paid` per order, one `payment.refund_required` per
+    // losing payment, nothing else.
+    let mut paid: HashMap<&str, usize> = HashMap::new();
+    let mut refund_required: HashMap<&str, usize> = HashMap::new();
+    for pair in db.events.windows(2) {
+        assert!(pair[0].seq < pair[1].seq, "{ctx}: event seq not increasing: {} then {}", pair[0].seq, pair[1].seq);
+    }
+    for event in &db.events {
+        match event.event_type.as_str() {
+            "order.paid" => {
+                let no = event.order_no.as_str();
+                let winner = winner_of.get(no).unwrap_or_else(|| panic!("{ctx}: order.paid for unknown order: {event:?}"));
+                assert_eq!(event.event_id, format!("order.paid:{no}"), "{ctx}: {event:?}");
+                assert_eq!(event.payment_pay_no.as_deref(), Some(*winner), "{ctx}: order.paid names another payment: {event:?}");
+                assert_eq!(event.payment_outcome.as_deref(), Some("applied"), "{ctx}: {event:?}");
+                *paid.entry(no).or_default() += 1;
+            }
+            "payment.refund_required" => {
+                let pay_no = event.payment_pay_no.as_deref().unwrap_or_default();
+                let order_no = losers
+                    .get(pay_no)
+                    .unwrap_or_else(|| panic!("{ctx}: payment.refund_required for a payment that did not lose: {event:?}"));
+                assert_eq!(event.order_no, *order_no, "{ctx}: {event:?}");
+                assert_eq!(event.event_id, format!("payment.refund_required:{pay_no}"), "{ctx}: {event:?}");
+                assert_eq!(event.payment_outcome.as_deref(), Some("already_paid"), "{ctx}: {event:?}");
+                *refund_required.entry(losers.get_key_value(pay_no).map(|(k, _)| *k).unwrap_or_default()).or_default() += 1;
+            }
+            other => panic!("{ctx}: unexpected event type {other:?}: {event:?}"),
+        }
+    }
+    for order in &storm.orders {
+        let n = paid.get(order.order_no.as_str()).copied().unwrap_or(0);
+        assert_eq!(n, 1, "{ctx}: order {}: order.paid events", order.order_no);
+    }
+    for loser in losers.keys() {
+        let n = refund_required.get(loser).copied().unwrap_or(0);
+        assert_eq!(n, 1, "{ctx}: pay_no {loser}: payment.refund_required events");
+    }
+    assert_eq!(
+        db.events.len(),
+        storm.orders.len() + storm.second_channel_payments(),
+        "{ctx}: events in all"
+    );
+}
+
+// ---- in process ----
+
+fn rewards_config() -> Config {
+    Config {
+        rewards: Rewards { coupon_templates: COUPONS.iter().map(|t| t.to_string()).collect(), points_per_yuan: POINTS_PER_YUAN },
+        ..Default::default()
+    }
+}
+
+fn in_process_storm(label: &str, db: &str, storm: &Storm) {
+    let ctx = storm.context(label);
+    let app = App::open(db, Clock::manual(1_700_000_000_000), rewards_config()).unwrap_or_else(|e| panic!("{ctx}: open {db}: {e}"));
+    in_parallel(storm.orders.len(), |i| {
+        let order = &storm.orders[i];
+        let create = CreateOrder {
+            order_no: order.order_no.clone(),
+            user_id: order.user_id.clone(),
+            amount: order.amount,
+            currency: "CNY".into(),
+            expires_in_s: None,
+        };
+        let (_, created) = app.create_order(&create).unwrap_or_else(|e| panic!("{ctx}: create {}: {e}", order.order_no));
+        assert!(created, "{ctx}: order {} existed before", order.order_no);
+    });
+
+    let (answers, elapsed) = storm.run(|d| {
+        let order = &storm.orders[d.order];
+        let callback = PaymentCallback {
+            channel: "generic".into(),
+            pay_no: order.pay_nos[d.pay].clone(),
+            order_no: order.order_no.clone(),
+            amount: order.amount,
+            status: PlatformStatus::Success,
+            paid_at: None,
+            raw_body: storm.body(d).to_string().into_bytes(),
+        };
+        let reply = app
+            .deliver_payment(&callback)
+            .unwrap_or_else(|e| panic!("{ctx}: deliver {} of {}: {e}", callback.pay_no, callback.order_no));
+        let original = match reply.outcome {
+            payonce::app::PaymentReplyOutcome::Duplicate { original } => Some(original.as_str().to_owned()),
+            payonce::app::PaymentReplyOutcome::Decided(_) => None,
+        };
+        Answer { outcome: reply.outcome_str().to_owned(), original }
+    });
+    report(label, storm, elapsed);
+
+    let locks = app.locks.len();
+    println!("{label} storm: keyed-lock map size after the storm = {locks}");
+    assert_eq!(locks, 0, "{ctx}: the keyed-lock map keeps {locks} entries after every request finished");
+
+    verify(label, storm, &answers, &view_of_app(&app, storm));
+}
+
+#[test]
+fn storm_in_process_on_memdb() {
+    let storm = Storm::new(seed(0x5EED_0001), ORDERS_IN_PROCESS);
+    in_process_storm("memdb", ":memory:", &storm);
+}
+
+#[test]
+fn storm_in_process_on_a_file_database() {
+    let storm = Storm::new(seed(0x5EED_0002), ORDERS_IN_PROCESS);
+    let dir = TempDir::new("storm-file");
+    let db = dir.path("payonce.db");
+    in_process_storm("file", &db.display().to_string(), &storm);
+    // The same file read from outside the library agrees.
+    let ctx = storm.context("file");
+    let view = view_of_file(&db);
+    assert_eq!(view.orders.len(), storm.orders.len(), "{ctx}: orders in the file");
+}
+
+// ---- over HTTP ----
+
+fn create_orders_http(ctx: &str, storm: &Storm, servers: &[&Server]) {
+    in_parallel(storm.orders.len(), |i| {
+        let order = &storm.orders[i];
+        let server = servers[i % servers.len()];
+        let body = json!({"order_no": order.order_no, "user_id": order.user_id, "amount": order.amount});
+        let response = server.post_json("/v1/orders", &body);
+        assert_eq!(response.status, 201, "{ctx}: create {}: {}", order.order_no, response.text());
+    });
+}
+
+/// Sends one signed delivery and reads the platform-facing answer. A 503
+/// `database_busy` (nothing recorded) is re-sent as the platform would.
+fn deliver_http(ctx: &str, server: &Server, body: &Value, busy: &AtomicUsize) -> Answer {
+    for _ in 0..=BUSY_RETRIES_MAX {
+        let response = server.callback("/v1/callbacks/generic", body);
+        if response.status == 503 {
+            assert_eq!(response.error_code(), "database_busy", "{ctx}: {body}: {}", response.text());
+            busy.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
+        assert_eq!(response.status, 200, "{ctx}: {body}: {}", response.text());
+        let json = response.json();
+        assert_eq!(json["code"], "SUCCESS", "{ctx}: {body}: {json}");
+        return Answer {
+            outcome: json["outcome"].as_str().unwrap_or_else(|| panic!("{ctx}: no outcome in {json}")).to_owned(),
+            original: json.get("original").map(|o| o.as_str().unwrap_or_else(|| panic!("{ctx}: {json}")).to_owned()),
+        };
+    }
+    panic!("{ctx}: {body}: still 503 database_busy after {BUSY_RETRIES_MAX} retries");
+}
+
+#[test]
+fn storm_over_http() {
+    let storm = Storm::new(seed(0x5EED_0003), ORDERS_HTTP);
+    let ctx = storm.context("http");
+    let server = Server::start(&SERVE_FLAGS);
+    create_orders_http(&ctx, &storm, &[&server]);
+
+    let busy = AtomicUsize::new(0);
+    let (answers, elapsed) = storm.run(|d| deliver_http(&ctx, &server, &storm.body(d), &busy));
+    report("http", &storm, elapsed);
+    println!("http storm: {} re-sends after 503 database_busy", busy.load(Ordering::SeqCst));
+
+    verify("http", &storm, &answers, &view_of_file(&server.db));
+    // The API reads the same: spot-check one order with two payments.
+    if let Some(order) = storm.orders.iter().find(|o| o.pay_nos.len() > 1) {
+        let detail = server.get(&format!("/v1/orders/{}", order.order_no)).json();
+        assert_eq!(detail["status"], "PAID", "{ctx}: {detail}");
+        assert_eq!(detail["payments"].as_array().map(Vec::len), Some(2), "{ctx}: {detail}");
+        assert_eq!(detail["coupons"].as_array().map(Vec::len), Some(2), "{ctx}: {detail}");
+        assert_eq!(detail["points"].as_array().map(Vec::len), Some(1), "{ctx}: {detail}");
+    }
+}
+
+#[test]
+fn storm_split_across_two_processes_on_one_file() {
+    let storm = Storm::new(seed(0x5EED_0004), ORDERS_TWO_PROCESSES);
+    let ctx = storm.context("two-process");
+    let first = Server::start(&SERVE_FLAGS);
+    let second = Server::start_on(&first.db, &SERVE_FLAGS);
+    let servers = [&first, &second];
+    create_orders_http(&ctx, &storm, &servers);
+
+    let busy = AtomicUsize::new(0);
+    let (answers, elapsed) = storm.run(|d| deliver_http(&ctx, servers[d.target], &storm.body(d), &busy));
+    report("two-process", &storm, elapsed);
+    let to_second = storm.deliveries.iter().filter(|d| d.target == 1).count();
+    println!(
+        "two-process storm: {} deliveries to the first process, {to_second} to the second; {} re-sends after 503 database_busy",
+        storm.deliveries.len() - to_second,
+        busy.load(Ordering::SeqCst)
+    );
+
+    verify("two-process", &storm, &answers, &view_of_file(&first.db));
+}
