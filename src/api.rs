@@ -2,7 +2,10 @@
 //! [`Request`] and returns a [`Response`]. No socket here (`http.rs` owns
 //! that), so every route is testable in process.
 
-use crate::app::{App, CreateOrder, PaymentCallback, RefundCallback, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
+use crate::app::{
+    sha256_hex, App, CreateOrder, PaymentCallback, RefundCallback, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX,
+};
+use crate::store::IdempotencySlot;
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::{OrderStatus, PlatformStatus};
 use crate::error::Error;
@@ -11,8 +14,15 @@ use serde_json::{json, Map, Value};
 
 /// Largest request body accepted by the JSON endpoints.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
-/// How long a client is told to wait after a 503.
+/// How long a client is told to wait after a 503 or a 409 `idempotency_key_in_use`.
 pub const RETRY_AFTER_S: u32 = 1;
+/// How long a request waits for another request holding the same
+/// Idempotency-Key before it answers 409 `idempotency_key_in_use`.
+pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 5_000;
+/// Idempotency-Key length bounds (printable ASCII).
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
+/// The caller of requests when no API tokens are configured.
+pub const CALLER_ANONYMOUS: &str = "anonymous";
 
 #[derive(Clone, Debug, Default)]
 pub struct Request {
@@ -50,7 +60,7 @@ impl Response {
 
     pub fn error(err: &Error) -> Response {
         let mut response = Response::json(err.status, &err.to_json());
-        if err.status == 503 {
+        if err.status == 503 || err.code == "idempotency_key_in_use" {
             response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
         }
         response
@@ -80,8 +90,119 @@ pub fn handle(app: &App, req: &Request) -> Response {
     }
 }
 
-/// The route table; `methods` lists what a path allows, for 405.
+/// Authentication and the access-layer Idempotency-Key wrap the route table.
 fn route(app: &App, req: &Request) -> Result<Response, Error> {
+    let protected = req.path.starts_with("/v1/") && !req.path.starts_with("/v1/callbacks/");
+    if !protected {
+        return dispatch(app, req, None);
+    }
+    let caller = authenticate(app, req)?;
+    let keyed = matches!(req.method.as_str(), "POST" | "PUT");
+    match req.header("Idempotency-Key") {
+        Some(raw_key) if keyed => with_idempotency_key(app, req, &caller, raw_key),
+        _ => dispatch(app, req, None),
+    }
+}
+
+/// The caller's name from `Authorization: Bearer <token>`, compared in
+/// constant time with every configured token; `anonymous` without tokens.
+fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
+    use subtle::ConstantTimeEq;
+    if app.config.api_tokens.is_empty() {
+        return Ok(CALLER_ANONYMOUS.to_owned());
+    }
+    let presented = req
+        .header("Authorization")
+        .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+        .map(str::trim)
+        .unwrap_or("");
+    // Compare digests, so the comparison is constant-time whatever the lengths.
+    let presented_digest = sha256_hex(presented.as_bytes());
+    let mut caller = None;
+    for token in &app.config.api_tokens {
+        let matches = sha256_hex(token.token.as_bytes()).as_bytes().ct_eq(presented_digest.as_bytes());
+        if bool::from(matches) && !presented.is_empty() {
+            caller = Some(token.caller.clone());
+        }
+    }
+    caller.ok_or_else(|| Error::new(401, "unauthorized", "send Authorization: Bearer <token> with a configured API token"))
+}
+
+/// First use runs the request and stores its answer with its work; a
+/// repeat with the same body replays it; another body is 422; a repeat
+/// while the first runs waits for it (bounded) and then replays it.
+fn with_idempotency_key(app: &App, req: &Request, caller: &str, raw_key: &str) -> Result<Response, Error> {
+    let key = parse_idempotency_key(raw_key)?;
+    let path = if req.query.is_empty() { req.path.clone() } else { format!("{}?{}", req.path, req.query) };
+    let scope = format!("{caller} {} {path}", req.method);
+    let fingerprint = sha256_hex(&req.body);
+    let wait = std::time::Duration::from_millis(IDEMPOTENCY_WAIT_MS_MAX);
+    let Some(_key_guard) = app.locks.lock_for(&format!("idem:{scope}\n{key}"), wait) else {
+        return Err(key_in_use());
+    };
+    if let Some(response) = replay(app, &scope, &key, &fingerprint)? {
+        return Ok(response);
+    }
+    let slot = app.idempotency_slot(scope.clone(), key.clone(), fingerprint.clone());
+    match dispatch(app, req, Some(&slot)) {
+        // Another process stored this key between our look-up and our commit.
+        Err(e) if e.code == "idempotency_key_in_use" => replay(app, &scope, &key, &fingerprint)?.ok_or(e),
+        other => other,
+    }
+}
+
+fn replay(app: &App, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Response>, Error> {
+    let Some(stored) = app.stored_response(scope, key)? else {
+        return Ok(None);
+    };
+    if stored.fingerprint != fingerprint {
+        return Err(Error::new(
+            422,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used with a different request body",
+        ));
+    }
+    Ok(Some(Response {
+        status: stored.status_code,
+        headers: vec![
+            ("Content-Type".into(), "application/json".into()),
+            ("Idempotent-Replayed".into(), "true".into()),
+        ],
+        body: stored.body,
+    }))
+}
+
+fn key_in_use() -> Error {
+    Error::new(
+        409,
+        "idempotency_key_in_use",
+        format!("a request with this Idempotency-Key is still running after {IDEMPOTENCY_WAIT_MS_MAX} ms; retry later"),
+    )
+}
+
+/// 1-255 printable ASCII characters; the structured-field string form
+/// `"..."` is the same key.
+pub fn parse_idempotency_key(raw: &str) -> Result<String, Error> {
+    let raw = raw.trim();
+    let key = match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
+        Some(inner) if raw.len() >= 2 => inner,
+        _ => raw,
+    };
+    let printable = key.bytes().all(|b| (0x20..=0x7e).contains(&b));
+    // In the quoted form a bare quote or backslash would need escaping: refuse both.
+    let unquoted_ok = !key.contains('"') && !key.contains('\\');
+    if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX || !printable || !unquoted_ok {
+        return Err(Error::new(
+            400,
+            "invalid_idempotency_key",
+            format!("Idempotency-Key must be 1-{IDEMPOTENCY_KEY_BYTES_MAX} printable ASCII characters (optionally in double quotes)"),
+        ));
+    }
+    Ok(key.to_owned())
+}
+
+/// The route table; `allowed` lists what a path allows, for 405.
+fn dispatch(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
     let method = req.method.as_str();
     let (allowed, result): (&[&str], Option<Result<Response, Error>>) = match segments.as_slice() {
@@ -89,15 +210,17 @@ fn route(app: &App, req: &Request) -> Result<Response, Error> {
         ["v1", "orders"] => (
             &["GET", "POST"],
             match method {
-                "POST" => Some(create_order(app, req)),
+                "POST" => Some(create_order(app, req, slot)),
                 "GET" => Some(list_orders(app, req)),
                 _ => None,
             },
         ),
         ["v1", "orders", order_no] => (&["GET"], (method == "GET").then(|| get_order(app, order_no))),
-        ["v1", "orders", order_no, "close"] => (&["POST"], (method == "POST").then(|| close_order(app, req, order_no))),
+        ["v1", "orders", order_no, "close"] => {
+            (&["POST"], (method == "POST").then(|| close_order(app, req, order_no, slot)))
+        }
         ["v1", "orders", order_no, "refund"] => {
-            (&["POST"], (method == "POST").then(|| request_refund(app, req, order_no)))
+            (&["POST"], (method == "POST").then(|| request_refund(app, req, order_no, slot)))
         }
         ["v1", "users", user_id, "coupons"] => (&["GET"], (method == "GET").then(|| user_coupons(app, user_id))),
         ["v1", "users", user_id, "points"] => (&["GET"], (method == "GET").then(|| user_points(app, user_id))),
@@ -141,20 +264,17 @@ fn healthz(app: &App) -> Result<Response, Error> {
     Ok(Response::json(200, &json!({"status": "ok"})))
 }
 
-fn create_order(app: &App, req: &Request) -> Result<Response, Error> {
+fn create_order(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let body = json_object(req, &["order_no", "user_id", "amount", "currency", "expires_in_s"])?;
-    let order_no = match optional_str(&body, "order_no")? {
-        Some(order_no) => order_no,
-        None if req.header("Idempotency-Key").is_none() => {
+    let order_no = match (optional_str(&body, "order_no")?, slot) {
+        (Some(order_no), _) => order_no,
+        // The stored answer makes a server-generated order_no exactly-once per key.
+        (None, Some(_)) => app.generate_order_no()?,
+        (None, None) => {
             return Err(Error::new(
                 400,
                 "idempotency_key_required",
                 "send an order_no or an Idempotency-Key header: the back end never relies on the front end to stop a double click",
-            ))
-        }
-        None => {
-            return Err(Error::invalid(
-                "order_no is required: server-generated order numbers need access-layer Idempotency-Key support, which this version does not have",
             ))
         }
     };
@@ -165,7 +285,7 @@ fn create_order(app: &App, req: &Request) -> Result<Response, Error> {
         currency: optional_str(&body, "currency")?.unwrap_or_else(|| "CNY".to_owned()),
         expires_in_s: optional_i64(&body, "expires_in_s")?,
     };
-    let (order, created) = app.create_order(&create)?;
+    let (order, created) = app.create_order_keyed(&create, slot)?;
     let response = Response::json(if created { 201 } else { 200 }, &order.to_json());
     Ok(if created { response } else { response.with_header("Idempotent-Replayed", "true") })
 }
@@ -190,17 +310,22 @@ fn list_orders(app: &App, req: &Request) -> Result<Response, Error> {
     Ok(Response::json(200, &json!({"orders": orders, "next_after": next.map(|n| n.to_string())})))
 }
 
-fn close_order(app: &App, req: &Request, order_no: &str) -> Result<Response, Error> {
+fn close_order(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     if !req.body.is_empty() {
         json_object(req, &[])?;
     }
-    Ok(Response::json(200, &app.close_order(order_no)?.to_json()))
+    Ok(Response::json(200, &app.close_order_keyed(order_no, slot)?.to_json()))
 }
 
-fn request_refund(app: &App, req: &Request, order_no: &str) -> Result<Response, Error> {
+fn request_refund(
+    app: &App,
+    req: &Request,
+    order_no: &str,
+    slot: Option<&IdempotencySlot>,
+) -> Result<Response, Error> {
     let body = json_object(req, &["refund_no"])?;
     let refund_no = required_str(&body, "refund_no")?;
-    Ok(Response::json(200, &app.request_refund(order_no, &refund_no)?.to_json()))
+    Ok(Response::json(200, &app.request_refund_keyed(order_no, &refund_no, slot)?.to_json()))
 }
 
 fn user_coupons(app: &App, user_id: &str) -> Result<Response, Error> {
@@ -439,6 +564,24 @@ mod tests {
         assert!(parse_query("a=%zz").is_err());
         assert!(parse_query("a=%ff").is_err());
         assert!(parse_query("a=%4").is_err());
+    }
+
+    #[test]
+    fn idempotency_keys() {
+        let check = |raw: &str, expected: Option<&str>| {
+            assert_eq!(parse_idempotency_key(raw).ok().as_deref(), expected, "{raw:?}");
+        };
+        check("abc-123", Some("abc-123"));
+        check("\"abc-123\"", Some("abc-123"));
+        check("has space", Some("has space"));
+        check(&"k".repeat(255), Some(&"k".repeat(255)));
+        check(&"k".repeat(256), None);
+        check("", None);
+        check("\"\"", None);
+        check("caf\u{e9}", None);
+        check("tab\there", None);
+        check("\"a\"b\"", None);
+        check("back\\slash", None);
     }
 
     #[test]

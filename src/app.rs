@@ -22,13 +22,16 @@ use crate::domain::{
 use crate::error::Error;
 use crate::keylock::KeyedLocks;
 use crate::store::{
-    CallbackRecord, Claim, CouponRow, EventRow, NewCallback, NewOrder, PointRow, Store,
-    StoreOptions, Tx,
+    CallbackRecord, Claim, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow,
+    Store, StoreOptions, StoredResponse, Tx,
 };
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Default PENDING lifetime (`--order-ttl-s`).
 pub const ORDER_TTL_S_DEFAULT: i64 = 900;
+/// Default retention of Idempotency-Key results (`--idempotency-ttl-s`).
+pub const IDEMPOTENCY_TTL_S_DEFAULT: i64 = 86_400;
 /// Bounds of `expires_in_s`.
 pub const EXPIRES_IN_S_MAX: i64 = 86_400;
 /// Page size bounds of the list endpoints.
@@ -44,12 +47,49 @@ pub struct Config {
     pub order_ttl_s: i64,
     /// HMAC secrets of the generic channel; empty = channel not configured.
     pub callback_secrets: Vec<Vec<u8>>,
+    /// How long Idempotency-Key results are kept (`--idempotency-ttl-s`).
+    pub idempotency_ttl_s: i64,
+    /// Bearer tokens for `/v1` except callbacks; empty = no authentication.
+    pub api_tokens: Vec<ApiToken>,
 }
 
 impl Default for Config {
     fn default() -> Config {
-        Config { rewards: Rewards::default(), order_ttl_s: ORDER_TTL_S_DEFAULT, callback_secrets: Vec::new() }
+        Config {
+            rewards: Rewards::default(),
+            order_ttl_s: ORDER_TTL_S_DEFAULT,
+            callback_secrets: Vec::new(),
+            idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
+            api_tokens: Vec::new(),
+        }
     }
+}
+
+/// One API token: `name:token`, or a bare token whose caller name is a hash
+/// of it (a raw token is never stored or logged).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiToken {
+    pub caller: String,
+    pub token: String,
+}
+
+impl ApiToken {
+    /// Parses one entry of `--api-token`.
+    pub fn parse(entry: &str) -> Option<ApiToken> {
+        let entry = entry.trim();
+        let (caller, token) = match entry.split_once(':') {
+            Some((name, token)) => (name.to_owned(), token.to_owned()),
+            None => (format!("token-{}", &sha256_hex(entry.as_bytes())[..16]), entry.to_owned()),
+        };
+        let caller_ok = is_identifier(&caller);
+        (caller_ok && !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic())).then_some(ApiToken { caller, token })
+    }
+}
+
+/// Hex SHA-256, for request fingerprints and token-derived caller names.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// One payonce: a store, the key locks, a clock and the settings.
@@ -58,6 +98,10 @@ pub struct App {
     pub locks: KeyedLocks,
     pub clock: Clock,
     pub config: Config,
+    /// Test hook: while positive, each API write fails with a 500 after its
+    /// work and stored response are written but before commit (and counts
+    /// down), to prove that nothing of a failed request survives.
+    pub fail_writes_after_work: AtomicU32,
 }
 
 /// An order to create (already shaped; [`App::create_order`] validates it).
@@ -178,7 +222,7 @@ impl App {
 
     pub fn open_with(db: &str, clock: Clock, config: Config, options: &StoreOptions) -> Result<App, Error> {
         let store = Store::open(db, options)?;
-        let app = App { store, locks: KeyedLocks::new(), clock, config };
+        let app = App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0) };
         app.record_reward_settings()?;
         Ok(app)
     }
@@ -198,6 +242,12 @@ impl App {
     /// `(stored, false)` when the same order was created before, 409
     /// `order_no_conflict` when the order_no holds a different order.
     pub fn create_order(&self, req: &CreateOrder) -> Result<(Order, bool), Error> {
+        self.create_order_keyed(req, None)
+    }
+
+    /// [`App::create_order`], storing the API's answer in `slot` in the same
+    /// transaction as the order.
+    pub fn create_order_keyed(&self, req: &CreateOrder, slot: Option<&IdempotencySlot>) -> Result<(Order, bool), Error> {
         validate_create_order(req)?;
         let expires_in_s = req.expires_in_s.unwrap_or(self.config.order_ttl_s);
         let _key = self.locks.lock(&format!("order:{}", req.order_no));
@@ -210,8 +260,7 @@ impl App {
             created_at: crate::clock::format_ms(now_ms),
             expires_at: crate::clock::format_ms(now_ms.saturating_add(expires_in_s.saturating_mul(1000))),
         };
-        let result = self.store.write(|tx| tx.insert_order(&new))?;
-        match result {
+        self.write_op(slot, render_created, |tx| match tx.insert_order(&new)? {
             Ok(order) => Ok((order, true)),
             Err(existing)
                 if existing.user_id == req.user_id
@@ -225,7 +274,84 @@ impl App {
                 "order_no_conflict",
                 format!("order_no {:?} already holds an order with other user_id, amount or currency", req.order_no),
             )),
+        })
+    }
+
+    /// A new order_no for a keyed request without one: `ORD`, the creation
+    /// time in Unix milliseconds (so they sort by time) and 64 random bits
+    /// (so processes never collide): 32 characters, within WeChat Pay's
+    /// 6-32 for `out_trade_no`.
+    pub fn generate_order_no(&self) -> Result<String, Error> {
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random).map_err(|e| Error::internal(format!("no OS randomness: {e}")))?;
+        let ms = self.clock.now_ms().clamp(0, 9_999_999_999_999);
+        Ok(format!("ORD{ms:013}{:016x}", u64::from_be_bytes(random)))
+    }
+
+    /// Runs `work` in one IMMEDIATE transaction as an API write: a business
+    /// refusal commits (its audit row stays) and, with a `slot`, the answer —
+    /// success or refusal, as `render` shapes it — is stored in the same
+    /// transaction. Any other error rolls everything back and stores nothing.
+    fn write_op<T>(
+        &self,
+        slot: Option<&IdempotencySlot>,
+        render: impl FnOnce(&T) -> (u16, Value),
+        work: impl FnOnce(&Tx) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.store.write(|tx| {
+            let result = match work(tx) {
+                Err(e) if !e.is_refusal() => return Err(e),
+                result => result,
+            };
+            if let Some(slot) = slot {
+                let (status, body) = match &result {
+                    Ok(value) => render(value),
+                    Err(refusal) => (refusal.status, refusal.to_json()),
+                };
+                if !tx.store_response(slot, status, body.to_string().as_bytes())? {
+                    return Err(Error::new(409, "idempotency_key_in_use", "another request stored this key first"));
+                }
+            }
+            self.maybe_fail_after_work()?;
+            Ok(result)
+        })?
+    }
+
+    fn maybe_fail_after_work(&self) -> Result<(), Error> {
+        let armed = self
+            .fail_writes_after_work
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if armed {
+            return Err(Error::internal("injected failure after the work (test hook)"));
         }
+        Ok(())
+    }
+
+    /// The live stored response of (scope, key), if any.
+    pub fn stored_response(&self, scope: &str, key: &str) -> Result<Option<StoredResponse>, Error> {
+        let now = self.clock.now_text();
+        self.store.read(|tx| tx.stored_response(scope, key, &now))
+    }
+
+    /// A slot for a keyed request arriving now.
+    pub fn idempotency_slot(&self, scope: String, key: String, fingerprint: String) -> IdempotencySlot {
+        let now_ms = self.clock.now_ms();
+        IdempotencySlot {
+            scope,
+            key,
+            fingerprint,
+            created_at: crate::clock::format_ms(now_ms),
+            expires_at: crate::clock::format_ms(
+                now_ms.saturating_add(self.config.idempotency_ttl_s.saturating_mul(1000)),
+            ),
+        }
+    }
+
+    /// Removes up to `batch` expired Idempotency-Key results.
+    pub fn purge_expired_responses(&self, batch: usize) -> Result<usize, Error> {
+        let now = self.clock.now_text();
+        self.store.write(|tx| tx.purge_expired_responses(&now, batch))
     }
 
     pub fn order(&self, order_no: &str) -> Result<OrderDetail, Error> {
@@ -262,18 +388,22 @@ impl App {
 
     /// PENDING→CLOSED; an already CLOSED order is answered as it is.
     pub fn close_order(&self, order_no: &str) -> Result<Order, Error> {
+        self.close_order_keyed(order_no, None)
+    }
+
+    pub fn close_order_keyed(&self, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Order, Error> {
         let _key = self.locks.lock(&format!("order:{order_no}"));
         let now = self.clock.now_text();
-        self.store.write(|tx| {
+        self.write_op(slot, render_order, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
             if let Some(closed) = close_in_tx(tx, &order, &now)? {
-                return Ok(Ok(closed));
+                return Ok(closed);
             }
             if order.status == OrderStatus::Closed {
-                return Ok(Ok(order));
+                return Ok(order);
             }
-            Ok(Err(refuse_transition(tx, &order, OrderStatus::Closed, "close", &now, json!({}))?))
-        })?
+            Err(refuse_transition(tx, &order, OrderStatus::Closed, "close", &now, json!({}))?)
+        })
     }
 
     /// Closes up to `batch` PENDING orders whose `expires_at` has passed, one
@@ -303,32 +433,34 @@ impl App {
     /// PAID→REFUNDING with a `refund` row REQUESTED. The same refund_no again
     /// while REFUNDING or REFUNDED answers the order.
     pub fn request_refund(&self, order_no: &str, refund_no: &str) -> Result<Order, Error> {
+        self.request_refund_keyed(order_no, refund_no, None)
+    }
+
+    pub fn request_refund_keyed(&self, order_no: &str, refund_no: &str, slot: Option<&IdempotencySlot>) -> Result<Order, Error> {
         if !is_identifier(refund_no) {
             return Err(Error::invalid("refund_no must be 1-64 characters of [A-Za-z0-9_.-]"));
         }
         let _key = self.locks.lock(&format!("refund:{refund_no}"));
         let now = self.clock.now_text();
-        self.store
-            .write(|tx| {
-                let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
-                let detail = json!({"refund_no": refund_no});
-                if let Some(existing) = tx.refund_by_no(refund_no)? {
-                    let same_order = existing.order_id == order.id;
-                    if same_order && existing.status != RefundStatus::Failed {
-                        return Ok(Ok(order));
-                    }
-                    return Ok(Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?));
+        self.write_op(slot, render_order, |tx| {
+            let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
+            let detail = json!({"refund_no": refund_no});
+            if let Some(existing) = tx.refund_by_no(refund_no)? {
+                if existing.order_id == order.id && existing.status != RefundStatus::Failed {
+                    return Ok(order);
                 }
-                if !tx.cas_order_refunding(order.id, refund_no)? {
-                    return Ok(Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?));
-                }
-                let inserted = tx.insert_refund(refund_no, order.id, &now)?;
-                assert!(inserted, "refund_no {refund_no} appeared inside its own transaction");
-                let refunding = tx.order_by_id(order.id)?;
-                let data = json!({"order": refunding.to_json(), "refund": {"refund_no": refund_no, "status": "REQUESTED"}});
-                tx.emit_event(EventType::OrderRefunding, &format!("{order_no}/{refund_no}"), order_no, &data, &now)?;
-                Ok(Ok(refunding))
-            })?
+                return Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?);
+            }
+            if !tx.cas_order_refunding(order.id, refund_no)? {
+                return Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?);
+            }
+            let inserted = tx.insert_refund(refund_no, order.id, &now)?;
+            assert!(inserted, "refund_no {refund_no} appeared inside its own transaction");
+            let refunding = tx.order_by_id(order.id)?;
+            let data = json!({"order": refunding.to_json(), "refund": {"refund_no": refund_no, "status": "REQUESTED"}});
+            tx.emit_event(EventType::OrderRefunding, &format!("{order_no}/{refund_no}"), order_no, &data, &now)?;
+            Ok(refunding)
+        })
     }
 
     // ---- payment callbacks: the incident's path ----
@@ -510,6 +642,17 @@ impl App {
     pub fn health(&self) -> Result<(), Error> {
         self.store.read(|tx| tx.ping())
     }
+}
+
+/// The API's answer to an order creation: 201 when created, 200 when the
+/// same order existed.
+pub fn render_created(result: &(Order, bool)) -> (u16, Value) {
+    (if result.1 { 201 } else { 200 }, result.0.to_json())
+}
+
+/// The API's answer to an order operation: 200 with the order.
+pub fn render_order(order: &Order) -> (u16, Value) {
+    (200, order.to_json())
 }
 
 /// CAS PENDING→CLOSED with its `order.closed` event; `None` when the CAS

@@ -1,4 +1,5 @@
-//! Background workers of `payonce serve`: the expiry sweeper. Each runs on
+//! Background workers of `payonce serve`: the sweeper (order expiry and
+//! Idempotency-Key retention). Each runs on
 //! its own thread, on the same exactly-once operations as the API, and stops
 //! when the shutdown flag is set.
 
@@ -14,8 +15,9 @@ pub const SWEEP_INTERVAL_S_DEFAULT: u64 = 1;
 /// How often a sleeping worker looks at the shutdown flag.
 const SHUTDOWN_POLL_MS: u64 = 100;
 
-/// Starts the expiry sweeper: every `interval`, PENDING orders past
-/// `expires_at` are closed (event `order.closed`).
+/// Starts the sweeper: every `interval`, PENDING orders past `expires_at`
+/// are closed (event `order.closed`) and expired Idempotency-Key results
+/// are removed, each in bounded batches.
 pub fn spawn_sweeper(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
     thread::Builder::new().name("payonce-sweeper".into()).spawn(move || {
         while sleep_unless_shutdown(interval, &shutdown) {
@@ -28,6 +30,9 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool
                         break;
                     }
                 }
+            }
+            if let Err(e) = app.purge_expired_responses(SWEEP_BATCH_MAX) {
+                eprintln!("payonce: warning: purging expired Idempotency-Key results failed, will retry: {e}");
             }
         }
     })

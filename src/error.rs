@@ -38,6 +38,13 @@ impl Error {
         Error::new(503, "database_busy", "the database is busy; retry shortly")
     }
 
+    /// A business refusal: the work ran and said no. Its transaction commits
+    /// (an audit row may record the refusal) and, for a keyed request, the
+    /// answer is stored and replayed like a success.
+    pub fn is_refusal(&self) -> bool {
+        self.status == 404 || (self.status == 409 && matches!(self.code, "order_no_conflict" | "invalid_transition"))
+    }
+
     pub fn is_server_error(&self) -> bool {
         self.status >= 500
     }

@@ -1,6 +1,6 @@
 //! `payonce`: argument parsing and wiring only; everything else is in the library.
 
-use payonce::app::{Config, ORDER_TTL_S_DEFAULT};
+use payonce::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
 use payonce::background::{spawn_sweeper, SWEEP_INTERVAL_S_DEFAULT};
 use payonce::domain::{is_identifier, Rewards};
 use payonce::http::{Server, WORKERS_DEFAULT};
@@ -20,9 +20,19 @@ payonce: exactly-once orders and payment callbacks on SQLite
 
 Usage:
   payonce serve [--db PATH|:memory:] [--listen ADDR:PORT] [settings]
+  payonce sign  [--callback-secret S | --dev] < BODY
   payonce help
 
 Run `payonce serve --help` for the settings.
+";
+
+const SIGN_USAGE: &str = "\
+Usage: payonce sign [--callback-secret S | --dev] < BODY
+
+Prints the Payonce-Signature header value (t=<now>,v1=<hex>) for the body on
+stdin, signed with the first generic-channel secret (--callback-secret, env
+PAYONCE_CALLBACK_SECRET, or the public dev secret with --dev). For trying
+payonce with curl and for testing a merchant's own integration.
 ";
 
 const SERVE_USAGE: &str = "\
@@ -38,6 +48,9 @@ Options:
   --callback-secret S,...   HMAC secrets of the generic channel, comma-separated (two during
                             rotation); env PAYONCE_CALLBACK_SECRET. Required unless --dev.
   --dev                     development mode: a fixed, printed callback secret
+  --api-token T,...         bearer tokens for /v1 except callbacks, each `name:token` or a bare
+                            token; env PAYONCE_API_TOKEN. Unset = no auth, loopback only.
+  --idempotency-ttl-s N     how long Idempotency-Key results are kept [default: 86400]
   --coupon TEMPLATE         coupon template issued on payment (repeatable)
   --points-per-yuan N       points = floor(amount x N / 100); no entry when 0 [default: 0]
   --order-ttl-s N           default PENDING lifetime in seconds [default: 900]
@@ -54,6 +67,8 @@ struct ServeArgs {
     points_per_yuan: i64,
     order_ttl_s: i64,
     sweep_interval_s: u64,
+    api_tokens: Option<String>,
+    idempotency_ttl_s: i64,
 }
 
 fn main() -> ExitCode {
@@ -71,6 +86,7 @@ fn run() -> Result<ExitCode, String> {
     let command = args.next().map(|c| c.to_string_lossy().into_owned());
     match command.as_deref() {
         Some("serve") => serve(parse_serve(lexopt::Parser::from_args(args))?),
+        Some("sign") => sign(lexopt::Parser::from_args(args)),
         None | Some("help") | Some("-h") | Some("--help") => {
             print!("{USAGE}");
             Ok(ExitCode::SUCCESS)
@@ -90,6 +106,8 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
         points_per_yuan: 0,
         order_ttl_s: ORDER_TTL_S_DEFAULT,
         sweep_interval_s: SWEEP_INTERVAL_S_DEFAULT,
+        api_tokens: std::env::var("PAYONCE_API_TOKEN").ok().filter(|s| !s.is_empty()),
+        idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
     };
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
@@ -97,6 +115,10 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
             Long("listen") => args.listen = string_value(&mut parser)?,
             Long("callback-secret") => args.callback_secret = Some(string_value(&mut parser)?),
             Long("dev") => args.dev = true,
+            Long("api-token") => args.api_tokens = Some(string_value(&mut parser)?),
+            Long("idempotency-ttl-s") => {
+                args.idempotency_ttl_s = int_value(&mut parser, "--idempotency-ttl-s", 1, 365 * 86_400)?
+            }
             Long("coupon") => {
                 let template = string_value(&mut parser)?;
                 if !is_identifier(&template) {
@@ -137,17 +159,28 @@ fn int_value(parser: &mut lexopt::Parser, flag: &str, min: i64, max: i64) -> Res
 
 fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let secrets = callback_secrets(&args)?;
+    let api_tokens = api_tokens(args.api_tokens.as_deref())?;
     let config = Config {
         rewards: Rewards { coupon_templates: args.coupons.clone(), points_per_yuan: args.points_per_yuan },
         order_ttl_s: args.order_ttl_s,
         callback_secrets: secrets,
+        idempotency_ttl_s: args.idempotency_ttl_s,
+        api_tokens,
     };
+    let listen_addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(args.listen.as_str())
+        .map_err(|e| format!("--listen {:?}: expected ADDR:PORT ({e})", args.listen))?
+        .collect();
+    let listen = &args.listen;
+    if config.api_tokens.is_empty() {
+        if listen_addrs.is_empty() || !listen_addrs.iter().all(|a| a.ip().is_loopback()) {
+            return Err(format!(
+                "refusing to serve /v1 without authentication on non-loopback address {listen}: set --api-token or PAYONCE_API_TOKEN"
+            ));
+        }
+        eprintln!("payonce: warning: no API token configured: /v1 is open to anyone who can reach {listen} (loopback only)");
+    }
     let server = Server::bind(&args.listen).map_err(|e| e.message)?;
     let addr = server.local_addr();
-    if !addr.ip().is_loopback() {
-        // API tokens are not implemented yet: an open /v1 must stay on loopback.
-        return Err(format!("refusing to serve on non-loopback address {addr}: /v1 has no authentication"));
-    }
     let app = App::open(&args.db, Clock::System, config).map_err(|e| e.message)?;
     let shutdown = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -170,6 +203,20 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn api_tokens(raw: Option<&str>) -> Result<Vec<ApiToken>, String> {
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    raw.split(',')
+        .filter(|entry| !entry.trim().is_empty())
+        .map(|entry| {
+            ApiToken::parse(entry).ok_or_else(|| {
+                "--api-token: each entry is `name:token` or a bare token; names are 1-64 characters of [A-Za-z0-9_.-], tokens printable ASCII without spaces".to_owned()
+            })
+        })
+        .collect()
+}
+
 fn callback_secrets(args: &ServeArgs) -> Result<Vec<Vec<u8>>, String> {
     let configured = args.callback_secret.as_deref().map(|s| {
         s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>()
@@ -185,14 +232,41 @@ fn callback_secrets(args: &ServeArgs) -> Result<Vec<Vec<u8>>, String> {
     }
 }
 
+fn sign(mut parser: lexopt::Parser) -> Result<ExitCode, String> {
+    use lexopt::prelude::*;
+    let mut secret = std::env::var("PAYONCE_CALLBACK_SECRET").ok().filter(|s| !s.is_empty());
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("callback-secret") => secret = Some(string_value(&mut parser)?),
+            Long("dev") => secret = Some(DEV_CALLBACK_SECRET.to_owned()),
+            Short('h') | Long("help") => {
+                print!("{SIGN_USAGE}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            other => return Err(format!("{}\n\n{SIGN_USAGE}", other.unexpected())),
+        }
+    }
+    let secret = secret
+        .as_deref()
+        .and_then(|s| s.split(',').map(str::trim).find(|s| !s.is_empty()))
+        .ok_or("sign needs --callback-secret, PAYONCE_CALLBACK_SECRET or --dev")?
+        .to_owned();
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin(), &mut body).map_err(|e| format!("cannot read stdin: {e}"))?;
+    let now_s = Clock::System.now_ms().div_euclid(1000);
+    println!("{}", payonce::signature::sign(secret.as_bytes(), now_s, &body));
+    Ok(ExitCode::SUCCESS)
+}
+
 fn print_tour(addr: SocketAddr) {
     eprintln!(
-        "\npayonce: try it (see README.md, 'A five-minute tour'):\n\
+        "\npayonce: dev mode. Try, in another terminal (README.md, 'A five-minute tour'):\n\
          \x20 curl -s -X POST http://{addr}/v1/orders -H 'Content-Type: application/json' \\\n\
          \x20      -d '{{\"order_no\":\"ORD-1\",\"user_id\":\"u1\",\"amount\":9900}}'\n\
          \x20 BODY='{{\"pay_no\":\"PAY-1\",\"order_no\":\"ORD-1\",\"amount\":9900,\"status\":\"SUCCESS\"}}'\n\
-         \x20 T=$(date +%s); SIG=$(printf '%s.%s' \"$T\" \"$BODY\" | openssl dgst -sha256 -hmac {DEV_CALLBACK_SECRET} -r | cut -d' ' -f1)\n\
-         \x20 curl -s -X POST http://{addr}/v1/callbacks/generic -H 'Content-Type: application/json' -H \"Payonce-Signature: t=$T,v1=$SIG\" -d \"$BODY\"   # twice: applied, then duplicate\n\
+         \x20 SIG=$(printf %s \"$BODY\" | ./target/release/payonce sign --dev)\n\
+         \x20 curl -s -X POST http://{addr}/v1/callbacks/generic -H 'Content-Type: application/json' \\\n\
+         \x20      -H \"Payonce-Signature: $SIG\" -d \"$BODY\"     # run it twice: applied, then duplicate\n\
          \x20 curl -s http://{addr}/v1/orders/ORD-1\n"
     );
 }

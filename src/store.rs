@@ -280,6 +280,24 @@ pub struct EventRow {
     pub created_at: String,
 }
 
+/// Where a keyed request's response is stored, with the work, in one transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdempotencySlot {
+    pub scope: String,
+    pub key: String,
+    /// Hex SHA-256 of the raw request body.
+    pub fingerprint: String,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub fingerprint: String,
+    pub status_code: u16,
+    pub body: Vec<u8>,
+}
+
 const ORDER_COLUMNS: &str = "id, order_no, user_id, amount, currency, status, pay_no, created_at, \
      expires_at, paid_at, closed_at, refund_no, refunded_at";
 const CALLBACK_COLUMNS: &str = "id, pay_no, channel, order_id, amount, status, outcome, state, \
@@ -728,6 +746,57 @@ impl Tx<'_> {
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    // ---- access-layer Idempotency-Key ----
+
+    /// The stored response of (scope, key) unless it expired by `now`.
+    pub fn stored_response(&self, scope: &str, key: &str, now: &str) -> Result<Option<StoredResponse>, Error> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT fingerprint, status_code, response_body FROM idempotency_key
+                 WHERE scope = ?1 AND key = ?2 AND expires_at > ?3",
+                params![scope, key, now],
+                |r| Ok(StoredResponse { fingerprint: r.get(0)?, status_code: r.get(1)?, body: r.get(2)? }),
+            )
+            .optional()?)
+    }
+
+    /// Stores the response of (scope, key) in the caller's transaction, over
+    /// an expired one if any. `false` when a live response is already stored
+    /// (another process won the key): the caller must roll back its work.
+    pub fn store_response(&self, slot: &IdempotencySlot, status_code: u16, body: &[u8]) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "INSERT INTO idempotency_key (scope, key, fingerprint, status_code, response_body, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (scope, key) DO UPDATE SET
+                 fingerprint = excluded.fingerprint, status_code = excluded.status_code,
+                 response_body = excluded.response_body, created_at = excluded.created_at,
+                 expires_at = excluded.expires_at
+             WHERE idempotency_key.expires_at <= excluded.created_at",
+            params![
+                slot.scope,
+                slot.key,
+                slot.fingerprint,
+                status_code,
+                body,
+                slot.created_at,
+                slot.expires_at
+            ],
+        )?;
+        one_row(changed, "store idempotent response")
+    }
+
+    /// Removes up to `limit` expired stored responses (the table is not a
+    /// ledger; only expired keys are ever removed). Returns how many.
+    pub fn purge_expired_responses(&self, now: &str, limit: usize) -> Result<usize, Error> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        Ok(self.conn.execute(
+            "DELETE FROM idempotency_key WHERE rowid IN
+                 (SELECT rowid FROM idempotency_key WHERE expires_at <= ?1 LIMIT ?2)",
+            params![now, limit],
+        )?)
     }
 
     // ---- audit and settings ----

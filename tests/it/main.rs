@@ -3,8 +3,10 @@
 mod util;
 
 mod api_http;
+mod auth;
 mod expiry;
 mod hostile;
+mod idempotency;
 mod incident;
 mod schema;
 mod storm;

@@ -20,7 +20,7 @@ use payonce::{App, Clock, Config, CreateOrder, PaymentCallback, PlatformStatus, 
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,13 @@ const BUSY_RETRIES_MAX: usize = 20;
 
 /// Sizes, measured to keep the module well under a minute in a debug build
 /// on two cores with synchronous=FULL (see the numbers each test prints).
+/// The memdb storm is larger because it is cheap (no fsync) and because
+/// without I/O a delivery rarely blocks, so races are rarer per order: with
+/// 300 orders a planted stale-read bug (the order's status read before
+/// BEGIN IMMEDIATE, the CAS count ignored) was caught in about half of the
+/// memdb runs, with 2,000 in every run tried; the file and HTTP storms
+/// caught it every time at the sizes below.
+const ORDERS_MEMDB: usize = 2_000;
 const ORDERS_IN_PROCESS: usize = 300;
 const ORDERS_HTTP: usize = 200;
 const ORDERS_TWO_PROCESSES: usize = 200;
@@ -76,7 +83,20 @@ struct Answer {
 impl Storm {
     /// `orders` orders; each first pay_no delivered 2..=5 times, and for
     /// about a quarter of the orders a second pay_no delivered 1..=3 times.
+    ///
+    /// The deliveries are shuffled into one list with locality: orders are
+    /// shuffled, and each delivery lands at a random place within a window
+    /// of `SPREAD` orders around its order's place, interleaved with the
+    /// deliveries of the neighbouring orders. A uniform shuffle of ~1,000
+    /// deliveries would put an order's deliveries hundreds of places apart,
+    /// so 16 threads would rarely have two of them in flight at once (a run
+    /// measured ~50 racing pairs of one pay_no in 300 orders and ~15 across
+    /// channels); the window keeps them a few dozen places apart, so the
+    /// threads race on almost every order (see the `overlaps` line printed).
     fn new(seed: u64, orders: usize) -> Storm {
+        /// The window, in orders (about 4 deliveries each; 16 threads take
+        /// ~16 consecutive deliveries at a time).
+        const SPREAD: u64 = 4;
         let mut rng = Rng::new(seed);
         let mut list = Vec::with_capacity(orders);
         let mut deliveries = Vec::new();
@@ -98,10 +118,20 @@ impl Storm {
                 pay_nos,
             });
         }
-        rng.shuffle(&mut deliveries);
-        for delivery in &mut deliveries {
-            delivery.target = rng.below(2) as usize;
-        }
+        let mut places: Vec<u64> = (0..orders as u64).collect();
+        rng.shuffle(&mut places);
+        // Sort key: the order's place plus a random offset inside the window,
+        // at a finer grain so deliveries of neighbouring orders interleave.
+        const GRAIN: u64 = 1 << 16;
+        let mut keyed: Vec<(u64, Delivery)> = deliveries
+            .into_iter()
+            .map(|mut d| {
+                d.target = rng.below(2) as usize;
+                (places[d.order] * GRAIN + rng.below(SPREAD * GRAIN), d)
+            })
+            .collect();
+        keyed.sort_by_key(|(key, _)| *key);
+        let deliveries = keyed.into_iter().map(|(_, d)| d).collect();
         let storm = Storm { seed, orders: list, deliveries };
         assert!(storm.second_channel_payments() > 0, "seed {seed:#x} made no second-channel payment; pick another");
         storm
@@ -128,33 +158,94 @@ impl Storm {
     /// Delivers every delivery of the list from `THREADS` threads, each
     /// taking the next one off a shared atomic index. Returns the answers in
     /// list order and the wall time.
-    fn run(&self, deliver: impl Fn(&Delivery) -> Answer + Sync) -> (Vec<Answer>, Duration) {
+    fn run(&self, deliver: impl Fn(&Delivery) -> Answer + Sync) -> Ran {
         let start = Instant::now();
-        let answers = in_parallel(self.deliveries.len(), |i| deliver(&self.deliveries[i]));
-        (answers, start.elapsed())
+        let timed = in_parallel(self.deliveries.len(), |i| {
+            // Not a sleep and no ordering: offer the core to the next thread
+            // so that more deliveries are in flight at once (about twice the
+            // overlapping pairs on two cores).
+            thread::yield_now();
+            let begin = start.elapsed();
+            let answer = deliver(&self.deliveries[i]);
+            (answer, begin, start.elapsed())
+        });
+        let elapsed = start.elapsed();
+        // Pairs of deliveries of one order that were in flight at the same time.
+        let mut of_order: HashMap<usize, Vec<usize>> = HashMap::new();
+        for (i, d) in self.deliveries.iter().enumerate() {
+            of_order.entry(d.order).or_default().push(i);
+        }
+        let (mut same_pay, mut cross_channel) = (0, 0);
+        for list in of_order.values() {
+            for (n, &i) in list.iter().enumerate() {
+                for &j in &list[n + 1..] {
+                    if timed[i].1 < timed[j].2 && timed[j].1 < timed[i].2 {
+                        if self.deliveries[i].pay == self.deliveries[j].pay {
+                            same_pay += 1;
+                        } else {
+                            cross_channel += 1;
+                        }
+                    }
+                }
+            }
+        }
+        Ran { answers: timed.into_iter().map(|t| t.0).collect(), elapsed, same_pay, cross_channel }
     }
 }
 
+/// A finished storm: the answers in list order, the wall time, and how many
+/// pairs of deliveries of one order were in flight together.
+struct Ran {
+    answers: Vec<Answer>,
+    elapsed: Duration,
+    same_pay: usize,
+    cross_channel: usize,
+}
+
 /// `f(0..n)` on `THREADS` threads pulling indexes off one atomic counter;
-/// results in index order. A worker's panic is re-raised with its message.
+/// results in index order. After a worker panics the others stop taking
+/// work, and the first panic is re-raised with its message.
 fn in_parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    /// Sets the flag when its worker unwinds.
+    struct StopOnPanic<'a>(&'a AtomicBool);
+    impl Drop for StopOnPanic<'_> {
+        fn drop(&mut self) {
+            if thread::panicking() {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+    }
     let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
     let chunks: Vec<Vec<(usize, T)>> = thread::scope(|scope| {
         let workers: Vec<_> = (0..THREADS)
             .map(|_| {
                 scope.spawn(|| {
+                    let _stop = StopOnPanic(&stop);
                     let mut done = Vec::new();
-                    loop {
+                    while !stop.load(Ordering::SeqCst) {
                         let i = next.fetch_add(1, Ordering::SeqCst);
                         if i >= n {
-                            break done;
+                            break;
                         }
                         done.push((i, f(i)));
                     }
+                    done
                 })
             })
             .collect();
-        workers.into_iter().map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        let mut results = Vec::new();
+        let mut panic = None;
+        for worker in workers {
+            match worker.join() {
+                Ok(done) => results.push(done),
+                Err(payload) => panic = panic.or(Some(payload)),
+            }
+        }
+        if let Some(payload) = panic {
+            std::panic::resume_unwind(payload);
+        }
+        results
     });
     let mut slots: Vec<Option<T>> = (0..n).map(|_| None).collect();
     for (i, value) in chunks.into_iter().flatten() {
@@ -177,8 +268,8 @@ fn seed(default: u64) -> u64 {
     }
 }
 
-fn report(label: &str, storm: &Storm, elapsed: Duration) {
-    let secs = elapsed.as_secs_f64();
+fn report(label: &str, storm: &Storm, ran: &Ran) {
+    let secs = ran.elapsed.as_secs_f64();
     let n = storm.deliveries.len();
     println!(
         "{label} storm: {n} deliveries in {secs:.2} s = {:.0} deliveries/s ({} orders, {} second-channel payments, seed {:#x})",
@@ -187,6 +278,12 @@ fn report(label: &str, storm: &Storm, elapsed: Duration) {
         storm.second_channel_payments(),
         storm.seed
     );
+    println!(
+        "{label} storm: overlaps: {} pairs of deliveries of one pay_no and {} pairs across channels were in flight together",
+        ran.same_pay, ran.cross_channel
+    );
+    // Not a timing claim, a guard: a storm that never overlapped tested nothing.
+    assert!(ran.same_pay + ran.cross_channel > 0, "{}: no two deliveries of one order were ever in flight together", storm.context(label));
 }
 
 // ---- what the database holds, however it was read ----
@@ -270,58 +367,55 @@ fn view_of_app(app: &App, storm: &Storm) -> DbView {
 /// The database file read directly, read-only, in one snapshot: every row
 /// of the tables a payment touches, so stray rows of any order show too.
 fn view_of_file(db: &Path) -> DbView {
-    use rusqlite::{Connection, OpenFlags};
+    use rusqlite::{Connection, OpenFlags, Row};
+    fn all<T>(tx: &rusqlite::Transaction, sql: &str, f: impl Fn(&Row) -> rusqlite::Result<T>) -> Vec<T> {
+        let mut stmt = tx.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let rows = stmt.query_map([], |r| f(r)).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        rows.collect::<Result<_, _>>().unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
     let mut conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)
         .unwrap_or_else(|e| panic!("open {} read-only: {e}", db.display()));
     let tx = conn.transaction().expect("read transaction");
     let mut view = DbView::default();
-    let rows = |sql: &str, f: &mut dyn FnMut(&rusqlite::Row) -> rusqlite::Result<()>| {
-        let mut stmt = tx.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let mut rows = stmt.query([]).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        while let Some(row) = rows.next().unwrap_or_else(|e| panic!("{sql}: {e}")) {
-            f(row).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-    };
-    rows("SELECT order_no, status, pay_no FROM orders ORDER BY id", &mut |r| {
-        let order = OrderView { status: r.get(1)?, pay_no: r.get(2)?, ..OrderView::default() };
-        view.orders.insert(r.get(0)?, order);
-        Ok(())
-    });
-    let order_of = |orders: &mut BTreeMap<String, OrderView>, order_no: String| -> *mut OrderView {
-        orders.get_mut(&order_no).unwrap_or_else(|| panic!("a row names order {order_no}, which does not exist"))
-    };
-    rows(
+    for (order_no, status, pay_no) in all(&tx, "SELECT order_no, status, pay_no FROM orders ORDER BY id", |r| {
+        Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?))
+    }) {
+        view.orders.insert(order_no, OrderView { status, pay_no, ..OrderView::default() });
+    }
+    fn order<'v>(orders: &'v mut BTreeMap<String, OrderView>, order_no: &str) -> &'v mut OrderView {
+        orders.get_mut(order_no).unwrap_or_else(|| panic!("a row names order {order_no}, which does not exist"))
+    }
+    let payments = all(
+        &tx,
         "SELECT o.order_no, p.pay_no, p.outcome, p.state FROM pay_callback_log p JOIN orders o ON o.id = p.order_id ORDER BY p.id",
-        &mut |r| {
-            let state: String = r.get(3)?;
-            let order = order_of(&mut view.orders, r.get(0)?);
-            // SAFETY: a unique borrow of one map entry, used at once.
-            unsafe { (*order).payments.push((r.get(1)?, r.get(2)?, state == "decided")) };
-            Ok(())
-        },
+        |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)? == "decided")),
     );
-    rows(
+    for (order_no, pay_no, outcome, decided) in payments {
+        order(&mut view.orders, &order_no).payments.push((pay_no, outcome, decided));
+    }
+    let coupons = all(
+        &tx,
         "SELECT o.order_no, c.coupon_template_id, c.status FROM user_coupon c JOIN orders o ON o.id = c.order_id ORDER BY c.id",
-        &mut |r| {
-            let order = order_of(&mut view.orders, r.get(0)?);
-            unsafe { (*order).coupons.push((r.get(1)?, r.get(2)?)) };
-            Ok(())
-        },
+        |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?)),
     );
-    rows(
+    for (order_no, template, status) in coupons {
+        order(&mut view.orders, &order_no).coupons.push((template, status));
+    }
+    let points = all(
+        &tx,
         "SELECT o.order_no, p.point_type, p.points FROM point_log p JOIN orders o ON o.id = p.order_id ORDER BY p.id",
-        &mut |r| {
-            let order = order_of(&mut view.orders, r.get(0)?);
-            unsafe { (*order).points.push((r.get(1)?, r.get(2)?)) };
-            Ok(())
-        },
+        |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?)),
     );
-    rows("SELECT seq, type, event_id, order_no, data FROM outbox_event ORDER BY seq", &mut |r| {
-        let data: String = r.get(4)?;
-        let data: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("event data is not JSON ({e}): {data}"));
-        view.events.push(EventView::new(r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, &data));
-        Ok(())
+    for (order_no, point_type, n) in points {
+        order(&mut view.orders, &order_no).points.push((point_type, n));
+    }
+    let events = all(&tx, "SELECT seq, type, event_id, order_no, data FROM outbox_event ORDER BY seq", |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get::<_, String>(4)?))
     });
+    for (seq, event_type, event_id, order_no, data) in events {
+        let data: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("event data is not JSON ({e}): {data}"));
+        view.events.push(EventView::new(seq, event_type, event_id, order_no, &data));
+    }
     drop(tx);
     view
 }
@@ -404,7 +498,7 @@ fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
     // Events: one `order.paid` per order, one `payment.refund_required` per
     // losing payment, nothing else.
     let mut paid: HashMap<&str, usize> = HashMap::new();
-    let mut refund_required: HashMap<&str, usize> = HashMap::new();
+    let mut refund_required: HashMap<String, usize> = HashMap::new();
     for pair in db.events.windows(2) {
         assert!(pair[0].seq < pair[1].seq, "{ctx}: event seq not increasing: {} then {}", pair[0].seq, pair[1].seq);
     }
@@ -426,7 +520,7 @@ fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
                 assert_eq!(event.order_no, *order_no, "{ctx}: {event:?}");
                 assert_eq!(event.event_id, format!("payment.refund_required:{pay_no}"), "{ctx}: {event:?}");
                 assert_eq!(event.payment_outcome.as_deref(), Some("already_paid"), "{ctx}: {event:?}");
-                *refund_required.entry(losers.get_key_value(pay_no).map(|(k, _)| *k).unwrap_or_default()).or_default() += 1;
+                *refund_required.entry(pay_no.to_owned()).or_default() += 1;
             }
             other => panic!("{ctx}: unexpected event type {other:?}: {event:?}"),
         }
@@ -436,7 +530,7 @@ fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
         assert_eq!(n, 1, "{ctx}: order {}: order.paid events", order.order_no);
     }
     for loser in losers.keys() {
-        let n = refund_required.get(loser).copied().unwrap_or(0);
+        let n = refund_required.get(*loser).copied().unwrap_or(0);
         assert_eq!(n, 1, "{ctx}: pay_no {loser}: payment.refund_required events");
     }
     assert_eq!(
@@ -471,7 +565,7 @@ fn in_process_storm(label: &str, db: &str, storm: &Storm) {
         assert!(created, "{ctx}: order {} existed before", order.order_no);
     });
 
-    let (answers, elapsed) = storm.run(|d| {
+    let ran = storm.run(|d| {
         let order = &storm.orders[d.order];
         let callback = PaymentCallback {
             channel: "generic".into(),
@@ -491,18 +585,18 @@ fn in_process_storm(label: &str, db: &str, storm: &Storm) {
         };
         Answer { outcome: reply.outcome_str().to_owned(), original }
     });
-    report(label, storm, elapsed);
+    report(label, storm, &ran);
 
     let locks = app.locks.len();
     println!("{label} storm: keyed-lock map size after the storm = {locks}");
     assert_eq!(locks, 0, "{ctx}: the keyed-lock map keeps {locks} entries after every request finished");
 
-    verify(label, storm, &answers, &view_of_app(&app, storm));
+    verify(label, storm, &ran.answers, &view_of_app(&app, storm));
 }
 
 #[test]
 fn storm_in_process_on_memdb() {
-    let storm = Storm::new(seed(0x5EED_0001), ORDERS_IN_PROCESS);
+    let storm = Storm::new(seed(0x5EED_0001), ORDERS_MEMDB);
     in_process_storm("memdb", ":memory:", &storm);
 }
 
@@ -559,11 +653,11 @@ fn storm_over_http() {
     create_orders_http(&ctx, &storm, &[&server]);
 
     let busy = AtomicUsize::new(0);
-    let (answers, elapsed) = storm.run(|d| deliver_http(&ctx, &server, &storm.body(d), &busy));
-    report("http", &storm, elapsed);
+    let ran = storm.run(|d| deliver_http(&ctx, &server, &storm.body(d), &busy));
+    report("http", &storm, &ran);
     println!("http storm: {} re-sends after 503 database_busy", busy.load(Ordering::SeqCst));
 
-    verify("http", &storm, &answers, &view_of_file(&server.db));
+    verify("http", &storm, &ran.answers, &view_of_file(&server.db));
     // The API reads the same: spot-check one order with two payments.
     if let Some(order) = storm.orders.iter().find(|o| o.pay_nos.len() > 1) {
         let detail = server.get(&format!("/v1/orders/{}", order.order_no)).json();
@@ -584,8 +678,8 @@ fn storm_split_across_two_processes_on_one_file() {
     create_orders_http(&ctx, &storm, &servers);
 
     let busy = AtomicUsize::new(0);
-    let (answers, elapsed) = storm.run(|d| deliver_http(&ctx, servers[d.target], &storm.body(d), &busy));
-    report("two-process", &storm, elapsed);
+    let ran = storm.run(|d| deliver_http(&ctx, servers[d.target], &storm.body(d), &busy));
+    report("two-process", &storm, &ran);
     let to_second = storm.deliveries.iter().filter(|d| d.target == 1).count();
     println!(
         "two-process storm: {} deliveries to the first process, {to_second} to the second; {} re-sends after 503 database_busy",
@@ -593,5 +687,5 @@ fn storm_split_across_two_processes_on_one_file() {
         busy.load(Ordering::SeqCst)
     );
 
-    verify("two-process", &storm, &answers, &view_of_file(&first.db));
+    verify("two-process", &storm, &ran.answers, &view_of_file(&first.db));
 }
