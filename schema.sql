@@ -96,18 +96,22 @@ CREATE TABLE pay_callback_log (
     rewards_due TEXT CHECK (rewards_due IS NULL OR json_valid(rewards_due)),
     -- For refund-required payments: how an operator resolved them.
     resolution  TEXT CHECK (resolution IN ('refunded_externally', 'accepted')),
+    resolution_reason TEXT,
     resolved_at TEXT,
     CHECK ((state = 'received') = (outcome = 'recorded')),
     CHECK ((state = 'decided') = (decided_at IS NOT NULL)),
     CHECK (state = 'received' OR (outcome = 'payment_failed') = (status = 'FAILED')),
     CHECK ((outcome = 'applied') = (rewards_due IS NOT NULL)),
     CHECK (resolution IS NULL OR outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch')),
-    CHECK ((resolution IS NULL) = (resolved_at IS NULL))
+    CHECK ((resolution IS NULL) = (resolved_at IS NULL)),
+    CHECK ((resolution IS NULL) = (resolution_reason IS NULL))
 );
 CREATE UNIQUE INDEX uk_pay_no ON pay_callback_log (pay_no);
 CREATE INDEX ix_pay_callback_log_order ON pay_callback_log (order_id);
 CREATE INDEX ix_pay_callback_log_received ON pay_callback_log (id) WHERE state = 'received';
 CREATE INDEX ix_pay_callback_log_outcome ON pay_callback_log (outcome, id);
+-- Reconciliation compares payments by their paid time: the platform's, else the decision's.
+CREATE INDEX ix_pay_callback_log_paid_time ON pay_callback_log (coalesce(paid_at, decided_at));
 
 -- At most one applied payment per order: the database's own answer to two
 -- channels paying one order.
@@ -133,6 +137,15 @@ BEGIN
     SELECT RAISE(ABORT, 'a decided payment outcome is final');
 END;
 
+CREATE TRIGGER pay_callback_log_resolution_final
+BEFORE UPDATE OF resolution, resolution_reason, resolved_at ON pay_callback_log
+WHEN OLD.resolution IS NOT NULL
+ AND (NEW.resolution IS NOT OLD.resolution OR NEW.resolution_reason IS NOT OLD.resolution_reason
+      OR NEW.resolved_at IS NOT OLD.resolved_at)
+BEGIN
+    SELECT RAISE(ABORT, 'a payment is resolved once');
+END;
+
 CREATE TRIGGER pay_callback_log_no_delete BEFORE DELETE ON pay_callback_log
 BEGIN
     SELECT RAISE(ABORT, 'pay_callback_log is append-only');
@@ -150,6 +163,7 @@ CREATE TABLE refund (
 );
 CREATE UNIQUE INDEX uk_refund_no ON refund (refund_no);
 CREATE INDEX ix_refund_order ON refund (order_id);
+CREATE INDEX ix_refund_settled ON refund (settled_at) WHERE status = 'SUCCEEDED';
 -- One refund in flight per order, and one full refund per order in this version.
 CREATE UNIQUE INDEX uk_refund_requested ON refund (order_id) WHERE status = 'REQUESTED';
 CREATE UNIQUE INDEX uk_refund_succeeded ON refund (order_id) WHERE status = 'SUCCEEDED';
@@ -273,6 +287,9 @@ CREATE TABLE audit_log (
 );
 CREATE INDEX ix_audit_log_order ON audit_log (order_no, id);
 CREATE INDEX ix_audit_log_action ON audit_log (action, id);
+-- Unexpected refund results and their resolutions are found by refund_no.
+CREATE INDEX ix_audit_log_refund ON audit_log (action, json_extract(detail, '$.refund_no'))
+    WHERE action IN ('unexpected_refund', 'unexpected_refund_resolved');
 
 CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
 BEGIN

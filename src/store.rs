@@ -158,6 +158,31 @@ impl Store {
         Ok(value)
     }
 
+    /// Copies the database to `to` with SQLite's online backup API, in one
+    /// step, so the copy is one consistent snapshot while writers go on (WAL).
+    pub fn backup_to(&self, to: &std::path::Path) -> Result<(), Error> {
+        let conn = self.pool.get()?;
+        let mut dest = Connection::open(to)?;
+        let backup = rusqlite::backup::Backup::new(&conn, &mut dest)?;
+        // -1 pages: the whole database in one step, inside one read transaction.
+        loop {
+            match backup.step(-1)? {
+                rusqlite::backup::StepResult::Done => break,
+                rusqlite::backup::StepResult::More => continue,
+                rusqlite::backup::StepResult::Busy | rusqlite::backup::StepResult::Locked => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                _ => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        drop(backup);
+        let check: String = dest.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+        if check != "ok" {
+            return Err(Error::internal(format!("the backup failed its integrity check: {check}")));
+        }
+        Ok(())
+    }
+
     /// A pooled connection for checks and tests that need raw SQL (the
     /// schema tests use it to prove the database refuses what it must).
     pub fn raw_connection(&self) -> Result<r2d2::PooledConnection<SqliteConnectionManager>, Error> {
@@ -296,6 +321,49 @@ pub struct StoredResponse {
     pub fingerprint: String,
     pub status_code: u16,
     pub body: Vec<u8>,
+}
+
+/// One finding of the inspection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finding {
+    pub kind: &'static str,
+    pub order_no: String,
+    pub detail: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRow {
+    pub id: i64,
+    pub at: String,
+    pub actor: String,
+    pub action: String,
+    pub order_no: Option<String>,
+    pub detail: String,
+}
+
+/// A payment as reconciliation sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalPayment {
+    pub pay_no: String,
+    pub order_no: String,
+    pub amount: i64,
+    pub outcome: String,
+    pub paid_time: String,
+}
+
+fn local_payment_from_row(r: &Row) -> rusqlite::Result<LocalPayment> {
+    Ok(LocalPayment { pay_no: r.get(0)?, order_no: r.get(1)?, amount: r.get(2)?, outcome: r.get(3)?, paid_time: r.get(4)? })
+}
+
+fn audit_from_row(r: &Row) -> rusqlite::Result<AuditRow> {
+    Ok(AuditRow {
+        id: r.get(0)?,
+        at: r.get(1)?,
+        actor: r.get(2)?,
+        action: r.get(3)?,
+        order_no: r.get(4)?,
+        detail: r.get(5)?,
+    })
 }
 
 const ORDER_COLUMNS: &str = "id, order_no, user_id, amount, currency, status, pay_no, created_at, \
@@ -797,6 +865,261 @@ impl Tx<'_> {
                  (SELECT rowid FROM idempotency_key WHERE expires_at <= ?1 LIMIT ?2)",
             params![now, limit],
         )?)
+    }
+
+    // ---- operations: record-only mode, drain, resolutions, compensation ----
+
+    /// Records waiting in record-only mode, in arrival order.
+    pub fn received_callbacks(&self, limit: usize) -> Result<Vec<(i64, String)>, Error> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, pay_no FROM pay_callback_log WHERE state = 'received' ORDER BY id LIMIT ?1",
+        )?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt.query_map([limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn count_received(&self) -> Result<i64, Error> {
+        Ok(self.conn.query_row("SELECT count(*) FROM pay_callback_log WHERE state = 'received'", [], |r| r.get(0))?)
+    }
+
+    /// The resolution of a payment: (resolution, reason, resolved_at).
+    pub fn payment_resolution(&self, id: i64) -> Result<Option<(String, String, String)>, Error> {
+        Ok(self.conn.query_row(
+            "SELECT resolution, resolution_reason, resolved_at FROM pay_callback_log WHERE id = ?1",
+            [id],
+            |r| {
+                let resolution: Option<String> = r.get(0)?;
+                Ok(match resolution {
+                    Some(resolution) => Some((resolution, r.get(1)?, r.get(2)?)),
+                    None => None,
+                })
+            },
+        )?)
+    }
+
+    /// CAS unresolved → resolved, for refund-required payments only.
+    pub fn resolve_payment(&self, id: i64, resolution: &str, reason: &str, now: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "UPDATE pay_callback_log SET resolution = ?2, resolution_reason = ?3, resolved_at = ?4
+             WHERE id = ?1 AND resolution IS NULL
+               AND outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch')",
+            params![id, resolution, reason, now],
+        )?;
+        one_row(changed, "resolve payment")
+    }
+
+    /// `audit_log` rows of one action about one refund_no, oldest first.
+    pub fn refund_audit(&self, action: &str, refund_no: &str) -> Result<Vec<AuditRow>, Error> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT id, at, actor, action, order_no, detail FROM audit_log
+             WHERE action = ?1 AND json_extract(detail, '$.refund_no') = ?2
+               AND action IN ('unexpected_refund', 'unexpected_refund_resolved')
+             ORDER BY id",
+        )?;
+        let rows = stmt.query_map(params![action, refund_no], audit_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// One coupon of an order, with its status.
+    pub fn coupon_of_order(&self, order_id: i64, template: &str) -> Result<Option<CouponRow>, Error> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT o.order_no, c.coupon_template_id, c.status, c.created_at
+                 FROM user_coupon c JOIN orders o ON o.id = c.order_id
+                 WHERE c.order_id = ?1 AND c.coupon_template_id = ?2",
+                params![order_id, template],
+                |row| {
+                    Ok(CouponRow {
+                        order_no: row.get(0)?,
+                        coupon_template_id: row.get(1)?,
+                        status: row.get(2)?,
+                        created_at: row.get(3)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// CAS ACTIVE→FROZEN for one coupon.
+    pub fn freeze_coupon(&self, order_id: i64, template: &str) -> Result<bool, Error> {
+        let changed = self.conn.execute(
+            "UPDATE user_coupon SET status = 'FROZEN'
+             WHERE order_id = ?1 AND coupon_template_id = ?2 AND status = 'ACTIVE'",
+            params![order_id, template],
+        )?;
+        one_row(changed, "freeze coupon")
+    }
+
+    /// One points entry of an order by type.
+    pub fn points_entry(&self, order_id: i64, point_type: &str) -> Result<Option<PointRow>, Error> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT o.order_no, p.point_type, p.points, p.created_at
+                 FROM point_log p JOIN orders o ON o.id = p.order_id
+                 WHERE p.order_id = ?1 AND p.point_type = ?2",
+                params![order_id, point_type],
+                |row| {
+                    Ok(PointRow {
+                        order_no: row.get(0)?,
+                        point_type: row.get(1)?,
+                        points: row.get(2)?,
+                        created_at: row.get(3)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    // ---- inspection: every query is served by an index ----
+
+    /// Runs every inspection query; `now_minus_10m` bounds `received_not_applied`.
+    pub fn inspect(&self, received_before: &str) -> Result<Vec<Finding>, Error> {
+        let mut findings = Vec::new();
+        let mut collect = |kind: &'static str, sql: &str, args: &[&dyn rusqlite::ToSql]| -> Result<(), Error> {
+            let mut stmt = self.conn.prepare_cached(sql)?;
+            let rows = stmt.query_map(args, |r| {
+                let detail: String = r.get(1)?;
+                Ok(Finding {
+                    kind,
+                    order_no: r.get(0)?,
+                    detail: serde_json::from_str(&detail).unwrap_or(Value::String(detail)),
+                })
+            })?;
+            for row in rows {
+                findings.push(row?);
+            }
+            Ok(())
+        };
+        collect(
+            "duplicate_coupon",
+            "SELECT o.order_no, json_object('coupon_template_id', d.coupon_template_id, 'rows', d.n)
+             FROM (SELECT order_id, coupon_template_id, count(*) AS n FROM user_coupon
+                   GROUP BY order_id, coupon_template_id HAVING count(*) > 1) d
+             JOIN orders o ON o.id = d.order_id",
+            &[],
+        )?;
+        collect(
+            "duplicate_points",
+            "SELECT o.order_no, json_object('point_type', d.point_type, 'rows', d.n)
+             FROM (SELECT order_id, point_type, count(*) AS n FROM point_log
+                   GROUP BY order_id, point_type HAVING count(*) > 1) d
+             JOIN orders o ON o.id = d.order_id",
+            &[],
+        )?;
+        collect(
+            "paid_without_rewards",
+            "SELECT o.order_no, json_object('pay_no', p.pay_no, 'rewards_due', json(p.rewards_due),
+                    'missing_coupons', (SELECT json_group_array(t.value) FROM json_each(p.rewards_due, '$.coupons') t
+                        WHERE NOT EXISTS (SELECT 1 FROM user_coupon c
+                                          WHERE c.order_id = p.order_id AND c.coupon_template_id = t.value)),
+                    'missing_points', json_extract(p.rewards_due, '$.points') > 0 AND NOT EXISTS
+                        (SELECT 1 FROM point_log l WHERE l.order_id = p.order_id AND l.point_type = 'ORDER_PAID'))
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.outcome = 'applied'
+               AND (EXISTS (SELECT 1 FROM json_each(p.rewards_due, '$.coupons') t
+                            WHERE NOT EXISTS (SELECT 1 FROM user_coupon c
+                                              WHERE c.order_id = p.order_id AND c.coupon_template_id = t.value))
+                    OR (json_extract(p.rewards_due, '$.points') > 0 AND NOT EXISTS
+                        (SELECT 1 FROM point_log l WHERE l.order_id = p.order_id AND l.point_type = 'ORDER_PAID')))",
+            &[],
+        )?;
+        collect(
+            "applied_callback_order_not_paid",
+            "SELECT o.order_no, json_object('pay_no', p.pay_no, 'order_status', o.status, 'order_pay_no', o.pay_no)
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.outcome = 'applied'
+               AND (o.status NOT IN ('PAID', 'REFUNDING', 'REFUNDED') OR o.pay_no IS NOT p.pay_no)",
+            &[],
+        )?;
+        collect(
+            "refund_required",
+            "SELECT o.order_no, json_object('pay_no', p.pay_no, 'outcome', p.outcome, 'amount', p.amount,
+                                            'channel', p.channel, 'decided_at', p.decided_at)
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch') AND p.resolution IS NULL
+             ORDER BY p.id",
+            &[],
+        )?;
+        collect(
+            "unexpected_refund",
+            "SELECT a.order_no, json_object('refund_no', json_extract(a.detail, '$.refund_no'),
+                                            'status', json_extract(a.detail, '$.status'), 'deliveries', count(*),
+                                            'first_at', min(a.at))
+             FROM audit_log a
+             WHERE a.action = 'unexpected_refund'
+               AND NOT EXISTS (SELECT 1 FROM audit_log r WHERE r.action = 'unexpected_refund_resolved'
+                               AND json_extract(r.detail, '$.refund_no') = json_extract(a.detail, '$.refund_no'))
+             GROUP BY json_extract(a.detail, '$.refund_no'), a.order_no
+             ORDER BY min(a.id)",
+            &[],
+        )?;
+        collect(
+            "received_not_applied",
+            "SELECT o.order_no, json_object('pay_no', p.pay_no, 'received_at', p.received_at)
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.state = 'received' AND p.received_at < ?1
+               AND (SELECT value FROM settings WHERE name = 'mode') = 'normal'
+             ORDER BY p.id",
+            &[&received_before],
+        )?;
+        Ok(findings)
+    }
+
+    // ---- reconciliation ----
+
+    /// Payments whose money moved (or that wait, recorded, with a SUCCESS),
+    /// by pay_no, for matching a platform's SUCCESS row.
+    pub fn money_moved_payment(&self, pay_no: &str) -> Result<Option<LocalPayment>, Error> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT p.pay_no, o.order_no, p.amount, p.outcome, coalesce(p.paid_at, p.decided_at, p.received_at)
+                 FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+                 WHERE p.pay_no = ?1 AND p.status = 'SUCCESS'
+                   AND p.outcome IN ('recorded', 'applied', 'already_paid', 'paid_after_close', 'amount_mismatch')",
+                [pay_no],
+                local_payment_from_row,
+            )
+            .optional()?)
+    }
+
+    /// Applied payments whose paid time is in [from, to).
+    pub fn applied_payments_between(&self, from: &str, to: &str) -> Result<Vec<LocalPayment>, Error> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT p.pay_no, o.order_no, p.amount, p.outcome, coalesce(p.paid_at, p.decided_at)
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE coalesce(p.paid_at, p.decided_at) >= ?1 AND coalesce(p.paid_at, p.decided_at) < ?2
+               AND p.outcome = 'applied'
+             ORDER BY coalesce(p.paid_at, p.decided_at)",
+        )?;
+        let rows = stmt.query_map(params![from, to], local_payment_from_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// A SUCCEEDED refund by refund_no: (order_no, amount refunded = the order's amount).
+    pub fn succeeded_refund(&self, refund_no: &str) -> Result<Option<(String, i64)>, Error> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT o.order_no, o.amount FROM refund r JOIN orders o ON o.id = r.order_id
+                 WHERE r.refund_no = ?1 AND r.status = 'SUCCEEDED'",
+                [refund_no],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
+    /// SUCCEEDED refunds settled in [from, to): (refund_no, order_no, amount).
+    pub fn refunds_settled_between(&self, from: &str, to: &str) -> Result<Vec<(String, String, i64)>, Error> {
+        let mut stmt = self.conn.prepare_cached(
+            "SELECT r.refund_no, o.order_no, o.amount FROM refund r JOIN orders o ON o.id = r.order_id
+             WHERE r.status = 'SUCCEEDED' AND r.settled_at >= ?1 AND r.settled_at < ?2 ORDER BY r.settled_at",
+        )?;
+        let rows = stmt.query_map(params![from, to], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     // ---- audit and settings ----

@@ -190,6 +190,9 @@ fn malformed_and_deeply_nested_json_are_400() {
     ];
     for path in POST_ROUTES {
         for (what, body) in &malformed {
+            if *what == "empty" && path.ends_with("/close") {
+                continue; // close takes no body: an empty one is an ordinary close
+            }
             let resp = post(&server, path, "application/json", body, true);
             let context = format!("{path} {what}");
             assert_eq!(resp.status, 400, "{context}: {}", resp.text());
@@ -231,7 +234,7 @@ fn random_and_mutated_bodies_never_5xx() {
         let sign = is_callback(path);
         // Pure random bytes of random lengths.
         for i in 0..150 {
-            let len = rng.below(600) as usize;
+            let len = 1 + rng.below(600) as usize;
             let body: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
             let resp = post(&server, path, "application/json", &body, sign && i % 4 != 0);
             assert_no_server_error(&resp, &format!("{path} random #{i} {:?}", String::from_utf8_lossy(&body)));

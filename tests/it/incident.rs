@@ -417,10 +417,10 @@ struct NaiveRun {
 /// and, unless it already released it, its key. The other ("second") then
 /// runs until it must block on something the first holds: the key (same
 /// pay_no, key still held) or otherwise BEGIN IMMEDIATE. Only once the second
-/// has announced that point is the first allowed to commit. Everything the
-/// second reads before that point was read before the first's commit;
-/// everything after it, after. Which of the two is the same on every run, so
-/// the outcome is too. Announcing a point a moment before blocking is enough:
+/// has announced that point is the first allowed to commit. So every read of
+/// the second falls on a known side of the first's commit: before it when it
+/// precedes that point, after it otherwise; the same on every run, and so is
+/// the outcome. Announcing a point a moment before blocking is enough:
 /// whether the second then blocks or arrives just after the commit, it sees
 /// the same committed state.
 fn run_naive(defenses: Defenses, form: Form) -> NaiveRun {

@@ -1,1 +1,531 @@
-//! (being written)
+//! The database contract of PRODUCT.md section 6, in process: named unique
+//! indexes, append-only ledgers, CHECKs, the order state machine as a
+//! trigger, the shared `:memory:` database and an idempotent schema setup.
+//! Rows are created through the App's own operations first, so every refusal
+//! below would otherwise have hit something real.
+
+use crate::util::TempDir;
+use payonce::{App, Clock, Config, CreateOrder, PaymentCallback, PlatformStatus, RefundCallback, Rewards};
+use rusqlite::{Connection, ErrorCode};
+
+const T0: i64 = 1_700_000_000_000;
+
+fn config() -> Config {
+    Config {
+        rewards: Rewards { coupon_templates: vec!["NEW10".into(), "VIP".into()], points_per_yuan: 2 },
+        ..Config::default()
+    }
+}
+
+fn memory_app() -> App {
+    App::open(":memory:", Clock::manual(T0), config()).expect("open :memory:")
+}
+
+fn create(app: &App, order_no: &str, amount: i64) {
+    let (_, created) = app
+        .create_order(&CreateOrder {
+            order_no: order_no.into(),
+            user_id: "u1".into(),
+            amount,
+            currency: "CNY".into(),
+            expires_in_s: None,
+        })
+        .expect("create order");
+    assert!(created, "{order_no} created");
+}
+
+fn pay(app: &App, pay_no: &str, order_no: &str, amount: i64) -> String {
+    let callback = PaymentCallback {
+        channel: "generic".into(),
+        pay_no: pay_no.into(),
+        order_no: order_no.into(),
+        amount,
+        status: PlatformStatus::Success,
+        paid_at: None,
+        raw_body: format!("{{\"pay_no\":\"{pay_no}\"}}").into_bytes(),
+    };
+    app.deliver_payment(&callback).expect("deliver payment").outcome_str().to_owned()
+}
+
+/// Real rows in every ledger table, made by the App's operations.
+fn seed(app: &App) {
+    create(app, "O-1", 9999);
+    assert_eq!(pay(app, "P-1", "O-1", 9999), "applied");
+    app.request_refund("O-1", "R-1").expect("request refund");
+    let refund = RefundCallback {
+        channel: "generic".into(),
+        refund_no: "R-1".into(),
+        order_no: "O-1".into(),
+        status: PlatformStatus::Success,
+    };
+    assert_eq!(app.deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
+    create(app, "O-2", 5000);
+    assert_eq!(pay(app, "P-2", "O-2", 5000), "applied");
+    let refused = app.close_order("O-2").expect_err("closing a PAID order is refused");
+    assert_eq!((refused.status, refused.code), (409, "invalid_transition"));
+    create(app, "O-3", 100);
+    app.close_order("O-3").expect("close");
+    assert_eq!(pay(app, "P-3", "O-3", 100), "paid_after_close");
+}
+
+fn count(conn: &Connection, table: &str) -> i64 {
+    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0)).expect("count")
+}
+
+fn order_id(conn: &Connection, order_no: &str) -> i64 {
+    conn.query_row("SELECT id FROM orders WHERE order_no = ?1", [order_no], |r| r.get(0)).expect("order id")
+}
+
+/// The statement is refused by a constraint (CHECK, UNIQUE, FOREIGN KEY or a
+/// trigger's RAISE), not by a typo.
+fn assert_refused(conn: &Connection, sql: &str) {
+    match conn.execute_batch(sql) {
+        Ok(()) => panic!("the database accepted: {sql}"),
+        Err(e) => assert_eq!(e.sqlite_error_code(), Some(ErrorCode::ConstraintViolation), "{sql}: {e}"),
+    }
+}
+
+/// Runs `sql` inside a savepoint that is rolled back, so a case leaves no trace.
+fn attempt(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.execute_batch("SAVEPOINT attempt")?;
+    let result = conn.execute_batch(sql);
+    conn.execute_batch("ROLLBACK TO attempt; RELEASE attempt")?;
+    result
+}
+
+#[test]
+fn named_unique_indexes_exist_with_their_columns() {
+    let app = memory_app();
+    seed(&app);
+    let conn = app.store.raw_connection().expect("raw connection");
+    let expected: [(&str, &str, &[&str]); 7] = [
+        ("uk_order_no", "orders", &["order_no"]),
+        ("uk_pay_no", "pay_callback_log", &["pay_no"]),
+        ("uk_refund_no", "refund", &["refund_no"]),
+        ("uk_order_tpl", "user_coupon", &["order_id", "coupon_template_id"]),
+        ("uk_order_type", "point_log", &["order_id", "point_type"]),
+        ("uk_event_id", "outbox_event", &["event_id"]),
+        ("uk_scope_key", "idempotency_key", &["scope", "key"]),
+    ];
+    for (index, table, columns) in expected {
+        let mut list = conn.prepare(&format!("PRAGMA index_list({table})")).expect("index_list");
+        let found: Vec<(String, bool, bool)> = list
+            .query_map([], |r| Ok((r.get::<_, String>(1)?, r.get::<_, i64>(2)? == 1, r.get::<_, i64>(4)? == 1)))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        let entry = found.iter().find(|(name, _, _)| name == index);
+        let Some((_, unique, partial)) = entry else {
+            panic!("{table} has no index named {index}; it has {found:?}");
+        };
+        assert!(*unique, "{index} is UNIQUE");
+        assert!(!*partial, "{index} covers every row (not a partial index)");
+        let mut info = conn.prepare(&format!("PRAGMA index_info({index})")).expect("index_info");
+        let cols: Vec<String> = info
+            .query_map([], |r| r.get::<_, String>(2))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(cols, columns, "{index} columns");
+    }
+
+    // And they bite: a second row with an existing key is refused.
+    conn.execute_batch(
+        "INSERT INTO idempotency_key (scope, key, fingerprint, status_code, response_body, created_at, expires_at)
+         VALUES ('anonymous POST /v1/orders', 'k1', printf('%064d', 0), 201, x'7b7d', 't', 't')",
+    )
+    .expect("an idempotency_key row");
+    let duplicates = [
+        "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+         SELECT order_no, 'other', 1, 'CNY', 'PENDING', created_at, expires_at FROM orders WHERE order_no = 'O-1'",
+        "INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at)
+         SELECT pay_no, channel, (SELECT id FROM orders WHERE order_no = 'O-3'), amount, status, 'recorded', 'received', source, raw_body, received_at
+         FROM pay_callback_log WHERE pay_no = 'P-1'",
+        "INSERT INTO refund (refund_no, order_id, status, requested_at, settled_at)
+         SELECT refund_no, (SELECT id FROM orders WHERE order_no = 'O-2'), 'FAILED', requested_at, 't' FROM refund WHERE refund_no = 'R-1'",
+        "INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at)
+         SELECT user_id, order_id, coupon_template_id, 'ACTIVE', created_at FROM user_coupon LIMIT 1",
+        "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
+         SELECT user_id, order_id, point_type, points, created_at FROM point_log LIMIT 1",
+        "INSERT INTO outbox_event (event_id, type, order_no, data, created_at)
+         SELECT event_id, type, order_no, data, created_at FROM outbox_event LIMIT 1",
+        "INSERT INTO idempotency_key (scope, key, fingerprint, status_code, response_body, created_at, expires_at)
+         SELECT scope, key, fingerprint, status_code, response_body, created_at, expires_at FROM idempotency_key LIMIT 1",
+    ];
+    for sql in duplicates {
+        assert_refused(&conn, sql);
+    }
+}
+
+#[test]
+fn contract_tables_have_their_columns() {
+    let app = memory_app();
+    let conn = app.store.raw_connection().expect("raw connection");
+    let tables: [(&str, &[&str]); 9] = [
+        ("orders", &["id", "order_no", "user_id", "amount", "currency", "status", "pay_no", "created_at", "expires_at", "paid_at", "closed_at", "refund_no", "refunded_at"]),
+        ("pay_callback_log", &["id", "pay_no", "channel", "order_id", "amount", "outcome", "state", "source", "raw_body", "received_at", "applied_at", "decided_at"]),
+        ("refund", &["id", "refund_no", "order_id", "status", "requested_at", "settled_at"]),
+        ("user_coupon", &["id", "user_id", "order_id", "coupon_template_id", "status", "created_at"]),
+        ("point_log", &["id", "user_id", "order_id", "point_type", "points", "created_at"]),
+        ("outbox_event", &["seq", "event_id", "type", "order_no", "data", "created_at"]),
+        ("idempotency_key", &["scope", "key", "fingerprint", "status_code", "response_body", "created_at", "expires_at"]),
+        ("audit_log", &["id", "at", "actor", "action", "order_no", "detail"]),
+        ("settings", &["name", "value"]),
+    ];
+    for (table, columns) in tables {
+        let mut stmt = conn.prepare(&format!("PRAGMA table_xinfo({table})")).expect("table_xinfo");
+        let have: Vec<String> = stmt
+            .query_map([], |r| r.get::<_, String>(1))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert!(!have.is_empty(), "table {table} exists");
+        for column in columns {
+            assert!(have.iter().any(|c| c == column), "{table}.{column} exists (have {have:?})");
+        }
+    }
+}
+
+#[test]
+fn ledger_tables_refuse_delete() {
+    let app = memory_app();
+    seed(&app);
+    let conn = app.store.raw_connection().expect("raw connection");
+    for table in ["pay_callback_log", "refund", "user_coupon", "point_log", "outbox_event", "audit_log"] {
+        let before = count(&conn, table);
+        assert!(before > 0, "{table} has rows from the App's operations");
+        assert_refused(&conn, &format!("DELETE FROM {table}"));
+        assert_refused(&conn, &format!("DELETE FROM {table} WHERE rowid = (SELECT min(rowid) FROM {table})"));
+        assert_eq!(count(&conn, table), before, "{table} keeps its rows");
+    }
+    // What the seed wrote, as the spec describes it.
+    let reversal: i64 = conn
+        .query_row("SELECT points FROM point_log WHERE point_type = 'ORDER_PAID_REVERSAL'", [], |r| r.get(0))
+        .expect("reversal entry");
+    assert_eq!(reversal, -199);
+    let frozen: i64 = conn
+        .query_row("SELECT count(*) FROM user_coupon WHERE status = 'FROZEN'", [], |r| r.get(0))
+        .expect("frozen");
+    assert_eq!(frozen, 2, "the refunded order's coupons are frozen, not deleted");
+}
+
+#[test]
+fn checks_refuse_bad_states_and_amounts() {
+    let app = memory_app();
+    seed(&app);
+    let conn = app.store.raw_connection().expect("raw connection");
+    let o1 = order_id(&conn, "O-1");
+    let o2 = order_id(&conn, "O-2");
+    let o3 = order_id(&conn, "O-3");
+    let long = format!("'{}'", "a".repeat(65));
+    // (what, statement with {V}, accepted values, refused values)
+    let cases: Vec<(&str, String, Vec<String>, Vec<String>)> = vec![
+        (
+            "orders.status",
+            "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at) VALUES ('X-1', 'u', 100, 'CNY', {V}, 't', 't')".into(),
+            vec!["'PENDING'".into()],
+            vec!["'FOO'".into(), "'pending'".into(), "'DELETED'".into(), "NULL".into()],
+        ),
+        (
+            "orders.amount",
+            "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at) VALUES ('X-1', 'u', {V}, 'CNY', 'PENDING', 't', 't')".into(),
+            vec!["1".into(), "1000000000000".into()],
+            vec!["0".into(), "-1".into(), "1000000000001".into(), "99.5".into(), "'abc'".into(), "NULL".into()],
+        ),
+        (
+            "orders.currency",
+            "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at) VALUES ('X-1', 'u', 1, {V}, 'PENDING', 't', 't')".into(),
+            vec!["'CNY'".into(), "'USD'".into()],
+            vec!["'cny'".into(), "'CNYY'".into(), "'CN'".into(), "NULL".into()],
+        ),
+        (
+            "orders.order_no",
+            "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at) VALUES ({V}, 'u', 1, 'CNY', 'PENDING', 't', 't')".into(),
+            vec!["'X-1'".into()],
+            vec!["''".into(), "'a b'".into(), long.clone(), "NULL".into()],
+        ),
+        (
+            "orders.status by UPDATE",
+            format!("UPDATE orders SET status = {{V}}, refund_no = 'RX-1' WHERE id = {o2}"),
+            vec!["'REFUNDING'".into()],
+            vec!["'BOGUS'".into(), "NULL".into()],
+        ),
+        (
+            "pay_callback_log.outcome",
+            format!("INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at, decided_at) VALUES ('PX-1', 'generic', {o2}, 100, 'SUCCESS', {{V}}, 'decided', 'callback', x'7b7d', 't', 't')"),
+            vec!["'already_paid'".into(), "'amount_mismatch'".into(), "'paid_after_close'".into()],
+            vec!["'bogus'".into(), "'APPLIED'".into(), "NULL".into()],
+        ),
+        (
+            "pay_callback_log.state",
+            format!("INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at, decided_at) VALUES ('PX-1', 'generic', {o2}, 100, 'SUCCESS', 'already_paid', {{V}}, 'callback', x'7b7d', 't', 't')"),
+            vec!["'decided'".into()],
+            vec!["'done'".into(), "NULL".into()],
+        ),
+        (
+            "pay_callback_log.source",
+            format!("INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at, decided_at) VALUES ('PX-1', 'generic', {o2}, 100, 'SUCCESS', 'already_paid', 'decided', {{V}}, x'7b7d', 't', 't')"),
+            vec!["'callback'".into(), "'reconciliation'".into()],
+            vec!["'manual'".into(), "NULL".into()],
+        ),
+        (
+            "pay_callback_log.amount",
+            format!("INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at, decided_at) VALUES ('PX-1', 'generic', {o2}, {{V}}, 'SUCCESS', 'already_paid', 'decided', 'callback', x'7b7d', 't', 't')"),
+            vec!["1".into(), "1000000000000".into()],
+            vec!["0".into(), "-5".into(), "99.5".into(), "1000000000001".into(), "'x'".into()],
+        ),
+        (
+            "pay_callback_log.pay_no",
+            format!("INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at, decided_at) VALUES ({{V}}, 'generic', {o2}, 100, 'SUCCESS', 'already_paid', 'decided', 'callback', x'7b7d', 't', 't')"),
+            vec!["'PX-1'".into()],
+            vec!["''".into(), "'a b'".into(), long.clone()],
+        ),
+        (
+            "pay_callback_log.order_id (foreign key)",
+            "INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at, decided_at) VALUES ('PX-1', 'generic', {V}, 100, 'SUCCESS', 'already_paid', 'decided', 'callback', x'7b7d', 't', 't')".into(),
+            vec![o2.to_string()],
+            vec!["987654".into()],
+        ),
+        (
+            "refund.status",
+            format!("INSERT INTO refund (refund_no, order_id, status, requested_at, settled_at) VALUES ('RX-1', {o3}, {{V}}, 't', 't')"),
+            vec!["'FAILED'".into()],
+            vec!["'DONE'".into(), "'failed'".into(), "NULL".into()],
+        ),
+        (
+            "refund.order_id (foreign key)",
+            "INSERT INTO refund (refund_no, order_id, status, requested_at, settled_at) VALUES ('RX-1', {V}, 'FAILED', 't', 't')".into(),
+            vec![o3.to_string()],
+            vec!["987654".into()],
+        ),
+        (
+            "user_coupon.status",
+            format!("INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at) VALUES ('u1', {o3}, 'T-X', {{V}}, 't')"),
+            vec!["'ACTIVE'".into()],
+            vec!["'DELETED'".into(), "'active'".into(), "NULL".into()],
+        ),
+        (
+            "user_coupon.status by UPDATE",
+            format!("UPDATE user_coupon SET status = {{V}} WHERE order_id = {o2}"),
+            vec!["'FROZEN'".into(), "'USED'".into()],
+            vec!["'GONE'".into(), "NULL".into()],
+        ),
+        (
+            "point_log.point_type",
+            format!("INSERT INTO point_log (user_id, order_id, point_type, points, created_at) VALUES ('u1', {o3}, {{V}}, 5, 't')"),
+            vec!["'ORDER_PAID'".into()],
+            vec!["'BONUS'".into(), "NULL".into()],
+        ),
+        (
+            "point_log.points",
+            format!("INSERT INTO point_log (user_id, order_id, point_type, points, created_at) VALUES ('u1', {o3}, 'ORDER_PAID', {{V}}, 't')"),
+            vec!["5".into()],
+            vec!["1.5".into(), "'many'".into(), "NULL".into()],
+        ),
+        (
+            "point_log.order_id (foreign key)",
+            "INSERT INTO point_log (user_id, order_id, point_type, points, created_at) VALUES ('u1', {V}, 'ORDER_PAID', 5, 't')".into(),
+            vec![o3.to_string()],
+            vec!["987654".into()],
+        ),
+        (
+            "outbox_event.type",
+            "INSERT INTO outbox_event (event_id, type, order_no, data, created_at) VALUES ({V} || ':X-9', {V}, 'O-3', '{}', 't')".into(),
+            vec!["'order.paid'".into(), "'payment.refund_required'".into()],
+            vec!["'order.deleted'".into(), "'ORDER.PAID'".into()],
+        ),
+        (
+            "settings mode",
+            "UPDATE settings SET value = {V} WHERE name = 'mode'".into(),
+            vec!["'record_only'".into(), "'normal'".into()],
+            vec!["'chaos'".into(), "'RECORD_ONLY'".into()],
+        ),
+    ];
+    let _ = o1;
+    for (what, template, good, bad) in &cases {
+        for value in good {
+            let sql = template.replace("{V}", value);
+            attempt(&conn, &sql).unwrap_or_else(|e| panic!("{what}: {value} must be accepted: {e}\n{sql}"));
+        }
+        for value in bad {
+            let sql = template.replace("{V}", value);
+            match attempt(&conn, &sql) {
+                Ok(()) => panic!("{what}: {value} was accepted\n{sql}"),
+                Err(e) => assert_eq!(
+                    e.sqlite_error_code(),
+                    Some(ErrorCode::ConstraintViolation),
+                    "{what}: {value} refused by a constraint: {e}"
+                ),
+            }
+        }
+    }
+    assert_eq!(
+        conn.query_row("SELECT value FROM settings WHERE name = 'mode'", [], |r| r.get::<_, String>(0)).expect("mode"),
+        "normal"
+    );
+}
+
+/// The columns an order carries in `state`, for raw SQL.
+fn state_columns(state: &str) -> &'static str {
+    match state {
+        "PENDING" => "pay_no = NULL, paid_at = NULL, closed_at = NULL, refund_no = NULL, refunded_at = NULL",
+        "CLOSED" => "pay_no = NULL, paid_at = NULL, closed_at = 't', refund_no = NULL, refunded_at = NULL",
+        "PAID" => "pay_no = 'SM-PAY', paid_at = 't', closed_at = NULL, refund_no = NULL, refunded_at = NULL",
+        "REFUNDING" => "pay_no = 'SM-PAY', paid_at = 't', closed_at = NULL, refund_no = 'SM-REF', refunded_at = NULL",
+        "REFUNDED" => "pay_no = 'SM-PAY', paid_at = 't', closed_at = NULL, refund_no = 'SM-REF', refunded_at = 't'",
+        other => panic!("unknown state {other}"),
+    }
+}
+
+/// Inserts an order directly in `state` (CHECK-consistent) and returns its id.
+fn insert_in_state(conn: &Connection, order_no: &str, state: &str) -> i64 {
+    let (columns, values): (Vec<&str>, Vec<&str>) =
+        state_columns(state).split(", ").filter_map(|a| a.split_once(" = ")).unzip();
+    conn.execute_batch(&format!(
+        "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at, {})
+         VALUES ('{order_no}', 'u', 100, 'CNY', '{state}', 't', 't', {})",
+        columns.join(", "),
+        values.join(", ")
+    ))
+    .unwrap_or_else(|e| panic!("a {state} row is CHECK-consistent: {e}"));
+    conn.last_insert_rowid()
+}
+
+#[test]
+fn order_state_machine_trigger_allows_exactly_the_five_edges() {
+    let app = memory_app();
+    let conn = app.store.raw_connection().expect("raw connection");
+    let states = ["PENDING", "PAID", "CLOSED", "REFUNDING", "REFUNDED"];
+    let legal = [
+        ("PENDING", "PAID"),
+        ("PENDING", "CLOSED"),
+        ("PAID", "REFUNDING"),
+        ("REFUNDING", "REFUNDED"),
+        ("REFUNDING", "PAID"),
+    ];
+    let mut allowed = Vec::new();
+    for (i, from) in states.iter().enumerate() {
+        for (j, to) in states.iter().enumerate() {
+            let order_no = format!("SM-{i}-{j}");
+            // The target shape is CHECK-consistent on its own, so a refusal
+            // below comes from the transition trigger, not a CHECK.
+            conn.execute_batch("SAVEPOINT probe").expect("savepoint");
+            insert_in_state(&conn, &format!("{order_no}-T"), to);
+            conn.execute_batch("ROLLBACK TO probe; RELEASE probe").expect("rollback");
+
+            let id = insert_in_state(&conn, &order_no, from);
+            let update = format!("UPDATE orders SET status = '{to}', {} WHERE id = {id}", state_columns(to));
+            let result = attempt(&conn, &update);
+            let status: String =
+                conn.query_row("SELECT status FROM orders WHERE id = ?1", [id], |r| r.get(0)).expect("status");
+            assert_eq!(&status, from, "attempts are rolled back");
+            if from == to {
+                // Not a move at all; nothing to decide.
+                continue;
+            }
+            match result {
+                Ok(()) => allowed.push((*from, *to)),
+                Err(e) => assert_eq!(
+                    e.sqlite_error_code(),
+                    Some(ErrorCode::ConstraintViolation),
+                    "{from} -> {to} refused by the trigger: {e}"
+                ),
+            }
+        }
+    }
+    allowed.sort();
+    let mut legal = legal.to_vec();
+    legal.sort();
+    assert_eq!(allowed, legal, "exactly the five legal edges pass at the SQL level");
+
+    // Committed for real, the legal path walks end to end.
+    let id = insert_in_state(&conn, "SM-WALK", "PENDING");
+    for to in ["PAID", "REFUNDING", "PAID", "REFUNDING", "REFUNDED"] {
+        conn.execute_batch(&format!("UPDATE orders SET status = '{to}', {} WHERE id = {id}", state_columns(to)))
+            .unwrap_or_else(|e| panic!("-> {to}: {e}"));
+    }
+    assert_refused(&conn, &format!("UPDATE orders SET status = 'PENDING', {} WHERE id = {id}", state_columns("PENDING")));
+}
+
+#[test]
+fn memory_database_is_shared_by_every_pool_connection() {
+    let app = memory_app();
+    // Hold two pool connections open while the app writes on a third.
+    let first = app.store.raw_connection().expect("first");
+    let second = app.store.raw_connection().expect("second");
+    seed(&app);
+    for conn in [&first, &second] {
+        assert_eq!(count(conn, "orders"), 3, "every connection sees the App's writes");
+        assert_eq!(count(conn, "pay_callback_log"), 3);
+    }
+    // A raw write on one connection is seen by the other and by the App.
+    first
+        .execute_batch("INSERT INTO audit_log (at, actor, action, order_no, detail) VALUES ('t', 'test', 'probe', 'O-1', '{}')")
+        .expect("raw write");
+    assert_eq!(
+        second.query_row("SELECT count(*) FROM audit_log WHERE action = 'probe'", [], |r| r.get::<_, i64>(0)).expect("read"),
+        1
+    );
+    assert_eq!(app.order("O-1").expect("order").order.status.as_str(), "REFUNDED");
+    // Pool connections come and go; the database stays.
+    drop(first);
+    drop(second);
+    let conns: Vec<_> = (0..8).map(|_| app.store.raw_connection().expect("conn")).collect();
+    for conn in &conns {
+        assert_eq!(count(conn, "orders"), 3);
+    }
+    drop(conns);
+    // Each App on ":memory:" is a database of its own.
+    let other = memory_app();
+    assert!(other.order("O-1").is_err(), "a second :memory: App starts empty");
+    assert_eq!(count(&other.store.raw_connection().expect("conn"), "orders"), 0);
+}
+
+#[test]
+fn schema_applies_once_and_connections_are_configured() {
+    let dir = TempDir::new("schema");
+    let path = dir.path("twice.db").display().to_string();
+    let first = App::open(&path, Clock::manual(T0), config()).expect("first open");
+    seed(&first);
+    let conn = first.store.raw_connection().expect("conn");
+    conn.execute_batch("UPDATE settings SET value = 'record_only' WHERE name = 'mode'").expect("set mode");
+    let objects = |c: &Connection| -> Vec<(String, String)> {
+        let mut stmt = c.prepare("SELECT type, name FROM sqlite_master ORDER BY type, name").expect("master");
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).expect("query").collect::<Result<_, _>>().expect("rows")
+    };
+    let before = objects(&conn);
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).expect("user_version");
+    assert!(version >= 1, "the schema is versioned with user_version");
+
+    // A second App on the same file while the first is open, then a third after both close.
+    let second = App::open(&path, Clock::manual(T0), config()).expect("second open on the same file");
+    let conn2 = second.store.raw_connection().expect("conn");
+    assert_eq!(objects(&conn2), before, "no object added or dropped");
+    assert_eq!(conn2.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"), version);
+    assert_eq!(count(&conn2, "orders"), 3, "data kept");
+    assert_eq!(count(&conn2, "outbox_event"), count(&conn, "outbox_event"));
+    assert_eq!(
+        conn2.query_row("SELECT value FROM settings WHERE name = 'mode'", [], |r| r.get::<_, String>(0)).expect("mode"),
+        "record_only",
+        "re-opening does not reset the mode"
+    );
+    assert_eq!(second.order("O-2").expect("order").order.status.as_str(), "PAID");
+    drop((conn, conn2, first, second));
+    let third = App::open(&path, Clock::manual(T0), config()).expect("third open");
+    let conn3 = third.store.raw_connection().expect("conn");
+    assert_eq!(objects(&conn3), before);
+    assert_eq!(count(&conn3, "pay_callback_log"), 3);
+
+    // Connection settings of section 2 on a file database.
+    let journal: String = conn3.query_row("PRAGMA journal_mode", [], |r| r.get(0)).expect("journal_mode");
+    assert_eq!(journal.to_lowercase(), "wal");
+    let synchronous: i64 = conn3.query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("synchronous");
+    assert_eq!(synchronous, 2, "synchronous=FULL by default");
+    let foreign_keys: i64 = conn3.query_row("PRAGMA foreign_keys", [], |r| r.get(0)).expect("foreign_keys");
+    assert_eq!(foreign_keys, 1);
+    let busy: i64 = conn3.query_row("PRAGMA busy_timeout", [], |r| r.get(0)).expect("busy_timeout");
+    assert!(busy > 0, "busy_timeout set");
+    let memory = memory_app();
+    let mconn = memory.store.raw_connection().expect("conn");
+    assert_eq!(mconn.query_row("PRAGMA foreign_keys", [], |r| r.get::<_, i64>(0)).expect("fk"), 1);
+}
