@@ -5,6 +5,9 @@
 use crate::app::{
     sha256_hex, App, CreateOrder, PaymentCallback, RefundCallback, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX,
 };
+use crate::metrics::ScrapeGauges;
+use crate::ops::{Compensation, CompensationAction, Mode};
+use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::store::IdempotencySlot;
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::{OrderStatus, PlatformStatus};
@@ -14,6 +17,17 @@ use serde_json::{json, Map, Value};
 
 /// Largest request body accepted by the JSON endpoints.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
+/// The one route that takes larger bodies: platform statements.
+pub const RECONCILIATIONS_PATH: &str = "/v1/reconciliations";
+
+/// The body limit of a path: 16 MiB for statements, 64 KiB for the rest.
+pub fn body_bytes_max(path: &str) -> usize {
+    if path == RECONCILIATIONS_PATH {
+        STATEMENT_BYTES_MAX
+    } else {
+        BODY_BYTES_MAX
+    }
+}
 /// How long a client is told to wait after a 503 or a 409 `idempotency_key_in_use`.
 pub const RETRY_AFTER_S: u32 = 1;
 /// How long a request waits for another request holding the same
@@ -83,7 +97,7 @@ pub fn handle(app: &App, req: &Request) -> Response {
         Ok(response) => response,
         Err(err) => {
             if err.is_server_error() {
-                eprintln!("payonce: error: {} {}: {err}", req.method, req.path);
+                crate::log::error("request failed", &[("method", &req.method), ("path", &req.path), ("error", &err)]);
             }
             Response::error(&err)
         }
@@ -94,13 +108,13 @@ pub fn handle(app: &App, req: &Request) -> Response {
 fn route(app: &App, req: &Request) -> Result<Response, Error> {
     let protected = req.path.starts_with("/v1/") && !req.path.starts_with("/v1/callbacks/");
     if !protected {
-        return dispatch(app, req, None);
+        return dispatch(app, req, None, CALLER_ANONYMOUS);
     }
     let caller = authenticate(app, req)?;
     let keyed = matches!(req.method.as_str(), "POST" | "PUT");
     match req.header("Idempotency-Key") {
         Some(raw_key) if keyed => with_idempotency_key(app, req, &caller, raw_key),
-        _ => dispatch(app, req, None),
+        _ => dispatch(app, req, None, &caller),
     }
 }
 
@@ -144,7 +158,7 @@ fn with_idempotency_key(app: &App, req: &Request, caller: &str, raw_key: &str) -
         return Ok(response);
     }
     let slot = app.idempotency_slot(scope.clone(), key.clone(), fingerprint.clone());
-    match dispatch(app, req, Some(&slot)) {
+    match dispatch(app, req, Some(&slot), caller) {
         // Another process stored this key between our look-up and our commit.
         Err(e) if e.code == "idempotency_key_in_use" => replay(app, &scope, &key, &fingerprint)?.ok_or(e),
         other => other,
@@ -162,6 +176,7 @@ fn replay(app: &App, scope: &str, key: &str, fingerprint: &str) -> Result<Option
             "this Idempotency-Key was used with a different request body",
         ));
     }
+    app.metrics.observe_duplicate("idempotency_key");
     Ok(Some(Response {
         status: stored.status_code,
         headers: vec![
@@ -202,7 +217,7 @@ pub fn parse_idempotency_key(raw: &str) -> Result<String, Error> {
 }
 
 /// The route table; `allowed` lists what a path allows, for 405.
-fn dispatch(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
+fn dispatch(app: &App, req: &Request, slot: Option<&IdempotencySlot>, caller: &str) -> Result<Response, Error> {
     let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
     let method = req.method.as_str();
     let (allowed, result): (&[&str], Option<Result<Response, Error>>) = match segments.as_slice() {
@@ -225,6 +240,25 @@ fn dispatch(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<
         ["v1", "users", user_id, "coupons"] => (&["GET"], (method == "GET").then(|| user_coupons(app, user_id))),
         ["v1", "users", user_id, "points"] => (&["GET"], (method == "GET").then(|| user_points(app, user_id))),
         ["v1", "events"] => (&["GET"], (method == "GET").then(|| events(app, req))),
+        ["metrics"] => (&["GET"], (method == "GET").then(|| metrics(app))),
+        ["v1", "admin", "mode"] => (
+            &["GET", "PUT"],
+            match method {
+                "GET" => Some(get_mode(app)),
+                "PUT" => Some(put_mode(app, req, caller, slot)),
+                _ => None,
+            },
+        ),
+        ["v1", "admin", "drain"] => (&["POST"], (method == "POST").then(|| drain(app, req, slot))),
+        ["v1", "inspections"] => (&["GET"], (method == "GET").then(|| inspections(app))),
+        ["v1", "admin", "payments", pay_no, "resolve"] => {
+            (&["POST"], (method == "POST").then(|| resolve_payment(app, req, pay_no, caller, slot)))
+        }
+        ["v1", "admin", "refunds", refund_no, "resolve"] => {
+            (&["POST"], (method == "POST").then(|| resolve_refund(app, req, refund_no, caller, slot)))
+        }
+        ["v1", "reconciliations"] => (&["POST"], (method == "POST").then(|| reconciliations(app, req, slot))),
+        ["v1", "compensations"] => (&["POST"], (method == "POST").then(|| compensations(app, req, caller, slot))),
         ["v1", "callbacks", channel] => (&["POST"], (method == "POST").then(|| payment_callback(app, req, channel))),
         ["v1", "callbacks", channel, "refund"] => {
             (&["POST"], (method == "POST").then(|| refund_callback(app, req, channel)))
@@ -255,7 +289,31 @@ pub const ROUTES: &[&str] = &[
     "GET /v1/events",
     "POST /v1/callbacks/{channel}",
     "POST /v1/callbacks/{channel}/refund",
+    "GET /metrics",
+    "GET /v1/admin/mode",
+    "PUT /v1/admin/mode",
+    "POST /v1/admin/drain",
+    "GET /v1/inspections",
+    "POST /v1/admin/payments/{pay_no}/resolve",
+    "POST /v1/admin/refunds/{refund_no}/resolve",
+    "POST /v1/reconciliations",
+    "POST /v1/compensations",
 ];
+
+/// The route template a path matches (`/v1/orders/{order_no}`), for
+/// metrics and logs; `other` for unknown paths (bounded label values).
+pub fn route_label(path: &str) -> &'static str {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    ROUTES
+        .iter()
+        .filter_map(|r| r.split_once(' ').map(|(_, template)| template))
+        .find(|template| {
+            let parts: Vec<&str> = template.trim_start_matches('/').split('/').collect();
+            parts.len() == segments.len()
+                && parts.iter().zip(&segments).all(|(p, s)| p.starts_with('{') || p == s)
+        })
+        .unwrap_or("other")
+}
 
 // ---- handlers ----
 
@@ -363,6 +421,117 @@ fn events(app: &App, req: &Request) -> Result<Response, Error> {
         })
         .collect();
     Ok(Response::json(200, &json!({"events": events, "next_after": next_after})))
+}
+
+// ---- operations ----
+
+fn metrics(app: &App) -> Result<Response, Error> {
+    let gauges = ScrapeGauges {
+        record_only: app.mode()? == Mode::RecordOnly,
+        received_waiting: app.received_waiting()?,
+        key_locks: app.locks.len(),
+    };
+    Ok(Response {
+        status: 200,
+        headers: vec![("Content-Type".into(), "text/plain; version=0.0.4; charset=utf-8".into())],
+        body: app.metrics.render(&gauges).into_bytes(),
+    })
+}
+
+fn get_mode(app: &App) -> Result<Response, Error> {
+    Ok(Response::json(200, &json!({"mode": app.mode()?.as_str()})))
+}
+
+fn put_mode(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
+    let body = json_object(req, &["mode"])?;
+    let mode = required_str(&body, "mode")?;
+    let mode = Mode::parse(&mode).ok_or_else(|| Error::invalid("mode must be normal or record_only"))?;
+    let mode = app.set_mode(mode, caller, slot)?;
+    Ok(Response::json(200, &json!({"mode": mode.as_str()})))
+}
+
+fn drain(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
+    if !req.body.is_empty() {
+        json_object(req, &[])?;
+    }
+    Ok(Response::json(200, &json!({"applied": app.drain_keyed(slot)?})))
+}
+
+fn inspections(app: &App) -> Result<Response, Error> {
+    let findings = app.inspect()?;
+    let list: Vec<Value> = findings
+        .iter()
+        .map(|f| json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail}))
+        .collect();
+    Ok(Response::json(200, &json!({"ok": findings.is_empty(), "findings": list})))
+}
+
+fn resolve_payment(
+    app: &App,
+    req: &Request,
+    pay_no: &str,
+    caller: &str,
+    slot: Option<&IdempotencySlot>,
+) -> Result<Response, Error> {
+    let body = json_object(req, &["resolution", "reason"])?;
+    let resolution = required_str(&body, "resolution")?;
+    let reason = required_str(&body, "reason")?;
+    Ok(Response::json(200, &app.resolve_payment(pay_no, &resolution, &reason, caller, slot)?))
+}
+
+fn resolve_refund(
+    app: &App,
+    req: &Request,
+    refund_no: &str,
+    caller: &str,
+    slot: Option<&IdempotencySlot>,
+) -> Result<Response, Error> {
+    let body = json_object(req, &["resolution", "reason"])?;
+    let resolution = required_str(&body, "resolution")?;
+    let reason = required_str(&body, "reason")?;
+    Ok(Response::json(200, &app.resolve_refund(refund_no, &resolution, &reason, caller, slot)?))
+}
+
+fn compensations(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
+    let body = json_object(req, &["order_no", "action", "coupon_template_id", "reason"])?;
+    let action = match required_str(&body, "action")?.as_str() {
+        "freeze_coupon" => CompensationAction::FreezeCoupon {
+            coupon_template_id: required_str(&body, "coupon_template_id")?,
+        },
+        "reverse_points" => CompensationAction::ReversePoints,
+        _ => return Err(Error::invalid("action must be freeze_coupon or reverse_points")),
+    };
+    let compensation = Compensation {
+        order_no: required_str(&body, "order_no")?,
+        action,
+        reason: required_str(&body, "reason")?,
+    };
+    Ok(Response::json(200, &app.compensate(&compensation, caller, slot)?))
+}
+
+fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
+    if let Some(content_type) = req.header("Content-Type") {
+        let media_type = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        if !media_type.starts_with("text/") && media_type != "application/csv" {
+            return Err(Error::new(
+                415,
+                "unsupported_media_type",
+                format!("a statement is sent as a text media type (text/csv), got {media_type:?}"),
+            ));
+        }
+    }
+    let query = parse_query(&req.query)?;
+    let format = match query_value(&query, "format") {
+        None => Format::Generic,
+        Some(f) => Format::parse(f).ok_or_else(|| Error::invalid("format must be generic, wechatpay or alipay"))?,
+    };
+    let repair = match query_value(&query, "repair") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(Error::invalid("repair must be true or false")),
+    };
+    let date = query_value(&query, "date");
+    Ok(Response::json(200, &app.reconcile_keyed(format, &req.body, date, repair, slot)?))
 }
 
 // ---- callbacks: the generic channel ----

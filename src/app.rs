@@ -21,6 +21,7 @@ use crate::domain::{
 };
 use crate::error::Error;
 use crate::keylock::KeyedLocks;
+use crate::metrics::Metrics;
 use crate::store::{
     CallbackRecord, Claim, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow,
     Store, StoreOptions, StoredResponse, Tx,
@@ -39,7 +40,7 @@ pub const PAGE_LIMIT_DEFAULT: usize = 100;
 pub const PAGE_LIMIT_MAX: usize = 1_000;
 
 /// The actor written to `audit_log` for what payonce decides by itself.
-const ACTOR_SYSTEM: &str = "payonce";
+pub(crate) const ACTOR_SYSTEM: &str = "payonce";
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -102,6 +103,7 @@ pub struct App {
     /// work and stored response are written but before commit (and counts
     /// down), to prove that nothing of a failed request survives.
     pub fail_writes_after_work: AtomicU32,
+    pub metrics: Metrics,
 }
 
 /// An order to create (already shaped; [`App::create_order`] validates it).
@@ -210,8 +212,13 @@ impl OrderDetail {
     }
 }
 
-/// Where a write came from, for `pay_callback_log.source`.
-const SOURCE_CALLBACK: &str = "callback";
+/// Where a payment came from, for `pay_callback_log.source`.
+pub const SOURCE_CALLBACK: &str = "callback";
+pub const SOURCE_RECONCILIATION: &str = "reconciliation";
+/// The `settings` row of the mode, and its values.
+pub const SETTING_MODE: &str = "mode";
+pub const MODE_NORMAL: &str = "normal";
+pub const MODE_RECORD_ONLY: &str = "record_only";
 
 impl App {
     /// Opens payonce on `db` (`":memory:"` for a shared in-memory database)
@@ -222,9 +229,36 @@ impl App {
 
     pub fn open_with(db: &str, clock: Clock, config: Config, options: &StoreOptions) -> Result<App, Error> {
         let store = Store::open(db, options)?;
-        let app = App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0) };
+        let app = App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics: Metrics::default() };
         app.record_reward_settings()?;
         Ok(app)
+    }
+
+    /// Opens an existing database for offline commands (`inspect`,
+    /// `reconcile`), with the reward settings `serve` recorded in it, so a
+    /// repair applies the same rewards. Never creates a file.
+    pub fn open_existing(db: &str, clock: Clock) -> Result<App, Error> {
+        if db != ":memory:" && !std::path::Path::new(db).exists() {
+            return Err(Error::invalid(format!("no database at {db:?}")));
+        }
+        let store = Store::open(db, &StoreOptions::default())?;
+        let (coupons, points) = store.read(|tx| {
+            Ok((tx.setting("reward_coupon_templates")?, tx.setting("reward_points_per_yuan")?))
+        })?;
+        let coupon_templates: Vec<String> = coupons
+            .as_deref()
+            .and_then(|c| serde_json::from_str(c).ok())
+            .unwrap_or_default();
+        let points_per_yuan = points.as_deref().and_then(|p| p.parse().ok()).unwrap_or(0);
+        let config = Config { rewards: Rewards { coupon_templates, points_per_yuan }, ..Config::default() };
+        Ok(App {
+            store,
+            locks: KeyedLocks::new(),
+            clock,
+            config,
+            fail_writes_after_work: AtomicU32::new(0),
+            metrics: Metrics::default(),
+        })
     }
 
     fn record_reward_settings(&self) -> Result<(), Error> {
@@ -292,7 +326,7 @@ impl App {
     /// refusal commits (its audit row stays) and, with a `slot`, the answer —
     /// success or refusal, as `render` shapes it — is stored in the same
     /// transaction. Any other error rolls everything back and stores nothing.
-    fn write_op<T>(
+    pub(crate) fn write_op<T>(
         &self,
         slot: Option<&IdempotencySlot>,
         render: impl FnOnce(&T) -> (u16, Value),
@@ -467,6 +501,17 @@ impl App {
 
     /// Delivers a verified payment callback, exactly once per pay_no.
     pub fn deliver_payment(&self, cb: &PaymentCallback) -> Result<PaymentReply, Error> {
+        let reply = self.deliver_payment_from(cb, SOURCE_CALLBACK)?;
+        self.metrics.observe_callback("payment", reply.outcome_str());
+        if matches!(reply.outcome, PaymentReplyOutcome::Duplicate { .. }) {
+            self.metrics.observe_duplicate("callback");
+        }
+        Ok(reply)
+    }
+
+    /// The exactly-once path for a payment from `source` (`callback` or
+    /// `reconciliation`).
+    pub fn deliver_payment_from(&self, cb: &PaymentCallback, source: &str) -> Result<PaymentReply, Error> {
         validate_payment(cb)?;
         // 1. The key is the payment's own serial number, not the order: two
         //    payments of one order are not serialised here; the database decides.
@@ -481,7 +526,7 @@ impl App {
                 order_id: order.id,
                 amount: cb.amount,
                 status: cb.status,
-                source: SOURCE_CALLBACK,
+                source,
                 raw_body: &cb.raw_body,
                 paid_at: cb.paid_at.as_deref(),
                 received_at: &now,
@@ -502,6 +547,11 @@ impl App {
                     prior.id
                 }
             };
+            // Record-only mode (a setting every process on the file obeys):
+            // the record waits, `received`, to be decided later by `drain`.
+            if tx.setting(SETTING_MODE)?.as_deref() == Some(MODE_RECORD_ONLY) {
+                return Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(PaymentOutcome::Recorded) });
+            }
             // 4–6. Decide: CAS, side effects, event.
             let outcome = self.decide_payment(tx, record_id, &order, &now)?;
             Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(outcome) })
@@ -512,7 +562,7 @@ impl App {
     /// Decides a recorded payment in the spec's order of precedence. The
     /// CAS's affected-row count decides `applied`; only when it changed
     /// nothing is the order read to say why.
-    fn decide_payment(&self, tx: &Tx, record_id: i64, order: &Order, now: &str) -> Result<PaymentOutcome, Error> {
+    pub(crate) fn decide_payment(&self, tx: &Tx, record_id: i64, order: &Order, now: &str) -> Result<PaymentOutcome, Error> {
         let record = tx.callback_by_id(record_id)?;
         assert!(!record.decided, "deciding a callback twice");
         let paid_at = record.paid_at.clone().unwrap_or_else(|| now.to_owned());
@@ -576,6 +626,15 @@ impl App {
 
     /// Delivers a verified refund result, exactly once per refund_no.
     pub fn deliver_refund(&self, cb: &RefundCallback) -> Result<RefundOutcome, Error> {
+        let outcome = self.deliver_refund_once(cb)?;
+        self.metrics.observe_callback("refund", outcome.as_str());
+        if outcome == RefundOutcome::Duplicate {
+            self.metrics.observe_duplicate("callback");
+        }
+        Ok(outcome)
+    }
+
+    fn deliver_refund_once(&self, cb: &RefundCallback) -> Result<RefundOutcome, Error> {
         validate_refund(cb)?;
         let _refund_key = self.locks.lock(&format!("refund:{}", cb.refund_no));
         let now = self.clock.now_text();
@@ -669,7 +728,7 @@ fn close_in_tx(tx: &Tx, order: &Order, now: &str) -> Result<Option<Order>, Error
 
 /// Writes the refusal to `audit_log` (committed with the transaction) and
 /// returns the 409 for the caller.
-fn refuse_transition(tx: &Tx, order: &Order, to: OrderStatus, action: &str, now: &str, mut detail: Value) -> Result<Error, Error> {
+pub(crate) fn refuse_transition(tx: &Tx, order: &Order, to: OrderStatus, action: &str, now: &str, mut detail: Value) -> Result<Error, Error> {
     if let Value::Object(map) = &mut detail {
         map.insert("from".into(), json!(order.status.as_str()));
         map.insert("to".into(), json!(to.as_str()));
@@ -701,7 +760,7 @@ fn unexpected_refund(
 /// A unique key stopped a second side effect that the CAS should have
 /// stopped first. Never expected; logged so an operator sees it.
 fn log_suppressed(table: &str, key: &str) {
-    eprintln!("payonce: warning: unique key suppressed a duplicate {table} row for {key}");
+    crate::log::warn("a unique key suppressed a duplicate side effect", &[("table", &table), ("key", &key)]);
 }
 
 fn validate_create_order(req: &CreateOrder) -> Result<(), Error> {

@@ -1,38 +1,71 @@
-//! Background workers of `payonce serve`: the sweeper (order expiry and
-//! Idempotency-Key retention). Each runs on
-//! its own thread, on the same exactly-once operations as the API, and stops
-//! when the shutdown flag is set.
+//! Background workers of `payonce serve`, each on its own thread, on the
+//! same exactly-once operations as the API, stopping when the shutdown flag
+//! is set:
+//!
+//! - the sweeper: closes PENDING orders past `expires_at`, removes expired
+//!   Idempotency-Key results, and — while the mode is normal — decides
+//!   records that waited in record-only mode, in arrival order;
+//! - the inspector: runs the inspection and logs each finding as an error.
 
 use crate::app::App;
+use crate::log;
+use crate::ops::Mode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-/// Orders closed per sweep transaction batch; the sweep repeats until none are due.
+/// Orders closed per sweep batch; the sweep repeats until none are due.
 pub const SWEEP_BATCH_MAX: usize = 500;
 pub const SWEEP_INTERVAL_S_DEFAULT: u64 = 1;
+pub const INSPECT_INTERVAL_S_DEFAULT: u64 = 300;
 /// How often a sleeping worker looks at the shutdown flag.
 const SHUTDOWN_POLL_MS: u64 = 100;
 
-/// Starts the sweeper: every `interval`, PENDING orders past `expires_at`
-/// are closed (event `order.closed`) and expired Idempotency-Key results
-/// are removed, each in bounded batches.
 pub fn spawn_sweeper(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
     thread::Builder::new().name("payonce-sweeper".into()).spawn(move || {
         while sleep_unless_shutdown(interval, &shutdown) {
-            loop {
-                match app.close_expired(SWEEP_BATCH_MAX) {
-                    Ok(n) if n == SWEEP_BATCH_MAX && !shutdown.load(Ordering::SeqCst) => continue,
-                    Ok(_) => break,
-                    Err(e) => {
-                        eprintln!("payonce: warning: expiry sweep failed, will retry: {e}");
-                        break;
+            sweep_once(&app, &shutdown);
+        }
+    })
+}
+
+fn sweep_once(app: &App, shutdown: &AtomicBool) {
+    loop {
+        match app.close_expired(SWEEP_BATCH_MAX) {
+            Ok(n) if n == SWEEP_BATCH_MAX && !shutdown.load(Ordering::SeqCst) => continue,
+            Ok(_) => break,
+            Err(e) => {
+                log::warn("expiry sweep failed, will retry", &[("error", &e)]);
+                break;
+            }
+        }
+    }
+    if let Err(e) = app.purge_expired_responses(SWEEP_BATCH_MAX) {
+        log::warn("purging expired Idempotency-Key results failed, will retry", &[("error", &e)]);
+    }
+    let drain = match app.mode() {
+        Ok(Mode::Normal) => app.received_waiting().map(|n| n > 0),
+        Ok(Mode::RecordOnly) => Ok(false),
+        Err(e) => Err(e),
+    };
+    match drain.and_then(|due| if due { app.drain().map(Some) } else { Ok(None) }) {
+        Ok(Some(n)) => log::info("decided records kept in record-only mode", &[("decided", &n)]),
+        Ok(None) => {}
+        Err(e) => log::warn("draining record-only records failed, will retry", &[("error", &e)]),
+    }
+}
+
+pub fn spawn_inspector(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+    thread::Builder::new().name("payonce-inspector".into()).spawn(move || {
+        while sleep_unless_shutdown(interval, &shutdown) {
+            match app.inspect() {
+                Ok(findings) => {
+                    for f in &findings {
+                        log::error("inspection finding", &[("kind", &f.kind), ("order_no", &f.order_no), ("detail", &f.detail)]);
                     }
                 }
-            }
-            if let Err(e) = app.purge_expired_responses(SWEEP_BATCH_MAX) {
-                eprintln!("payonce: warning: purging expired Idempotency-Key results failed, will retry: {e}");
+                Err(e) => log::warn("inspection failed, will retry", &[("error", &e)]),
             }
         }
     })

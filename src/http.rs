@@ -7,7 +7,8 @@
 //! meant to sit behind a TLS reverse proxy that enforces body size, header
 //! size and timeouts (see README, "Deployment").
 
-use crate::api::{self, Request, Response, BODY_BYTES_MAX};
+use crate::api::{self, Request, Response};
+use crate::log;
 use crate::app::App;
 use crate::error::Error;
 use std::io::Read;
@@ -76,7 +77,7 @@ fn worker_loop(server: &tiny_http::Server, app: &App, shutdown: &AtomicBool) {
             Ok(Some(request)) => serve_one(app, request),
             Ok(None) => {}
             Err(e) => {
-                eprintln!("payonce: warning: accepting a request failed: {e}");
+                log::warn("accepting a request failed", &[("error", &e)]);
                 thread::sleep(Duration::from_millis(POLL_INTERVAL_MS));
             }
         }
@@ -84,16 +85,22 @@ fn worker_loop(server: &tiny_http::Server, app: &App, shutdown: &AtomicBool) {
 }
 
 fn serve_one(app: &App, mut raw: tiny_http::Request) {
+    let started = Instant::now();
+    let method = raw.method().as_str().to_owned();
+    let route = api::route_label(raw.url().split('?').next().unwrap_or(""));
     let response = match read_request(&mut raw) {
         Ok(request) => match catch_unwind(AssertUnwindSafe(|| api::handle(app, &request))) {
             Ok(response) => response,
             Err(_) => {
-                eprintln!("payonce: error: handler panicked on {} {}", request.method, request.path);
+                log::error("handler panicked", &[("method", &method), ("route", &route)]);
                 Response::error(&Error::internal("the request failed inside payonce; it was not applied"))
             }
         },
         Err(err) => Response::error(&err),
     };
+    let latency = started.elapsed();
+    app.metrics.observe_request(&method, route, response.status, latency);
+    log_request(&method, route, &response, latency);
     let mut out = tiny_http::Response::from_data(response.body).with_status_code(response.status);
     for (name, value) in &response.headers {
         if let Ok(header) = tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()) {
@@ -102,6 +109,22 @@ fn serve_one(app: &App, mut raw: tiny_http::Request) {
     }
     // A client that went away cannot be answered; the work is committed or not by now.
     let _ = raw.respond(out);
+}
+
+/// One line per request: route, status, the outcome or error code, latency.
+fn log_request(method: &str, route: &str, response: &Response, latency: Duration) {
+    if !log::enabled(log::Level::Info) {
+        return;
+    }
+    let outcome = serde_json::from_slice::<serde_json::Value>(&response.body)
+        .ok()
+        .and_then(|v| v.get("outcome").or_else(|| v.pointer("/error/code")).and_then(|o| o.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| "-".to_owned());
+    let latency_ms = format!("{:.3}", latency.as_secs_f64() * 1000.0);
+    log::info(
+        "request",
+        &[("method", &method), ("route", &route), ("status", &response.status), ("outcome", &outcome), ("latency_ms", &latency_ms)],
+    );
 }
 
 /// Copies what the API needs out of tiny_http, enforcing the body limit
@@ -114,19 +137,18 @@ fn read_request(raw: &mut tiny_http::Request) -> Result<Request, Error> {
     };
     let headers: Vec<(String, String)> =
         raw.headers().iter().map(|h| (h.field.as_str().as_str().to_owned(), h.value.as_str().to_owned())).collect();
-    let too_large = || {
-        Error::new(413, "payload_too_large", format!("the body exceeds {BODY_BYTES_MAX} bytes"))
-    };
-    if raw.body_length().is_some_and(|n| n > BODY_BYTES_MAX) {
+    let body_bytes_max = api::body_bytes_max(&path);
+    let too_large = || Error::new(413, "payload_too_large", format!("the body exceeds {body_bytes_max} bytes"));
+    if raw.body_length().is_some_and(|n| n > body_bytes_max) {
         return Err(too_large());
     }
     let mut body = Vec::new();
-    let limit = u64::try_from(BODY_BYTES_MAX + 1).unwrap_or(u64::MAX);
+    let limit = u64::try_from(body_bytes_max + 1).unwrap_or(u64::MAX);
     raw.as_reader()
         .take(limit)
         .read_to_end(&mut body)
         .map_err(|e| Error::invalid(format!("could not read the body: {e}")))?;
-    if body.len() > BODY_BYTES_MAX {
+    if body.len() > body_bytes_max {
         return Err(too_large());
     }
     Ok(Request { method: raw.method().as_str().to_owned(), path, query, headers, body })

@@ -29,6 +29,10 @@ pub mod domain;
 pub mod error;
 pub mod http;
 pub mod keylock;
+pub mod log;
+pub mod metrics;
+pub mod ops;
+pub mod recon;
 pub mod signature;
 pub mod store;
 

@@ -1,7 +1,8 @@
 //! `payonce`: argument parsing and wiring only; everything else is in the library.
 
 use payonce::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
-use payonce::background::{spawn_sweeper, SWEEP_INTERVAL_S_DEFAULT};
+use payonce::background::{spawn_inspector, spawn_sweeper, INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT};
+use payonce::recon::Format;
 use payonce::domain::{is_identifier, Rewards};
 use payonce::http::{Server, WORKERS_DEFAULT};
 use payonce::{App, Clock};
@@ -19,11 +20,43 @@ const USAGE: &str = "\
 payonce: exactly-once orders and payment callbacks on SQLite
 
 Usage:
-  payonce serve [--db PATH|:memory:] [--listen ADDR:PORT] [settings]
-  payonce sign  [--callback-secret S | --dev] < BODY
+  payonce serve     [--db PATH|:memory:] [--listen ADDR:PORT] [settings]
+  payonce inspect   --db PATH             (findings as JSON on stdout; exit 0 clean, 1 findings)
+  payonce reconcile --db PATH --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
+  payonce backup    --db PATH --to FILE   (an online, consistent copy)
+  payonce sign      [--callback-secret S | --dev] < BODY
   payonce help
 
-Run `payonce serve --help` for the settings.
+Run `payonce COMMAND --help` for a command's options.
+";
+
+const INSPECT_USAGE: &str = "\
+Usage: payonce inspect --db PATH
+
+Runs the inspection on the database (safe while serve runs) and prints
+{\"ok\":bool,\"findings\":[...]} on stdout. Exit status 0 when clean, 1 when
+there are findings, 2 on an error.
+";
+
+const RECONCILE_USAGE: &str = "\
+Usage: payonce reconcile --db PATH --statement FILE [--format generic|wechatpay|alipay]
+                         [--date YYYY-MM-DD] [--repair]
+
+Compares a platform statement with the payments payonce recorded in the
+statement's period (its rows' calendar days, UTC+8 for wechatpay and alipay,
+UTC for generic; or --date). Prints the result as JSON on stdout and a
+progress bar on stderr. With --repair, payments the platform has and payonce
+never recorded are applied through the exactly-once path, with the reward
+settings serve recorded in the database. Exit status 0 when everything
+matched, 1 when there are differences, 2 on an error.
+";
+
+const BACKUP_USAGE: &str = "\
+Usage: payonce backup --db PATH --to FILE
+
+Copies the database to FILE with SQLite's online backup API: one consistent
+snapshot, taken while serve keeps running. FILE must not exist. The copy is
+checked with PRAGMA integrity_check.
 ";
 
 const SIGN_USAGE: &str = "\
@@ -55,6 +88,7 @@ Options:
   --points-per-yuan N       points = floor(amount x N / 100); no entry when 0 [default: 0]
   --order-ttl-s N           default PENDING lifetime in seconds [default: 900]
   --sweep-interval-s N      how often expired PENDING orders are closed [default: 1]
+  --inspect-interval-s N    how often the inspection runs [default: 300]
   -h, --help                this help
 ";
 
@@ -69,6 +103,7 @@ struct ServeArgs {
     sweep_interval_s: u64,
     api_tokens: Option<String>,
     idempotency_ttl_s: i64,
+    inspect_interval_s: u64,
 }
 
 fn main() -> ExitCode {
@@ -87,6 +122,9 @@ fn run() -> Result<ExitCode, String> {
     match command.as_deref() {
         Some("serve") => serve(parse_serve(lexopt::Parser::from_args(args))?),
         Some("sign") => sign(lexopt::Parser::from_args(args)),
+        Some("inspect") => inspect(lexopt::Parser::from_args(args)),
+        Some("reconcile") => reconcile(lexopt::Parser::from_args(args)),
+        Some("backup") => backup(lexopt::Parser::from_args(args)),
         None | Some("help") | Some("-h") | Some("--help") => {
             print!("{USAGE}");
             Ok(ExitCode::SUCCESS)
@@ -108,6 +146,7 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
         sweep_interval_s: SWEEP_INTERVAL_S_DEFAULT,
         api_tokens: std::env::var("PAYONCE_API_TOKEN").ok().filter(|s| !s.is_empty()),
         idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
+        inspect_interval_s: INSPECT_INTERVAL_S_DEFAULT,
     };
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
@@ -128,6 +167,9 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
             }
             Long("points-per-yuan") => args.points_per_yuan = int_value(&mut parser, "--points-per-yuan", 0, 1_000_000)?,
             Long("order-ttl-s") => args.order_ttl_s = int_value(&mut parser, "--order-ttl-s", 1, 86_400)?,
+            Long("inspect-interval-s") => {
+                args.inspect_interval_s = int_value(&mut parser, "--inspect-interval-s", 1, 86_400)?.unsigned_abs()
+            }
             Long("sweep-interval-s") => {
                 args.sweep_interval_s = int_value(&mut parser, "--sweep-interval-s", 1, 86_400)?.unsigned_abs()
             }
@@ -194,8 +236,12 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let app = Arc::new(app);
     let sweeper = spawn_sweeper(Arc::clone(&app), Duration::from_secs(args.sweep_interval_s), Arc::clone(&shutdown))
         .map_err(|e| format!("cannot start the expiry sweeper: {e}"))?;
+    let inspector =
+        spawn_inspector(Arc::clone(&app), Duration::from_secs(args.inspect_interval_s), Arc::clone(&shutdown))
+            .map_err(|e| format!("cannot start the inspector: {e}"))?;
     let finished = server.serve(app, shutdown, WORKERS_DEFAULT);
     let _ = sweeper.join();
+    let _ = inspector.join();
     if !finished {
         eprintln!("payonce: warning: shutdown grace period ended with requests still in flight");
     }
@@ -256,6 +302,131 @@ fn sign(mut parser: lexopt::Parser) -> Result<ExitCode, String> {
     let now_s = Clock::System.now_ms().div_euclid(1000);
     println!("{}", payonce::signature::sign(secret.as_bytes(), now_s, &body));
     Ok(ExitCode::SUCCESS)
+}
+
+/// Options shared by the offline commands.
+#[derive(Default)]
+struct OfflineArgs {
+    db: Option<String>,
+    statement: Option<String>,
+    format: Option<String>,
+    date: Option<String>,
+    repair: bool,
+    to: Option<String>,
+}
+
+fn parse_offline(mut parser: lexopt::Parser, usage: &str, allowed: &[&str]) -> Result<Option<OfflineArgs>, String> {
+    use lexopt::prelude::*;
+    let mut args = OfflineArgs::default();
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        let name = match &arg {
+            Long(name) => *name,
+            Short('h') => "help",
+            _ => "",
+        };
+        if name == "help" {
+            print!("{usage}");
+            return Ok(None);
+        }
+        if !allowed.contains(&name) {
+            return Err(format!("{}\n\n{usage}", arg.unexpected()));
+        }
+        match name {
+            "db" => args.db = Some(string_value(&mut parser)?),
+            "statement" => args.statement = Some(string_value(&mut parser)?),
+            "format" => args.format = Some(string_value(&mut parser)?),
+            "date" => args.date = Some(string_value(&mut parser)?),
+            "to" => args.to = Some(string_value(&mut parser)?),
+            "repair" => args.repair = true,
+            _ => return Err(format!("{}\n\n{usage}", arg.unexpected())),
+        }
+    }
+    Ok(Some(args))
+}
+
+fn inspect(parser: lexopt::Parser) -> Result<ExitCode, String> {
+    let Some(args) = parse_offline(parser, INSPECT_USAGE, &["db"])? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let db = args.db.ok_or("inspect needs --db PATH")?;
+    let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
+    let findings = app.inspect().map_err(|e| e.message)?;
+    let list: Vec<serde_json::Value> = findings
+        .iter()
+        .map(|f| serde_json::json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail}))
+        .collect();
+    println!("{}", serde_json::json!({"ok": findings.is_empty(), "findings": list}));
+    Ok(if findings.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn reconcile(parser: lexopt::Parser) -> Result<ExitCode, String> {
+    let Some(args) = parse_offline(parser, RECONCILE_USAGE, &["db", "statement", "format", "date", "repair"])? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let db = args.db.ok_or("reconcile needs --db PATH")?;
+    let path = args.statement.ok_or("reconcile needs --statement FILE")?;
+    let format = match args.format.as_deref() {
+        None => Format::Generic,
+        Some(f) => Format::parse(f).ok_or("--format must be generic, wechatpay or alipay")?,
+    };
+    let statement = std::fs::read(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
+    let mut bar = ProgressBar::new("reconcile");
+    let result = app
+        .reconcile(format, &statement, args.date.as_deref(), args.repair, &mut |done, total| bar.update(done, total))
+        .map_err(|e| e.message)?;
+    bar.finish();
+    println!("{}", result.to_json());
+    Ok(if result.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn backup(parser: lexopt::Parser) -> Result<ExitCode, String> {
+    let Some(args) = parse_offline(parser, BACKUP_USAGE, &["db", "to"])? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let db = args.db.ok_or("backup needs --db PATH")?;
+    let to = args.to.ok_or("backup needs --to FILE")?;
+    let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
+    app.backup(std::path::Path::new(&to)).map_err(|e| e.message)?;
+    eprintln!("payonce: backup of {db} written to {to} (integrity_check ok)");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A one-line progress bar on stderr, redrawn at most every 1%.
+struct ProgressBar {
+    label: &'static str,
+    last_percent: Option<usize>,
+    drawn: bool,
+}
+
+impl ProgressBar {
+    const WIDTH: usize = 40;
+
+    fn new(label: &'static str) -> ProgressBar {
+        ProgressBar { label, last_percent: None, drawn: false }
+    }
+
+    fn update(&mut self, done: usize, total: usize) {
+        let percent = (done * 100).checked_div(total).unwrap_or(100);
+        if self.last_percent == Some(percent) {
+            return;
+        }
+        self.last_percent = Some(percent);
+        let filled = percent * Self::WIDTH / 100;
+        eprint!(
+            "\r{} [{}{}] {percent:>3}% {done}/{total} rows",
+            self.label,
+            "#".repeat(filled),
+            "-".repeat(Self::WIDTH - filled)
+        );
+        self.drawn = true;
+    }
+
+    fn finish(&self) {
+        if self.drawn {
+            eprintln!();
+        }
+    }
 }
 
 fn print_tour(addr: SocketAddr) {

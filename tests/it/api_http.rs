@@ -557,19 +557,24 @@ fn close_order_transitions_and_refusals() {
 
 #[test]
 fn expired_pending_orders_are_closed_by_the_sweeper() {
-    let server = Server::start(&[]);
-    create(&server, "KEEP", "u1", 100);
-    let resp = server.post_json("/v1/orders", &json!({"order_no": "EXP-1", "user_id": "u1", "amount": 100, "expires_in_s": 1}));
-    assert_eq!(resp.status, 201);
+    // --order-ttl-s is the default lifetime; the sweeper runs every second by default.
+    let server = Server::start(&["--order-ttl-s", "1"]);
+    let keep = server.post_json("/v1/orders", &json!({"order_no": "KEEP", "user_id": "u1", "amount": 100, "expires_in_s": 3600}));
+    assert_eq!(keep.status, 201);
+    let expiring = create(&server, "EXP-1", "u1", 100);
+    assert_eq!(ms(&expiring["expires_at"]) - ms(&expiring["created_at"]), 1_000, "--order-ttl-s 1: {expiring}");
     let deadline = Instant::now() + Duration::from_secs(5);
     while status_of(&server, "EXP-1") == "PENDING" && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
     let expired = order(&server, "EXP-1");
-    assert_eq!(expired["status"], "CLOSED", "a PENDING order past expires_at is closed by the sweeper (default interval 1 s): {expired}");
-    assert!(event_ids(&server).contains(&"order.closed:EXP-1".to_owned()));
+    assert_eq!(expired["status"], "CLOSED", "a PENDING order past expires_at is closed by the sweeper: {expired}");
+    assert!(ms(&expired["closed_at"]) >= ms(&expired["expires_at"]), "{expired}");
+    let ev = event(&server, "order.closed:EXP-1");
+    assert_eq!(ev["data"]["order"]["status"], "CLOSED");
     assert_eq!(status_of(&server, "KEEP"), "PENDING", "an order within its lifetime stays PENDING");
     check_pay(&server, "EXP-P", "EXP-1", 100, "SUCCESS", "paid_after_close", None);
+    assert_eq!(event_ids(&server).iter().filter(|e| e.starts_with("order.closed:")).count(), 1);
 }
 
 // ---- POST /v1/orders/{no}/refund ----
@@ -953,7 +958,19 @@ fn callback_invalid_bodies_record_nothing() {
         json!("SUCCESS"),
     ];
     for body in &bad {
-        expect_error(&server.callback("/v1/callbacks/generic", body), 400, "invalid_request", &body.to_string());
+        let resp = server.callback("/v1/callbacks/generic", body);
+        expect_error(&resp, 400, "invalid_request", &body.to_string());
+        // The message names the field at fault (the first one that differs from `base`).
+        if let (Some(map), Some(base_map)) = (body.as_object(), base.as_object()) {
+            let field = base_map
+                .keys()
+                .find(|k| map.get(*k) != base_map.get(*k))
+                .or_else(|| map.keys().find(|k| !base_map.contains_key(*k)))
+                .cloned()
+                .unwrap_or_default();
+            let message = resp.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+            assert!(message.contains(&field), "message names {field}: {message} ({body})");
+        }
     }
     // Not JSON at all.
     let text = b"{\"pay_no\": \"IP-1\", ";

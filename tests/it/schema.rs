@@ -377,18 +377,35 @@ fn state_columns(state: &str) -> &'static str {
     }
 }
 
-/// Inserts an order directly in `state` (CHECK-consistent) and returns its id.
-fn insert_in_state(conn: &Connection, order_no: &str, state: &str) -> i64 {
-    let (columns, values): (Vec<&str>, Vec<&str>) =
-        state_columns(state).split(", ").filter_map(|a| a.split_once(" = ")).unzip();
-    conn.execute_batch(&format!(
-        "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at, {})
-         VALUES ('{order_no}', 'u', 100, 'CNY', '{state}', 't', 't', {})",
-        columns.join(", "),
-        values.join(", ")
-    ))
-    .unwrap_or_else(|e| panic!("a {state} row is CHECK-consistent: {e}"));
-    conn.last_insert_rowid()
+/// The legal path from PENDING to `state`.
+fn path_to(state: &str) -> &'static [&'static str] {
+    match state {
+        "PENDING" => &[],
+        "PAID" => &["PAID"],
+        "CLOSED" => &["CLOSED"],
+        "REFUNDING" => &["PAID", "REFUNDING"],
+        "REFUNDED" => &["PAID", "REFUNDING", "REFUNDED"],
+        other => panic!("unknown state {other}"),
+    }
+}
+
+fn move_to(conn: &Connection, id: i64, state: &str) -> rusqlite::Result<()> {
+    conn.execute_batch(&format!("UPDATE orders SET status = '{state}', {} WHERE id = {id}", state_columns(state)))
+}
+
+/// A new PENDING order walked along legal edges to `state`; returns its id.
+fn order_in_state(conn: &Connection, order_no: &str, state: &str) -> i64 {
+    conn.execute(
+        "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+         VALUES (?1, 'u', 100, 'CNY', 'PENDING', 't', 't')",
+        [order_no],
+    )
+    .expect("insert a PENDING order");
+    let id = conn.last_insert_rowid();
+    for step in path_to(state) {
+        move_to(conn, id, step).unwrap_or_else(|e| panic!("{order_no}: legal step to {step} refused: {e}"));
+    }
+    id
 }
 
 #[test]
@@ -396,7 +413,7 @@ fn order_state_machine_trigger_allows_exactly_the_five_edges() {
     let app = memory_app();
     let conn = app.store.raw_connection().expect("raw connection");
     let states = ["PENDING", "PAID", "CLOSED", "REFUNDING", "REFUNDED"];
-    let legal = [
+    let mut legal = vec![
         ("PENDING", "PAID"),
         ("PENDING", "CLOSED"),
         ("PAID", "REFUNDING"),
@@ -406,22 +423,16 @@ fn order_state_machine_trigger_allows_exactly_the_five_edges() {
     let mut allowed = Vec::new();
     for (i, from) in states.iter().enumerate() {
         for (j, to) in states.iter().enumerate() {
-            let order_no = format!("SM-{i}-{j}");
-            // The target shape is CHECK-consistent on its own, so a refusal
-            // below comes from the transition trigger, not a CHECK.
-            conn.execute_batch("SAVEPOINT probe").expect("savepoint");
-            insert_in_state(&conn, &format!("{order_no}-T"), to);
-            conn.execute_batch("ROLLBACK TO probe; RELEASE probe").expect("rollback");
-
-            let id = insert_in_state(&conn, &order_no, from);
-            let update = format!("UPDATE orders SET status = '{to}', {} WHERE id = {id}", state_columns(to));
-            let result = attempt(&conn, &update);
+            let id = order_in_state(&conn, &format!("SM-{i}-{j}"), from);
+            // The update sets exactly the columns a `to` order has (the legal
+            // walks above prove that shape passes every CHECK), so a refusal
+            // comes from the transition trigger.
+            let result = attempt(&conn, &format!("UPDATE orders SET status = '{to}', {} WHERE id = {id}", state_columns(to)));
             let status: String =
                 conn.query_row("SELECT status FROM orders WHERE id = ?1", [id], |r| r.get(0)).expect("status");
             assert_eq!(&status, from, "attempts are rolled back");
             if from == to {
-                // Not a move at all; nothing to decide.
-                continue;
+                continue; // not a move
             }
             match result {
                 Ok(()) => allowed.push((*from, *to)),
@@ -434,17 +445,40 @@ fn order_state_machine_trigger_allows_exactly_the_five_edges() {
         }
     }
     allowed.sort();
-    let mut legal = legal.to_vec();
     legal.sort();
     assert_eq!(allowed, legal, "exactly the five legal edges pass at the SQL level");
 
-    // Committed for real, the legal path walks end to end.
-    let id = insert_in_state(&conn, "SM-WALK", "PENDING");
+    // Committed for real, the legal path walks end to end, and never back.
+    let id = order_in_state(&conn, "SM-WALK", "PENDING");
     for to in ["PAID", "REFUNDING", "PAID", "REFUNDING", "REFUNDED"] {
-        conn.execute_batch(&format!("UPDATE orders SET status = '{to}', {} WHERE id = {id}", state_columns(to)))
-            .unwrap_or_else(|e| panic!("-> {to}: {e}"));
+        move_to(&conn, id, to).unwrap_or_else(|e| panic!("-> {to}: {e}"));
     }
-    assert_refused(&conn, &format!("UPDATE orders SET status = 'PENDING', {} WHERE id = {id}", state_columns("PENDING")));
+    for back in ["PENDING", "PAID", "REFUNDING", "CLOSED"] {
+        assert_refused(&conn, &format!("UPDATE orders SET status = '{back}', {} WHERE id = {id}", state_columns(back)));
+    }
+}
+
+/// PENDING -> PAID by a payment callback is "the only way in" (section 1):
+/// an order written straight into a later state would skip the state machine
+/// the trigger guards, so the database refuses it too.
+#[test]
+fn orders_are_born_pending() {
+    let app = memory_app();
+    let conn = app.store.raw_connection().expect("raw connection");
+    for state in ["PAID", "CLOSED", "REFUNDING", "REFUNDED"] {
+        let (columns, values): (Vec<&str>, Vec<&str>) =
+            state_columns(state).split(", ").filter_map(|a| a.split_once(" = ")).unzip();
+        let sql = format!(
+            "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at, {})
+             VALUES ('BORN-{state}', 'u', 100, 'CNY', '{state}', 't', 't', {})",
+            columns.join(", "),
+            values.join(", ")
+        );
+        match attempt(&conn, &sql) {
+            Ok(()) => panic!("an order was inserted directly as {state}, bypassing PENDING -> ... (schema.sql has no INSERT guard on orders)"),
+            Err(e) => assert_eq!(e.sqlite_error_code(), Some(ErrorCode::ConstraintViolation), "{state}: {e}"),
+        }
+    }
 }
 
 #[test]

@@ -1,0 +1,136 @@
+//! In-process counters, rendered as Prometheus text exposition (every name
+//! prefixed `payonce_`). Gauges that live in the database (mode, records
+//! waiting) are read at scrape time by the caller.
+
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Upper bounds of the latency histogram, in seconds.
+pub const LATENCY_BUCKETS_S: [f64; 12] =
+    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+#[derive(Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS_S.len()],
+    latency_count: AtomicU64,
+    latency_sum_us: AtomicU64,
+    callback_outcomes: Mutex<BTreeMap<(String, String), u64>>,
+    duplicates_suppressed: Mutex<BTreeMap<&'static str, u64>>,
+    inspection_findings: Mutex<BTreeMap<String, u64>>,
+    inspection_last: Mutex<BTreeMap<String, u64>>,
+}
+
+/// Values read from elsewhere at scrape time.
+pub struct ScrapeGauges {
+    pub record_only: bool,
+    pub received_waiting: i64,
+    pub key_locks: usize,
+}
+
+impl Metrics {
+    pub fn observe_request(&self, method: &str, route: &str, status: u16, latency: Duration) {
+        *self.requests.lock().entry((method.to_owned(), route.to_owned(), status)).or_default() += 1;
+        let seconds = latency.as_secs_f64();
+        for (bucket, bound) in self.latency_buckets.iter().zip(LATENCY_BUCKETS_S) {
+            if seconds <= bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.latency_sum_us.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// A callback's answer, by kind (`payment`, `refund`) and outcome.
+    pub fn observe_callback(&self, kind: &str, outcome: &str) {
+        *self.callback_outcomes.lock().entry((kind.to_owned(), outcome.to_owned())).or_default() += 1;
+    }
+
+    /// A repeat that did no work: a `duplicate` callback or a replayed
+    /// Idempotency-Key (`layer` says which).
+    pub fn observe_duplicate(&self, layer: &'static str) {
+        *self.duplicates_suppressed.lock().entry(layer).or_default() += 1;
+    }
+
+    /// One inspection run's findings by kind (counted, and kept as the last run).
+    pub fn observe_inspection(&self, kinds: &[&str]) {
+        let mut last = BTreeMap::new();
+        for kind in kinds {
+            *last.entry((*kind).to_owned()).or_insert(0) += 1;
+        }
+        let mut total = self.inspection_findings.lock();
+        for (kind, n) in &last {
+            *total.entry(kind.clone()).or_default() += n;
+        }
+        *self.inspection_last.lock() = last;
+    }
+
+    pub fn render(&self, gauges: &ScrapeGauges) -> String {
+        let mut out = String::new();
+        header(&mut out, "payonce_http_requests_total", "counter", "HTTP requests by method, route and status.");
+        for ((method, route, status), n) in self.requests.lock().iter() {
+            let _ = writeln!(
+                out,
+                "payonce_http_requests_total{{method=\"{}\",route=\"{}\",status=\"{status}\"}} {n}",
+                escape(method),
+                escape(route)
+            );
+        }
+        header(&mut out, "payonce_http_request_duration_seconds", "histogram", "HTTP request latency.");
+        for (bucket, bound) in self.latency_buckets.iter().zip(LATENCY_BUCKETS_S) {
+            let _ = writeln!(
+                out,
+                "payonce_http_request_duration_seconds_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "payonce_http_request_duration_seconds_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "payonce_http_request_duration_seconds_sum {sum}");
+        let _ = writeln!(out, "payonce_http_request_duration_seconds_count {count}");
+        header(&mut out, "payonce_callback_outcomes_total", "counter", "Callback answers by kind and outcome.");
+        for ((kind, outcome), n) in self.callback_outcomes.lock().iter() {
+            let _ = writeln!(
+                out,
+                "payonce_callback_outcomes_total{{kind=\"{}\",outcome=\"{}\"}} {n}",
+                escape(kind),
+                escape(outcome)
+            );
+        }
+        header(&mut out, "payonce_duplicates_suppressed_total", "counter", "Repeats answered without doing the work again.");
+        for (layer, n) in self.duplicates_suppressed.lock().iter() {
+            let _ = writeln!(out, "payonce_duplicates_suppressed_total{{layer=\"{layer}\"}} {n}");
+        }
+        header(&mut out, "payonce_inspection_findings_total", "counter", "Inspection findings by kind, over all runs.");
+        for (kind, n) in self.inspection_findings.lock().iter() {
+            let _ = writeln!(out, "payonce_inspection_findings_total{{kind=\"{}\"}} {n}", escape(kind));
+        }
+        header(&mut out, "payonce_inspection_last_findings", "gauge", "Findings of the last inspection run, by kind.");
+        for (kind, n) in self.inspection_last.lock().iter() {
+            let _ = writeln!(out, "payonce_inspection_last_findings{{kind=\"{}\"}} {n}", escape(kind));
+        }
+        header(&mut out, "payonce_mode", "gauge", "Current mode: 1 for the mode in force.");
+        let _ = writeln!(out, "payonce_mode{{mode=\"normal\"}} {}", u8::from(!gauges.record_only));
+        let _ = writeln!(out, "payonce_mode{{mode=\"record_only\"}} {}", u8::from(gauges.record_only));
+        header(&mut out, "payonce_received_waiting", "gauge", "Callbacks recorded in record-only mode, waiting to be decided.");
+        let _ = writeln!(out, "payonce_received_waiting {}", gauges.received_waiting);
+        header(&mut out, "payonce_key_locks", "gauge", "Entries in the keyed-lock map (held or awaited keys).");
+        let _ = writeln!(out, "payonce_key_locks {}", gauges.key_locks);
+        out
+    }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Label values escape backslash, quote and newline.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}

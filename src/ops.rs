@@ -1,0 +1,429 @@
+//! Operator tools, on the same exactly-once paths as the API: record-only
+//! mode and drain, inspection, resolutions, compensation, reconciliation and
+//! backup. The incident runbook in the README walks through them.
+
+use crate::app::{
+    refuse_transition, App, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE, SOURCE_RECONCILIATION,
+};
+use crate::domain::{is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL};
+use crate::error::Error;
+use crate::recon::{self, Format, RowKind, StatementRow};
+use crate::store::{Finding, IdempotencySlot};
+use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashSet};
+
+/// Records decided per drain look-up.
+pub const DRAIN_BATCH_MAX: usize = 100;
+/// A record-only record older than this, while the mode is normal, is a finding.
+pub const RECEIVED_STALE_MS: i64 = 10 * 60 * 1000;
+/// Bounds of an operator's free-text reason.
+pub const REASON_BYTES_MAX: usize = 1_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Normal,
+    RecordOnly,
+}
+
+impl Mode {
+    pub fn parse(text: &str) -> Option<Mode> {
+        match text {
+            MODE_NORMAL => Some(Mode::Normal),
+            MODE_RECORD_ONLY => Some(Mode::RecordOnly),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Normal => MODE_NORMAL,
+            Mode::RecordOnly => MODE_RECORD_ONLY,
+        }
+    }
+}
+
+/// A compensation request (`POST /v1/compensations`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compensation {
+    pub order_no: String,
+    pub action: CompensationAction,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompensationAction {
+    FreezeCoupon { coupon_template_id: String },
+    ReversePoints,
+}
+
+/// What a reconciliation found (and repaired).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reconciliation {
+    pub period: Vec<String>,
+    pub matched: usize,
+    pub missing_local: Vec<Value>,
+    pub missing_remote: Vec<Value>,
+    pub amount_mismatch: Vec<Value>,
+    /// With repair: what each missing_local payment became.
+    pub repaired: Option<Vec<Value>>,
+}
+
+impl Reconciliation {
+    pub fn to_json(&self) -> Value {
+        let mut value = json!({
+            "period": self.period, "matched": self.matched, "missing_local": self.missing_local,
+            "missing_remote": self.missing_remote, "amount_mismatch": self.amount_mismatch,
+        });
+        if let (Some(repaired), Value::Object(map)) = (&self.repaired, &mut value) {
+            map.insert("repaired".into(), json!(repaired));
+        }
+        value
+    }
+
+    pub fn is_clean(&self) -> bool {
+        self.missing_local.is_empty() && self.missing_remote.is_empty() && self.amount_mismatch.is_empty()
+    }
+}
+
+impl App {
+    // ---- record-only mode ----
+
+    pub fn mode(&self) -> Result<Mode, Error> {
+        let mode = self.store.read(|tx| tx.setting(SETTING_MODE))?;
+        mode.as_deref().and_then(Mode::parse).ok_or_else(|| Error::internal("the mode setting is missing"))
+    }
+
+    /// Sets the mode for every process on the database; audited when it changes.
+    pub fn set_mode(&self, mode: Mode, actor: &str, slot: Option<&IdempotencySlot>) -> Result<Mode, Error> {
+        let _key = self.locks.lock("admin:mode");
+        let now = self.clock.now_text();
+        self.write_op(slot, |m: &Mode| (200, json!({"mode": m.as_str()})), |tx| {
+            let before = tx.setting(SETTING_MODE)?;
+            if before.as_deref() != Some(mode.as_str()) {
+                tx.put_setting(SETTING_MODE, mode.as_str())?;
+                tx.audit(&now, actor, "mode_changed", None, &json!({"from": before, "to": mode.as_str()}))?;
+            }
+            Ok(mode)
+        })
+    }
+
+    /// Decides every record waiting in record-only mode, in arrival order,
+    /// whatever the mode. Each record is decided in its own transaction
+    /// under its pay_no lock, by a CAS from `received`, so a crash midway
+    /// loses nothing and decides nothing twice. Returns how many it decided.
+    pub fn drain(&self) -> Result<usize, Error> {
+        let mut decided = 0;
+        loop {
+            let batch = self.store.read(|tx| tx.received_callbacks(DRAIN_BATCH_MAX))?;
+            let mut progressed = false;
+            for (id, pay_no) in &batch {
+                if self.decide_received(*id, pay_no)?.is_some() {
+                    decided += 1;
+                    progressed = true;
+                }
+            }
+            if batch.len() < DRAIN_BATCH_MAX || !progressed {
+                return Ok(decided);
+            }
+        }
+    }
+
+    /// [`App::drain`] answering `{"applied": N}`, stored for a keyed request.
+    pub fn drain_keyed(&self, slot: Option<&IdempotencySlot>) -> Result<usize, Error> {
+        let decided = self.drain()?;
+        self.write_op(slot, |n: &usize| (200, json!({"applied": n})), |_| Ok(decided))
+    }
+
+    fn decide_received(&self, id: i64, pay_no: &str) -> Result<Option<PaymentOutcome>, Error> {
+        let _pay_key = self.locks.lock(&format!("pay:{pay_no}"));
+        let now = self.clock.now_text();
+        let outcome = self.store.write(|tx| {
+            let record = tx.callback_by_id(id)?;
+            if record.decided {
+                return Ok(None); // decided by another process meanwhile
+            }
+            let order = tx.order_by_id(record.order_id)?;
+            Ok(Some(self.decide_payment(tx, id, &order, &now)?))
+        })?;
+        if let Some(outcome) = outcome {
+            self.metrics.observe_callback("payment", outcome.as_str());
+        }
+        Ok(outcome)
+    }
+
+    /// Records waiting to be decided.
+    pub fn received_waiting(&self) -> Result<i64, Error> {
+        self.store.read(|tx| tx.count_received())
+    }
+
+    // ---- inspection ----
+
+    /// Runs every inspection query now; counts the findings in metrics.
+    pub fn inspect(&self) -> Result<Vec<Finding>, Error> {
+        let received_before = crate::clock::format_ms(self.clock.now_ms() - RECEIVED_STALE_MS);
+        let findings = self.store.read(|tx| tx.inspect(&received_before))?;
+        let kinds: Vec<&str> = findings.iter().map(|f| f.kind).collect();
+        self.metrics.observe_inspection(&kinds);
+        Ok(findings)
+    }
+
+    // ---- resolutions ----
+
+    /// Marks a refund-required payment as handled, once; a repeat answers
+    /// the first resolution.
+    pub fn resolve_payment(
+        &self,
+        pay_no: &str,
+        resolution: &str,
+        reason: &str,
+        actor: &str,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<Value, Error> {
+        validate_resolution(resolution, reason)?;
+        let _key = self.locks.lock(&format!("pay:{pay_no}"));
+        let now = self.clock.now_text();
+        self.write_op(slot, |v: &Value| (200, v.clone()), |tx| {
+            let record = tx
+                .callback_by_pay_no(pay_no)?
+                .ok_or_else(|| Error::new(404, "payment_not_found", format!("no payment with pay_no {pay_no:?}")))?;
+            let order = tx.order_by_id(record.order_id)?;
+            if !record.outcome.requires_refund() {
+                let detail = json!({"pay_no": pay_no, "outcome": record.outcome.as_str()});
+                tx.audit(&now, actor, "resolution_refused", Some(&order.order_no), &detail)?;
+                return Err(Error::invalid_transition(format!(
+                    "payment {pay_no} is {}, not refund-required",
+                    record.outcome.as_str()
+                )));
+            }
+            if tx.resolve_payment(record.id, resolution, reason, &now)? {
+                let detail = json!({"pay_no": pay_no, "resolution": resolution, "reason": reason});
+                tx.audit(&now, actor, "payment_resolved", Some(&order.order_no), &detail)?;
+            }
+            let (resolution, reason, resolved_at) = tx
+                .payment_resolution(record.id)?
+                .ok_or_else(|| Error::internal("a resolved payment has no resolution"))?;
+            Ok(json!({"pay_no": pay_no, "order_no": order.order_no, "outcome": record.outcome.as_str(),
+                      "resolution": resolution, "reason": reason, "resolved_at": resolved_at}))
+        })
+    }
+
+    /// Marks an `unexpected_refund` as handled, once.
+    pub fn resolve_refund(
+        &self,
+        refund_no: &str,
+        resolution: &str,
+        reason: &str,
+        actor: &str,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<Value, Error> {
+        validate_resolution(resolution, reason)?;
+        let _key = self.locks.lock(&format!("refund:{refund_no}"));
+        let now = self.clock.now_text();
+        self.write_op(slot, |v: &Value| (200, v.clone()), |tx| {
+            let answer = |at: &str, detail: &Value| {
+                json!({"refund_no": refund_no, "resolution": detail["resolution"], "reason": detail["reason"],
+                       "resolved_at": at})
+            };
+            if let Some(first) = tx.refund_audit("unexpected_refund_resolved", refund_no)?.first() {
+                let detail: Value = serde_json::from_str(&first.detail).unwrap_or(Value::Null);
+                return Ok(answer(&first.at, &detail));
+            }
+            let unexpected = tx.refund_audit("unexpected_refund", refund_no)?;
+            let Some(first) = unexpected.first() else {
+                if tx.refund_by_no(refund_no)?.is_some() {
+                    return Err(Error::invalid_transition(format!("refund {refund_no} has no unexpected result to resolve")));
+                }
+                return Err(Error::new(404, "refund_not_found", format!("no refund with refund_no {refund_no:?}")));
+            };
+            let detail = json!({"refund_no": refund_no, "resolution": resolution, "reason": reason});
+            tx.audit(&now, actor, "unexpected_refund_resolved", first.order_no.as_deref(), &detail)?;
+            Ok(answer(&now, &detail))
+        })
+    }
+
+    // ---- compensation: freeze and reverse, never delete ----
+
+    /// Idempotent by (order, action, target): the effect and its one audit
+    /// row happen once; every request answers the resulting state.
+    pub fn compensate(&self, req: &Compensation, actor: &str, slot: Option<&IdempotencySlot>) -> Result<Value, Error> {
+        validate_reason(&req.reason)?;
+        if let CompensationAction::FreezeCoupon { coupon_template_id } = &req.action {
+            if !is_identifier(coupon_template_id) {
+                return Err(Error::invalid("coupon_template_id must be 1-64 characters of [A-Za-z0-9_.-]"));
+            }
+        }
+        let _key = self.locks.lock(&format!("order:{}", req.order_no));
+        let now = self.clock.now_text();
+        self.write_op(slot, |v: &Value| (200, v.clone()), |tx| {
+            let order = tx.order_by_no(&req.order_no)?.ok_or_else(|| Error::order_not_found(&req.order_no))?;
+            match &req.action {
+                CompensationAction::FreezeCoupon { coupon_template_id: tpl } => {
+                    let coupon = tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| {
+                        Error::new(404, "coupon_not_found", format!("order {} has no coupon {tpl:?}", order.order_no))
+                    })?;
+                    if coupon.status == "USED" {
+                        let detail = json!({"compensation": "freeze_coupon", "coupon_template_id": tpl});
+                        return Err(refuse_transition(tx, &order, order.status, "freeze a used coupon of", &now, detail)?);
+                    }
+                    if tx.freeze_coupon(order.id, tpl)? {
+                        let detail = json!({"action": "freeze_coupon", "coupon_template_id": tpl, "reason": req.reason});
+                        tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
+                    }
+                    let coupon = tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| Error::internal("coupon vanished"))?;
+                    Ok(json!({"order_no": order.order_no, "action": "freeze_coupon", "coupon_template_id": tpl,
+                              "coupon": {"coupon_template_id": coupon.coupon_template_id, "status": coupon.status,
+                                         "created_at": coupon.created_at}}))
+                }
+                CompensationAction::ReversePoints => {
+                    if tx.points_entry(order.id, POINT_TYPE_ORDER_PAID)?.is_none() {
+                        return Err(Error::new(
+                            404,
+                            "points_not_found",
+                            format!("order {} has no {POINT_TYPE_ORDER_PAID} points to reverse", order.order_no),
+                        ));
+                    }
+                    // Shares uk_order_type with the refund's reversal: whichever comes first reverses.
+                    if tx.reverse_order_points(order.id, &now)? {
+                        let detail = json!({"action": "reverse_points", "reason": req.reason});
+                        tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
+                    }
+                    let entry = tx
+                        .points_entry(order.id, POINT_TYPE_ORDER_PAID_REVERSAL)?
+                        .ok_or_else(|| Error::internal("reversal vanished"))?;
+                    Ok(json!({"order_no": order.order_no, "action": "reverse_points",
+                              "points": {"point_type": entry.point_type, "points": entry.points,
+                                         "created_at": entry.created_at}}))
+                }
+            }
+        })
+    }
+
+    // ---- reconciliation ----
+
+    /// Compares a platform statement with the payments and refunds payonce
+    /// recorded in the statement's period; with `repair`, applies the
+    /// platform's payments payonce never recorded, through the exactly-once
+    /// path (`source` = reconciliation). `progress` is told rows done / total.
+    pub fn reconcile(
+        &self,
+        format: Format,
+        statement: &[u8],
+        date: Option<&str>,
+        repair: bool,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Reconciliation, Error> {
+        let offset = format.day_offset_ms();
+        let rows = recon::parse(format, statement)?;
+        let period: BTreeSet<String> = match date {
+            Some(day) => {
+                recon::day_bounds(day, offset).ok_or_else(|| Error::invalid("date must be YYYY-MM-DD"))?;
+                BTreeSet::from([day.to_owned()])
+            }
+            None => rows.iter().map(|r| recon::day_of(r.at_ms, offset)).collect(),
+        };
+        let rows: Vec<&StatementRow> = rows.iter().filter(|r| period.contains(&recon::day_of(r.at_ms, offset))).collect();
+        let mut result = Reconciliation { period: period.iter().cloned().collect(), ..Reconciliation::default() };
+        let mut missing_rows = Vec::new();
+        for (done, row) in rows.iter().enumerate() {
+            let local = match row.kind {
+                RowKind::Payment => self.store.read(|tx| tx.money_moved_payment(&row.id))?.map(|p| p.amount),
+                RowKind::Refund => self.store.read(|tx| tx.succeeded_refund(&row.id))?.map(|(_, amount)| amount),
+            };
+            match local {
+                Some(amount) if amount == row.amount => result.matched += 1,
+                Some(amount) => result.amount_mismatch.push(diff_row(row, Some(row.amount), Some(amount))),
+                None => {
+                    result.missing_local.push(diff_row(row, Some(row.amount), None));
+                    missing_rows.push(*row);
+                }
+            }
+            progress(done + 1, rows.len());
+        }
+        let listed: HashSet<(RowKind, &str)> = rows.iter().map(|r| (r.kind, r.id.as_str())).collect();
+        for day in &period {
+            let (from, to) = recon::day_bounds(day, offset).ok_or_else(|| Error::internal("bad period day"))?;
+            for p in self.store.read(|tx| tx.applied_payments_between(&from, &to))? {
+                if !listed.contains(&(RowKind::Payment, p.pay_no.as_str())) {
+                    result.missing_remote.push(json!({"kind": "payment", "pay_no": p.pay_no, "order_no": p.order_no,
+                                                      "amount_platform": null, "amount_local": p.amount}));
+                }
+            }
+            for (refund_no, order_no, amount) in self.store.read(|tx| tx.refunds_settled_between(&from, &to))? {
+                if !listed.contains(&(RowKind::Refund, refund_no.as_str())) {
+                    result.missing_remote.push(json!({"kind": "refund", "pay_no": refund_no, "order_no": order_no,
+                                                      "amount_platform": null, "amount_local": amount}));
+                }
+            }
+        }
+        if repair {
+            result.repaired = Some(self.repair_missing(format, &missing_rows));
+        }
+        Ok(result)
+    }
+
+    /// [`App::reconcile`] answering the API's body, stored for a keyed request.
+    pub fn reconcile_keyed(
+        &self,
+        format: Format,
+        statement: &[u8],
+        date: Option<&str>,
+        repair: bool,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<Value, Error> {
+        let result = self.reconcile(format, statement, date, repair, &mut |_, _| {})?.to_json();
+        self.write_op(slot, |v: &Value| (200, v.clone()), |_| Ok(result))
+    }
+
+    fn repair_missing(&self, format: Format, rows: &[&StatementRow]) -> Vec<Value> {
+        rows.iter()
+            .filter(|r| r.kind == RowKind::Payment)
+            .map(|row| {
+                let callback = PaymentCallback {
+                    channel: format.as_str().to_owned(),
+                    pay_no: row.id.clone(),
+                    order_no: row.order_no.clone(),
+                    amount: row.amount,
+                    status: PlatformStatus::Success,
+                    paid_at: Some(crate::clock::format_ms(row.at_ms)),
+                    raw_body: row.raw.clone().into_bytes(),
+                };
+                match self.deliver_payment_from(&callback, SOURCE_RECONCILIATION) {
+                    Ok(reply) => json!({"pay_no": row.id, "order_no": row.order_no, "outcome": reply.outcome_str()}),
+                    Err(e) => json!({"pay_no": row.id, "order_no": row.order_no, "error": e.to_json()["error"]}),
+                }
+            })
+            .collect()
+    }
+
+    // ---- backup ----
+
+    /// An online, consistent copy of the database at `to` (which must not exist).
+    pub fn backup(&self, to: &std::path::Path) -> Result<(), Error> {
+        if to.exists() {
+            return Err(Error::invalid(format!("{} exists; a backup never overwrites", to.display())));
+        }
+        self.store.backup_to(to)
+    }
+}
+
+fn diff_row(row: &StatementRow, platform: Option<i64>, local: Option<i64>) -> Value {
+    let kind = match row.kind {
+        RowKind::Payment => "payment",
+        RowKind::Refund => "refund",
+    };
+    json!({"kind": kind, "pay_no": row.id, "order_no": row.order_no, "amount_platform": platform, "amount_local": local})
+}
+
+fn validate_reason(reason: &str) -> Result<(), Error> {
+    if reason.trim().is_empty() || reason.len() > REASON_BYTES_MAX {
+        return Err(Error::invalid(format!("reason is required, at most {REASON_BYTES_MAX} bytes")));
+    }
+    Ok(())
+}
+
+fn validate_resolution(resolution: &str, reason: &str) -> Result<(), Error> {
+    if !matches!(resolution, "refunded_externally" | "accepted") {
+        return Err(Error::invalid("resolution must be refunded_externally or accepted"));
+    }
+    validate_reason(reason)
+}
