@@ -425,6 +425,10 @@ fn list_orders_newest_first_paged_and_filtered() {
     assert_eq!(nos(&list("?user_id=nobody")), Vec::<String>::new());
     assert_eq!(nos(&list("?limit=1000")).len(), 9);
     assert_eq!(nos(&list("?limit=1")), ["B-1"]);
+    // A page that ends exactly at the last order says so: no empty trailing page.
+    let exact = list("?user_id=ub&limit=2");
+    assert_eq!(nos(&exact), ["B-1", "B-0"]);
+    assert!(exact["next_after"].is_null(), "{exact}");
     assert!(!list("?limit=1")["next_after"].is_null());
 
     // Bad parameters.
@@ -639,8 +643,18 @@ fn refund_request_lifecycle() {
     expect_error(&request_refund(&server, "R-3", "RF-9"), 409, "invalid_transition", "refund CLOSED");
 
     // Bad bodies.
-    for body in [json!({}), json!({"refund_no": "has space"}), json!({"refund_no": 5}), json!({"refund_no": "x".repeat(65)}), json!({"refund_no": "RF-7", "extra": 1})] {
-        expect_error(&server.post_json("/v1/orders/R-2/refund", &body), 400, "invalid_request", &body.to_string());
+    let bad_bodies = [
+        (json!({}), "refund_no"),
+        (json!({"refund_no": "has space"}), "refund_no"),
+        (json!({"refund_no": 5}), "refund_no"),
+        (json!({"refund_no": "x".repeat(65)}), "refund_no"),
+        (json!({"refund_no": "RF-7", "extra": 1}), "extra"),
+    ];
+    for (body, field) in bad_bodies {
+        let resp = server.post_json("/v1/orders/R-2/refund", &body);
+        expect_error(&resp, 400, "invalid_request", &body.to_string());
+        let message = resp.json()["error"]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(message.contains(field), "the message names {field}: {message}");
     }
     assert_eq!(status_of(&server, "R-2"), "PAID");
     assert_eq!(count(&db(&server), "SELECT count(*) FROM refund", &[]), 2);
@@ -1248,6 +1262,50 @@ fn healthz_and_protocol_errors() {
     expect_error(&post_raw(&server, "/v1/orders", &[("Content-Type", "application/json")], b"{nope"), 400, "invalid_json", "broken JSON");
 }
 
+// ---- 503 database_busy, and shutdown finishing requests in flight ----
+
+#[test]
+fn database_busy_is_503_and_shutdown_finishes_requests_in_flight() {
+    // No sweeper writes during the test: only our lock and our requests.
+    let mut server = Server::start(&["--sweep-interval-s", "3600"]);
+    create(&server, "BUSY-1", "u1", 100);
+    // Another process holds the write lock longer than payonce's busy_timeout.
+    let other = Connection::open(&server.db).expect("open db");
+    other.execute_batch("BEGIN IMMEDIATE").expect("take the write lock");
+    assert_eq!(server.get("/healthz").status, 200, "reads go on under a writer (WAL)");
+    assert_eq!(status_of(&server, "BUSY-1"), "PENDING");
+    let resp = pay(&server, "BUSY-P", "BUSY-1", 100, "SUCCESS");
+    expect_error(&resp, 503, "database_busy", "payment while another process writes");
+    assert!(resp.header("Retry-After").is_some_and(|v| v.parse::<u64>().is_ok()), "Retry-After: {:?}", resp.headers);
+    other.execute_batch("ROLLBACK").expect("release");
+    assert_eq!(count(&db(&server), "SELECT count(*) FROM pay_callback_log", &[]), 0, "a 503 recorded nothing");
+    // The platform's retry succeeds once the database is free.
+    check_pay(&server, "BUSY-P", "BUSY-1", 100, "SUCCESS", "applied", None);
+
+    // SIGTERM while a request waits on the database: it is answered, then payonce exits 0.
+    create(&server, "BUSY-2", "u1", 100);
+    other.execute_batch("BEGIN IMMEDIATE").expect("take the write lock again");
+    let addr = server.addr;
+    let in_flight = std::thread::spawn(move || {
+        let body = json!({"pay_no": "BUSY-P2", "order_no": "BUSY-2", "amount": 100, "status": "SUCCESS"}).to_string();
+        let sig = util::sign_now(SECRET, body.as_bytes());
+        util::request(addr, "POST", "/v1/callbacks/generic", &[("Content-Type", "application/json"), ("Payonce-Signature", &sig)], body.as_bytes())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    server.signal(15);
+    std::thread::sleep(Duration::from_millis(500));
+    other.execute_batch("ROLLBACK").expect("release");
+    let resp = in_flight.join().expect("request thread");
+    assert_eq!(resp.status, 200, "the request in flight at SIGTERM is finished: {}", resp.text());
+    assert_eq!(resp.json()["outcome"], "applied");
+    let status = wait_with_timeout(&mut server.child, Duration::from_secs(15));
+    assert_eq!(status.and_then(|s| s.code()), Some(0));
+    let outcome: String = db(&server)
+        .query_row("SELECT outcome FROM pay_callback_log WHERE pay_no = 'BUSY-P2'", [], |r| r.get(0))
+        .expect("the acknowledged payment is committed");
+    assert_eq!(outcome, "applied");
+}
+
 // ---- the serve command ----
 
 fn payonce() -> Command {
@@ -1277,6 +1335,26 @@ fn serve_cli_secret_help_and_signals() {
         assert_eq!(out.status.code(), Some(0), "{args:?}");
         assert!(String::from_utf8_lossy(&out.stdout).to_lowercase().contains("usage"), "{args:?}");
     }
+
+    // --dev without a secret: starts, warns loudly on stderr, stdout carries only the first line.
+    let mut dev = payonce()
+        .args(["serve", "--dev", "--db", &db_path, "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn --dev");
+    let mut dev_out = BufReader::new(dev.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    dev_out.read_line(&mut first).expect("first line");
+    assert!(first.starts_with("listening on http://127.0.0.1:"), "{first:?}");
+    let _ = Command::new("kill").args(["-15", &dev.id().to_string()]).status();
+    let mut dev_err = String::new();
+    let _ = dev.stderr.take().expect("stderr").read_to_string(&mut dev_err);
+    assert_eq!(wait_with_timeout(&mut dev, Duration::from_secs(15)).and_then(|s| s.code()), Some(0));
+    let mut rest = String::new();
+    let _ = dev_out.read_to_string(&mut rest);
+    assert_eq!(rest, "", "logs and warnings go to stderr, not stdout");
+    assert!(dev_err.to_lowercase().contains("warning") && dev_err.contains("dev"), "a loud --dev warning: {dev_err:?}");
 
     // SIGTERM and SIGINT: exit status 0; the first stdout line names the real port.
     for signal in [15, 2] {

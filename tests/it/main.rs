@@ -3,6 +3,8 @@
 mod util;
 
 mod api_http;
+mod ops_admin;
+mod reconcile;
 mod auth;
 mod expiry;
 mod hostile;
