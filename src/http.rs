@@ -51,12 +51,44 @@ impl Server {
     /// Serves until `shutdown` is set, then waits up to `SHUTDOWN_GRACE_MS`
     /// for requests in flight. Returns whether every worker finished in time.
     pub fn serve(self, app: Arc<App>, shutdown: Arc<AtomicBool>, workers: usize) -> bool {
+        self.serve_with(move |raw| serve_one(&app, raw), shutdown, workers)
+    }
+
+    /// Serves every request with `handler` on the same worker pool: for
+    /// measuring the HTTP stack alone (the benchmark's trivial handler).
+    pub fn serve_fn(
+        self,
+        handler: impl Fn(&Request) -> Response + Send + Sync + 'static,
+        shutdown: Arc<AtomicBool>,
+        workers: usize,
+    ) -> bool {
+        self.serve_with(
+            move |mut raw| {
+                let response = match read_request(&mut raw) {
+                    Ok(request) => handler(&request),
+                    Err(err) => Response::error(&err),
+                };
+                respond(raw, response);
+            },
+            shutdown,
+            workers,
+        )
+    }
+
+    fn serve_with(
+        self,
+        serve_request: impl Fn(tiny_http::Request) + Send + Sync + 'static,
+        shutdown: Arc<AtomicBool>,
+        workers: usize,
+    ) -> bool {
+        let serve_request = Arc::new(serve_request);
         let handles: Vec<_> = (0..workers.max(1))
             .map(|i| {
-                let (server, app, shutdown) = (Arc::clone(&self.inner), Arc::clone(&app), Arc::clone(&shutdown));
+                let (server, serve_request, shutdown) =
+                    (Arc::clone(&self.inner), Arc::clone(&serve_request), Arc::clone(&shutdown));
                 thread::Builder::new()
                     .name(format!("payonce-http-{i}"))
-                    .spawn(move || worker_loop(&server, &app, &shutdown))
+                    .spawn(move || worker_loop(&server, &*serve_request, &shutdown))
             })
             .filter_map(Result::ok)
             .collect();
@@ -71,10 +103,10 @@ impl Server {
     }
 }
 
-fn worker_loop(server: &tiny_http::Server, app: &App, shutdown: &AtomicBool) {
+fn worker_loop(server: &tiny_http::Server, serve_request: &dyn Fn(tiny_http::Request), shutdown: &AtomicBool) {
     while !shutdown.load(Ordering::SeqCst) {
         match server.recv_timeout(Duration::from_millis(POLL_INTERVAL_MS)) {
-            Ok(Some(request)) => serve_one(app, request),
+            Ok(Some(request)) => serve_request(request),
             Ok(None) => {}
             Err(e) => {
                 log::warn("accepting a request failed", &[("error", &e)]);
@@ -101,6 +133,10 @@ fn serve_one(app: &App, mut raw: tiny_http::Request) {
     let latency = started.elapsed();
     app.metrics.observe_request(&method, route, response.status, latency);
     log_request(&method, route, &response, latency);
+    respond(raw, response);
+}
+
+fn respond(raw: tiny_http::Request, response: Response) {
     let mut out = tiny_http::Response::from_data(response.body).with_status_code(response.status);
     for (name, value) in &response.headers {
         if let Ok(header) = tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()) {

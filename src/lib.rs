@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod ops;
 pub mod recon;
 pub mod signature;
+pub mod simulate;
 pub mod store;
 
 pub use app::{App, Config, CreateOrder, PaymentCallback, PaymentReply, RefundCallback};

@@ -214,7 +214,6 @@ fn checks_refuse_bad_states_and_amounts() {
     let app = memory_app();
     seed(&app);
     let conn = app.store.raw_connection().expect("raw connection");
-    let o1 = order_id(&conn, "O-1");
     let o2 = order_id(&conn, "O-2");
     let o3 = order_id(&conn, "O-3");
     let long = format!("'{}'", "a".repeat(65));
@@ -341,7 +340,6 @@ fn checks_refuse_bad_states_and_amounts() {
             vec!["'chaos'".into(), "'RECORD_ONLY'".into()],
         ),
     ];
-    let _ = o1;
     for (what, template, good, bad) in &cases {
         for value in good {
             let sql = template.replace("{V}", value);

@@ -1,0 +1,1 @@
+//! `payonce simulate`: a payment-platform simulator (being written).
