@@ -53,6 +53,24 @@ BEGIN
     SELECT RAISE(ABORT, 'illegal order transition');
 END;
 
+-- PENDING is the only way in: a payment is the only way to PAID.
+CREATE TRIGGER orders_born_pending BEFORE INSERT ON orders
+WHEN NEW.status IS NOT 'PENDING'
+BEGIN
+    SELECT RAISE(ABORT, 'an order is created PENDING');
+END;
+
+-- Once set, the paying pay_no and the times of payment, close and refund stay.
+CREATE TRIGGER orders_history_immutable
+BEFORE UPDATE OF pay_no, paid_at, closed_at, refunded_at ON orders
+WHEN (OLD.pay_no IS NOT NULL AND NEW.pay_no IS NOT OLD.pay_no)
+  OR (OLD.paid_at IS NOT NULL AND NEW.paid_at IS NOT OLD.paid_at)
+  OR (OLD.closed_at IS NOT NULL AND NEW.closed_at IS NOT OLD.closed_at)
+  OR (OLD.refunded_at IS NOT NULL AND NEW.refunded_at IS NOT OLD.refunded_at)
+BEGIN
+    SELECT RAISE(ABORT, 'an order''s pay_no, paid_at, closed_at and refunded_at never change once set');
+END;
+
 CREATE TRIGGER orders_identity_immutable
 BEFORE UPDATE OF id, order_no, user_id, amount, currency, created_at ON orders
 WHEN NEW.id IS NOT OLD.id OR NEW.order_no IS NOT OLD.order_no OR NEW.user_id IS NOT OLD.user_id

@@ -21,9 +21,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tx = conn.transaction()?;
         tx.execute_batch(&format!(
             "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < {n})
-             INSERT INTO orders (id, order_no, user_id, amount, currency, status, pay_no, created_at, expires_at, paid_at)
-             SELECT i, 'O' || i, 'u' || (i % 50000), 9900, 'CNY', 'PAID', 'P' || i,
-                    '2024-01-01T00:00:00.000Z', '2024-01-01T00:15:00.000Z', '2024-01-01T00:01:00.000Z' FROM seq;
+             INSERT INTO orders (id, order_no, user_id, amount, currency, status, created_at, expires_at)
+             SELECT i, 'O' || i, 'u' || (i % 50000), 9900, 'CNY', 'PENDING',
+                    '2024-01-01T00:00:00.000Z', '2024-01-01T00:15:00.000Z' FROM seq;
+             UPDATE orders SET status = 'PAID', pay_no = 'P' || id, paid_at = '2024-01-01T00:01:00.000Z';
              INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body,
                                            received_at, decided_at, rewards_due)
              SELECT 'P' || id, 'generic', id, 9900, 'SUCCESS', 'applied', 'decided', 'callback', x'7b7d',
