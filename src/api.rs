@@ -2,17 +2,13 @@
 //! [`Request`] and returns a [`Response`]. No socket here (`http.rs` owns
 //! that), so every route is testable in process.
 
-use crate::app::{
-    sha256_hex, App, CreateOrder, PaymentCallback, RefundCallback, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX,
-};
+use crate::app::{sha256_hex, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::store::IdempotencySlot;
-use crate::clock::{format_ms, parse_rfc3339_ms};
-use crate::domain::{OrderStatus, PlatformStatus};
+use crate::domain::OrderStatus;
 use crate::error::Error;
-use crate::signature::{self, SignatureError};
 use serde_json::{json, Map, Value};
 
 /// Largest request body accepted by the JSON endpoints.
@@ -196,17 +192,17 @@ fn key_in_use() -> Error {
 }
 
 /// 1-255 printable ASCII characters; the structured-field string form
-/// `"..."` is the same key.
+/// `"..."` is the same key. Inside the quotes a `"` or `\` would need
+/// sf-string escaping, which payonce does not take: such a quoted key is
+/// refused rather than guessed at. Unquoted, every printable character is a
+/// key character.
 pub fn parse_idempotency_key(raw: &str) -> Result<String, Error> {
-    let raw = raw.trim();
-    let key = match raw.strip_prefix('"').and_then(|r| r.strip_suffix('"')) {
-        Some(inner) if raw.len() >= 2 => inner,
-        _ => raw,
-    };
+    let raw = raw.trim_matches(|c| c == ' ' || c == '\t');
+    let quoted = raw.len() >= 2 && raw.starts_with('"') && raw.ends_with('"');
+    let key = if quoted { &raw[1..raw.len() - 1] } else { raw };
     let printable = key.bytes().all(|b| (0x20..=0x7e).contains(&b));
-    // In the quoted form a bare quote or backslash would need escaping: refuse both.
-    let unquoted_ok = !key.contains('"') && !key.contains('\\');
-    if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX || !printable || !unquoted_ok {
+    let escapes_needed = quoted && (key.contains('"') || key.contains('\\'));
+    if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX || !printable || escapes_needed {
         return Err(Error::new(
             400,
             "invalid_idempotency_key",
@@ -259,9 +255,11 @@ fn dispatch(app: &App, req: &Request, slot: Option<&IdempotencySlot>, caller: &s
         }
         ["v1", "reconciliations"] => (&["POST"], (method == "POST").then(|| reconciliations(app, req, slot))),
         ["v1", "compensations"] => (&["POST"], (method == "POST").then(|| compensations(app, req, caller, slot))),
-        ["v1", "callbacks", channel] => (&["POST"], (method == "POST").then(|| payment_callback(app, req, channel))),
+        ["v1", "callbacks", channel] => {
+            (&["POST"], (method == "POST").then(|| Ok(crate::channel::handle(app, req, channel, false))))
+        }
         ["v1", "callbacks", channel, "refund"] => {
-            (&["POST"], (method == "POST").then(|| refund_callback(app, req, channel)))
+            (&["POST"], (method == "POST").then(|| Ok(crate::channel::handle(app, req, channel, true))))
         }
         _ => return Err(Error::new(404, "not_found", format!("no route for {}", req.path))),
     };
@@ -534,77 +532,9 @@ fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> 
     Ok(Response::json(200, &app.reconcile_keyed(format, &req.body, date, repair, slot)?))
 }
 
-// ---- callbacks: the generic channel ----
-
-const CHANNEL_GENERIC: &str = "generic";
-
-/// Verifies a generic-channel request. Nothing is read from the body, let
-/// alone recorded, before this passes.
-fn verify_generic(app: &App, req: &Request, channel: &str) -> Result<(), Error> {
-    if channel != CHANNEL_GENERIC || app.config.callback_secrets.is_empty() {
-        return Err(Error::new(404, "channel_not_configured", format!("payment channel {channel:?} is not configured")));
-    }
-    let now_s = app.clock.now_ms().div_euclid(1000);
-    match signature::verify(req.header("Payonce-Signature"), &req.body, &app.config.callback_secrets, now_s) {
-        Ok(()) => Ok(()),
-        Err(SignatureError::Invalid) => Err(Error::new(
-            401,
-            "invalid_signature",
-            "Payonce-Signature is missing, malformed or matches no configured secret",
-        )),
-        Err(SignatureError::Expired) => Err(Error::new(
-            401,
-            "signature_expired",
-            format!("Payonce-Signature t is more than {} s from now", signature::SIGNATURE_TOLERANCE_S),
-        )),
-    }
-}
-
-fn payment_callback(app: &App, req: &Request, channel: &str) -> Result<Response, Error> {
-    verify_generic(app, req, channel)?;
-    check_json_media_type(req)?;
-    let body = parse_object(&req.body)?;
-    let paid_at = match optional_str(&body, "paid_at")? {
-        None => None,
-        Some(text) => Some(format_ms(parse_rfc3339_ms(&text).ok_or_else(|| {
-            Error::invalid("paid_at must be an RFC 3339 timestamp with an offset")
-        })?)),
-    };
-    let callback = PaymentCallback {
-        channel: CHANNEL_GENERIC.to_owned(),
-        pay_no: required_str(&body, "pay_no")?,
-        order_no: required_str(&body, "order_no")?,
-        amount: required_i64(&body, "amount")?,
-        status: platform_status(&body)?,
-        paid_at,
-        raw_body: req.body.clone(),
-    };
-    let reply = app.deliver_payment(&callback)?;
-    Ok(Response::json(200, &reply.to_json()))
-}
-
-fn refund_callback(app: &App, req: &Request, channel: &str) -> Result<Response, Error> {
-    verify_generic(app, req, channel)?;
-    check_json_media_type(req)?;
-    let body = parse_object(&req.body)?;
-    let callback = RefundCallback {
-        channel: CHANNEL_GENERIC.to_owned(),
-        refund_no: required_str(&body, "refund_no")?,
-        order_no: required_str(&body, "order_no")?,
-        status: platform_status(&body)?,
-    };
-    let outcome = app.deliver_refund(&callback)?;
-    Ok(Response::json(200, &json!({"code": "SUCCESS", "outcome": outcome.as_str()})))
-}
-
-fn platform_status(body: &Map<String, Value>) -> Result<PlatformStatus, Error> {
-    let status = required_str(body, "status")?;
-    PlatformStatus::parse(&status).ok_or_else(|| Error::invalid("status must be SUCCESS or FAILED"))
-}
-
 // ---- body and query helpers ----
 
-fn check_json_media_type(req: &Request) -> Result<(), Error> {
+pub(crate) fn check_json_media_type(req: &Request) -> Result<(), Error> {
     let Some(content_type) = req.header("Content-Type") else {
         return Ok(());
     };
@@ -626,7 +556,7 @@ fn json_object(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Er
     Ok(body)
 }
 
-fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
+pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
     // serde_json refuses nesting deeper than 128, so hostile depth is a 400, not a stack overflow.
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(map)) => Ok(map),
@@ -635,11 +565,11 @@ fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
     }
 }
 
-fn required_str(body: &Map<String, Value>, field: &str) -> Result<String, Error> {
+pub(crate) fn required_str(body: &Map<String, Value>, field: &str) -> Result<String, Error> {
     optional_str(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
 }
 
-fn optional_str(body: &Map<String, Value>, field: &str) -> Result<Option<String>, Error> {
+pub(crate) fn optional_str(body: &Map<String, Value>, field: &str) -> Result<Option<String>, Error> {
     match body.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -647,12 +577,12 @@ fn optional_str(body: &Map<String, Value>, field: &str) -> Result<Option<String>
     }
 }
 
-fn required_i64(body: &Map<String, Value>, field: &str) -> Result<i64, Error> {
+pub(crate) fn required_i64(body: &Map<String, Value>, field: &str) -> Result<i64, Error> {
     optional_i64(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
 }
 
 /// Integers only: `99.0`, `"99"`, `1e3` and out-of-range numbers are refused.
-fn optional_i64(body: &Map<String, Value>, field: &str) -> Result<Option<i64>, Error> {
+pub(crate) fn optional_i64(body: &Map<String, Value>, field: &str) -> Result<Option<i64>, Error> {
     match body.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => n
@@ -750,7 +680,9 @@ mod tests {
         check("caf\u{e9}", None);
         check("tab\there", None);
         check("\"a\"b\"", None);
-        check("back\\slash", None);
+        check("\"back\\slash\"", None);
+        check("back\\slash", Some("back\\slash"));
+        check("a\"b", Some("a\"b"));
     }
 
     #[test]

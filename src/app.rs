@@ -52,6 +52,10 @@ pub struct Config {
     pub idempotency_ttl_s: i64,
     /// Bearer tokens for `/v1` except callbacks; empty = no authentication.
     pub api_tokens: Vec<ApiToken>,
+    /// The `wechatpay` channel, when configured.
+    pub wechatpay: Option<crate::channel::wechatpay::WechatpayConfig>,
+    /// The `alipay` channel, when configured.
+    pub alipay: Option<crate::channel::alipay::AlipayConfig>,
 }
 
 impl Default for Config {
@@ -62,6 +66,8 @@ impl Default for Config {
             callback_secrets: Vec::new(),
             idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
             api_tokens: Vec::new(),
+            wechatpay: None,
+            alipay: None,
         }
     }
 }

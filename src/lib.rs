@@ -24,6 +24,7 @@
 pub mod api;
 pub mod app;
 pub mod background;
+pub mod channel;
 pub mod clock;
 pub mod domain;
 pub mod error;

@@ -2,6 +2,8 @@
 
 use payonce::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
 use payonce::background::{spawn_inspector, spawn_sweeper, INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT};
+use payonce::channel::alipay::{public_key_from_text as alipay_public_key_from_text, AlipayConfig};
+use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
 use payonce::recon::Format;
 use payonce::domain::{is_identifier, Rewards};
 use payonce::http::{Server, WORKERS_DEFAULT};
@@ -89,6 +91,14 @@ Options:
   --order-ttl-s N           default PENDING lifetime in seconds [default: 900]
   --sweep-interval-s N      how often expired PENDING orders are closed [default: 1]
   --inspect-interval-s N    how often the inspection runs [default: 300]
+  --wechatpay-apiv3-key KEY WeChat Pay APIv3 key (32 bytes); env PAYONCE_WECHATPAY_APIV3_KEY.
+                            With --wechatpay-public-key, turns the wechatpay channel on.
+  --wechatpay-public-key SERIAL=FILE
+                            a WeChat Pay platform public key or certificate (PEM) and its serial
+                            or PUB_KEY_ID_...; repeatable (two during rotation)
+  --alipay-public-key FILE  Alipay public key (PEM or the console's base64); with
+                            --alipay-app-id, turns the alipay channel on
+  --alipay-app-id ID        the merchant's Alipay app_id
   -h, --help                this help
 ";
 
@@ -104,6 +114,10 @@ struct ServeArgs {
     api_tokens: Option<String>,
     idempotency_ttl_s: i64,
     inspect_interval_s: u64,
+    wechatpay_apiv3_key: Option<String>,
+    wechatpay_public_keys: Vec<String>,
+    alipay_public_key: Option<String>,
+    alipay_app_id: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -147,6 +161,10 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
         api_tokens: std::env::var("PAYONCE_API_TOKEN").ok().filter(|s| !s.is_empty()),
         idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
         inspect_interval_s: INSPECT_INTERVAL_S_DEFAULT,
+        wechatpay_apiv3_key: std::env::var("PAYONCE_WECHATPAY_APIV3_KEY").ok().filter(|s| !s.is_empty()),
+        wechatpay_public_keys: Vec::new(),
+        alipay_public_key: None,
+        alipay_app_id: None,
     };
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
@@ -167,6 +185,10 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
             }
             Long("points-per-yuan") => args.points_per_yuan = int_value(&mut parser, "--points-per-yuan", 0, 1_000_000)?,
             Long("order-ttl-s") => args.order_ttl_s = int_value(&mut parser, "--order-ttl-s", 1, 86_400)?,
+            Long("wechatpay-apiv3-key") => args.wechatpay_apiv3_key = Some(string_value(&mut parser)?),
+            Long("wechatpay-public-key") => args.wechatpay_public_keys.push(string_value(&mut parser)?),
+            Long("alipay-public-key") => args.alipay_public_key = Some(string_value(&mut parser)?),
+            Long("alipay-app-id") => args.alipay_app_id = Some(string_value(&mut parser)?),
             Long("inspect-interval-s") => {
                 args.inspect_interval_s = int_value(&mut parser, "--inspect-interval-s", 1, 86_400)?.unsigned_abs()
             }
@@ -208,6 +230,8 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         callback_secrets: secrets,
         idempotency_ttl_s: args.idempotency_ttl_s,
         api_tokens,
+        wechatpay: wechatpay_config(&args)?,
+        alipay: alipay_config(&args)?,
     };
     let listen_addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(args.listen.as_str())
         .map_err(|e| format!("--listen {:?}: expected ADDR:PORT ({e})", args.listen))?
@@ -247,6 +271,34 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     }
     eprintln!("payonce: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+fn wechatpay_config(args: &ServeArgs) -> Result<Option<WechatpayConfig>, String> {
+    let (key, pems) = (&args.wechatpay_apiv3_key, &args.wechatpay_public_keys);
+    if key.is_none() && pems.is_empty() {
+        return Ok(None);
+    }
+    let key = key.as_deref().ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
+    let mut platform_keys = Vec::new();
+    for entry in pems {
+        let (serial, file) = entry.split_once('=').ok_or("--wechatpay-public-key takes SERIAL=FILE")?;
+        let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+        let public_key = public_key_from_pem(&pem).map_err(|e| format!("{file}: {e}"))?;
+        platform_keys.push((serial.trim().to_owned(), public_key));
+    }
+    WechatpayConfig::new(key, platform_keys).map(Some)
+}
+
+fn alipay_config(args: &ServeArgs) -> Result<Option<AlipayConfig>, String> {
+    match (&args.alipay_public_key, &args.alipay_app_id) {
+        (None, None) => Ok(None),
+        (Some(file), Some(app_id)) => {
+            let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+            let public_key = alipay_public_key_from_text(&text).map_err(|e| format!("{file}: {e}"))?;
+            Ok(Some(AlipayConfig { public_key, app_id: app_id.clone() }))
+        }
+        _ => Err("the alipay channel needs both --alipay-public-key and --alipay-app-id".into()),
+    }
 }
 
 fn api_tokens(raw: Option<&str>) -> Result<Vec<ApiToken>, String> {

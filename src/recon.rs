@@ -151,7 +151,7 @@ pub fn day_bounds(day: &str, offset_ms: i64) -> Option<(String, String)> {
 }
 
 /// `YYYY-MM-DD HH:MM:SS` in the statement's zone to Unix milliseconds.
-fn local_time_ms(text: &str, offset_ms: i64) -> Option<i64> {
+pub(crate) fn local_time_ms(text: &str, offset_ms: i64) -> Option<i64> {
     let (date, time) = text.trim().split_once(' ')?;
     Some(parse_rfc3339_ms(&format!("{date}T{time}Z"))? - offset_ms)
 }

@@ -1,0 +1,241 @@
+//! Alipay asynchronous notifications (`application/x-www-form-urlencoded`).
+//!
+//! Alipay signs decoded values, not bytes: the form is decoded in its
+//! `charset` (utf-8 or gbk), then RSA2 (SHA256withRSA) is verified over the
+//! sorted `k=v&...` string of every non-empty parameter except `sign` and
+//! `sign_type`, encoded back in that charset. `app_id` must be the
+//! merchant's. `total_amount` is a decimal yuan string converted to fen
+//! exactly. `TRADE_SUCCESS` or `TRADE_FINISHED` (either may come first) is a
+//! payment of `trade_no`, so both for one trade are one payment. A notice
+//! carrying `refund_fee` is a refund result, classified before the duplicate
+//! check (`out_biz_no`→refund_no, or the order's refund in flight for a full
+//! refund's `TRADE_CLOSED`); `TRADE_CLOSED` without it is an unpaid close and
+//! changes nothing. The answer is the plain text `success`, or `failure`
+//! with a 4xx/5xx.
+
+use super::{Channel, Notice, Reply};
+use crate::api::{Request, Response};
+use crate::app::{App, PaymentCallback, RefundCallback};
+use crate::clock::format_ms;
+use crate::domain::PlatformStatus;
+use crate::error::Error;
+use crate::recon::{local_time_ms, yuan_to_fen, UTC8_OFFSET_MS};
+use base64::Engine;
+use rsa::pkcs1v15::{Signature, VerifyingKey};
+use rsa::pkcs8::DecodePublicKey;
+use rsa::signature::Verifier;
+use rsa::RsaPublicKey;
+use sha2::Sha256;
+use std::collections::BTreeMap;
+
+pub const NAME: &str = "alipay";
+/// Parameters accepted in one notice (Alipay sends about 30).
+pub const FORM_FIELDS_MAX: usize = 128;
+
+#[derive(Clone, Debug)]
+pub struct AlipayConfig {
+    pub public_key: RsaPublicKey,
+    pub app_id: String,
+}
+
+/// Alipay's public key as PEM, or as the bare base64 the Alipay console shows.
+pub fn public_key_from_text(text: &str) -> Result<RsaPublicKey, String> {
+    let text = text.trim();
+    if text.contains("-----BEGIN") {
+        return super::wechatpay::public_key_from_pem(text);
+    }
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(text.split_whitespace().collect::<String>())
+        .map_err(|e| format!("not PEM and not base64: {e}"))?;
+    RsaPublicKey::from_public_key_der(&der).map_err(|e| format!("not an RSA public key: {e}"))
+}
+
+pub struct Alipay<'a> {
+    config: &'a AlipayConfig,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Charset {
+    Utf8,
+    Gbk,
+}
+
+impl<'a> Alipay<'a> {
+    pub fn new(config: &'a AlipayConfig) -> Alipay<'a> {
+        Alipay { config }
+    }
+
+    /// The decoded form, verified.
+    fn verified_form(&self, req: &Request) -> Result<BTreeMap<String, String>, Error> {
+        if let Some(content_type) = req.header("Content-Type") {
+            let media_type = content_type.split(';').next().unwrap_or("").trim();
+            if !media_type.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+                return Err(Error::new(415, "unsupported_media_type", "Alipay notices are application/x-www-form-urlencoded"));
+            }
+        }
+        let raw = split_form(&req.body)?;
+        let charset = match raw.iter().find(|(k, _)| k == "charset").map(|(_, v)| v.to_ascii_lowercase()) {
+            None => Charset::Utf8,
+            Some(c) if c == b"utf-8" || c == b"utf8" => Charset::Utf8,
+            Some(c) if c == b"gbk" || c == b"gb2312" => Charset::Gbk,
+            Some(_) => return Err(Error::invalid("charset must be utf-8 or gbk")),
+        };
+        let mut form = BTreeMap::new();
+        for (key, value) in raw {
+            let value = decode(&value, charset).ok_or_else(|| Error::invalid(format!("{key} is not valid in the charset")))?;
+            if form.insert(key.clone(), value).is_some() {
+                return Err(Error::invalid(format!("parameter {key} appears twice")));
+            }
+        }
+        let unauthorized = |why: &str| Error::new(401, "invalid_signature", why.to_owned());
+        match form.get("sign_type").map(String::as_str) {
+            None | Some("RSA2") => {}
+            Some(_) => return Err(unauthorized("sign_type must be RSA2")),
+        }
+        let signature = form
+            .get("sign")
+            .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
+            .and_then(|bytes| Signature::try_from(bytes.as_slice()).ok())
+            .ok_or_else(|| unauthorized("sign is missing or not a base64 RSA signature"))?;
+        let content = form
+            .iter()
+            .filter(|(k, v)| !v.is_empty() && k.as_str() != "sign" && k.as_str() != "sign_type")
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("&");
+        let signed_bytes = match charset {
+            Charset::Utf8 => content.into_bytes(),
+            Charset::Gbk => encoding_rs::GBK.encode(&content).0.into_owned(),
+        };
+        VerifyingKey::<Sha256>::new(self.config.public_key.clone())
+            .verify(&signed_bytes, &signature)
+            .map_err(|_| unauthorized("the RSA2 sign does not verify"))?;
+        if form.get("app_id") != Some(&self.config.app_id) {
+            return Err(unauthorized("app_id is not this merchant's"));
+        }
+        Ok(form)
+    }
+}
+
+impl Channel for Alipay<'_> {
+    fn parse(&self, app: &App, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
+        let form = self.verified_form(req)?;
+        let get = |name: &str| form.get(name).map(String::as_str).filter(|v| !v.is_empty());
+        let required = |name: &str| get(name).map(str::to_owned).ok_or_else(|| Error::invalid(format!("{name} is required")));
+        let trade_no = required("trade_no")?;
+        let order_no = required("out_trade_no")?;
+        // A refund result first: its trade_no is the payment's, so the
+        // duplicate check of the payment must never see it.
+        if let Some(refund_fee) = get("refund_fee") {
+            yuan_to_fen(refund_fee, false).ok_or_else(|| Error::invalid("refund_fee must be yuan with at most two decimals"))?;
+            let refund_no = match get("out_biz_no") {
+                Some(out_biz_no) => out_biz_no.to_owned(),
+                // A full refund (TRADE_CLOSED + gmt_refund) may name no request:
+                // it settles the order's refund in flight, if there is one.
+                None => app.order(&order_no)?.order.refund_no.unwrap_or(trade_no),
+            };
+            return Ok(Notice::Refund(RefundCallback {
+                channel: NAME.to_owned(),
+                refund_no,
+                order_no,
+                status: PlatformStatus::Success,
+            }));
+        }
+        match get("trade_status") {
+            Some("TRADE_SUCCESS") | Some("TRADE_FINISHED") => {}
+            Some("TRADE_CLOSED") => return Ok(Notice::Ignored("an unpaid trade was closed")),
+            Some("WAIT_BUYER_PAY") => return Ok(Notice::Ignored("the buyer has not paid yet")),
+            _ => return Err(Error::invalid("trade_status must be TRADE_SUCCESS, TRADE_FINISHED, TRADE_CLOSED or WAIT_BUYER_PAY")),
+        }
+        let amount = get("total_amount")
+            .and_then(|t| yuan_to_fen(t, false))
+            .ok_or_else(|| Error::invalid("total_amount must be yuan with at most two decimals, no sign or exponent"))?;
+        let paid_at = match get("gmt_payment") {
+            Some(text) => Some(format_ms(
+                local_time_ms(text, UTC8_OFFSET_MS).ok_or_else(|| Error::invalid("gmt_payment must be YYYY-MM-DD HH:MM:SS"))?,
+            )),
+            None => None,
+        };
+        Ok(Notice::Payment(PaymentCallback {
+            channel: NAME.to_owned(),
+            pay_no: trade_no,
+            order_no,
+            amount,
+            status: PlatformStatus::Success,
+            paid_at,
+            raw_body: req.body.clone(),
+        }))
+    }
+
+    fn acknowledge(&self, _reply: &Reply) -> Response {
+        plain_text(200, "success")
+    }
+
+    fn refuse(&self, err: &Error) -> Response {
+        plain_text(err.status, "failure")
+    }
+}
+
+fn plain_text(status: u16, text: &str) -> Response {
+    Response {
+        status,
+        headers: vec![("Content-Type".into(), "text/plain; charset=utf-8".into())],
+        body: text.as_bytes().to_vec(),
+    }
+}
+
+/// `k=v&k=v` into (key, percent-decoded value bytes); keys are ASCII.
+fn split_form(body: &[u8]) -> Result<Vec<(String, Vec<u8>)>, Error> {
+    let pairs: Vec<&[u8]> = body.split(|b| *b == b'&').filter(|p| !p.is_empty()).collect();
+    if pairs.len() > FORM_FIELDS_MAX {
+        return Err(Error::invalid(format!("more than {FORM_FIELDS_MAX} parameters")));
+    }
+    pairs
+        .into_iter()
+        .map(|pair| {
+            let (key, value) = match pair.iter().position(|b| *b == b'=') {
+                Some(i) => (&pair[..i], &pair[i + 1..]),
+                None => (pair, &b""[..]),
+            };
+            let key = String::from_utf8(percent_decode(key)?)
+                .ok()
+                .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+                .ok_or_else(|| Error::invalid("a form parameter name is not [A-Za-z0-9_]"))?;
+            Ok((key, percent_decode(value)?))
+        })
+        .collect()
+}
+
+fn percent_decode(bytes: &[u8]) -> Result<Vec<u8>, Error> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+                let byte = hex.and_then(|h| u8::from_str_radix(h, 16).ok());
+                out.push(byte.ok_or_else(|| Error::invalid("malformed percent-encoding in the form"))?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn decode(bytes: &[u8], charset: Charset) -> Option<String> {
+    match charset {
+        Charset::Utf8 => String::from_utf8(bytes.to_vec()).ok(),
+        Charset::Gbk => {
+            let (text, _, had_errors) = encoding_rs::GBK.decode(bytes);
+            (!had_errors).then(|| text.into_owned())
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! payonce's own signed format: JSON bodies, `Payonce-Signature` HMAC.
+
+use super::{Channel, Notice, Reply};
+use crate::api::{self, Request, Response};
+use crate::app::{App, PaymentCallback, RefundCallback};
+use crate::clock::{format_ms, parse_rfc3339_ms};
+use crate::domain::PlatformStatus;
+use crate::error::Error;
+use crate::signature::{self, SignatureError};
+use serde_json::{json, Map, Value};
+
+pub const NAME: &str = "generic";
+
+pub struct Generic;
+
+impl Channel for Generic {
+    fn parse(&self, app: &App, req: &Request, refund_route: bool) -> Result<Notice, Error> {
+        verify(app, req)?;
+        api::check_json_media_type(req)?;
+        let body = api::parse_object(&req.body)?;
+        if refund_route {
+            return Ok(Notice::Refund(RefundCallback {
+                channel: NAME.to_owned(),
+                refund_no: api::required_str(&body, "refund_no")?,
+                order_no: api::required_str(&body, "order_no")?,
+                status: platform_status(&body)?,
+            }));
+        }
+        let paid_at = match api::optional_str(&body, "paid_at")? {
+            None => None,
+            Some(text) => Some(format_ms(
+                parse_rfc3339_ms(&text).ok_or_else(|| Error::invalid("paid_at must be an RFC 3339 timestamp with an offset"))?,
+            )),
+        };
+        Ok(Notice::Payment(PaymentCallback {
+            channel: NAME.to_owned(),
+            pay_no: api::required_str(&body, "pay_no")?,
+            order_no: api::required_str(&body, "order_no")?,
+            amount: api::required_i64(&body, "amount")?,
+            status: platform_status(&body)?,
+            paid_at,
+            raw_body: req.body.clone(),
+        }))
+    }
+
+    fn acknowledge(&self, reply: &Reply) -> Response {
+        let body = match reply {
+            Reply::Payment(p) => p.to_json(),
+            Reply::Refund(r) => json!({"code": "SUCCESS", "outcome": r.as_str()}),
+            Reply::Ignored => json!({"code": "SUCCESS", "outcome": "ignored"}),
+        };
+        Response::json(200, &body)
+    }
+
+    fn refuse(&self, err: &Error) -> Response {
+        Response::error(err)
+    }
+}
+
+/// Nothing is read from the body, let alone recorded, before this passes.
+fn verify(app: &App, req: &Request) -> Result<(), Error> {
+    let now_s = app.clock.now_ms().div_euclid(1000);
+    match signature::verify(req.header("Payonce-Signature"), &req.body, &app.config.callback_secrets, now_s) {
+        Ok(()) => Ok(()),
+        Err(SignatureError::Invalid) => Err(Error::new(
+            401,
+            "invalid_signature",
+            "Payonce-Signature is missing, malformed or matches no configured secret",
+        )),
+        Err(SignatureError::Expired) => Err(Error::new(
+            401,
+            "signature_expired",
+            format!("Payonce-Signature t is more than {} s from now", signature::SIGNATURE_TOLERANCE_S),
+        )),
+    }
+}
+
+fn platform_status(body: &Map<String, Value>) -> Result<PlatformStatus, Error> {
+    let status = api::required_str(body, "status")?;
+    PlatformStatus::parse(&status).ok_or_else(|| Error::invalid("status must be SUCCESS or FAILED"))
+}

@@ -1,0 +1,207 @@
+//! WeChat Pay API v3 notifications.
+//!
+//! Verification, in order: `Wechatpay-Serial` names a configured platform
+//! key; `Wechatpay-Signature` is SHA256-RSA over
+//! `"{Wechatpay-Timestamp}\n{Wechatpay-Nonce}\n{body}\n"` (the raw bytes);
+//! the timestamp is within 5 minutes. Then `resource` is decrypted
+//! (AEAD_AES_256_GCM, key = APIv3 key, its `nonce` and `associated_data`; the
+//! last 16 bytes of the ciphertext are the tag). `TRANSACTION.*` events are
+//! payments (`transaction_id`→pay_no, `out_trade_no`→order_no,
+//! `amount.total` in fen, `trade_state`), `REFUND.*` events refund results
+//! (`out_refund_no`→refund_no; SUCCESS, or CLOSED/ABNORMAL = failed).
+//! Success is 204; a refusal is 4xx/5xx with `{"code":"FAIL","message":..}`.
+
+use super::{Channel, Notice, Reply};
+use crate::api::{Request, Response};
+use crate::app::{App, PaymentCallback, RefundCallback};
+use crate::clock::{format_ms, parse_rfc3339_ms};
+use crate::domain::PlatformStatus;
+use crate::error::Error;
+use aes_gcm::aead::{Aead, Payload};
+use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
+use base64::Engine;
+use rsa::pkcs1v15::{Signature, VerifyingKey};
+use rsa::pkcs8::DecodePublicKey;
+use rsa::signature::Verifier;
+use rsa::RsaPublicKey;
+use serde_json::{json, Value};
+use sha2::Sha256;
+
+pub const NAME: &str = "wechatpay";
+/// How far `Wechatpay-Timestamp` may be from now, either way.
+pub const TIMESTAMP_TOLERANCE_S: i64 = 300;
+/// The APIv3 key is 32 bytes.
+pub const APIV3_KEY_BYTES: usize = 32;
+/// WeChat Pay's deliberate signature probes start with this; they must fail.
+const SIGN_TEST_PREFIX: &str = "WECHATPAY/SIGNTEST/";
+
+#[derive(Clone, Debug)]
+pub struct WechatpayConfig {
+    pub apiv3_key: Vec<u8>,
+    /// (serial or `PUB_KEY_ID_...`, key); two during rotation.
+    pub platform_keys: Vec<(String, RsaPublicKey)>,
+}
+
+impl WechatpayConfig {
+    pub fn new(apiv3_key: &str, platform_keys: Vec<(String, RsaPublicKey)>) -> Result<WechatpayConfig, String> {
+        if apiv3_key.len() != APIV3_KEY_BYTES {
+            return Err(format!("the WeChat Pay APIv3 key must be {APIV3_KEY_BYTES} bytes, got {}", apiv3_key.len()));
+        }
+        if platform_keys.is_empty() {
+            return Err("WeChat Pay needs at least one --wechatpay-public-key SERIAL=FILE".into());
+        }
+        Ok(WechatpayConfig { apiv3_key: apiv3_key.as_bytes().to_vec(), platform_keys })
+    }
+}
+
+/// A platform public key from PEM: `PUBLIC KEY` (SubjectPublicKeyInfo),
+/// `RSA PUBLIC KEY` (PKCS#1) or an X.509 `CERTIFICATE`.
+pub fn public_key_from_pem(pem: &str) -> Result<RsaPublicKey, String> {
+    if pem.contains("-----BEGIN CERTIFICATE-----") {
+        use x509_cert::der::{DecodePem, Encode};
+        let cert = x509_cert::Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        let spki = cert.tbs_certificate.subject_public_key_info.to_der().map_err(|e| format!("bad certificate key: {e}"))?;
+        return RsaPublicKey::from_public_key_der(&spki).map_err(|e| format!("the certificate's key is not RSA: {e}"));
+    }
+    if pem.contains("-----BEGIN RSA PUBLIC KEY-----") {
+        use rsa::pkcs1::DecodeRsaPublicKey;
+        return RsaPublicKey::from_pkcs1_pem(pem).map_err(|e| format!("not a PKCS#1 RSA public key: {e}"));
+    }
+    RsaPublicKey::from_public_key_pem(pem.trim()).map_err(|e| format!("not an RSA public key PEM: {e}"))
+}
+
+pub struct Wechatpay<'a> {
+    config: &'a WechatpayConfig,
+}
+
+impl<'a> Wechatpay<'a> {
+    pub fn new(config: &'a WechatpayConfig) -> Wechatpay<'a> {
+        Wechatpay { config }
+    }
+
+    fn verify(&self, app: &App, req: &Request) -> Result<(), Error> {
+        let header = |name: &str| req.header(name).map(str::trim).filter(|v| !v.is_empty());
+        let unauthorized = |why: &str| Error::new(401, "invalid_signature", why.to_owned());
+        let serial = header("Wechatpay-Serial").ok_or_else(|| unauthorized("Wechatpay-Serial is missing"))?;
+        let timestamp = header("Wechatpay-Timestamp").ok_or_else(|| unauthorized("Wechatpay-Timestamp is missing"))?;
+        let nonce = header("Wechatpay-Nonce").ok_or_else(|| unauthorized("Wechatpay-Nonce is missing"))?;
+        let signature = header("Wechatpay-Signature").ok_or_else(|| unauthorized("Wechatpay-Signature is missing"))?;
+        let key = self
+            .config
+            .platform_keys
+            .iter()
+            .find(|(s, _)| s == serial)
+            .map(|(_, k)| k)
+            .ok_or_else(|| unauthorized("Wechatpay-Serial names no configured platform key"))?;
+        if signature.starts_with(SIGN_TEST_PREFIX) {
+            return Err(unauthorized("a WECHATPAY/SIGNTEST/ probe signature never verifies"));
+        }
+        let signature = base64::engine::general_purpose::STANDARD
+            .decode(signature)
+            .ok()
+            .and_then(|bytes| Signature::try_from(bytes.as_slice()).ok())
+            .ok_or_else(|| unauthorized("Wechatpay-Signature is not a base64 RSA signature"))?;
+        let mut message = Vec::with_capacity(timestamp.len() + nonce.len() + req.body.len() + 3);
+        for part in [timestamp.as_bytes(), b"\n", nonce.as_bytes(), b"\n", &req.body, b"\n"] {
+            message.extend_from_slice(part);
+        }
+        VerifyingKey::<Sha256>::new(key.clone())
+            .verify(&message, &signature)
+            .map_err(|_| unauthorized("Wechatpay-Signature does not verify"))?;
+        let t: i64 = timestamp.parse().map_err(|_| unauthorized("Wechatpay-Timestamp is not unix seconds"))?;
+        if (app.clock.now_ms().div_euclid(1000) - t).abs() > TIMESTAMP_TOLERANCE_S {
+            return Err(Error::new(401, "signature_expired", "Wechatpay-Timestamp is more than 5 minutes from now"));
+        }
+        Ok(())
+    }
+
+    /// The decrypted `resource` of an authentic notification.
+    fn decrypt(&self, envelope: &Value) -> Result<Value, Error> {
+        let resource = &envelope["resource"];
+        let text = |name: &str| {
+            resource[name].as_str().ok_or_else(|| Error::invalid(format!("resource.{name} is missing")))
+        };
+        if text("algorithm")? != "AEAD_AES_256_GCM" {
+            return Err(Error::invalid("resource.algorithm must be AEAD_AES_256_GCM"));
+        }
+        let nonce = text("nonce")?.as_bytes();
+        if nonce.len() != 12 {
+            return Err(Error::invalid("resource.nonce must be 12 bytes"));
+        }
+        let aad = resource["associated_data"].as_str().unwrap_or("").as_bytes();
+        let ciphertext = base64::engine::general_purpose::STANDARD
+            .decode(text("ciphertext")?)
+            .map_err(|_| Error::invalid("resource.ciphertext is not base64"))?;
+        let cipher = Aes256Gcm::new_from_slice(&self.config.apiv3_key)
+            .map_err(|_| Error::internal("the APIv3 key is not 32 bytes"))?;
+        let plain = cipher
+            .decrypt(Nonce::from_slice(nonce), Payload { msg: &ciphertext, aad })
+            .map_err(|_| Error::invalid("resource does not decrypt with the configured APIv3 key"))?;
+        serde_json::from_slice(&plain).map_err(|_| Error::invalid("the decrypted resource is not JSON"))
+    }
+}
+
+impl Channel for Wechatpay<'_> {
+    fn parse(&self, app: &App, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
+        self.verify(app, req)?;
+        let envelope: Value =
+            serde_json::from_slice(&req.body).map_err(|e| Error::new(400, "invalid_json", format!("not JSON: {e}")))?;
+        let event_type = envelope["event_type"].as_str().unwrap_or("").to_owned();
+        let plain = self.decrypt(&envelope)?;
+        let field = |name: &str| {
+            plain[name]
+                .as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| Error::invalid(format!("resource {name} is missing")))
+        };
+        // Classified by the event, whichever of the two URLs it was sent to.
+        if let Some(kind) = event_type.strip_prefix("REFUND.") {
+            let status = match kind {
+                "SUCCESS" => PlatformStatus::Success,
+                "CLOSED" | "ABNORMAL" => PlatformStatus::Failed,
+                _ => return Err(Error::invalid(format!("unknown refund event {event_type}"))),
+            };
+            return Ok(Notice::Refund(RefundCallback {
+                channel: NAME.to_owned(),
+                refund_no: field("out_refund_no")?,
+                order_no: field("out_trade_no")?,
+                status,
+            }));
+        }
+        if !event_type.starts_with("TRANSACTION.") {
+            return Err(Error::invalid(format!("unknown event_type {event_type:?}")));
+        }
+        let amount = plain["amount"]["total"]
+            .as_i64()
+            .ok_or_else(|| Error::invalid("resource amount.total must be an integer (fen)"))?;
+        let status = match field("trade_state")?.as_str() {
+            "SUCCESS" => PlatformStatus::Success,
+            _ => PlatformStatus::Failed,
+        };
+        let paid_at = match plain["success_time"].as_str() {
+            Some(text) => Some(format_ms(parse_rfc3339_ms(text).ok_or_else(|| Error::invalid("success_time is not RFC 3339"))?)),
+            None => None,
+        };
+        Ok(Notice::Payment(PaymentCallback {
+            channel: NAME.to_owned(),
+            pay_no: field("transaction_id")?,
+            order_no: field("out_trade_no")?,
+            amount,
+            status,
+            paid_at,
+            raw_body: req.body.clone(),
+        }))
+    }
+
+    fn acknowledge(&self, _reply: &Reply) -> Response {
+        Response { status: 204, headers: Vec::new(), body: Vec::new() }
+    }
+
+    fn refuse(&self, err: &Error) -> Response {
+        let mut response = Response::json(err.status, &json!({"code": "FAIL", "message": err.message}));
+        if err.status == 503 {
+            response.headers.push(("Retry-After".into(), crate::api::RETRY_AFTER_S.to_string()));
+        }
+        response
+    }
+}
