@@ -3,12 +3,12 @@
 //! that), so every route is testable in process.
 
 use crate::app::{sha256_hex, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
+use crate::domain::OrderStatus;
+use crate::error::Error;
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::store::IdempotencySlot;
-use crate::domain::OrderStatus;
-use crate::error::Error;
 use serde_json::{json, Map, Value};
 
 /// Largest request body accepted by the JSON endpoints.
@@ -135,7 +135,9 @@ fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
             caller = Some(token.caller.clone());
         }
     }
-    caller.ok_or_else(|| Error::new(401, "unauthorized", "send Authorization: Bearer <token> with a configured API token"))
+    caller.ok_or_else(|| {
+        Error::new(401, "unauthorized", "send Authorization: Bearer <token> with a configured API token")
+    })
 }
 
 /// First use runs the request and stores its answer with its work; a
@@ -307,8 +309,7 @@ pub fn route_label(path: &str) -> &'static str {
         .filter_map(|r| r.split_once(' ').map(|(_, template)| template))
         .find(|template| {
             let parts: Vec<&str> = template.trim_start_matches('/').split('/').collect();
-            parts.len() == segments.len()
-                && parts.iter().zip(&segments).all(|(p, s)| p.starts_with('{') || p == s)
+            parts.len() == segments.len() && parts.iter().zip(&segments).all(|(p, s)| p.starts_with('{') || p == s)
         })
         .unwrap_or("other")
 }
@@ -355,9 +356,10 @@ fn list_orders(app: &App, req: &Request) -> Result<Response, Error> {
     let user_id = query_value(&query, "user_id");
     let status = match query_value(&query, "status") {
         None => None,
-        Some(s) => Some(OrderStatus::parse(s).ok_or_else(|| {
-            Error::invalid("status must be one of PENDING, PAID, CLOSED, REFUNDING, REFUNDED")
-        })?),
+        Some(s) => Some(
+            OrderStatus::parse(s)
+                .ok_or_else(|| Error::invalid("status must be one of PENDING, PAID, CLOSED, REFUNDING, REFUNDED"))?,
+        ),
     };
     let after = query_int(&query, "after", 0, i64::MAX)?;
     let limit = page_limit(&query)?;
@@ -373,12 +375,7 @@ fn close_order(app: &App, req: &Request, order_no: &str, slot: Option<&Idempoten
     Ok(Response::json(200, &app.close_order_keyed(order_no, slot)?.to_json()))
 }
 
-fn request_refund(
-    app: &App,
-    req: &Request,
-    order_no: &str,
-    slot: Option<&IdempotencySlot>,
-) -> Result<Response, Error> {
+fn request_refund(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let body = json_object(req, &["refund_no"])?;
     let refund_no = required_str(&body, "refund_no")?;
     Ok(Response::json(200, &app.request_refund_keyed(order_no, &refund_no, slot)?.to_json()))
@@ -457,10 +454,8 @@ fn drain(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Res
 
 fn inspections(app: &App) -> Result<Response, Error> {
     let findings = app.inspect()?;
-    let list: Vec<Value> = findings
-        .iter()
-        .map(|f| json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail}))
-        .collect();
+    let list: Vec<Value> =
+        findings.iter().map(|f| json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail})).collect();
     Ok(Response::json(200, &json!({"ok": findings.is_empty(), "findings": list})))
 }
 
@@ -493,17 +488,14 @@ fn resolve_refund(
 fn compensations(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let body = json_object(req, &["order_no", "action", "coupon_template_id", "reason"])?;
     let action = match required_str(&body, "action")?.as_str() {
-        "freeze_coupon" => CompensationAction::FreezeCoupon {
-            coupon_template_id: required_str(&body, "coupon_template_id")?,
-        },
+        "freeze_coupon" => {
+            CompensationAction::FreezeCoupon { coupon_template_id: required_str(&body, "coupon_template_id")? }
+        }
         "reverse_points" => CompensationAction::ReversePoints,
         _ => return Err(Error::invalid("action must be freeze_coupon or reverse_points")),
     };
-    let compensation = Compensation {
-        order_no: required_str(&body, "order_no")?,
-        action,
-        reason: required_str(&body, "reason")?,
-    };
+    let compensation =
+        Compensation { order_no: required_str(&body, "order_no")?, action, reason: required_str(&body, "reason")? };
     Ok(Response::json(200, &app.compensate(&compensation, caller, slot)?))
 }
 

@@ -16,15 +16,15 @@
 
 use crate::clock::Clock;
 use crate::domain::{
-    is_amount, is_currency, is_identifier, EventType, Order, OrderStatus, PaymentOutcome,
-    PlatformStatus, RefundOutcome, RefundStatus, Rewards,
+    is_amount, is_currency, is_identifier, EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus,
+    RefundOutcome, RefundStatus, Rewards,
 };
 use crate::error::Error;
 use crate::keylock::KeyedLocks;
 use crate::metrics::Metrics;
 use crate::store::{
-    CallbackRecord, Claim, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow,
-    Store, StoreOptions, StoredResponse, Tx,
+    CallbackRecord, Claim, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow, Store, StoreOptions,
+    StoredResponse, Tx,
 };
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -89,7 +89,8 @@ impl ApiToken {
             None => (format!("token-{}", &sha256_hex(entry.as_bytes())[..16]), entry.to_owned()),
         };
         let caller_ok = is_identifier(&caller);
-        (caller_ok && !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic())).then_some(ApiToken { caller, token })
+        (caller_ok && !token.is_empty() && token.bytes().all(|b| b.is_ascii_graphic()))
+            .then_some(ApiToken { caller, token })
     }
 }
 
@@ -202,7 +203,9 @@ impl OrderDetail {
         let coupons: Vec<Value> = self
             .coupons
             .iter()
-            .map(|c| json!({"coupon_template_id": c.coupon_template_id, "status": c.status, "created_at": c.created_at}))
+            .map(
+                |c| json!({"coupon_template_id": c.coupon_template_id, "status": c.status, "created_at": c.created_at}),
+            )
             .collect();
         let points: Vec<Value> = self
             .points
@@ -235,7 +238,14 @@ impl App {
 
     pub fn open_with(db: &str, clock: Clock, config: Config, options: &StoreOptions) -> Result<App, Error> {
         let store = Store::open(db, options)?;
-        let app = App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics: Metrics::default() };
+        let app = App {
+            store,
+            locks: KeyedLocks::new(),
+            clock,
+            config,
+            fail_writes_after_work: AtomicU32::new(0),
+            metrics: Metrics::default(),
+        };
         app.record_reward_settings()?;
         Ok(app)
     }
@@ -248,13 +258,10 @@ impl App {
             return Err(Error::invalid(format!("no database at {db:?}")));
         }
         let store = Store::open(db, &StoreOptions::default())?;
-        let (coupons, points) = store.read(|tx| {
-            Ok((tx.setting("reward_coupon_templates")?, tx.setting("reward_points_per_yuan")?))
-        })?;
-        let coupon_templates: Vec<String> = coupons
-            .as_deref()
-            .and_then(|c| serde_json::from_str(c).ok())
-            .unwrap_or_default();
+        let (coupons, points) =
+            store.read(|tx| Ok((tx.setting("reward_coupon_templates")?, tx.setting("reward_points_per_yuan")?)))?;
+        let coupon_templates: Vec<String> =
+            coupons.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or_default();
         let points_per_yuan = points.as_deref().and_then(|p| p.parse().ok()).unwrap_or(0);
         let config = Config { rewards: Rewards { coupon_templates, points_per_yuan }, ..Config::default() };
         Ok(App {
@@ -287,7 +294,11 @@ impl App {
 
     /// [`App::create_order`], storing the API's answer in `slot` in the same
     /// transaction as the order.
-    pub fn create_order_keyed(&self, req: &CreateOrder, slot: Option<&IdempotencySlot>) -> Result<(Order, bool), Error> {
+    pub fn create_order_keyed(
+        &self,
+        req: &CreateOrder,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<(Order, bool), Error> {
         validate_create_order(req)?;
         let expires_in_s = req.expires_in_s.unwrap_or(self.config.order_ttl_s);
         let _key = self.locks.lock(&format!("order:{}", req.order_no));
@@ -358,10 +369,8 @@ impl App {
     }
 
     fn maybe_fail_after_work(&self) -> Result<(), Error> {
-        let armed = self
-            .fail_writes_after_work
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
+        let armed =
+            self.fail_writes_after_work.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
         if armed {
             return Err(Error::internal("injected failure after the work (test hook)"));
         }
@@ -476,7 +485,12 @@ impl App {
         self.request_refund_keyed(order_no, refund_no, None)
     }
 
-    pub fn request_refund_keyed(&self, order_no: &str, refund_no: &str, slot: Option<&IdempotencySlot>) -> Result<Order, Error> {
+    pub fn request_refund_keyed(
+        &self,
+        order_no: &str,
+        refund_no: &str,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<Order, Error> {
         if !is_identifier(refund_no) {
             return Err(Error::invalid("refund_no must be 1-64 characters of [A-Za-z0-9_.-]"));
         }
@@ -545,7 +559,9 @@ impl App {
                         && cb.status == PlatformStatus::Success
                         && tx.supersede_failed_payment(prior.id, &new)?;
                     if !superseded {
-                        return Ok(PaymentReply { outcome: PaymentReplyOutcome::Duplicate { original: prior.outcome } });
+                        return Ok(PaymentReply {
+                            outcome: PaymentReplyOutcome::Duplicate { original: prior.outcome },
+                        });
                     }
                     let detail = json!({"pay_no": cb.pay_no, "superseded_outcome": "payment_failed",
                                         "superseded_received_at": prior.received_at});
@@ -568,7 +584,13 @@ impl App {
     /// Decides a recorded payment in the spec's order of precedence. The
     /// CAS's affected-row count decides `applied`; only when it changed
     /// nothing is the order read to say why.
-    pub(crate) fn decide_payment(&self, tx: &Tx, record_id: i64, order: &Order, now: &str) -> Result<PaymentOutcome, Error> {
+    pub(crate) fn decide_payment(
+        &self,
+        tx: &Tx,
+        record_id: i64,
+        order: &Order,
+        now: &str,
+    ) -> Result<PaymentOutcome, Error> {
         let record = tx.callback_by_id(record_id)?;
         assert!(!record.decided, "deciding a callback twice");
         let paid_at = record.paid_at.clone().unwrap_or_else(|| now.to_owned());
@@ -592,7 +614,8 @@ impl App {
         } else {
             None
         };
-        let decided = tx.decide_callback(record_id, outcome, now, rewards_due.as_ref().map(|v| v.to_string()).as_deref())?;
+        let decided =
+            tx.decide_callback(record_id, outcome, now, rewards_due.as_ref().map(|v| v.to_string()).as_deref())?;
         assert!(decided, "callback {record_id} was decided by someone else inside our transaction");
         if outcome == PaymentOutcome::Applied || outcome.requires_refund() {
             let current = tx.order_by_id(order.id)?;
@@ -652,7 +675,9 @@ impl App {
             };
             let (settle_to, outcome) = match (refund.status, cb.status) {
                 (RefundStatus::Requested, PlatformStatus::Success) => (RefundStatus::Succeeded, RefundOutcome::Applied),
-                (RefundStatus::Requested, PlatformStatus::Failed) => (RefundStatus::Failed, RefundOutcome::RefundFailed),
+                (RefundStatus::Requested, PlatformStatus::Failed) => {
+                    (RefundStatus::Failed, RefundOutcome::RefundFailed)
+                }
                 (RefundStatus::Succeeded, PlatformStatus::Success) | (RefundStatus::Failed, PlatformStatus::Failed) => {
                     return Ok(RefundOutcome::Duplicate)
                 }
@@ -734,18 +759,21 @@ fn close_in_tx(tx: &Tx, order: &Order, now: &str) -> Result<Option<Order>, Error
 
 /// Writes the refusal to `audit_log` (committed with the transaction) and
 /// returns the 409 for the caller.
-pub(crate) fn refuse_transition(tx: &Tx, order: &Order, to: OrderStatus, action: &str, now: &str, mut detail: Value) -> Result<Error, Error> {
+pub(crate) fn refuse_transition(
+    tx: &Tx,
+    order: &Order,
+    to: OrderStatus,
+    action: &str,
+    now: &str,
+    mut detail: Value,
+) -> Result<Error, Error> {
     if let Value::Object(map) = &mut detail {
         map.insert("from".into(), json!(order.status.as_str()));
         map.insert("to".into(), json!(to.as_str()));
         map.insert("request".into(), json!(action));
     }
     tx.audit(now, "api", "transition_refused", Some(&order.order_no), &detail)?;
-    Ok(Error::invalid_transition(format!(
-        "order {} is {}; cannot {action} it",
-        order.order_no,
-        order.status.as_str()
-    )))
+    Ok(Error::invalid_transition(format!("order {} is {}; cannot {action} it", order.order_no, order.status.as_str())))
 }
 
 /// A refund result payonce did not ask for, or one contradicting a settled

@@ -56,13 +56,20 @@ fn sweep_once(app: &App, shutdown: &AtomicBool) {
     }
 }
 
-pub fn spawn_inspector(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+pub fn spawn_inspector(
+    app: Arc<App>,
+    interval: Duration,
+    shutdown: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
     thread::Builder::new().name("payonce-inspector".into()).spawn(move || {
         while sleep_unless_shutdown(interval, &shutdown) {
             match app.inspect() {
                 Ok(findings) => {
                     for f in &findings {
-                        log::error("inspection finding", &[("kind", &f.kind), ("order_no", &f.order_no), ("detail", &f.detail)]);
+                        log::error(
+                            "inspection finding",
+                            &[("kind", &f.kind), ("order_no", &f.order_no), ("detail", &f.detail)],
+                        );
                     }
                 }
                 Err(e) => log::warn("inspection failed, will retry", &[("error", &e)]),

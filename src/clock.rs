@@ -69,19 +69,13 @@ pub fn format_ms(unix_ms: i64) -> String {
     let days = secs.div_euclid(86_400);
     let sod = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        sod / 3600,
-        (sod % 3600) / 60,
-        sod % 60
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{millis:03}Z", sod / 3600, (sod % 3600) / 60, sod % 60)
 }
 
 /// Parses an RFC 3339 timestamp with any offset into Unix milliseconds.
 /// Sub-millisecond digits are truncated.
 pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
-    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .ok()?;
+    let t = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()?;
     i64::try_from(t.unix_timestamp_nanos().div_euclid(1_000_000)).ok()
 }
 
@@ -120,10 +114,7 @@ mod tests {
 
     #[test]
     fn parses_offsets_to_utc() {
-        assert_eq!(
-            parse_rfc3339_ms("2023-11-15T06:13:20.123+08:00"),
-            Some(1_700_000_000_123)
-        );
+        assert_eq!(parse_rfc3339_ms("2023-11-15T06:13:20.123+08:00"), Some(1_700_000_000_123));
         assert_eq!(parse_rfc3339_ms("2023-11-15 06:13:20"), None);
         assert_eq!(parse_rfc3339_ms("yesterday"), None);
     }

@@ -21,21 +21,16 @@ pub enum OrderStatus {
 /// The only legal edges of the order state machine. `schema.sql` holds the
 /// same table as a trigger, so the database refuses what this table refuses.
 pub const LEGAL_TRANSITIONS: [(OrderStatus, OrderStatus); 5] = [
-    (OrderStatus::Pending, OrderStatus::Paid),       // payment callback (the only way in)
-    (OrderStatus::Pending, OrderStatus::Closed),     // expiry or explicit close
-    (OrderStatus::Paid, OrderStatus::Refunding),     // refund requested
+    (OrderStatus::Pending, OrderStatus::Paid), // payment callback (the only way in)
+    (OrderStatus::Pending, OrderStatus::Closed), // expiry or explicit close
+    (OrderStatus::Paid, OrderStatus::Refunding), // refund requested
     (OrderStatus::Refunding, OrderStatus::Refunded), // refund callback SUCCESS
-    (OrderStatus::Refunding, OrderStatus::Paid),     // refund callback FAILED
+    (OrderStatus::Refunding, OrderStatus::Paid), // refund callback FAILED
 ];
 
 impl OrderStatus {
-    pub const ALL: [OrderStatus; 5] = [
-        OrderStatus::Pending,
-        OrderStatus::Paid,
-        OrderStatus::Closed,
-        OrderStatus::Refunding,
-        OrderStatus::Refunded,
-    ];
+    pub const ALL: [OrderStatus; 5] =
+        [OrderStatus::Pending, OrderStatus::Paid, OrderStatus::Closed, OrderStatus::Refunding, OrderStatus::Refunded];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -96,10 +91,7 @@ impl PaymentOutcome {
     /// Money moved to the merchant but the order did not take it: the
     /// buyer must get it back (event `payment.refund_required`).
     pub fn requires_refund(self) -> bool {
-        matches!(
-            self,
-            PaymentOutcome::PaidAfterClose | PaymentOutcome::AlreadyPaid | PaymentOutcome::AmountMismatch
-        )
+        matches!(self, PaymentOutcome::PaidAfterClose | PaymentOutcome::AlreadyPaid | PaymentOutcome::AmountMismatch)
     }
 }
 

@@ -8,9 +8,9 @@
 //! size and timeouts (see README, "Deployment").
 
 use crate::api::{self, Request, Response};
-use crate::log;
 use crate::app::App;
 use crate::error::Error;
+use crate::log;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -34,12 +34,10 @@ pub struct Server {
 
 impl Server {
     pub fn bind(listen: &str) -> Result<Server, Error> {
-        let inner = tiny_http::Server::http(listen)
-            .map_err(|e| Error::internal(format!("cannot listen on {listen}: {e}")))?;
-        let addr = inner
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| Error::internal(format!("{listen} is not an IP address")))?;
+        let inner =
+            tiny_http::Server::http(listen).map_err(|e| Error::internal(format!("cannot listen on {listen}: {e}")))?;
+        let addr =
+            inner.server_addr().to_ip().ok_or_else(|| Error::internal(format!("{listen} is not an IP address")))?;
         Ok(Server { inner: Arc::new(inner), addr })
     }
 
@@ -159,7 +157,13 @@ fn log_request(method: &str, route: &str, response: &Response, latency: Duration
     let latency_ms = format!("{:.3}", latency.as_secs_f64() * 1000.0);
     log::info(
         "request",
-        &[("method", &method), ("route", &route), ("status", &response.status), ("outcome", &outcome), ("latency_ms", &latency_ms)],
+        &[
+            ("method", &method),
+            ("route", &route),
+            ("status", &response.status),
+            ("outcome", &outcome),
+            ("latency_ms", &latency_ms),
+        ],
     );
 }
 

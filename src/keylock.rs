@@ -72,9 +72,7 @@ impl KeyedLocks {
 
     fn enter(&self, key: &str) -> Arc<Mutex<()>> {
         let mut map = self.map.lock();
-        let entry = map
-            .entry(key.to_owned())
-            .or_insert_with(|| Entry { mutex: Arc::new(Mutex::new(())), users: 0 });
+        let entry = map.entry(key.to_owned()).or_insert_with(|| Entry { mutex: Arc::new(Mutex::new(())), users: 0 });
         entry.users += 1;
         Arc::clone(&entry.mutex)
     }

@@ -45,12 +45,7 @@ pub fn event(level: Level, msg: &str, fields: &[(&str, &dyn std::fmt::Display)])
     if !enabled(level) {
         return;
     }
-    let mut line = format!(
-        "ts={} level={} msg={}",
-        crate::clock::Clock::System.now_text(),
-        level.as_str(),
-        quote(msg)
-    );
+    let mut line = format!("ts={} level={} msg={}", crate::clock::Clock::System.now_text(), level.as_str(), quote(msg));
     for (key, value) in fields {
         line.push(' ');
         line.push_str(key);
@@ -75,8 +70,8 @@ pub fn info(msg: &str, fields: &[(&str, &dyn std::fmt::Display)]) {
 }
 
 fn quote(value: &str) -> String {
-    let plain = !value.is_empty()
-        && value.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'=' && b != b'\\');
+    let plain =
+        !value.is_empty() && value.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'=' && b != b'\\');
     if plain {
         value.to_owned()
     } else {

@@ -4,9 +4,9 @@ use payonce::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFA
 use payonce::background::{spawn_inspector, spawn_sweeper, INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT};
 use payonce::channel::alipay::{public_key_from_text as alipay_public_key_from_text, AlipayConfig};
 use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
-use payonce::recon::Format;
 use payonce::domain::{is_identifier, Rewards};
 use payonce::http::{Server, WORKERS_DEFAULT};
+use payonce::recon::Format;
 use payonce::{App, Clock};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -183,7 +183,9 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
                 }
                 args.coupons.push(template);
             }
-            Long("points-per-yuan") => args.points_per_yuan = int_value(&mut parser, "--points-per-yuan", 0, 1_000_000)?,
+            Long("points-per-yuan") => {
+                args.points_per_yuan = int_value(&mut parser, "--points-per-yuan", 0, 1_000_000)?
+            }
             Long("order-ttl-s") => args.order_ttl_s = int_value(&mut parser, "--order-ttl-s", 1, 86_400)?,
             Long("wechatpay-apiv3-key") => args.wechatpay_apiv3_key = Some(string_value(&mut parser)?),
             Long("wechatpay-public-key") => args.wechatpay_public_keys.push(string_value(&mut parser)?),
@@ -206,11 +208,7 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
 }
 
 fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
-    parser
-        .value()
-        .map_err(|e| e.to_string())?
-        .into_string()
-        .map_err(|v| format!("{v:?} is not UTF-8"))
+    parser.value().map_err(|e| e.to_string())?.into_string().map_err(|v| format!("{v:?} is not UTF-8"))
 }
 
 fn int_value(parser: &mut lexopt::Parser, flag: &str, min: i64, max: i64) -> Result<i64, String> {
@@ -243,14 +241,17 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
                 "refusing to serve /v1 without authentication on non-loopback address {listen}: set --api-token or PAYONCE_API_TOKEN"
             ));
         }
-        eprintln!("payonce: warning: no API token configured: /v1 is open to anyone who can reach {listen} (loopback only)");
+        eprintln!(
+            "payonce: warning: no API token configured: /v1 is open to anyone who can reach {listen} (loopback only)"
+        );
     }
     let server = Server::bind(&args.listen).map_err(|e| e.message)?;
     let addr = server.local_addr();
     let app = App::open(&args.db, Clock::System, config).map_err(|e| e.message)?;
     let shutdown = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&shutdown)).map_err(|e| format!("cannot handle signals: {e}"))?;
+        signal_hook::flag::register(signal, Arc::clone(&shutdown))
+            .map_err(|e| format!("cannot handle signals: {e}"))?;
     }
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
@@ -278,7 +279,8 @@ fn wechatpay_config(args: &ServeArgs) -> Result<Option<WechatpayConfig>, String>
     if key.is_none() && pems.is_empty() {
         return Ok(None);
     }
-    let key = key.as_deref().ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
+    let key =
+        key.as_deref().ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
     let mut platform_keys = Vec::new();
     for entry in pems {
         let (serial, file) = entry.split_once('=').ok_or("--wechatpay-public-key takes SERIAL=FILE")?;

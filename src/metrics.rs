@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Upper bounds of the latency histogram, in seconds.
-pub const LATENCY_BUCKETS_S: [f64; 12] =
-    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+pub const LATENCY_BUCKETS_S: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
 
 #[derive(Default)]
 pub struct Metrics {
@@ -102,7 +101,12 @@ impl Metrics {
                 escape(outcome)
             );
         }
-        header(&mut out, "payonce_duplicates_suppressed_total", "counter", "Repeats answered without doing the work again.");
+        header(
+            &mut out,
+            "payonce_duplicates_suppressed_total",
+            "counter",
+            "Repeats answered without doing the work again.",
+        );
         for (layer, n) in self.duplicates_suppressed.lock().iter() {
             let _ = writeln!(out, "payonce_duplicates_suppressed_total{{layer=\"{layer}\"}} {n}");
         }
@@ -117,7 +121,12 @@ impl Metrics {
         header(&mut out, "payonce_mode", "gauge", "Current mode: 1 for the mode in force.");
         let _ = writeln!(out, "payonce_mode{{mode=\"normal\"}} {}", u8::from(!gauges.record_only));
         let _ = writeln!(out, "payonce_mode{{mode=\"record_only\"}} {}", u8::from(gauges.record_only));
-        header(&mut out, "payonce_received_waiting", "gauge", "Callbacks recorded in record-only mode, waiting to be decided.");
+        header(
+            &mut out,
+            "payonce_received_waiting",
+            "gauge",
+            "Callbacks recorded in record-only mode, waiting to be decided.",
+        );
         let _ = writeln!(out, "payonce_received_waiting {}", gauges.received_waiting);
         header(&mut out, "payonce_key_locks", "gauge", "Entries in the keyed-lock map (held or awaited keys).");
         let _ = writeln!(out, "payonce_key_locks {}", gauges.key_locks);

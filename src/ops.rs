@@ -5,7 +5,9 @@
 use crate::app::{
     refuse_transition, App, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE, SOURCE_RECONCILIATION,
 };
-use crate::domain::{is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL};
+use crate::domain::{
+    is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
+};
 use crate::error::Error;
 use crate::recon::{self, Format, RowKind, StatementRow};
 use crate::store::{Finding, IdempotencySlot};
@@ -97,14 +99,18 @@ impl App {
     pub fn set_mode(&self, mode: Mode, actor: &str, slot: Option<&IdempotencySlot>) -> Result<Mode, Error> {
         let _key = self.locks.lock("admin:mode");
         let now = self.clock.now_text();
-        self.write_op(slot, |m: &Mode| (200, json!({"mode": m.as_str()})), |tx| {
-            let before = tx.setting(SETTING_MODE)?;
-            if before.as_deref() != Some(mode.as_str()) {
-                tx.put_setting(SETTING_MODE, mode.as_str())?;
-                tx.audit(&now, actor, "mode_changed", None, &json!({"from": before, "to": mode.as_str()}))?;
-            }
-            Ok(mode)
-        })
+        self.write_op(
+            slot,
+            |m: &Mode| (200, json!({"mode": m.as_str()})),
+            |tx| {
+                let before = tx.setting(SETTING_MODE)?;
+                if before.as_deref() != Some(mode.as_str()) {
+                    tx.put_setting(SETTING_MODE, mode.as_str())?;
+                    tx.audit(&now, actor, "mode_changed", None, &json!({"from": before, "to": mode.as_str()}))?;
+                }
+                Ok(mode)
+            },
+        )
     }
 
     /// Decides every record waiting in record-only mode, in arrival order,
@@ -182,29 +188,33 @@ impl App {
         validate_resolution(resolution, reason)?;
         let _key = self.locks.lock(&format!("pay:{pay_no}"));
         let now = self.clock.now_text();
-        self.write_op(slot, |v: &Value| (200, v.clone()), |tx| {
-            let record = tx
-                .callback_by_pay_no(pay_no)?
-                .ok_or_else(|| Error::new(404, "payment_not_found", format!("no payment with pay_no {pay_no:?}")))?;
-            let order = tx.order_by_id(record.order_id)?;
-            if !record.outcome.requires_refund() {
-                let detail = json!({"pay_no": pay_no, "outcome": record.outcome.as_str()});
-                tx.audit(&now, actor, "resolution_refused", Some(&order.order_no), &detail)?;
-                return Err(Error::invalid_transition(format!(
-                    "payment {pay_no} is {}, not refund-required",
-                    record.outcome.as_str()
-                )));
-            }
-            if tx.resolve_payment(record.id, resolution, reason, &now)? {
-                let detail = json!({"pay_no": pay_no, "resolution": resolution, "reason": reason});
-                tx.audit(&now, actor, "payment_resolved", Some(&order.order_no), &detail)?;
-            }
-            let (resolution, reason, resolved_at) = tx
-                .payment_resolution(record.id)?
-                .ok_or_else(|| Error::internal("a resolved payment has no resolution"))?;
-            Ok(json!({"pay_no": pay_no, "order_no": order.order_no, "outcome": record.outcome.as_str(),
+        self.write_op(
+            slot,
+            |v: &Value| (200, v.clone()),
+            |tx| {
+                let record = tx.callback_by_pay_no(pay_no)?.ok_or_else(|| {
+                    Error::new(404, "payment_not_found", format!("no payment with pay_no {pay_no:?}"))
+                })?;
+                let order = tx.order_by_id(record.order_id)?;
+                if !record.outcome.requires_refund() {
+                    let detail = json!({"pay_no": pay_no, "outcome": record.outcome.as_str()});
+                    tx.audit(&now, actor, "resolution_refused", Some(&order.order_no), &detail)?;
+                    return Err(Error::invalid_transition(format!(
+                        "payment {pay_no} is {}, not refund-required",
+                        record.outcome.as_str()
+                    )));
+                }
+                if tx.resolve_payment(record.id, resolution, reason, &now)? {
+                    let detail = json!({"pay_no": pay_no, "resolution": resolution, "reason": reason});
+                    tx.audit(&now, actor, "payment_resolved", Some(&order.order_no), &detail)?;
+                }
+                let (resolution, reason, resolved_at) = tx
+                    .payment_resolution(record.id)?
+                    .ok_or_else(|| Error::internal("a resolved payment has no resolution"))?;
+                Ok(json!({"pay_no": pay_no, "order_no": order.order_no, "outcome": record.outcome.as_str(),
                       "resolution": resolution, "reason": reason, "resolved_at": resolved_at}))
-        })
+            },
+        )
     }
 
     /// Marks an `unexpected_refund` as handled, once.
@@ -219,26 +229,32 @@ impl App {
         validate_resolution(resolution, reason)?;
         let _key = self.locks.lock(&format!("refund:{refund_no}"));
         let now = self.clock.now_text();
-        self.write_op(slot, |v: &Value| (200, v.clone()), |tx| {
-            let answer = |at: &str, detail: &Value| {
-                json!({"refund_no": refund_no, "resolution": detail["resolution"], "reason": detail["reason"],
+        self.write_op(
+            slot,
+            |v: &Value| (200, v.clone()),
+            |tx| {
+                let answer = |at: &str, detail: &Value| {
+                    json!({"refund_no": refund_no, "resolution": detail["resolution"], "reason": detail["reason"],
                        "resolved_at": at})
-            };
-            if let Some(first) = tx.refund_audit("unexpected_refund_resolved", refund_no)?.first() {
-                let detail: Value = serde_json::from_str(&first.detail).unwrap_or(Value::Null);
-                return Ok(answer(&first.at, &detail));
-            }
-            let unexpected = tx.refund_audit("unexpected_refund", refund_no)?;
-            let Some(first) = unexpected.first() else {
-                if tx.refund_by_no(refund_no)?.is_some() {
-                    return Err(Error::invalid_transition(format!("refund {refund_no} has no unexpected result to resolve")));
+                };
+                if let Some(first) = tx.refund_audit("unexpected_refund_resolved", refund_no)?.first() {
+                    let detail: Value = serde_json::from_str(&first.detail).unwrap_or(Value::Null);
+                    return Ok(answer(&first.at, &detail));
                 }
-                return Err(Error::new(404, "refund_not_found", format!("no refund with refund_no {refund_no:?}")));
-            };
-            let detail = json!({"refund_no": refund_no, "resolution": resolution, "reason": reason});
-            tx.audit(&now, actor, "unexpected_refund_resolved", first.order_no.as_deref(), &detail)?;
-            Ok(answer(&now, &detail))
-        })
+                let unexpected = tx.refund_audit("unexpected_refund", refund_no)?;
+                let Some(first) = unexpected.first() else {
+                    if tx.refund_by_no(refund_no)?.is_some() {
+                        return Err(Error::invalid_transition(format!(
+                            "refund {refund_no} has no unexpected result to resolve"
+                        )));
+                    }
+                    return Err(Error::new(404, "refund_not_found", format!("no refund with refund_no {refund_no:?}")));
+                };
+                let detail = json!({"refund_no": refund_no, "resolution": resolution, "reason": reason});
+                tx.audit(&now, actor, "unexpected_refund_resolved", first.order_no.as_deref(), &detail)?;
+                Ok(answer(&now, &detail))
+            },
+        )
     }
 
     // ---- compensation: freeze and reverse, never delete ----
@@ -254,48 +270,65 @@ impl App {
         }
         let _key = self.locks.lock(&format!("order:{}", req.order_no));
         let now = self.clock.now_text();
-        self.write_op(slot, |v: &Value| (200, v.clone()), |tx| {
-            let order = tx.order_by_no(&req.order_no)?.ok_or_else(|| Error::order_not_found(&req.order_no))?;
-            match &req.action {
-                CompensationAction::FreezeCoupon { coupon_template_id: tpl } => {
-                    let coupon = tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| {
-                        Error::new(404, "coupon_not_found", format!("order {} has no coupon {tpl:?}", order.order_no))
-                    })?;
-                    if coupon.status == "USED" {
-                        let detail = json!({"compensation": "freeze_coupon", "coupon_template_id": tpl});
-                        return Err(refuse_transition(tx, &order, order.status, "freeze a used coupon of", &now, detail)?);
-                    }
-                    if tx.freeze_coupon(order.id, tpl)? {
-                        let detail = json!({"action": "freeze_coupon", "coupon_template_id": tpl, "reason": req.reason});
-                        tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
-                    }
-                    let coupon = tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| Error::internal("coupon vanished"))?;
-                    Ok(json!({"order_no": order.order_no, "action": "freeze_coupon", "coupon_template_id": tpl,
+        self.write_op(
+            slot,
+            |v: &Value| (200, v.clone()),
+            |tx| {
+                let order = tx.order_by_no(&req.order_no)?.ok_or_else(|| Error::order_not_found(&req.order_no))?;
+                match &req.action {
+                    CompensationAction::FreezeCoupon { coupon_template_id: tpl } => {
+                        let coupon = tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| {
+                            Error::new(
+                                404,
+                                "coupon_not_found",
+                                format!("order {} has no coupon {tpl:?}", order.order_no),
+                            )
+                        })?;
+                        if coupon.status == "USED" {
+                            let detail = json!({"compensation": "freeze_coupon", "coupon_template_id": tpl});
+                            return Err(refuse_transition(
+                                tx,
+                                &order,
+                                order.status,
+                                "freeze a used coupon of",
+                                &now,
+                                detail,
+                            )?);
+                        }
+                        if tx.freeze_coupon(order.id, tpl)? {
+                            let detail =
+                                json!({"action": "freeze_coupon", "coupon_template_id": tpl, "reason": req.reason});
+                            tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
+                        }
+                        let coupon =
+                            tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| Error::internal("coupon vanished"))?;
+                        Ok(json!({"order_no": order.order_no, "action": "freeze_coupon", "coupon_template_id": tpl,
                               "coupon": {"coupon_template_id": coupon.coupon_template_id, "status": coupon.status,
                                          "created_at": coupon.created_at}}))
-                }
-                CompensationAction::ReversePoints => {
-                    if tx.points_entry(order.id, POINT_TYPE_ORDER_PAID)?.is_none() {
-                        return Err(Error::new(
-                            404,
-                            "points_not_found",
-                            format!("order {} has no {POINT_TYPE_ORDER_PAID} points to reverse", order.order_no),
-                        ));
                     }
-                    // Shares uk_order_type with the refund's reversal: whichever comes first reverses.
-                    if tx.reverse_order_points(order.id, &now)? {
-                        let detail = json!({"action": "reverse_points", "reason": req.reason});
-                        tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
-                    }
-                    let entry = tx
-                        .points_entry(order.id, POINT_TYPE_ORDER_PAID_REVERSAL)?
-                        .ok_or_else(|| Error::internal("reversal vanished"))?;
-                    Ok(json!({"order_no": order.order_no, "action": "reverse_points",
+                    CompensationAction::ReversePoints => {
+                        if tx.points_entry(order.id, POINT_TYPE_ORDER_PAID)?.is_none() {
+                            return Err(Error::new(
+                                404,
+                                "points_not_found",
+                                format!("order {} has no {POINT_TYPE_ORDER_PAID} points to reverse", order.order_no),
+                            ));
+                        }
+                        // Shares uk_order_type with the refund's reversal: whichever comes first reverses.
+                        if tx.reverse_order_points(order.id, &now)? {
+                            let detail = json!({"action": "reverse_points", "reason": req.reason});
+                            tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
+                        }
+                        let entry = tx
+                            .points_entry(order.id, POINT_TYPE_ORDER_PAID_REVERSAL)?
+                            .ok_or_else(|| Error::internal("reversal vanished"))?;
+                        Ok(json!({"order_no": order.order_no, "action": "reverse_points",
                               "points": {"point_type": entry.point_type, "points": entry.points,
                                          "created_at": entry.created_at}}))
+                    }
                 }
-            }
-        })
+            },
+        )
     }
 
     // ---- reconciliation ----
@@ -321,7 +354,8 @@ impl App {
             }
             None => rows.iter().map(|r| recon::day_of(r.at_ms, offset)).collect(),
         };
-        let rows: Vec<&StatementRow> = rows.iter().filter(|r| period.contains(&recon::day_of(r.at_ms, offset))).collect();
+        let rows: Vec<&StatementRow> =
+            rows.iter().filter(|r| period.contains(&recon::day_of(r.at_ms, offset))).collect();
         let mut result = Reconciliation { period: period.iter().cloned().collect(), ..Reconciliation::default() };
         let mut missing_rows = Vec::new();
         for (done, row) in rows.iter().enumerate() {

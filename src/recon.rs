@@ -204,13 +204,15 @@ fn parse_generic(text: &str) -> Result<Vec<StatementRow>, Error> {
             };
             check_ids(line, pay_no, order_no)?;
             let amount = amount.parse::<i64>().ok().filter(|a| is_amount(*a));
-            let amount = amount.ok_or_else(|| invalid_row(line, "amount must be an integer from 1 to 10^12 (minor units)"))?;
+            let amount =
+                amount.ok_or_else(|| invalid_row(line, "amount must be an integer from 1 to 10^12 (minor units)"))?;
             let kind = match status.as_str() {
                 "SUCCESS" => RowKind::Payment,
                 "REFUND" => RowKind::Refund,
                 _ => return Err(invalid_row(line, "status must be SUCCESS or REFUND")),
             };
-            let at_ms = parse_rfc3339_ms(paid_at).ok_or_else(|| invalid_row(line, "paid_at must be RFC 3339 with an offset"))?;
+            let at_ms = parse_rfc3339_ms(paid_at)
+                .ok_or_else(|| invalid_row(line, "paid_at must be RFC 3339 with an offset"))?;
             Ok(StatementRow { kind, id: pay_no.clone(), order_no: order_no.clone(), amount, at_ms, line, raw })
         })
         .collect()
@@ -255,13 +257,22 @@ fn parse_wechatpay(text: &str) -> Result<Vec<StatementRow>, Error> {
         let amount = yuan_to_fen(amount_text, false)
             .filter(|a| is_amount(*a))
             .ok_or_else(|| invalid_row(*line, "the amount must be yuan with at most two decimals"))?;
-        rows.push(StatementRow { kind, id: id.to_owned(), order_no: order_no.to_owned(), amount, at_ms, line: *line, raw: raw.clone() });
+        rows.push(StatementRow {
+            kind,
+            id: id.to_owned(),
+            order_no: order_no.to_owned(),
+            amount,
+            at_ms,
+            line: *line,
+            raw: raw.clone(),
+        });
     }
     Ok(rows)
 }
 
 fn parse_alipay(text: &str) -> Result<Vec<StatementRow>, Error> {
-    let records: Vec<_> = csv_records(text).into_iter().filter(|(_, f, _)| !f.first().is_some_and(|c| c.starts_with('#'))).collect();
+    let records: Vec<_> =
+        csv_records(text).into_iter().filter(|(_, f, _)| !f.first().is_some_and(|c| c.starts_with('#'))).collect();
     let Some(start) = records.iter().position(|(_, f, _)| f.first().is_some_and(|c| c == "支付宝交易号")) else {
         return Err(Error::invalid("an alipay statement has a header row beginning 支付宝交易号"));
     };
@@ -287,7 +298,15 @@ fn parse_alipay(text: &str) -> Result<Vec<StatementRow>, Error> {
         let amount = yuan_to_fen(value(amount_col), negative)
             .filter(|a| is_amount(*a))
             .ok_or_else(|| invalid_row(*line, "订单金额（元） must be yuan with at most two decimals"))?;
-        rows.push(StatementRow { kind, id: id.to_owned(), order_no: order_no.to_owned(), amount, at_ms, line: *line, raw: raw.clone() });
+        rows.push(StatementRow {
+            kind,
+            id: id.to_owned(),
+            order_no: order_no.to_owned(),
+            amount,
+            at_ms,
+            line: *line,
+            raw: raw.clone(),
+        });
     }
     Ok(rows)
 }
@@ -341,6 +360,10 @@ mod tests {
         assert_eq!((rows[0].kind, rows[0].id.as_str(), rows[0].amount), (RowKind::Payment, "P1", 9900));
         assert_eq!((rows[1].kind, rows[1].id.as_str()), (RowKind::Refund, "R1"));
         assert!(parse(Format::Generic, b"pay_no,order_no\n").is_err());
-        assert!(parse(Format::Generic, b"pay_no,order_no,amount,status,paid_at\nP1,O1,99.5,SUCCESS,2024-01-01T10:00:00Z\n").is_err());
+        assert!(parse(
+            Format::Generic,
+            b"pay_no,order_no,amount,status,paid_at\nP1,O1,99.5,SUCCESS,2024-01-01T10:00:00Z\n"
+        )
+        .is_err());
     }
 }

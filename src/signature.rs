@@ -36,9 +36,9 @@ pub fn verify(header: Option<&str>, body: &[u8], secrets: &[Vec<u8>], now_s: i64
         return Err(SignatureError::Invalid);
     }
     let (t, candidates) = parse_header(header).ok_or(SignatureError::Invalid)?;
-    let authentic = secrets.iter().any(|secret| {
-        candidates.iter().any(|candidate| mac(secret, t, body).verify_slice(candidate).is_ok())
-    });
+    let authentic = secrets
+        .iter()
+        .any(|secret| candidates.iter().any(|candidate| mac(secret, t, body).verify_slice(candidate).is_ok()));
     if !authentic {
         return Err(SignatureError::Invalid);
     }
@@ -97,10 +97,7 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
     if text.len() != 64 {
         return None;
     }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
+    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@
 //! only `Store`, `Tx` and the row types below.
 
 use crate::domain::{
-    EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus, RefundStatus,
-    POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
+    EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus, RefundStatus, POINT_TYPE_ORDER_PAID,
+    POINT_TYPE_ORDER_PAID_REVERSAL,
 };
 use crate::error::Error;
 use parking_lot::Mutex;
@@ -31,7 +31,9 @@ pub const SCHEMA_VERSION: i64 = 1;
 pub const BUSY_TIMEOUT_MS: u64 = 5_000;
 /// How long a request waits for a pooled connection.
 pub const POOL_WAIT_MS: u64 = 10_000;
-pub const POOL_SIZE_DEFAULT: u32 = 16;
+/// One connection per HTTP worker (16) plus the background workers and a
+/// metrics scrape, so a background task never waits behind a full pool.
+pub const POOL_SIZE_DEFAULT: u32 = 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Synchronous {
@@ -87,9 +89,8 @@ impl Store {
                 | OpenFlags::SQLITE_OPEN_NO_MUTEX;
             (uri, flags)
         } else {
-            let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+            let flags =
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
             (path.to_owned(), flags)
         };
         let anchor = if is_memory {
@@ -190,19 +191,13 @@ impl Store {
     }
 }
 
-fn configure_connection(
-    conn: &Connection,
-    options: &StoreOptions,
-    is_memory: bool,
-) -> rusqlite::Result<()> {
+fn configure_connection(conn: &Connection, options: &StoreOptions, is_memory: bool) -> rusqlite::Result<()> {
     // busy_timeout first: switching a new file to WAL may wait for another process.
     conn.busy_timeout(Duration::from_millis(options.busy_timeout_ms))?;
     if !is_memory {
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(rusqlite::Error::InvalidParameterName(format!(
-                "journal_mode stayed {mode}, WAL required"
-            )));
+            return Err(rusqlite::Error::InvalidParameterName(format!("journal_mode stayed {mode}, WAL required")));
         }
     }
     let synchronous = match options.synchronous {
@@ -352,7 +347,13 @@ pub struct LocalPayment {
 }
 
 fn local_payment_from_row(r: &Row) -> rusqlite::Result<LocalPayment> {
-    Ok(LocalPayment { pay_no: r.get(0)?, order_no: r.get(1)?, amount: r.get(2)?, outcome: r.get(3)?, paid_time: r.get(4)? })
+    Ok(LocalPayment {
+        pay_no: r.get(0)?,
+        order_no: r.get(1)?,
+        amount: r.get(2)?,
+        outcome: r.get(3)?,
+        paid_time: r.get(4)?,
+    })
 }
 
 fn audit_from_row(r: &Row) -> rusqlite::Result<AuditRow> {
@@ -456,18 +457,11 @@ impl Tx<'_> {
             "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
              VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5, ?6)
              ON CONFLICT (order_no) DO NOTHING",
-            params![
-                order.order_no,
-                order.user_id,
-                order.amount,
-                order.currency,
-                order.created_at,
-                order.expires_at
-            ],
+            params![order.order_no, order.user_id, order.amount, order.currency, order.created_at, order.expires_at],
         )?;
-        let stored = self.order_by_no(&order.order_no)?.ok_or_else(|| {
-            Error::internal(format!("order {} vanished inside its transaction", order.order_no))
-        })?;
+        let stored = self
+            .order_by_no(&order.order_no)?
+            .ok_or_else(|| Error::internal(format!("order {} vanished inside its transaction", order.order_no)))?;
         Ok(if one_row(inserted, "insert order")? { Ok(stored) } else { Err(stored) })
     }
 
@@ -496,10 +490,8 @@ impl Tx<'_> {
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = stmt.query_map(
-            params![user_id, status.map(OrderStatus::as_str), before_id, limit],
-            order_from_row,
-        )?;
+        let rows =
+            stmt.query_map(params![user_id, status.map(OrderStatus::as_str), before_id, limit], order_from_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
@@ -588,9 +580,9 @@ impl Tx<'_> {
         if one_row(inserted, "record callback")? {
             return Ok(Claim::New(self.conn.last_insert_rowid()));
         }
-        let existing = self.callback_by_pay_no(cb.pay_no)?.ok_or_else(|| {
-            Error::internal(format!("pay_no {} conflicted but is not recorded", cb.pay_no))
-        })?;
+        let existing = self
+            .callback_by_pay_no(cb.pay_no)?
+            .ok_or_else(|| Error::internal(format!("pay_no {} conflicted but is not recorded", cb.pay_no)))?;
         Ok(Claim::Existing(existing))
     }
 
@@ -843,15 +835,7 @@ impl Tx<'_> {
                  response_body = excluded.response_body, created_at = excluded.created_at,
                  expires_at = excluded.expires_at
              WHERE idempotency_key.expires_at <= excluded.created_at",
-            params![
-                slot.scope,
-                slot.key,
-                slot.fingerprint,
-                status_code,
-                body,
-                slot.created_at,
-                slot.expires_at
-            ],
+            params![slot.scope, slot.key, slot.fingerprint, status_code, body, slot.created_at, slot.expires_at],
         )?;
         one_row(changed, "store idempotent response")
     }
@@ -871,9 +855,9 @@ impl Tx<'_> {
 
     /// Records waiting in record-only mode, in arrival order.
     pub fn received_callbacks(&self, limit: usize) -> Result<Vec<(i64, String)>, Error> {
-        let mut stmt = self.conn.prepare_cached(
-            "SELECT id, pay_no FROM pay_callback_log WHERE state = 'received' ORDER BY id LIMIT ?1",
-        )?;
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT id, pay_no FROM pay_callback_log WHERE state = 'received' ORDER BY id LIMIT ?1")?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = stmt.query_map([limit], |r| Ok((r.get(0)?, r.get(1)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -1124,7 +1108,14 @@ impl Tx<'_> {
 
     // ---- audit and settings ----
 
-    pub fn audit(&self, at: &str, actor: &str, action: &str, order_no: Option<&str>, detail: &Value) -> Result<(), Error> {
+    pub fn audit(
+        &self,
+        at: &str,
+        actor: &str,
+        action: &str,
+        order_no: Option<&str>,
+        detail: &Value,
+    ) -> Result<(), Error> {
         self.conn.execute(
             "INSERT INTO audit_log (at, actor, action, order_no, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![at, actor, action, order_no, detail.to_string()],
@@ -1133,10 +1124,7 @@ impl Tx<'_> {
     }
 
     pub fn setting(&self, name: &str) -> Result<Option<String>, Error> {
-        Ok(self
-            .conn
-            .query_row("SELECT value FROM settings WHERE name = ?1", [name], |r| r.get(0))
-            .optional()?)
+        Ok(self.conn.query_row("SELECT value FROM settings WHERE name = ?1", [name], |r| r.get(0)).optional()?)
     }
 
     pub fn put_setting(&self, name: &str, value: &str) -> Result<(), Error> {

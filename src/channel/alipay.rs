@@ -70,7 +70,11 @@ impl<'a> Alipay<'a> {
         if let Some(content_type) = req.header("Content-Type") {
             let media_type = content_type.split(';').next().unwrap_or("").trim();
             if !media_type.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
-                return Err(Error::new(415, "unsupported_media_type", "Alipay notices are application/x-www-form-urlencoded"));
+                return Err(Error::new(
+                    415,
+                    "unsupported_media_type",
+                    "Alipay notices are application/x-www-form-urlencoded",
+                ));
             }
         }
         let raw = split_form(&req.body)?;
@@ -82,7 +86,8 @@ impl<'a> Alipay<'a> {
         };
         let mut form = BTreeMap::new();
         for (key, value) in raw {
-            let value = decode(&value, charset).ok_or_else(|| Error::invalid(format!("{key} is not valid in the charset")))?;
+            let value =
+                decode(&value, charset).ok_or_else(|| Error::invalid(format!("{key} is not valid in the charset")))?;
             if form.insert(key.clone(), value).is_some() {
                 return Err(Error::invalid(format!("parameter {key} appears twice")));
             }
@@ -121,13 +126,15 @@ impl Channel for Alipay<'_> {
     fn parse(&self, app: &App, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
         let form = self.verified_form(req)?;
         let get = |name: &str| form.get(name).map(String::as_str).filter(|v| !v.is_empty());
-        let required = |name: &str| get(name).map(str::to_owned).ok_or_else(|| Error::invalid(format!("{name} is required")));
+        let required =
+            |name: &str| get(name).map(str::to_owned).ok_or_else(|| Error::invalid(format!("{name} is required")));
         let trade_no = required("trade_no")?;
         let order_no = required("out_trade_no")?;
         // A refund result first: its trade_no is the payment's, so the
         // duplicate check of the payment must never see it.
         if let Some(refund_fee) = get("refund_fee") {
-            yuan_to_fen(refund_fee, false).ok_or_else(|| Error::invalid("refund_fee must be yuan with at most two decimals"))?;
+            yuan_to_fen(refund_fee, false)
+                .ok_or_else(|| Error::invalid("refund_fee must be yuan with at most two decimals"))?;
             let refund_no = match get("out_biz_no") {
                 Some(out_biz_no) => out_biz_no.to_owned(),
                 // A full refund (TRADE_CLOSED + gmt_refund) may name no request:
@@ -145,14 +152,19 @@ impl Channel for Alipay<'_> {
             Some("TRADE_SUCCESS") | Some("TRADE_FINISHED") => {}
             Some("TRADE_CLOSED") => return Ok(Notice::Ignored("an unpaid trade was closed")),
             Some("WAIT_BUYER_PAY") => return Ok(Notice::Ignored("the buyer has not paid yet")),
-            _ => return Err(Error::invalid("trade_status must be TRADE_SUCCESS, TRADE_FINISHED, TRADE_CLOSED or WAIT_BUYER_PAY")),
+            _ => {
+                return Err(Error::invalid(
+                    "trade_status must be TRADE_SUCCESS, TRADE_FINISHED, TRADE_CLOSED or WAIT_BUYER_PAY",
+                ))
+            }
         }
-        let amount = get("total_amount")
-            .and_then(|t| yuan_to_fen(t, false))
-            .ok_or_else(|| Error::invalid("total_amount must be yuan with at most two decimals, no sign or exponent"))?;
+        let amount = get("total_amount").and_then(|t| yuan_to_fen(t, false)).ok_or_else(|| {
+            Error::invalid("total_amount must be yuan with at most two decimals, no sign or exponent")
+        })?;
         let paid_at = match get("gmt_payment") {
             Some(text) => Some(format_ms(
-                local_time_ms(text, UTC8_OFFSET_MS).ok_or_else(|| Error::invalid("gmt_payment must be YYYY-MM-DD HH:MM:SS"))?,
+                local_time_ms(text, UTC8_OFFSET_MS)
+                    .ok_or_else(|| Error::invalid("gmt_payment must be YYYY-MM-DD HH:MM:SS"))?,
             )),
             None => None,
         };

@@ -29,7 +29,8 @@ impl Channel for Generic {
         let paid_at = match api::optional_str(&body, "paid_at")? {
             None => None,
             Some(text) => Some(format_ms(
-                parse_rfc3339_ms(&text).ok_or_else(|| Error::invalid("paid_at must be an RFC 3339 timestamp with an offset"))?,
+                parse_rfc3339_ms(&text)
+                    .ok_or_else(|| Error::invalid("paid_at must be an RFC 3339 timestamp with an offset"))?,
             )),
         };
         Ok(Notice::Payment(PaymentCallback {

@@ -59,8 +59,10 @@ impl WechatpayConfig {
 pub fn public_key_from_pem(pem: &str) -> Result<RsaPublicKey, String> {
     if pem.contains("-----BEGIN CERTIFICATE-----") {
         use x509_cert::der::{DecodePem, Encode};
-        let cert = x509_cert::Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("not an X.509 certificate: {e}"))?;
-        let spki = cert.tbs_certificate.subject_public_key_info.to_der().map_err(|e| format!("bad certificate key: {e}"))?;
+        let cert =
+            x509_cert::Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        let spki =
+            cert.tbs_certificate.subject_public_key_info.to_der().map_err(|e| format!("bad certificate key: {e}"))?;
         return RsaPublicKey::from_public_key_der(&spki).map_err(|e| format!("the certificate's key is not RSA: {e}"));
     }
     if pem.contains("-----BEGIN RSA PUBLIC KEY-----") {
@@ -118,9 +120,8 @@ impl<'a> Wechatpay<'a> {
     /// The decrypted `resource` of an authentic notification.
     fn decrypt(&self, envelope: &Value) -> Result<Value, Error> {
         let resource = &envelope["resource"];
-        let text = |name: &str| {
-            resource[name].as_str().ok_or_else(|| Error::invalid(format!("resource.{name} is missing")))
-        };
+        let text =
+            |name: &str| resource[name].as_str().ok_or_else(|| Error::invalid(format!("resource.{name} is missing")));
         if text("algorithm")? != "AEAD_AES_256_GCM" {
             return Err(Error::invalid("resource.algorithm must be AEAD_AES_256_GCM"));
         }
@@ -149,10 +150,7 @@ impl Channel for Wechatpay<'_> {
         let event_type = envelope["event_type"].as_str().unwrap_or("").to_owned();
         let plain = self.decrypt(&envelope)?;
         let field = |name: &str| {
-            plain[name]
-                .as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| Error::invalid(format!("resource {name} is missing")))
+            plain[name].as_str().map(str::to_owned).ok_or_else(|| Error::invalid(format!("resource {name} is missing")))
         };
         // Classified by the event, whichever of the two URLs it was sent to.
         if let Some(kind) = event_type.strip_prefix("REFUND.") {
@@ -179,7 +177,9 @@ impl Channel for Wechatpay<'_> {
             _ => PlatformStatus::Failed,
         };
         let paid_at = match plain["success_time"].as_str() {
-            Some(text) => Some(format_ms(parse_rfc3339_ms(text).ok_or_else(|| Error::invalid("success_time is not RFC 3339"))?)),
+            Some(text) => {
+                Some(format_ms(parse_rfc3339_ms(text).ok_or_else(|| Error::invalid("success_time is not RFC 3339"))?))
+            }
             None => None,
         };
         Ok(Notice::Payment(PaymentCallback {
