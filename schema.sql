@@ -138,9 +138,10 @@ CREATE UNIQUE INDEX uk_applied_order ON pay_callback_log (order_id) WHERE outcom
 CREATE TRIGGER pay_callback_log_identity_immutable
 BEFORE UPDATE ON pay_callback_log
 WHEN NEW.id IS NOT OLD.id OR NEW.pay_no IS NOT OLD.pay_no OR NEW.channel IS NOT OLD.channel
-  OR NEW.order_id IS NOT OLD.order_id OR NEW.source IS NOT OLD.source
-  OR NEW.received_at IS NOT OLD.received_at
+  OR NEW.order_id IS NOT OLD.order_id OR NEW.received_at IS NOT OLD.received_at
   OR (NEW.status IS NOT OLD.status AND NOT (OLD.status = 'FAILED' AND NEW.status = 'SUCCESS'))
+  -- The SUCCESS that supersedes a FAILED may come from reconciliation.
+  OR (NEW.source IS NOT OLD.source AND NOT (OLD.status = 'FAILED' AND NEW.status = 'SUCCESS'))
 BEGIN
     SELECT RAISE(ABORT, 'a recorded callback keeps its pay_no, channel, order and source; FAILED may become SUCCESS once');
 END;

@@ -538,47 +538,56 @@ impl App {
         let _pay_key = self.locks.lock(&format!("pay:{}", cb.pay_no));
         let now = self.clock.now_text();
         // 2. BEGIN IMMEDIATE ... 7. COMMIT, inside `write`.
-        self.store.write(|tx| {
-            let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
-            let new = NewCallback {
-                pay_no: &cb.pay_no,
-                channel: &cb.channel,
-                order_id: order.id,
-                amount: cb.amount,
-                status: cb.status,
-                source,
-                raw_body: &cb.raw_body,
-                paid_at: cb.paid_at.as_deref(),
-                received_at: &now,
-            };
-            // 3. Record the callback under uk_pay_no.
-            let record_id = match tx.claim_pay_no(&new)? {
-                Claim::New(id) => id,
-                Claim::Existing(prior) => {
-                    let superseded = prior.outcome == PaymentOutcome::PaymentFailed
-                        && cb.status == PlatformStatus::Success
-                        && tx.supersede_failed_payment(prior.id, &new)?;
-                    if !superseded {
-                        return Ok(PaymentReply {
-                            outcome: PaymentReplyOutcome::Duplicate { original: prior.outcome },
-                        });
-                    }
-                    let detail = json!({"pay_no": cb.pay_no, "superseded_outcome": "payment_failed",
-                                        "superseded_received_at": prior.received_at});
-                    tx.audit(&now, ACTOR_SYSTEM, "payment_failed_superseded", Some(&order.order_no), &detail)?;
-                    prior.id
-                }
-            };
-            // Record-only mode (a setting every process on the file obeys):
-            // the record waits, `received`, to be decided later by `drain`.
-            if tx.setting(SETTING_MODE)?.as_deref() == Some(MODE_RECORD_ONLY) {
-                return Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(PaymentOutcome::Recorded) });
-            }
-            // 4–6. Decide: CAS, side effects, event.
-            let outcome = self.decide_payment(tx, record_id, &order, &now)?;
-            Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(outcome) })
-        })
+        self.store.write(|tx| self.record_and_decide(tx, cb, source, &now))
         // 8. `_pay_key` drops here, after the commit.
+    }
+
+    /// Steps 3-6 of the pipeline inside the caller's IMMEDIATE transaction:
+    /// record the delivery under uk_pay_no, then decide it. A refusal (an
+    /// unknown order) happens before the first write.
+    pub(crate) fn record_and_decide(
+        &self,
+        tx: &Tx,
+        cb: &PaymentCallback,
+        source: &str,
+        now: &str,
+    ) -> Result<PaymentReply, Error> {
+        let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
+        let new = NewCallback {
+            pay_no: &cb.pay_no,
+            channel: &cb.channel,
+            order_id: order.id,
+            amount: cb.amount,
+            status: cb.status,
+            source,
+            raw_body: &cb.raw_body,
+            paid_at: cb.paid_at.as_deref(),
+            received_at: now,
+        };
+        // 3. Record the callback under uk_pay_no.
+        let record_id = match tx.claim_pay_no(&new)? {
+            Claim::New(id) => id,
+            Claim::Existing(prior) => {
+                let superseded = prior.outcome == PaymentOutcome::PaymentFailed
+                    && cb.status == PlatformStatus::Success
+                    && tx.supersede_failed_payment(prior.id, &new)?;
+                if !superseded {
+                    return Ok(PaymentReply { outcome: PaymentReplyOutcome::Duplicate { original: prior.outcome } });
+                }
+                let detail = json!({"pay_no": cb.pay_no, "superseded_outcome": "payment_failed",
+                                    "superseded_received_at": prior.received_at, "superseded_source": prior.source});
+                tx.audit(now, ACTOR_SYSTEM, "payment_failed_superseded", Some(&order.order_no), &detail)?;
+                prior.id
+            }
+        };
+        // Record-only mode (a setting every process on the file obeys):
+        // the record waits, `received`, to be decided later by `drain`.
+        if tx.setting(SETTING_MODE)?.as_deref() == Some(MODE_RECORD_ONLY) {
+            return Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(PaymentOutcome::Recorded) });
+        }
+        // 4-6. Decide: CAS, side effects, event.
+        let outcome = self.decide_payment(tx, record_id, &order, now)?;
+        Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(outcome) })
     }
 
     /// Decides a recorded payment in the spec's order of precedence. The

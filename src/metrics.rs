@@ -32,6 +32,11 @@ pub struct ScrapeGauges {
 
 impl Metrics {
     pub fn observe_request(&self, method: &str, route: &str, status: u16, latency: Duration) {
+        // Label values stay bounded whatever a client sends as its method.
+        let method = match method {
+            "GET" | "POST" | "PUT" | "DELETE" | "PATCH" | "HEAD" | "OPTIONS" => method,
+            _ => "other",
+        };
         *self.requests.lock().entry((method.to_owned(), route.to_owned(), status)).or_default() += 1;
         let seconds = latency.as_secs_f64();
         for (bucket, bound) in self.latency_buckets.iter().zip(LATENCY_BUCKETS_S) {

@@ -134,10 +134,30 @@ impl App {
         }
     }
 
-    /// [`App::drain`] answering `{"applied": N}`, stored for a keyed request.
+    /// [`App::drain`] answering `{"applied": N}`. With an Idempotency-Key,
+    /// every waiting record is decided in ONE transaction with the stored
+    /// answer, so a crash leaves both or neither; the database (the CAS from
+    /// `received`) keeps it exactly-once without the pay_no locks.
     pub fn drain_keyed(&self, slot: Option<&IdempotencySlot>) -> Result<usize, Error> {
-        let decided = self.drain()?;
-        self.write_op(slot, |n: &usize| (200, json!({"applied": n})), |_| Ok(decided))
+        let Some(slot) = slot else {
+            return self.drain();
+        };
+        let now = self.clock.now_text();
+        let mut outcomes = Vec::new();
+        let decided = self.write_op(Some(slot), |n: &usize| (200, json!({"applied": n})), |tx| loop {
+            let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
+            for (id, _) in &batch {
+                let order = tx.order_by_id(tx.callback_by_id(*id)?.order_id)?;
+                outcomes.push(self.decide_payment(tx, *id, &order, &now)?);
+            }
+            if batch.len() < DRAIN_BATCH_MAX {
+                return Ok(outcomes.len());
+            }
+        })?;
+        for outcome in &outcomes {
+            self.metrics.observe_callback("payment", outcome.as_str());
+        }
+        Ok(decided)
     }
 
     fn decide_received(&self, id: i64, pay_no: &str) -> Result<Option<PaymentOutcome>, Error> {
@@ -395,7 +415,9 @@ impl App {
         Ok(result)
     }
 
-    /// [`App::reconcile`] answering the API's body, stored for a keyed request.
+    /// [`App::reconcile`] answering the API's body. With an Idempotency-Key
+    /// and `repair`, the repairs and the stored answer commit in ONE
+    /// transaction (the comparison before it only reads).
     pub fn reconcile_keyed(
         &self,
         format: Format,
@@ -404,27 +426,43 @@ impl App {
         repair: bool,
         slot: Option<&IdempotencySlot>,
     ) -> Result<Value, Error> {
-        let result = self.reconcile(format, statement, date, repair, &mut |_, _| {})?.to_json();
-        self.write_op(slot, |v: &Value| (200, v.clone()), |_| Ok(result))
+        if slot.is_none() || !repair {
+            let result = self.reconcile(format, statement, date, repair, &mut |_, _| {})?.to_json();
+            return self.write_op(slot, |v: &Value| (200, v.clone()), |_| Ok(result));
+        }
+        let mut result = self.reconcile(format, statement, date, false, &mut |_, _| {})?;
+        let rows = recon::parse(format, statement)?;
+        let missing: HashSet<&str> = result
+            .missing_local
+            .iter()
+            .filter(|r| r["kind"] == "payment")
+            .filter_map(|r| r["pay_no"].as_str())
+            .collect();
+        let to_repair: Vec<&StatementRow> =
+            rows.iter().filter(|r| r.kind == RowKind::Payment && missing.contains(r.id.as_str())).collect();
+        let now = self.clock.now_text();
+        self.write_op(slot, |v: &Value| (200, v.clone()), |tx| {
+            let mut repaired = Vec::new();
+            for row in &to_repair {
+                let callback = repair_callback(format, row);
+                repaired.push(match self.record_and_decide(tx, &callback, SOURCE_RECONCILIATION, &now) {
+                    Ok(reply) => repaired_row(row, Ok(reply.outcome_str())),
+                    // A refusal (unknown order) wrote nothing; anything else rolls back every repair.
+                    Err(e) if e.is_refusal() => repaired_row(row, Err(&e)),
+                    Err(e) => return Err(e),
+                });
+            }
+            result.repaired = Some(repaired);
+            Ok(result.to_json())
+        })
     }
 
     fn repair_missing(&self, format: Format, rows: &[&StatementRow]) -> Vec<Value> {
         rows.iter()
             .filter(|r| r.kind == RowKind::Payment)
-            .map(|row| {
-                let callback = PaymentCallback {
-                    channel: format.as_str().to_owned(),
-                    pay_no: row.id.clone(),
-                    order_no: row.order_no.clone(),
-                    amount: row.amount,
-                    status: PlatformStatus::Success,
-                    paid_at: Some(crate::clock::format_ms(row.at_ms)),
-                    raw_body: row.raw.clone().into_bytes(),
-                };
-                match self.deliver_payment_from(&callback, SOURCE_RECONCILIATION) {
-                    Ok(reply) => json!({"pay_no": row.id, "order_no": row.order_no, "outcome": reply.outcome_str()}),
-                    Err(e) => json!({"pay_no": row.id, "order_no": row.order_no, "error": e.to_json()["error"]}),
-                }
+            .map(|row| match self.deliver_payment_from(&repair_callback(format, row), SOURCE_RECONCILIATION) {
+                Ok(reply) => repaired_row(row, Ok(reply.outcome_str())),
+                Err(e) => repaired_row(row, Err(&e)),
             })
             .collect()
     }
@@ -437,6 +475,26 @@ impl App {
             return Err(Error::invalid(format!("{} exists; a backup never overwrites", to.display())));
         }
         self.store.backup_to(to)
+    }
+}
+
+/// A platform's payment as the exactly-once path takes it, from reconciliation.
+fn repair_callback(format: Format, row: &StatementRow) -> PaymentCallback {
+    PaymentCallback {
+        channel: format.as_str().to_owned(),
+        pay_no: row.id.clone(),
+        order_no: row.order_no.clone(),
+        amount: row.amount,
+        status: PlatformStatus::Success,
+        paid_at: Some(crate::clock::format_ms(row.at_ms)),
+        raw_body: row.raw.clone().into_bytes(),
+    }
+}
+
+fn repaired_row(row: &StatementRow, outcome: Result<&str, &Error>) -> Value {
+    match outcome {
+        Ok(outcome) => json!({"pay_no": row.id, "order_no": row.order_no, "outcome": outcome}),
+        Err(e) => json!({"pay_no": row.id, "order_no": row.order_no, "error": e.to_json()["error"]}),
     }
 }
 

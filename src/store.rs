@@ -593,9 +593,9 @@ impl Tx<'_> {
         let changed = self.conn.execute(
             "UPDATE pay_callback_log
              SET status = 'SUCCESS', outcome = 'recorded', state = 'received', decided_at = NULL,
-                 amount = ?2, raw_body = ?3, paid_at = ?4
+                 amount = ?2, raw_body = ?3, paid_at = ?4, source = ?5
              WHERE id = ?1 AND status = 'FAILED' AND outcome = 'payment_failed' AND state = 'decided'",
-            params![id, cb.amount, cb.raw_body, cb.paid_at],
+            params![id, cb.amount, cb.raw_body, cb.paid_at, cb.source],
         )?;
         one_row(changed, "supersede failed payment")
     }
