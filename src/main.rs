@@ -23,6 +23,7 @@ payonce: exactly-once orders and payment callbacks on SQLite
 
 Usage:
   payonce serve     [--db PATH|:memory:] [--listen ADDR:PORT] [settings]
+  payonce simulate  [--target URL] [--scenario NAME]... [--orders N] [--time-factor F]  (payment-platform simulator)
   payonce inspect   --db PATH             (findings as JSON on stdout; exit 0 clean, 1 findings)
   payonce reconcile --db PATH --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
   payonce backup    --db PATH --to FILE   (an online, consistent copy)
@@ -136,6 +137,14 @@ fn run() -> Result<ExitCode, String> {
     match command.as_deref() {
         Some("serve") => serve(parse_serve(lexopt::Parser::from_args(args))?),
         Some("sign") => sign(lexopt::Parser::from_args(args)),
+        Some("simulate") => {
+            // The in-process payonce would log every request on stderr; the table is the output.
+            // Set before any thread exists.
+            if std::env::var_os("PAYONCE_LOG").is_none() {
+                std::env::set_var("PAYONCE_LOG", "warn");
+            }
+            payonce::simulate::run(args)
+        }
         Some("inspect") => inspect(lexopt::Parser::from_args(args)),
         Some("reconcile") => reconcile(lexopt::Parser::from_args(args)),
         Some("backup") => backup(lexopt::Parser::from_args(args)),
