@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run test fmt lint example clean
+.PHONY: run test fmt lint example clean test-deploy fuzz-api
 
 # Serve on 127.0.0.1:8080 with payonce.db in dev mode (a fixed, printed
 # callback secret) and print what to try next.
@@ -28,3 +28,17 @@ example:
 
 clean:
 	$(CARGO) clean
+
+# deploy/nginx.conf in front of a live payonce (release build): a callback
+# through the proxy is applied; admin routes, a 100 GiB Content-Length, a
+# 1 MiB header and a one-byte-a-second client stop at nginx. Needs nginx,
+# openssl, curl and python3 (.ci/run installs nginx).
+test-deploy:
+	bash tests/deploy/nginx.sh
+
+# Schemathesis against a live payonce from docs/openapi.yaml: no 5xx, every
+# answer as documented. FUZZ_MAX_EXAMPLES (default 50 per operation) and
+# FUZZ_TIMEOUT_S (default 600) bound it; .ci/run installs Schemathesis into
+# target/fuzz-venv.
+fuzz-api:
+	bash tests/deploy/fuzz-api.sh

@@ -14,4 +14,6 @@ mod idempotency;
 mod incident;
 mod schema;
 mod storm;
+mod openapi;
+mod crash;
 mod simulate;

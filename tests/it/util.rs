@@ -200,7 +200,12 @@ pub fn parse_response(bytes: &[u8]) -> Option<HttpResponse> {
         .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
         .collect();
     let mut body = bytes[split + 4..].to_vec();
-    if let Some(len) = headers
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("Transfer-Encoding") && v.eq_ignore_ascii_case("chunked"));
+    if chunked {
+        body = dechunk(&body)?;
+    } else if let Some(len) = headers
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case("Content-Length"))
         .and_then(|(_, v)| v.parse::<usize>().ok())
@@ -208,6 +213,22 @@ pub fn parse_response(bytes: &[u8]) -> Option<HttpResponse> {
         body.truncate(len);
     }
     Some(HttpResponse { status, headers, body })
+}
+
+/// Decodes a chunked body (tiny_http chunks answers of 32 KiB and more).
+fn dechunk(mut bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = bytes.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&bytes[..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        bytes = &bytes[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(bytes.get(..size)?);
+        bytes = bytes.get(size + 2..)?;
+    }
 }
 
 /// A small seeded PRNG (xorshift64*), so a failing interleaving replays.

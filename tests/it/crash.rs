@@ -1,0 +1,455 @@
+//! Crash test: a storm of signed callbacks from a platform that re-delivers
+//! anything not acknowledged, while the server is killed with SIGKILL at
+//! random moments (seeded) and restarted on the same database file. At the
+//! end every acknowledged callback's effects are present exactly once,
+//! every order is in the right state, and `PRAGMA integrity_check` is ok.
+//!
+//! The storm: `ORDERS` orders are created (an order_no re-sent until
+//! acknowledged), each is paid by pay_no `P-{i}-a` delivered twice at once
+//! (concurrent duplicates) and, for every third order, by a second channel's
+//! pay_no `P-{i}-b` (twice, after `P-{i}-a` was acknowledged: it must be
+//! `already_paid`, refund-required). While kills remain, acknowledged
+//! payments are re-delivered again (a platform's re-delivery after a lost
+//! answer), so the server is always under load when it dies. Anything not
+//! answered 2xx (connection refused or reset, 503, no answer) goes back in
+//! the queue and is re-delivered after a short, random pause.
+//!
+//! Replay a run with PAYONCE_CRASH_SEED=<seed printed by the test>.
+
+use crate::util::{parse_response, sign_now, HttpResponse, Rng, Server, TempDir, SECRET};
+use rusqlite::{Connection, OpenFlags};
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const ORDERS: usize = 600;
+/// Orders arrive this far apart, so the storm spans the kills.
+const ARRIVAL_SPREAD: Duration = Duration::from_millis(8);
+/// Every `SECOND_CHANNEL_EVERY`-th order is also paid through a second channel.
+const SECOND_CHANNEL_EVERY: usize = 3;
+const KILLS_MIN: usize = 15;
+const CLIENTS: usize = 8;
+const COUPONS: [&str; 2] = ["NEW10", "VIP5"];
+const POINTS_PER_YUAN: i64 = 1;
+/// The whole test, storm and checks, stays under this.
+const DEADLINE: Duration = Duration::from_secs(55);
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn order_no(i: usize) -> String {
+    format!("CRASH-{i:04}")
+}
+
+fn amount(i: usize) -> i64 {
+    1_000 + i as i64
+}
+
+fn user_id(i: usize) -> String {
+    format!("u-{}", i % 7)
+}
+
+fn pay_no(i: usize, channel: Channel) -> String {
+    match channel {
+        Channel::First => format!("P-{i:04}-a"),
+        Channel::Second => format!("P-{i:04}-b"),
+    }
+}
+
+fn has_second_channel(i: usize) -> bool {
+    i % SECOND_CHANNEL_EVERY == 0
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Channel {
+    First,
+    Second,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Create,
+    Pay(Channel),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Delivery {
+    order: usize,
+    kind: Kind,
+    not_before: Instant,
+}
+
+#[derive(Default)]
+struct Storm {
+    queue: VecDeque<Delivery>,
+    /// Deliveries that still need an acknowledgement (queued or in flight).
+    outstanding: usize,
+    created: Vec<bool>,
+    first_paid: Vec<bool>,
+    /// Sends that were not acknowledged and went back in the queue.
+    redeliveries: usize,
+    /// Acknowledged payments sent again on purpose while kills remained.
+    extra_duplicates: usize,
+    sends: usize,
+    /// Refused connections: the server was down.
+    refused: usize,
+    /// Requests sent and then cut (reset, or no complete answer): killed in flight.
+    cut_in_flight: usize,
+    status_503: usize,
+    /// "applied" answers per pay_no: more than one would be a double payment.
+    applied_answers: HashMap<String, usize>,
+    /// Every acknowledged answer that is not what the contract says.
+    violations: Vec<String>,
+}
+
+impl Storm {
+    fn push(&mut self, order: usize, kind: Kind, delay: Duration) {
+        self.queue.push_back(Delivery { order, kind, not_before: Instant::now() + delay });
+        self.outstanding += 1;
+    }
+}
+
+/// One HTTP/1.1 request on its own connection; `Err` on any connection
+/// failure or an unparsable answer (util::request panics on those).
+#[derive(Debug)]
+enum SendError {
+    /// No connection: nothing was sent.
+    Refused,
+    /// Sent (maybe partly), then the connection failed before a complete answer.
+    Cut,
+}
+
+fn try_request(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Result<HttpResponse, SendError> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|_| SendError::Refused)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(|_| SendError::Cut)?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(|_| SendError::Cut)?;
+    let mut head =
+        format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(body);
+    stream.write_all(&bytes).map_err(|_| SendError::Cut)?;
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).map_err(|_| SendError::Cut)?;
+    parse_response(&out).ok_or(SendError::Cut)
+}
+
+/// A GET over HTTP/1.0, so that a large body comes back whole rather than
+/// chunked (tiny_http chunks big HTTP/1.1 answers; util's parser does not
+/// decode chunks).
+fn get_json_http10(addr: SocketAddr, path: &str) -> Value {
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).expect("write");
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out).expect("read");
+    let response = parse_response(&out).unwrap_or_else(|| panic!("no answer to GET {path}"));
+    assert_eq!(response.status, 200, "GET {path}: {}", response.text());
+    response.json()
+}
+
+fn send(addr: SocketAddr, delivery: &Delivery) -> Result<HttpResponse, SendError> {
+    let i = delivery.order;
+    match delivery.kind {
+        Kind::Create => {
+            let body = json!({"order_no": order_no(i), "user_id": user_id(i), "amount": amount(i)}).to_string();
+            try_request(addr, "/v1/orders", &[], body.as_bytes())
+        }
+        Kind::Pay(channel) => {
+            let body = json!({"pay_no": pay_no(i, channel), "order_no": order_no(i), "amount": amount(i),
+                              "status": "SUCCESS"})
+            .to_string();
+            let signature = sign_now(SECRET, body.as_bytes());
+            try_request(addr, "/v1/callbacks/generic", &[("Payonce-Signature", &signature)], body.as_bytes())
+        }
+    }
+}
+
+/// What an acknowledged answer must say; `Err` describes a violation.
+fn judge(delivery: &Delivery, response: &HttpResponse) -> Result<Option<String>, String> {
+    let i = delivery.order;
+    let body: Value = serde_json::from_slice(&response.body).map_err(|e| format!("{delivery:?}: not JSON: {e}"))?;
+    match delivery.kind {
+        Kind::Create => {
+            if body["order_no"] != order_no(i) || body["amount"] != amount(i) {
+                return Err(format!("{delivery:?}: answered another order: {body}"));
+            }
+            Ok(None)
+        }
+        Kind::Pay(channel) => {
+            let first = match channel {
+                Channel::First => "applied",
+                Channel::Second => "already_paid",
+            };
+            let outcome = body["outcome"].as_str().unwrap_or_default();
+            let ok = body["code"] == "SUCCESS"
+                && (outcome == first || (outcome == "duplicate" && body["original"] == first));
+            if !ok {
+                return Err(format!("{} answered {body}, expected {first} or duplicate of it", pay_no(i, channel)));
+            }
+            Ok((outcome == "applied").then(|| pay_no(i, channel)))
+        }
+    }
+}
+
+fn client(
+    storm: Arc<Mutex<Storm>>,
+    addr: Arc<Mutex<SocketAddr>>,
+    kills_done: Arc<AtomicBool>,
+    seed: u64,
+    deadline: Instant,
+) {
+    let mut rng = Rng::new(seed);
+    while Instant::now() < deadline {
+        let next = {
+            let mut s = storm.lock().expect("storm lock");
+            let now = Instant::now();
+            let ready = s.queue.iter().position(|d| d.not_before <= now);
+            let killing = !kills_done.load(Ordering::SeqCst);
+            if ready.is_none() && s.outstanding == 0 && !killing {
+                return;
+            }
+            if ready.is_none() && killing && s.outstanding < 2 * CLIENTS {
+                // Nothing due: keep the server busy until every kill has
+                // happened, as a platform re-delivering a payment whose
+                // answer it lost.
+                let i = rng.below(ORDERS as u64) as usize;
+                if s.first_paid[i] {
+                    s.extra_duplicates += 1;
+                    s.push(i, Kind::Pay(Channel::First), Duration::ZERO);
+                }
+            }
+            s.queue.iter().position(|d| d.not_before <= now).and_then(|at| s.queue.remove(at))
+        };
+        let Some(delivery) = next else {
+            thread::sleep(Duration::from_millis(2));
+            continue;
+        };
+        let target = *addr.lock().expect("addr lock");
+        let result = send(target, &delivery);
+        let mut s = storm.lock().expect("storm lock");
+        s.sends += 1;
+        let acknowledged = match &result {
+            Ok(response) if (200..300).contains(&response.status) => true,
+            Ok(response) => {
+                if response.status == 503 {
+                    s.status_503 += 1;
+                } else {
+                    // 404 order_not_found cannot happen (payments follow an
+                    // acknowledged creation); 500 is a server fault.
+                    s.violations.push(format!("{delivery:?}: {} {}", response.status, response.text()));
+                }
+                false
+            }
+            Err(SendError::Refused) => {
+                s.refused += 1;
+                false
+            }
+            Err(SendError::Cut) => {
+                s.cut_in_flight += 1;
+                false
+            }
+        };
+        if !acknowledged {
+            s.redeliveries += 1;
+            let pause = Duration::from_millis(5 + rng.below(50));
+            s.queue.push_back(Delivery { not_before: Instant::now() + pause, ..delivery });
+            continue;
+        }
+        s.outstanding -= 1;
+        let response = result.expect("acknowledged means answered");
+        match judge(&delivery, &response) {
+            Ok(Some(applied)) => *s.applied_answers.entry(applied).or_default() += 1,
+            Ok(None) => {}
+            Err(violation) => s.violations.push(violation),
+        }
+        let i = delivery.order;
+        match delivery.kind {
+            Kind::Create if !s.created[i] => {
+                s.created[i] = true;
+                // Two copies at once: concurrent duplicates.
+                s.push(i, Kind::Pay(Channel::First), Duration::ZERO);
+                s.push(i, Kind::Pay(Channel::First), Duration::ZERO);
+            }
+            Kind::Pay(Channel::First) if !s.first_paid[i] => {
+                s.first_paid[i] = true;
+                if has_second_channel(i) {
+                    s.push(i, Kind::Pay(Channel::Second), Duration::ZERO);
+                    s.push(i, Kind::Pay(Channel::Second), Duration::from_millis(rng.below(40)));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn start(db: &std::path::Path) -> Server {
+    let points = POINTS_PER_YUAN.to_string();
+    Server::start_on(db, &["--coupon", COUPONS[0], "--coupon", COUPONS[1], "--points-per-yuan", &points])
+}
+
+#[test]
+fn sigkill_during_a_callback_storm_loses_and_duplicates_nothing() {
+    let started = Instant::now();
+    let deadline = started + DEADLINE;
+    let seed = std::env::var("PAYONCE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x00C0_FFEE_u64);
+    println!("crash: seed {seed} (PAYONCE_CRASH_SEED to replay)");
+    let mut rng = Rng::new(seed);
+    let dir = TempDir::new("crash");
+    let db = dir.path("crash.db");
+    let mut server = start(&db);
+    let addr = Arc::new(Mutex::new(server.addr));
+
+    let mut storm = Storm { created: vec![false; ORDERS], first_paid: vec![false; ORDERS], ..Storm::default() };
+    let mut creation_order: Vec<usize> = (0..ORDERS).collect();
+    rng.shuffle(&mut creation_order);
+    for (k, i) in creation_order.into_iter().enumerate() {
+        storm.push(i, Kind::Create, ARRIVAL_SPREAD * k as u32);
+    }
+    let storm = Arc::new(Mutex::new(storm));
+    let kills_done = Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            let (storm, addr, kills_done) = (Arc::clone(&storm), Arc::clone(&addr), Arc::clone(&kills_done));
+            let client_seed = seed.wrapping_add(1 + c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            thread::spawn(move || client(storm, addr, kills_done, client_seed, deadline))
+        })
+        .collect();
+
+    // SIGKILL at random moments, restart on the same file each time.
+    let mut kills = 0;
+    while kills < KILLS_MIN && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50 + rng.below(350)));
+        server.kill();
+        kills += 1;
+        if rng.below(2) == 0 {
+            // Sometimes stay down a while: the platform's retries pile up.
+            thread::sleep(Duration::from_millis(rng.below(200)));
+        }
+        server = start(&db);
+        *addr.lock().expect("addr lock") = server.addr;
+    }
+    kills_done.store(true, Ordering::SeqCst);
+    for client in clients {
+        client.join().expect("client thread");
+    }
+    let elapsed_storm = started.elapsed();
+
+    let s = storm.lock().expect("storm lock");
+    let answers_lost = (0..ORDERS).filter(|i| !s.applied_answers.contains_key(&pay_no(*i, Channel::First))).count();
+    println!(
+        "crash: {kills} SIGKILLs, {} sends, {} re-deliveries of unacknowledged requests ({} cut in flight, {} \
+         refused while down, {} 503), {} extra re-deliveries of acknowledged payments, {answers_lost} payments \
+         whose `applied` answer was lost (seen only as duplicate), storm {:.1}s",
+        s.sends,
+        s.redeliveries,
+        s.cut_in_flight,
+        s.refused,
+        s.status_503,
+        s.extra_duplicates,
+        elapsed_storm.as_secs_f64()
+    );
+    assert!(kills >= 10, "only {kills} kills happened before the deadline");
+    assert_eq!(s.outstanding, 0, "deliveries still unacknowledged at the deadline: {}", s.outstanding);
+    assert!(s.violations.is_empty(), "answers that break the contract:\n{}", s.violations.join("\n"));
+    assert!(s.cut_in_flight > 0, "no request was ever cut in flight: the kills hit nothing");
+    let doubled: Vec<_> = s.applied_answers.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(doubled.is_empty(), "pay_nos answered `applied` more than once: {doubled:?}");
+    drop(s);
+
+    // One more SIGKILL, then read the file as the crash left it.
+    server.kill();
+    let nb = (0..ORDERS).filter(|i| has_second_channel(*i)).count() as i64;
+    {
+        let conn = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db read-only");
+        let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).expect("integrity_check");
+        assert_eq!(check, "ok", "PRAGMA integrity_check");
+        let count =
+            |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}")) };
+        assert_eq!(count("SELECT count(*) FROM orders"), ORDERS as i64, "orders");
+        assert_eq!(count("SELECT count(*) FROM pay_callback_log"), ORDERS as i64 + nb, "callback log rows");
+        assert_eq!(count("SELECT count(*) FROM user_coupon"), (ORDERS * COUPONS.len()) as i64, "coupons");
+        assert_eq!(count("SELECT count(*) FROM point_log"), ORDERS as i64, "points rows");
+        assert_eq!(count("SELECT count(*) FROM outbox_event"), ORDERS as i64 + nb, "events");
+        assert_eq!(count("SELECT count(*) FROM refund"), 0, "refunds");
+
+        for i in 0..ORDERS {
+            let no = order_no(i);
+            let (id, status, paid_by, user, stored_amount): (i64, String, Option<String>, String, i64) = conn
+                .query_row("SELECT id, status, pay_no, user_id, amount FROM orders WHERE order_no = ?1", [&no], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })
+                .unwrap_or_else(|e| panic!("order {no}: {e}"));
+            assert_eq!(status, "PAID", "{no}");
+            assert_eq!(paid_by.as_deref(), Some(pay_no(i, Channel::First).as_str()), "{no} paid by");
+            assert_eq!((user.as_str(), stored_amount), (user_id(i).as_str(), amount(i)), "{no}");
+
+            let outcome = |p: &str| -> (i64, String, String) {
+                conn.query_row("SELECT order_id, outcome, state FROM pay_callback_log WHERE pay_no = ?1", [p], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .unwrap_or_else(|e| panic!("callback {p}: {e}"))
+            };
+            let first = pay_no(i, Channel::First);
+            assert_eq!(outcome(&first), (id, "applied".to_owned(), "decided".to_owned()), "{first}");
+            if has_second_channel(i) {
+                let second = pay_no(i, Channel::Second);
+                assert_eq!(outcome(&second), (id, "already_paid".to_owned(), "decided".to_owned()), "{second}");
+                let refund_required: i64 = conn
+                    .query_row(
+                        "SELECT count(*) FROM outbox_event WHERE type = 'payment.refund_required' AND event_id = ?1",
+                        [format!("payment.refund_required:{second}")],
+                        |r| r.get(0),
+                    )
+                    .expect("refund_required events");
+                assert_eq!(refund_required, 1, "payment.refund_required for {second}");
+            }
+
+            for template in COUPONS {
+                let n: i64 = conn
+                    .query_row(
+                        "SELECT count(*) FROM user_coupon WHERE order_id = ?1 AND coupon_template_id = ?2 \
+                         AND status = 'ACTIVE' AND user_id = ?3",
+                        rusqlite::params![id, template, user_id(i)],
+                        |r| r.get(0),
+                    )
+                    .expect("coupons");
+                assert_eq!(n, 1, "{no}: coupon {template}");
+            }
+            let points: Vec<i64> = conn
+                .prepare("SELECT points FROM point_log WHERE order_id = ?1 AND point_type = 'ORDER_PAID'")
+                .and_then(|mut st| st.query_map([id], |r| r.get(0))?.collect())
+                .expect("points");
+            assert_eq!(points, vec![amount(i) * POINTS_PER_YUAN / 100], "{no}: ORDER_PAID points");
+            let paid_events: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM outbox_event WHERE type = 'order.paid' AND event_id = ?1 AND order_no = ?2",
+                    [format!("order.paid:{no}"), no.clone()],
+                    |r| r.get(0),
+                )
+                .expect("order.paid events");
+            assert_eq!(paid_events, 1, "{no}: order.paid events");
+        }
+    }
+
+    // The restarted service agrees: its own inspection finds nothing but the
+    // refund-required second-channel payments, which are expected.
+    let server = start(&db);
+    let inspection = get_json_http10(server.addr, "/v1/inspections");
+    let findings = inspection["findings"].as_array().cloned().unwrap_or_default();
+    let unexpected: Vec<&Value> = findings.iter().filter(|f| f["kind"] != "refund_required").collect();
+    assert!(unexpected.is_empty(), "inspection findings after the storm: {unexpected:?}");
+    assert_eq!(findings.len() as i64, nb, "refund_required findings: one per second-channel payment");
+    assert_eq!(server.get("/healthz").status, 200);
+    println!(
+        "crash: all {ORDERS} orders PAID once, {nb} refund-required, integrity ok, in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "the crash test took {:?}", started.elapsed());
+}
