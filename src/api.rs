@@ -625,7 +625,9 @@ fn percent_decode(text: &str) -> Result<String, Error> {
             b'%' => {
                 let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
                 // Two hex digits exactly: from_str_radix alone would take "+f".
-                let byte = hex.filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit())).and_then(|h| u8::from_str_radix(h, 16).ok());
+                let byte = hex
+                    .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
                 out.push(byte.ok_or_else(|| Error::invalid("malformed percent-encoding in the query string"))?);
                 i += 3;
             }

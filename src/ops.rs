@@ -144,16 +144,20 @@ impl App {
         };
         let now = self.clock.now_text();
         let mut outcomes = Vec::new();
-        let decided = self.write_op(Some(slot), |n: &usize| (200, json!({"applied": n})), |tx| loop {
-            let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
-            for (id, _) in &batch {
-                let order = tx.order_by_id(tx.callback_by_id(*id)?.order_id)?;
-                outcomes.push(self.decide_payment(tx, *id, &order, &now)?);
-            }
-            if batch.len() < DRAIN_BATCH_MAX {
-                return Ok(outcomes.len());
-            }
-        })?;
+        let decided = self.write_op(
+            Some(slot),
+            |n: &usize| (200, json!({"applied": n})),
+            |tx| loop {
+                let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
+                for (id, _) in &batch {
+                    let order = tx.order_by_id(tx.callback_by_id(*id)?.order_id)?;
+                    outcomes.push(self.decide_payment(tx, *id, &order, &now)?);
+                }
+                if batch.len() < DRAIN_BATCH_MAX {
+                    return Ok(outcomes.len());
+                }
+            },
+        )?;
         for outcome in &outcomes {
             self.metrics.observe_callback("payment", outcome.as_str());
         }
@@ -441,20 +445,24 @@ impl App {
         let to_repair: Vec<&StatementRow> =
             rows.iter().filter(|r| r.kind == RowKind::Payment && missing.contains(r.id.as_str())).collect();
         let now = self.clock.now_text();
-        self.write_op(slot, |v: &Value| (200, v.clone()), |tx| {
-            let mut repaired = Vec::new();
-            for row in &to_repair {
-                let callback = repair_callback(format, row);
-                repaired.push(match self.record_and_decide(tx, &callback, SOURCE_RECONCILIATION, &now) {
-                    Ok(reply) => repaired_row(row, Ok(reply.outcome_str())),
-                    // A refusal (unknown order) wrote nothing; anything else rolls back every repair.
-                    Err(e) if e.is_refusal() => repaired_row(row, Err(&e)),
-                    Err(e) => return Err(e),
-                });
-            }
-            result.repaired = Some(repaired);
-            Ok(result.to_json())
-        })
+        self.write_op(
+            slot,
+            |v: &Value| (200, v.clone()),
+            |tx| {
+                let mut repaired = Vec::new();
+                for row in &to_repair {
+                    let callback = repair_callback(format, row);
+                    repaired.push(match self.record_and_decide(tx, &callback, SOURCE_RECONCILIATION, &now) {
+                        Ok(reply) => repaired_row(row, Ok(reply.outcome_str())),
+                        // A refusal (unknown order) wrote nothing; anything else rolls back every repair.
+                        Err(e) if e.is_refusal() => repaired_row(row, Err(&e)),
+                        Err(e) => return Err(e),
+                    });
+                }
+                result.repaired = Some(repaired);
+                Ok(result.to_json())
+            },
+        )
     }
 
     fn repair_missing(&self, format: Format, rows: &[&StatementRow]) -> Vec<Value> {

@@ -158,7 +158,7 @@ mod tests {
             Some(format!("t={NOW},v1=zz")),
             Some(format!("t={NOW},v1={}", "g".repeat(64))),
             Some(format!("t={NOW},v1=é{}", "a".repeat(62))),
-            Some(format!("t={NOW},{}", vec![v1.as_str(); 9].join(","))),
+            Some(format!("t={NOW},{}", [v1.as_str(); 9].join(","))),
             Some(format!("t=99999999999999999999,{v1}")),
         ];
         for header in cases {

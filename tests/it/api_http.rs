@@ -106,7 +106,15 @@ fn pay(server: &Server, pay_no: &str, order_no: &str, amount: i64, status: &str)
 }
 
 /// A payment callback answered 200 with `outcome` (and `original` for duplicates).
-fn check_pay(server: &Server, pay_no: &str, order_no: &str, amount: i64, status: &str, outcome: &str, original: Option<&str>) {
+fn check_pay(
+    server: &Server,
+    pay_no: &str,
+    order_no: &str,
+    amount: i64,
+    status: &str,
+    outcome: &str,
+    original: Option<&str>,
+) {
     let resp = pay(server, pay_no, order_no, amount, status);
     let context = format!("{pay_no} {status} {amount} for {order_no}");
     assert_eq!(resp.status, 200, "{context}: {}", resp.text());
@@ -193,7 +201,8 @@ fn create_order_new_replay_conflict_and_key_required() {
     let server = Server::start(&[]);
 
     // New: 201, every key present, unset ones null, currency CNY, expires = created + expires_in_s.
-    let resp = server.post_json("/v1/orders", &json!({"order_no": "ORD-1", "user_id": "u1", "amount": 9900, "expires_in_s": 60}));
+    let resp = server
+        .post_json("/v1/orders", &json!({"order_no": "ORD-1", "user_id": "u1", "amount": 9900, "expires_in_s": 60}));
     assert_eq!(resp.status, 201, "{}", resp.text());
     assert!(resp.header("Content-Type").is_some_and(|c| c.starts_with("application/json")));
     assert_eq!(resp.header("Idempotent-Replayed"), None, "a new order is not a replay");
@@ -218,7 +227,8 @@ fn create_order_new_replay_conflict_and_key_required() {
     assert_eq!(ms(&default_ttl["expires_at"]) - ms(&default_ttl["created_at"]), 900_000, "{default_ttl}");
 
     // Explicit currency.
-    let usd = server.post_json("/v1/orders", &json!({"order_no": "ORD-USD", "user_id": "u1", "amount": 5, "currency": "USD"}));
+    let usd = server
+        .post_json("/v1/orders", &json!({"order_no": "ORD-USD", "user_id": "u1", "amount": 5, "currency": "USD"}));
     assert_eq!(usd.status, 201, "{}", usd.text());
     assert_eq!(usd.json()["currency"], "USD");
 
@@ -563,7 +573,8 @@ fn close_order_transitions_and_refusals() {
 fn expired_pending_orders_are_closed_by_the_sweeper() {
     // --order-ttl-s is the default lifetime; the sweeper runs every second by default.
     let server = Server::start(&["--order-ttl-s", "1"]);
-    let keep = server.post_json("/v1/orders", &json!({"order_no": "KEEP", "user_id": "u1", "amount": 100, "expires_in_s": 3600}));
+    let keep = server
+        .post_json("/v1/orders", &json!({"order_no": "KEEP", "user_id": "u1", "amount": 100, "expires_in_s": 3600}));
     assert_eq!(keep.status, 201);
     let expiring = create(&server, "EXP-1", "u1", 100);
     assert_eq!(ms(&expiring["expires_at"]) - ms(&expiring["created_at"]), 1_000, "--order-ttl-s 1: {expiring}");
@@ -665,7 +676,9 @@ fn refund_request_lifecycle() {
 #[test]
 fn payment_callback_every_outcome() {
     let server = Server::start(&REWARDS);
-    let coupons_of = |user: &str| server.get(&format!("/v1/users/{user}/coupons")).json()["coupons"].as_array().cloned().unwrap_or_default();
+    let coupons_of = |user: &str| {
+        server.get(&format!("/v1/users/{user}/coupons")).json()["coupons"].as_array().cloned().unwrap_or_default()
+    };
     let points_of = |user: &str| server.get(&format!("/v1/users/{user}/points")).json();
 
     // applied: PENDING→PAID, two ACTIVE coupons, floor(9999*2/100) points, order.paid.
@@ -681,7 +694,10 @@ fn payment_callback_every_outcome() {
     assert_eq!(points_of("u1")["balance"], 199);
     let ev = event(&server, "order.paid:O-1");
     assert_eq!(ev["type"], "order.paid");
-    assert_eq!(ev["data"]["payment"], json!({"pay_no": "P-1", "channel": "generic", "amount": 9999, "outcome": "applied"}));
+    assert_eq!(
+        ev["data"]["payment"],
+        json!({"pay_no": "P-1", "channel": "generic", "amount": 9999, "outcome": "applied"})
+    );
     assert_eq!(ev["data"]["order"]["status"], "PAID");
 
     // duplicate, with the original outcome, whatever the re-delivery says.
@@ -729,7 +745,10 @@ fn payment_callback_every_outcome() {
     assert_eq!(still["points"].as_array().map(Vec::len), Some(1));
     assert_eq!(points_of("u1")["balance"], 199);
     let ev = event(&server, "payment.refund_required:P-1b");
-    assert_eq!(ev["data"]["payment"], json!({"pay_no": "P-1b", "channel": "generic", "amount": 9999, "outcome": "already_paid"}));
+    assert_eq!(
+        ev["data"]["payment"],
+        json!({"pay_no": "P-1b", "channel": "generic", "amount": 9999, "outcome": "already_paid"})
+    );
     check_pay(&server, "P-1b", "O-1", 9999, "SUCCESS", "duplicate", Some("already_paid"));
 
     // amount_mismatch: order stays PENDING; event; the right amount later applies.
@@ -859,24 +878,41 @@ fn callback_authentication_failures_record_nothing() {
         if let Some(h) = header {
             headers.push(("Payonce-Signature", h.as_str()));
         }
-        expect_error(&post_raw(&server, "/v1/callbacks/generic", &headers, body.as_bytes()), 401, "invalid_signature", what);
+        expect_error(
+            &post_raw(&server, "/v1/callbacks/generic", &headers, body.as_bytes()),
+            401,
+            "invalid_signature",
+            what,
+        );
     }
     // Authentic but t more than 300 s from now, either way.
     for t in [now - 301, now - 3600, now + 301, now + 3600] {
         let header = payonce::signature::sign(SECRET.as_bytes(), t, body.as_bytes());
         let headers = [("Content-Type", "application/json"), ("Payonce-Signature", header.as_str())];
-        expect_error(&post_raw(&server, "/v1/callbacks/generic", &headers, body.as_bytes()), 401, "signature_expired", &format!("t={t}"));
+        expect_error(
+            &post_raw(&server, "/v1/callbacks/generic", &headers, body.as_bytes()),
+            401,
+            "signature_expired",
+            &format!("t={t}"),
+        );
     }
     // The same for refund callbacks.
     let refund_body = json!({"refund_no": "SR-1", "order_no": "S-2", "status": "SUCCESS"}).to_string();
     let stale = payonce::signature::sign(SECRET.as_bytes(), now - 301, refund_body.as_bytes());
     let wrong = payonce::signature::sign(b"nope", now, refund_body.as_bytes());
-    for (header, code) in [(None, "invalid_signature"), (Some(wrong), "invalid_signature"), (Some(stale), "signature_expired")] {
+    for (header, code) in
+        [(None, "invalid_signature"), (Some(wrong), "invalid_signature"), (Some(stale), "signature_expired")]
+    {
         let mut headers = vec![("Content-Type", "application/json")];
         if let Some(h) = &header {
             headers.push(("Payonce-Signature", h.as_str()));
         }
-        expect_error(&post_raw(&server, "/v1/callbacks/generic/refund", &headers, refund_body.as_bytes()), 401, code, "refund callback");
+        expect_error(
+            &post_raw(&server, "/v1/callbacks/generic/refund", &headers, refund_body.as_bytes()),
+            401,
+            code,
+            "refund callback",
+        );
     }
     assert_eq!(footprint(&server), before, "a request that fails authentication records nothing");
     assert_eq!(status_of(&server, "S-1"), "PENDING");
@@ -914,7 +950,12 @@ fn callback_unknown_channel_and_media_type() {
     let text = body.to_string();
     let sig = util::sign_now(SECRET, text.as_bytes());
     let headers = [("Content-Type", "text/plain"), ("Payonce-Signature", sig.as_str())];
-    expect_error(&post_raw(&server, "/v1/callbacks/generic", &headers, text.as_bytes()), 415, "unsupported_media_type", "text/plain");
+    expect_error(
+        &post_raw(&server, "/v1/callbacks/generic", &headers, text.as_bytes()),
+        415,
+        "unsupported_media_type",
+        "text/plain",
+    );
     assert_eq!(footprint(&server), before, "nothing recorded");
     // With parameters and in any case, application/json is JSON.
     let headers = [("Content-Type", "Application/JSON; charset=utf-8"), ("Payonce-Signature", sig.as_str())];
@@ -1105,7 +1146,9 @@ fn refund_callback_every_outcome() {
     assert_eq!(footprint(&server), before);
 
     // unexpected_refund: SUCCESS after FAILED; an unknown refund_no; another order's refund_no.
-    for (refund_no, status) in [("FR-2", "SUCCESS"), ("FR-NEVER", "SUCCESS"), ("FR-NEVER", "FAILED"), ("FR-1", "SUCCESS")] {
+    for (refund_no, status) in
+        [("FR-2", "SUCCESS"), ("FR-NEVER", "SUCCESS"), ("FR-NEVER", "FAILED"), ("FR-1", "SUCCESS")]
+    {
         let a = audits("F-2");
         check_refund_cb(&server, refund_no, "F-2", status, "unexpected_refund");
         assert_eq!(audits("F-2"), a + 1, "{refund_no} {status} audited");
@@ -1165,7 +1208,10 @@ fn events_feed_order_ids_and_data() {
         let seq = ev["seq"].as_i64().unwrap_or_else(|| panic!("seq of {ev}"));
         assert!(seq > last_seq, "ascending seq: {ev}");
         last_seq = seq;
-        assert_eq!((ev["type"].as_str(), ev["event_id"].as_str(), ev["order_no"].as_str()), (Some(ty), Some(id), Some(order_no)));
+        assert_eq!(
+            (ev["type"].as_str(), ev["event_id"].as_str(), ev["order_no"].as_str()),
+            (Some(ty), Some(id), Some(order_no))
+        );
         assert!(is_time(&ev["created_at"]), "{ev}");
         let data = &ev["data"];
         assert_order(&data["order"]);
@@ -1226,7 +1272,17 @@ fn healthz_and_protocol_errors() {
     assert_eq!(health.status, 200);
     assert_eq!(health.json(), json!({"status": "ok"}));
 
-    for path in ["/", "/v2/orders", "/v1", "/v1/order", "/v1/orders/X/unknown", "/healthz/extra", "/v1/users/u1", "/v1/callbacks", "/v1/events/1"] {
+    for path in [
+        "/",
+        "/v2/orders",
+        "/v1",
+        "/v1/order",
+        "/v1/orders/X/unknown",
+        "/healthz/extra",
+        "/v1/users/u1",
+        "/v1/callbacks",
+        "/v1/events/1",
+    ] {
         expect_error(&server.get(path), 404, "not_found", path);
     }
     let methods = [
@@ -1250,7 +1306,8 @@ fn healthz_and_protocol_errors() {
         assert!(allow.contains(allowed), "{method} {path}: Allow {allow:?}");
     }
     let order = br#"{"order_no":"M-1","user_id":"u1","amount":100}"#;
-    for content_type in ["text/plain", "application/x-www-form-urlencoded", "application/jsonx", "multipart/form-data"] {
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", "application/jsonx", "multipart/form-data"]
+    {
         let resp = post_raw(&server, "/v1/orders", &[("Content-Type", content_type)], order);
         expect_error(&resp, 415, "unsupported_media_type", content_type);
     }
@@ -1259,7 +1316,12 @@ fn healthz_and_protocol_errors() {
     assert_eq!(count(&db(&server), "SELECT count(*) FROM orders", &[]), 0);
     let resp = post_raw(&server, "/v1/orders", &[("Content-Type", "application/json; charset=utf-8")], order);
     assert_eq!(resp.status, 201, "{}", resp.text());
-    expect_error(&post_raw(&server, "/v1/orders", &[("Content-Type", "application/json")], b"{nope"), 400, "invalid_json", "broken JSON");
+    expect_error(
+        &post_raw(&server, "/v1/orders", &[("Content-Type", "application/json")], b"{nope"),
+        400,
+        "invalid_json",
+        "broken JSON",
+    );
 }
 
 // ---- 503 database_busy, and shutdown finishing requests in flight ----
@@ -1289,7 +1351,13 @@ fn database_busy_is_503_and_shutdown_finishes_requests_in_flight() {
     let in_flight = std::thread::spawn(move || {
         let body = json!({"pay_no": "BUSY-P2", "order_no": "BUSY-2", "amount": 100, "status": "SUCCESS"}).to_string();
         let sig = util::sign_now(SECRET, body.as_bytes());
-        util::request(addr, "POST", "/v1/callbacks/generic", &[("Content-Type", "application/json"), ("Payonce-Signature", &sig)], body.as_bytes())
+        util::request(
+            addr,
+            "POST",
+            "/v1/callbacks/generic",
+            &[("Content-Type", "application/json"), ("Payonce-Signature", &sig)],
+            body.as_bytes(),
+        )
     });
     std::thread::sleep(Duration::from_millis(500));
     server.signal(15);
@@ -1320,10 +1388,8 @@ fn serve_cli_secret_help_and_signals() {
     let db_path = dir.path("cli.db").display().to_string();
 
     // No secret and no --dev: a non-zero exit with a message, never a listening line.
-    let out = payonce()
-        .args(["serve", "--db", &db_path, "--listen", "127.0.0.1:0"])
-        .output()
-        .expect("run payonce serve");
+    let out =
+        payonce().args(["serve", "--db", &db_path, "--listen", "127.0.0.1:0"]).output().expect("run payonce serve");
     assert!(!out.status.success(), "serve without a secret must fail");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("secret"), "the message says what is missing: {stderr:?}");
@@ -1387,7 +1453,13 @@ fn serve_cli_secret_help_and_signals() {
     assert_eq!(created.status, 201);
     let cb = json!({"pay_no": "ENV-P", "order_no": "ENV-1", "amount": 100, "status": "SUCCESS"}).to_string();
     let sig = util::sign_now(SECRET, cb.as_bytes());
-    let paid = util::request(addr, "POST", "/v1/callbacks/generic", &[("Content-Type", "application/json"), ("Payonce-Signature", &sig)], cb.as_bytes());
+    let paid = util::request(
+        addr,
+        "POST",
+        "/v1/callbacks/generic",
+        &[("Content-Type", "application/json"), ("Payonce-Signature", &sig)],
+        cb.as_bytes(),
+    );
     assert_eq!(paid.status, 200, "{}", paid.text());
     assert_eq!(paid.json()["outcome"], "applied");
     let _ = std::process::Command::new("kill").args(["-15", &child.id().to_string()]).status();

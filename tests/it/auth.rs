@@ -39,7 +39,14 @@ const REFUSED: [(&str, Option<&str>); 12] = [
     ("the bare token's caller name", Some("Bearer token-")),
 ];
 
-fn send(server: &Server, method: &str, path: &str, auth: Option<&str>, extra: &[(&str, &str)], body: &str) -> HttpResponse {
+fn send(
+    server: &Server,
+    method: &str,
+    path: &str,
+    auth: Option<&str>,
+    extra: &[(&str, &str)],
+    body: &str,
+) -> HttpResponse {
     let mut headers: Vec<(&str, &str)> = vec![JSON];
     if let Some(auth) = auth {
         headers.push(("Authorization", auth));
@@ -122,9 +129,10 @@ fn targets(who: &str) -> (Vec<Target>, Vec<String>) {
             path.replace_range(open_at..=close_at, "x-auth");
         }
         let (body, ok_status) = match (method, template) {
-            ("POST", "/v1/orders") => {
-                (json!({"order_no": format!("ORD-AUTH-{who}"), "user_id": "u-auth", "amount": 100}).to_string(), Some(201))
-            }
+            ("POST", "/v1/orders") => (
+                json!({"order_no": format!("ORD-AUTH-{who}"), "user_id": "u-auth", "amount": 100}).to_string(),
+                Some(201),
+            ),
             ("POST", "/v1/orders/{order_no}/refund") => (json!({"refund_no": "RF-AUTH"}).to_string(), Some(200)),
             ("POST", "/v1/orders/{order_no}/close") => ("{}".to_owned(), Some(200)),
             ("PUT", "/v1/admin/mode") => (json!({"mode": "normal"}).to_string(), Some(200)),
@@ -150,8 +158,14 @@ fn every_protected_route_needs_a_configured_token() {
 
     let (protected, open) = targets("x");
     let methods: Vec<&str> = protected.iter().map(|t| t.method.as_str()).collect();
-    assert!(protected.len() >= 8 && methods.contains(&"GET") && methods.contains(&"POST"), "ROUTES lists the protected routes: {methods:?}");
-    assert!(open.iter().any(|r| r.contains("/v1/callbacks/")) && open.iter().any(|r| r.contains("/healthz")), "{open:?}");
+    assert!(
+        protected.len() >= 8 && methods.contains(&"GET") && methods.contains(&"POST"),
+        "ROUTES lists the protected routes: {methods:?}"
+    );
+    assert!(
+        open.iter().any(|r| r.contains("/v1/callbacks/")) && open.iter().any(|r| r.contains("/healthz")),
+        "{open:?}"
+    );
 
     // Refused: every protected route, every bad Authorization, keyed or not; nothing changes.
     let before = footprint(&server.db);
@@ -189,7 +203,8 @@ fn every_protected_route_needs_a_configured_token() {
         assert_eq!(again.status, 200, "callback with {auth:?}: {}", again.text());
         assert_eq!(again.json()["outcome"], "duplicate", "the callback was processed");
     }
-    let body = json!({"pay_no": "PAY-AUTH-2", "order_no": "ORD-AUTH-OPEN", "amount": 100, "status": "SUCCESS"}).to_string();
+    let body =
+        json!({"pay_no": "PAY-AUTH-2", "order_no": "ORD-AUTH-OPEN", "amount": 100, "status": "SUCCESS"}).to_string();
     let refund_cb = json!({"refund_no": "RF-AUTH", "order_no": "ORD-AUTH-PAID", "status": "SUCCESS"}).to_string();
     for (path, body) in [("/v1/callbacks/generic", body), ("/v1/callbacks/generic/refund", refund_cb)] {
         let signature = util::sign_now(SECRET, body.as_bytes());
@@ -209,7 +224,9 @@ fn every_protected_route_needs_a_configured_token() {
 fn tokens_scope_keys_and_the_raw_token_is_never_stored() {
     let server = Server::start(&["--api-token", TOKENS]);
     let body = json!({"user_id": "u-tok", "amount": 100}).to_string();
-    let keyed = |auth: &str, key: &str, body: &str| send(&server, "POST", "/v1/orders", Some(auth), &[("Idempotency-Key", key)], body);
+    let keyed = |auth: &str, key: &str, body: &str| {
+        send(&server, "POST", "/v1/orders", Some(auth), &[("Idempotency-Key", key)], body)
+    };
 
     // One key, two callers: two first uses, two orders; each replays its own.
     let a = keyed(ALICE, "k-tok", &body);
@@ -238,14 +255,18 @@ fn tokens_scope_keys_and_the_raw_token_is_never_stored() {
     let all = scopes(&server.db, "k-tok");
     assert_eq!(all.len(), 2, "{all:?}");
     assert!(all.iter().any(|s| s.starts_with("alice ")), "the named token's caller is its name: {all:?}");
-    let bare_scope = all.iter().find(|s| s.starts_with("token-")).unwrap_or_else(|| panic!("the bare token's caller is token-<hash>: {all:?}"));
+    let bare_scope = all
+        .iter()
+        .find(|s| s.starts_with("token-"))
+        .unwrap_or_else(|| panic!("the bare token's caller is token-<hash>: {all:?}"));
     let bare_caller = bare_scope.split(' ').next().unwrap_or_default();
     assert!(bare_caller.len() > "token-".len(), "a hash follows: {bare_caller:?}");
 
     // The raw tokens appear in no column and in no byte of the database files.
     let conn = read_only(&server.db);
     let mut stmt = conn.prepare("SELECT scope FROM idempotency_key").expect("prepare");
-    let every_scope: Vec<String> = stmt.query_map([], |r| r.get(0)).expect("query").collect::<Result<_, _>>().expect("rows");
+    let every_scope: Vec<String> =
+        stmt.query_map([], |r| r.get(0)).expect("query").collect::<Result<_, _>>().expect("rows");
     assert!(every_scope.len() >= 5, "{every_scope:?}");
     for scope in &every_scope {
         assert!(!scope.contains("tok-a") && !scope.contains("tok-bare"), "a raw token in scope {scope:?}");
@@ -377,6 +398,7 @@ fn serve_refuses_a_non_loopback_address_without_a_token() {
     assert!(err.to_lowercase().contains("token"), "stderr says a token is needed: {err:?}");
 
     // With a token, by flag or by environment: it starts on 0.0.0.0 and authenticates.
+    #[allow(clippy::type_complexity)]
     let cases: [(&str, Vec<&str>, Vec<(&str, &str)>, &str); 2] = [
         ("--api-token", vec!["--api-token", "alice:tok-a"], vec![], "Bearer tok-a"),
         ("PAYONCE_API_TOKEN", vec![], vec![("PAYONCE_API_TOKEN", "envy:tok-env")], "Bearer tok-env"),
@@ -386,7 +408,9 @@ fn serve_refuses_a_non_loopback_address_without_a_token() {
         args.extend(["--listen", "0.0.0.0:0"]);
         args.extend(flags);
         let (spawned, first) = spawn_serve(&args, &env);
-        let first = first.unwrap_or_else(|| panic!("{name}: serve on 0.0.0.0 starts (stderr {:?})", stderr_lines(&spawned, Duration::from_millis(200))));
+        let first = first.unwrap_or_else(|| {
+            panic!("{name}: serve on 0.0.0.0 starts (stderr {:?})", stderr_lines(&spawned, Duration::from_millis(200)))
+        });
         assert!(first.starts_with("listening on http://0.0.0.0:"), "{name}: {first:?}");
         let addr = reachable(&first);
         let denied = util::request(addr, "GET", "/v1/orders", &[], b"");
@@ -420,12 +444,24 @@ fn the_env_token_works_like_the_flag() {
     let (spawned, first) = spawn_serve(&args, &[("PAYONCE_API_TOKEN", "envy:tok-env,tok-env-bare")]);
     let addr = reachable(&first.unwrap_or_else(|| panic!("serve with PAYONCE_API_TOKEN starts")));
     for (name, auth) in REFUSED {
-        let resp = util::request(addr, "GET", "/v1/events", &auth.map(|a| vec![("Authorization", a)]).unwrap_or_default(), b"");
+        let resp = util::request(
+            addr,
+            "GET",
+            "/v1/events",
+            &auth.map(|a| vec![("Authorization", a)]).unwrap_or_default(),
+            b"",
+        );
         assert_eq!(resp.status, 401, "{name}: {}", resp.text());
     }
     let body = json!({"user_id": "u-env", "amount": 100}).to_string();
     for auth in ["Bearer tok-env", "Bearer tok-env-bare"] {
-        let resp = util::request(addr, "POST", "/v1/orders", &[JSON, ("Authorization", auth), ("Idempotency-Key", "k-env")], body.as_bytes());
+        let resp = util::request(
+            addr,
+            "POST",
+            "/v1/orders",
+            &[JSON, ("Authorization", auth), ("Idempotency-Key", "k-env")],
+            body.as_bytes(),
+        );
         assert_eq!(resp.status, 201, "{auth}: {}", resp.text());
     }
     let conn = read_only(&db);

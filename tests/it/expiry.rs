@@ -9,10 +9,8 @@ use std::thread;
 const T0_MS: i64 = 1_700_000_000_000;
 
 fn app() -> App {
-    let config = Config {
-        rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
-        ..Config::default()
-    };
+    let config =
+        Config { rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 }, ..Config::default() };
     App::open(":memory:", Clock::manual(T0_MS), config).expect("open app")
 }
 

@@ -41,7 +41,8 @@ fn assert_healthy(server: &Server, after: &str) {
     let order_no = format!("HEALTHY-{n}");
     let resp = server.post_json("/v1/orders", &json!({"order_no": order_no, "user_id": "ok-user", "amount": 1234}));
     assert_eq!(resp.status, 201, "create after {after}: {}", resp.text());
-    let callback = json!({"pay_no": format!("HEALTHY-PAY-{n}"), "order_no": order_no, "amount": 1234, "status": "SUCCESS"});
+    let callback =
+        json!({"pay_no": format!("HEALTHY-PAY-{n}"), "order_no": order_no, "amount": 1234, "status": "SUCCESS"});
     for expected in ["applied", "duplicate"] {
         let resp = server.callback("/v1/callbacks/generic", &callback);
         assert_eq!(resp.status, 200, "pay after {after}: {}", resp.text());
@@ -97,10 +98,9 @@ fn raw_no_5xx(addr: SocketAddr, bytes: &[u8], context: &str) {
 }
 
 fn chunked(path: &str, headers: &str, chunks: &[&[u8]]) -> Vec<u8> {
-    let mut bytes = format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n{headers}\r\n"
-    )
-    .into_bytes();
+    let mut bytes =
+        format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n{headers}\r\n")
+            .into_bytes();
     for chunk in chunks {
         bytes.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
         bytes.extend_from_slice(chunk);
@@ -123,7 +123,12 @@ fn oversized_bodies_are_413_with_content_length_and_chunked() {
     for path in POST_ROUTES {
         for size in [BODY_MAX + 1, BODY_MAX * 4, 1 << 20] {
             let body = vec![b'7'; size];
-            expect(&post(&server, path, "application/json", &body, true), 413, "payload_too_large", &format!("{path} {size}"));
+            expect(
+                &post(&server, path, "application/json", &body, true),
+                413,
+                "payload_too_large",
+                &format!("{path} {size}"),
+            );
         }
         // Chunked, no declared length: the limit holds while reading.
         let chunk = vec![b' '; 8 * 1024];
@@ -150,8 +155,11 @@ fn oversized_bodies_are_413_with_content_length_and_chunked() {
     // Chunked and small is an ordinary request.
     let body = json!({"order_no": "H-CHUNKED", "user_id": "u", "amount": 1}).to_string();
     let (a, b) = body.as_bytes().split_at(10);
-    let resp = util::parse_response(&util::raw(server.addr, &chunked("/v1/orders", "Content-Type: application/json\r\n", &[a, b])))
-        .expect("an answer to a small chunked request");
+    let resp = util::parse_response(&util::raw(
+        server.addr,
+        &chunked("/v1/orders", "Content-Type: application/json\r\n", &[a, b]),
+    ))
+    .expect("an answer to a small chunked request");
     assert_eq!(resp.status, 201, "{}", resp.text());
     assert_eq!(count(&server, "orders"), 3, "no oversized request created anything");
     assert_healthy(&server, "oversized bodies");
@@ -163,7 +171,8 @@ fn malformed_and_deeply_nested_json_are_400() {
     let deep_arrays = "[".repeat(60_000);
     let deep_objects = "{\"a\":".repeat(10_000);
     let deep_closed = format!("{}{}", "[".repeat(5_000), "]".repeat(5_000));
-    let deep_in_field = format!("{{\"order_no\":\"H-D\",\"user_id\":\"u\",\"amount\":{}1{}}}", "[".repeat(20_000), "]".repeat(20_000));
+    let deep_in_field =
+        format!("{{\"order_no\":\"H-D\",\"user_id\":\"u\",\"amount\":{}1{}}}", "[".repeat(20_000), "]".repeat(20_000));
     let malformed: Vec<(&str, Vec<u8>)> = vec![
         ("empty", b"".to_vec()),
         ("open brace", b"{".to_vec()),
@@ -200,7 +209,10 @@ fn malformed_and_deeply_nested_json_are_400() {
         }
         // Nesting past the body limit is refused by size instead.
         let deeper = "[".repeat(100_000);
-        assert_client_error(&post(&server, path, "application/json", deeper.as_bytes(), true), &format!("{path} 100000 ["));
+        assert_client_error(
+            &post(&server, path, "application/json", deeper.as_bytes(), true),
+            &format!("{path} 100000 ["),
+        );
     }
     for (what, body) in &malformed[..18] {
         let resp = post(&server, "/v1/orders", "application/json", body, false);
@@ -217,9 +229,13 @@ fn malformed_and_deeply_nested_json_are_400() {
 /// A valid body for each route, to mutate.
 fn valid_body(path: &str) -> Value {
     match path {
-        "/v1/orders" => json!({"order_no": "H-NEW", "user_id": "u1", "amount": 500, "currency": "CNY", "expires_in_s": 60}),
+        "/v1/orders" => {
+            json!({"order_no": "H-NEW", "user_id": "u1", "amount": 500, "currency": "CNY", "expires_in_s": 60})
+        }
         p if p.ends_with("/close") => json!({}),
-        "/v1/callbacks/generic" => json!({"pay_no": "H-PAY", "order_no": "H-TARGET", "amount": 500, "status": "SUCCESS", "paid_at": "2024-01-01T00:00:00Z"}),
+        "/v1/callbacks/generic" => {
+            json!({"pay_no": "H-PAY", "order_no": "H-TARGET", "amount": 500, "status": "SUCCESS", "paid_at": "2024-01-01T00:00:00Z"})
+        }
         "/v1/callbacks/generic/refund" => json!({"refund_no": "H-REF", "order_no": "H-TARGET", "status": "SUCCESS"}),
         _ => json!({"refund_no": "H-REF"}),
     }
@@ -229,7 +245,23 @@ fn valid_body(path: &str) -> Value {
 fn random_and_mutated_bodies_never_5xx() {
     let server = start();
     let mut rng = Rng::new(0x5eed_0001);
-    let interesting: &[&[u8]] = &[b"\"", b"{", b"}", b"[", b"]", b":", b",", b"\\", b"\\u0000", b"-", b"1e999", b"null", b"\xff", b"\x00", b"9999999999999999999999"];
+    let interesting: &[&[u8]] = &[
+        b"\"",
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b":",
+        b",",
+        b"\\",
+        b"\\u0000",
+        b"-",
+        b"1e999",
+        b"null",
+        b"\xff",
+        b"\x00",
+        b"9999999999999999999999",
+    ];
     for path in POST_ROUTES {
         let sign = is_callback(path);
         // Pure random bytes of random lengths.
@@ -282,16 +314,40 @@ fn random_and_mutated_bodies_never_5xx() {
 fn hostile_amounts_are_400_and_store_nothing() {
     let server = start();
     let amounts = [
-        "0", "-1", "-0", "-9900", "99.5", "99.0", "1e3", "1E2", "1.0e2", "\"9900\"", "\"\"", "true", "null", "[]", "{}",
-        "1000000000001", "9223372036854775807", "9223372036854775808", "-9223372036854775809",
-        "18446744073709551616", "123456789012345678901234567890", "1e400", "-1e400", "0.0000001", "4.9e-324",
+        "0",
+        "-1",
+        "-0",
+        "-9900",
+        "99.5",
+        "99.0",
+        "1e3",
+        "1E2",
+        "1.0e2",
+        "\"9900\"",
+        "\"\"",
+        "true",
+        "null",
+        "[]",
+        "{}",
+        "1000000000001",
+        "9223372036854775807",
+        "9223372036854775808",
+        "-9223372036854775809",
+        "18446744073709551616",
+        "123456789012345678901234567890",
+        "1e400",
+        "-1e400",
+        "0.0000001",
+        "4.9e-324",
     ];
     for amount in amounts {
         let order = format!("{{\"order_no\":\"H-AMT\",\"user_id\":\"u\",\"amount\":{amount}}}");
         let resp = post(&server, "/v1/orders", "application/json", order.as_bytes(), false);
         assert_eq!(resp.status, 400, "order amount {amount}: {}", resp.text());
         assert_client_error(&resp, amount);
-        let payment = format!("{{\"pay_no\":\"H-AMT-PAY\",\"order_no\":\"H-TARGET\",\"amount\":{amount},\"status\":\"SUCCESS\"}}");
+        let payment = format!(
+            "{{\"pay_no\":\"H-AMT-PAY\",\"order_no\":\"H-TARGET\",\"amount\":{amount},\"status\":\"SUCCESS\"}}"
+        );
         let resp = post(&server, "/v1/callbacks/generic", "application/json", payment.as_bytes(), true);
         assert_eq!(resp.status, 400, "callback amount {amount}: {}", resp.text());
         assert_client_error(&resp, amount);
@@ -336,10 +392,26 @@ fn hostile_identifiers_in_bodies_and_paths() {
             ("/v1/orders", json!({"order_no": "H-ID", "user_id": id, "amount": 1}), false),
             ("/v1/orders", json!({"order_no": "H-ID", "user_id": "u", "amount": 1, "currency": id}), false),
             ("/v1/orders/H-TARGET/refund", json!({"refund_no": id}), false),
-            ("/v1/callbacks/generic", json!({"pay_no": id, "order_no": "H-TARGET", "amount": 500, "status": "SUCCESS"}), true),
-            ("/v1/callbacks/generic", json!({"pay_no": "H-ID-PAY", "order_no": id, "amount": 500, "status": "SUCCESS"}), true),
-            ("/v1/callbacks/generic", json!({"pay_no": "H-ID-PAY", "order_no": "H-TARGET", "amount": 500, "status": id}), true),
-            ("/v1/callbacks/generic/refund", json!({"refund_no": id, "order_no": "H-TARGET", "status": "SUCCESS"}), true),
+            (
+                "/v1/callbacks/generic",
+                json!({"pay_no": id, "order_no": "H-TARGET", "amount": 500, "status": "SUCCESS"}),
+                true,
+            ),
+            (
+                "/v1/callbacks/generic",
+                json!({"pay_no": "H-ID-PAY", "order_no": id, "amount": 500, "status": "SUCCESS"}),
+                true,
+            ),
+            (
+                "/v1/callbacks/generic",
+                json!({"pay_no": "H-ID-PAY", "order_no": "H-TARGET", "amount": 500, "status": id}),
+                true,
+            ),
+            (
+                "/v1/callbacks/generic/refund",
+                json!({"refund_no": id, "order_no": "H-TARGET", "status": "SUCCESS"}),
+                true,
+            ),
             ("/v1/callbacks/generic/refund", json!({"refund_no": "H-R", "order_no": id, "status": "SUCCESS"}), true),
         ];
         for (path, body, sign) in bodies {
@@ -352,7 +424,13 @@ fn hostile_identifiers_in_bodies_and_paths() {
     // The same identifiers in paths (percent-encoded, as a client would send them).
     let encode = |s: &str| -> String {
         s.bytes()
-            .map(|b| if b.is_ascii_alphanumeric() || b"-_.".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
             .collect()
     };
     for id in &identifiers {
@@ -452,11 +530,13 @@ fn garbage_requests_do_not_kill_the_server() {
         b"POST /v1/orders HTTP/1.1\r\nContent-Length: -1\r\n\r\n{}".to_vec(),
         b"POST /v1/orders HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\n{}".to_vec(),
         b"POST /v1/orders HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n{}".to_vec(),
-        b"POST /v1/orders HTTP/1.1\r\nContent-Length: 1000\r\nContent-Type: application/json\r\n\r\n{\"order_no\"".to_vec(),
+        b"POST /v1/orders HTTP/1.1\r\nContent-Length: 1000\r\nContent-Type: application/json\r\n\r\n{\"order_no\""
+            .to_vec(),
         b"POST /v1/orders HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n{}".to_vec(),
         b"POST /v1/orders HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n".to_vec(),
         b"POST /v1/orders HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffff\r\n{}".to_vec(),
-        b"POST /v1/orders HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n2\r\n{}\r\n0\r\n\r\n".to_vec(),
+        b"POST /v1/orders HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+            .to_vec(),
         b"POST /v1/orders HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n{}".to_vec(),
         b"POST /v1/orders HTTP/1.1\r\nExpect: teapot\r\nContent-Length: 2\r\n\r\n{}".to_vec(),
         b"POST /v1/callbacks/generic HTTP/1.1\r\nPayonce-Signature: \xff\r\nContent-Length: 2\r\n\r\n{}".to_vec(),
@@ -467,7 +547,11 @@ fn garbage_requests_do_not_kill_the_server() {
         b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGARBAGE\r\n\r\n".to_vec(),
     ];
     for (i, bytes) in fixed.iter().enumerate() {
-        raw_no_5xx(server.addr, bytes, &format!("fixed #{i} {:?}", String::from_utf8_lossy(&bytes[..bytes.len().min(60)])));
+        raw_no_5xx(
+            server.addr,
+            bytes,
+            &format!("fixed #{i} {:?}", String::from_utf8_lossy(&bytes[..bytes.len().min(60)])),
+        );
     }
     assert_healthy(&server, "fixed garbage");
 
@@ -477,8 +561,11 @@ fn garbage_requests_do_not_kill_the_server() {
         let mut bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         if i % 2 == 0 {
             // Plausible start, garbage after.
-            let prefix: &[u8] = [b"GET /".as_slice(), b"POST /v1/orders HTTP/1.1\r\n", b"POST /v1/callbacks/generic HTTP/1.1\r\nContent-Length: 3\r\n"]
-                [rng.below(3) as usize];
+            let prefix: &[u8] = [
+                b"GET /".as_slice(),
+                b"POST /v1/orders HTTP/1.1\r\n",
+                b"POST /v1/callbacks/generic HTTP/1.1\r\nContent-Length: 3\r\n",
+            ][rng.below(3) as usize];
             bytes.splice(0..0, prefix.iter().copied());
         }
         bytes.extend_from_slice(b"\r\n\r\n");

@@ -77,6 +77,9 @@ fn every_connection_of_a_keep_alive_burst_is_answered() {
         shutdown.store(true, std::sync::atomic::Ordering::SeqCst);
         let _ = serving.join();
         let unanswered = answers.iter().filter(|a| !matches!(a, Ok(200))).count();
-        assert_eq!(unanswered, 0, "round {round}: {unanswered} of {CONNECTIONS} connections got no answer: {answers:?}");
+        assert_eq!(
+            unanswered, 0,
+            "round {round}: {unanswered} of {CONNECTIONS} connections got no answer: {answers:?}"
+        );
     }
 }

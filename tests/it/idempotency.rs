@@ -89,7 +89,13 @@ fn expect_fresh(a: &Answer, status: u16, context: &str) {
 
 /// A replay of `first`: same status and the same body bytes, with the header.
 fn expect_replay(a: &Answer, first: &Answer, context: &str) {
-    assert_eq!((a.status, a.replayed), (first.status, true), "{context}: expected a replay, got {} {}", a.status, a.text());
+    assert_eq!(
+        (a.status, a.replayed),
+        (first.status, true),
+        "{context}: expected a replay, got {} {}",
+        a.status,
+        a.text()
+    );
     assert_eq!(a.text(), first.text(), "{context}: a replay answers the stored body byte for byte");
 }
 
@@ -222,7 +228,12 @@ struct Timed {
 /// waiting the whole bound. Returns the fresh answer.
 fn check_one_winner(answers: &[Timed], context: &str) -> Answer {
     let fresh: Vec<&Answer> = answers.iter().map(|t| &t.answer).filter(|a| !a.replayed && a.status == 201).collect();
-    assert_eq!(fresh.len(), 1, "{context}: exactly one request ran the work: {:?}", answers.iter().map(|t| (t.answer.status, t.answer.replayed)).collect::<Vec<_>>());
+    assert_eq!(
+        fresh.len(),
+        1,
+        "{context}: exactly one request ran the work: {:?}",
+        answers.iter().map(|t| (t.answer.status, t.answer.replayed)).collect::<Vec<_>>()
+    );
     let first = fresh[0].clone();
     let mut replays = 0;
     for t in answers {
@@ -245,7 +256,11 @@ fn check_one_winner(answers: &[Timed], context: &str) -> Answer {
             _ => panic!("{context}: unexpected answer {} {}", a.status, a.text()),
         }
     }
-    assert_eq!(replays, answers.len() - 1, "{context}: every other request waited and replayed (none should hit the bound here)");
+    assert_eq!(
+        replays,
+        answers.len() - 1,
+        "{context}: every other request waited and replayed (none should hit the bound here)"
+    );
     first
 }
 
@@ -296,7 +311,11 @@ fn concurrent_identical_keyed_creations_run_once_in_process() {
         assert_eq!(count(&app, "SELECT count(*) FROM orders", &[]), 1, "{context}: one order");
         let rows = stored(&app, &key);
         assert_eq!(rows.len(), 1, "{context}: one stored response");
-        assert_eq!((rows[0].1, rows[0].2.as_str()), (201, first.text().as_str()), "{context}: the stored answer is the one sent");
+        assert_eq!(
+            (rows[0].1, rows[0].2.as_str()),
+            (201, first.text().as_str()),
+            "{context}: the stored answer is the one sent"
+        );
         // And later: still the same answer.
         expect_replay(&post(&app, "/v1/orders", &key, &body), &first, &context);
     }
@@ -340,7 +359,9 @@ fn a_duplicate_waits_for_the_running_request_then_replays_or_409_past_the_bound(
     for (key, hold) in cases {
         let body = create_body(&format!("u-{key}"), 700);
         let mut blocker = app.store.raw_connection().expect("raw connection");
-        let tx = blocker.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).expect("blocker BEGIN IMMEDIATE");
+        let tx = blocker
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .expect("blocker BEGIN IMMEDIATE");
         let (first, second) = thread::scope(|s| {
             let first = s.spawn(|| post(&app, "/v1/orders", key, &body));
             // Wait until the first holds its Idempotency-Key (it is the only request, so it gets
@@ -379,7 +400,11 @@ fn a_duplicate_waits_for_the_running_request_then_replays_or_409_past_the_bound(
             }
             None => {
                 expect_error(&second.answer, 409, "idempotency_key_in_use", key);
-                assert_eq!(second.answer.retry_after.as_deref(), Some(api::RETRY_AFTER_S.to_string().as_str()), "{key}: Retry-After");
+                assert_eq!(
+                    second.answer.retry_after.as_deref(),
+                    Some(api::RETRY_AFTER_S.to_string().as_str()),
+                    "{key}: Retry-After"
+                );
                 assert!(second.elapsed >= bound, "{key}: 409 only past the bound, got it after {:?}", second.elapsed);
                 // The 409 stored nothing of its own: the key holds the first's answer, and a retry replays it.
                 expect_replay(&post(&app, "/v1/orders", key, &body), &first, key);
@@ -403,7 +428,13 @@ fn a_failed_write_stores_nothing_and_its_retry_runs() {
     // (key, path, body, the retry's status, its error code when a refusal)
     let cases: [(&str, &str, String, u16, Option<&str>); 5] = [
         ("f-gen", "/v1/orders", create_body("u-f-gen", 100), 201, None),
-        ("f-explicit", "/v1/orders", json!({"order_no": "ORD-F", "user_id": "u-f", "amount": 100}).to_string(), 201, None),
+        (
+            "f-explicit",
+            "/v1/orders",
+            json!({"order_no": "ORD-F", "user_id": "u-f", "amount": 100}).to_string(),
+            201,
+            None,
+        ),
         ("f-close", "/v1/orders/ORD-OPEN/close", "{}".into(), 200, None),
         ("f-refund", "/v1/orders/ORD-PAID/refund", json!({"refund_no": "RF-F"}).to_string(), 200, None),
         // A refusal's audit row and stored answer roll back with the 5xx too.
@@ -444,14 +475,30 @@ fn business_refusals_are_stored_and_replayed_without_running_again() {
     pay(&app, "ORD-PAID", 400);
     create_plain(&app, "ORD-PEND", "u-pend", 300);
     let refused = |order_no: &str| {
-        count(&app, "SELECT count(*) FROM audit_log WHERE action = 'transition_refused' AND order_no = ?1", &[&order_no])
+        count(
+            &app,
+            "SELECT count(*) FROM audit_log WHERE action = 'transition_refused' AND order_no = ?1",
+            &[&order_no],
+        )
     };
     // (key, path, body, status, code)
     let cases = [
         ("r-close-paid", "/v1/orders/ORD-PAID/close", "{}".to_owned(), 409, "invalid_transition"),
-        ("r-refund-pending", "/v1/orders/ORD-PEND/refund", json!({"refund_no": "RF-P"}).to_string(), 409, "invalid_transition"),
+        (
+            "r-refund-pending",
+            "/v1/orders/ORD-PEND/refund",
+            json!({"refund_no": "RF-P"}).to_string(),
+            409,
+            "invalid_transition",
+        ),
         ("r-close-unknown", "/v1/orders/ORD-GHOST/close", "{}".to_owned(), 404, "order_not_found"),
-        ("r-refund-unknown", "/v1/orders/ORD-GHOST2/refund", json!({"refund_no": "RF-G"}).to_string(), 404, "order_not_found"),
+        (
+            "r-refund-unknown",
+            "/v1/orders/ORD-GHOST2/refund",
+            json!({"refund_no": "RF-G"}).to_string(),
+            404,
+            "order_not_found",
+        ),
         (
             "r-conflict",
             "/v1/orders",
@@ -475,7 +522,12 @@ fn business_refusals_are_stored_and_replayed_without_running_again() {
     assert_eq!(refused("ORD-PAID"), 1, "one audit row for the refused close, however often it was replayed");
     assert_eq!(refused("ORD-PEND"), 1, "one audit row for the refused refund");
     // A fresh key runs the work again: a second audit row (so the count above means something).
-    expect_error(&post(&app, "/v1/orders/ORD-PAID/close", "r-close-paid-2", "{}"), 409, "invalid_transition", "fresh key");
+    expect_error(
+        &post(&app, "/v1/orders/ORD-PAID/close", "r-close-paid-2", "{}"),
+        409,
+        "invalid_transition",
+        "fresh key",
+    );
     assert_eq!(refused("ORD-PAID"), 2);
 
     // The stored 404 stays the answer after the order appears: the replay did not look.
@@ -514,13 +566,67 @@ fn validation_errors_are_not_stored_and_a_corrected_retry_runs() {
     };
     let good_create = |user: &str| create_body(user, 100);
     let cases = [
-        case("v-neg", "/v1/orders", "application/json", create_body("u-v1", -5), 400, "invalid_request", good_create("u-v1"), 201),
-        case("v-zero", "/v1/orders", "application/json", create_body("u-v2", 0), 400, "invalid_request", good_create("u-v2"), 201),
-        case("v-float", "/v1/orders", "application/json", r#"{"user_id":"u-v3","amount":99.5}"#.into(), 400, "invalid_request", good_create("u-v3"), 201),
+        case(
+            "v-neg",
+            "/v1/orders",
+            "application/json",
+            create_body("u-v1", -5),
+            400,
+            "invalid_request",
+            good_create("u-v1"),
+            201,
+        ),
+        case(
+            "v-zero",
+            "/v1/orders",
+            "application/json",
+            create_body("u-v2", 0),
+            400,
+            "invalid_request",
+            good_create("u-v2"),
+            201,
+        ),
+        case(
+            "v-float",
+            "/v1/orders",
+            "application/json",
+            r#"{"user_id":"u-v3","amount":99.5}"#.into(),
+            400,
+            "invalid_request",
+            good_create("u-v3"),
+            201,
+        ),
         case("v-json", "/v1/orders", "application/json", "{nope".into(), 400, "invalid_json", good_create("u-v4"), 201),
-        case("v-field", "/v1/orders", "application/json", r#"{"user_id":"u-v5","amount":100,"x":1}"#.into(), 400, "invalid_request", good_create("u-v5"), 201),
-        case("v-user", "/v1/orders", "application/json", create_body("bad user!", 100), 400, "invalid_request", good_create("u-v6"), 201),
-        case("v-media", "/v1/orders", "text/plain", good_create("u-v7"), 415, "unsupported_media_type", good_create("u-v7"), 201),
+        case(
+            "v-field",
+            "/v1/orders",
+            "application/json",
+            r#"{"user_id":"u-v5","amount":100,"x":1}"#.into(),
+            400,
+            "invalid_request",
+            good_create("u-v5"),
+            201,
+        ),
+        case(
+            "v-user",
+            "/v1/orders",
+            "application/json",
+            create_body("bad user!", 100),
+            400,
+            "invalid_request",
+            good_create("u-v6"),
+            201,
+        ),
+        case(
+            "v-media",
+            "/v1/orders",
+            "text/plain",
+            good_create("u-v7"),
+            415,
+            "unsupported_media_type",
+            good_create("u-v7"),
+            201,
+        ),
         case(
             "v-refund-no",
             "/v1/orders/ORD-PAID/refund",
@@ -534,12 +640,24 @@ fn validation_errors_are_not_stored_and_a_corrected_retry_runs() {
     ];
     for c in &cases {
         let before = footprint(&app);
-        let bad = call(&app, "POST", c.path, &[("Content-Type", c.content_type), ("Idempotency-Key", c.key)], c.bad.as_bytes());
+        let bad = call(
+            &app,
+            "POST",
+            c.path,
+            &[("Content-Type", c.content_type), ("Idempotency-Key", c.key)],
+            c.bad.as_bytes(),
+        );
         expect_error(&bad, c.status, c.code, c.key);
         assert_eq!(key_rows(&app, c.key), 0, "{}: a {} is not stored", c.key, c.status);
         assert_eq!(footprint(&app), before, "{}: nothing changed", c.key);
         // The same bad request again is judged again, not replayed.
-        let again = call(&app, "POST", c.path, &[("Content-Type", c.content_type), ("Idempotency-Key", c.key)], c.bad.as_bytes());
+        let again = call(
+            &app,
+            "POST",
+            c.path,
+            &[("Content-Type", c.content_type), ("Idempotency-Key", c.key)],
+            c.bad.as_bytes(),
+        );
         expect_error(&again, c.status, c.code, c.key);
         // Nothing was stored, so another body under the same key is a first use: it runs.
         let good = post(&app, c.path, c.key, &c.good);
@@ -585,7 +703,12 @@ fn the_same_key_with_another_body_is_422_and_changes_nothing() {
     // The same for a stored refusal.
     let refusal = post(&app, "/v1/orders/ORD-NONE/close", "k-422-refusal", "{}");
     expect_error(&refusal, 404, "order_not_found", "refusal");
-    expect_error(&post(&app, "/v1/orders/ORD-NONE/close", "k-422-refusal", ""), 422, "idempotency_key_reused", "refusal, another body");
+    expect_error(
+        &post(&app, "/v1/orders/ORD-NONE/close", "k-422-refusal", ""),
+        422,
+        "idempotency_key_reused",
+        "refusal, another body",
+    );
     expect_replay(&post(&app, "/v1/orders/ORD-NONE/close", "k-422-refusal", "{}"), &refusal, "refusal replays");
 }
 
@@ -624,7 +747,9 @@ fn the_same_key_in_another_scope_is_independent() {
     assert_eq!(scopes.len(), targets.len() + 1, "one row per scope: {scopes:?}");
     for target in targets.iter().copied().chain([close_path.as_str()]) {
         assert!(
-            scopes.iter().any(|s| s.starts_with("anonymous ") && s.contains("POST") && s.ends_with(&format!(" {target}"))),
+            scopes
+                .iter()
+                .any(|s| s.starts_with("anonymous ") && s.contains("POST") && s.ends_with(&format!(" {target}"))),
             "a scope names the caller, the method and {target:?} with its query: {scopes:?}"
         );
     }
@@ -692,7 +817,14 @@ fn invalid_keys_are_400_and_store_nothing() {
     assert_eq!(count(&app, "SELECT count(*) FROM idempotency_key", &[]), 0);
 
     // The bounds themselves are valid.
-    for (i, key) in ["x".to_owned(), "k".repeat(IDEMPOTENCY_KEY_BYTES_MAX), format!("\"{}\"", "q".repeat(IDEMPOTENCY_KEY_BYTES_MAX))].iter().enumerate() {
+    for (i, key) in [
+        "x".to_owned(),
+        "k".repeat(IDEMPOTENCY_KEY_BYTES_MAX),
+        format!("\"{}\"", "q".repeat(IDEMPOTENCY_KEY_BYTES_MAX)),
+    ]
+    .iter()
+    .enumerate()
+    {
         let body = create_body(&format!("u-bound-{i}"), 100);
         let first = post(&app, "/v1/orders", key, &body);
         expect_fresh(&first, 201, &format!("valid key of {} bytes", key.len()));
@@ -706,7 +838,8 @@ fn invalid_keys_are_400_and_store_nothing() {
 fn an_unquoted_key_may_hold_any_printable_ascii() {
     let app = new_app();
     let every_printable: String = (0x21u8..=0x7e).map(char::from).collect();
-    let keys = ["a\"b".to_owned(), "back\\slash".to_owned(), "x y!#$%&'()*+,-./:;<=>?@[]^_`{|}~".to_owned(), every_printable];
+    let keys =
+        ["a\"b".to_owned(), "back\\slash".to_owned(), "x y!#$%&'()*+,-./:;<=>?@[]^_`{|}~".to_owned(), every_printable];
     for (i, key) in keys.iter().enumerate() {
         let body = create_body(&format!("u-pr-{i}"), 100);
         let first = post(&app, "/v1/orders", key, &body);
@@ -726,7 +859,12 @@ fn results_expire_after_the_ttl_judged_on_read() {
     app.clock.advance_ms(TTL_S * 1000 - 1);
     expect_replay(&post(&app, "/v1/orders", "exp-1", &body), &first, "1 ms before the ttl");
     // Another body inside the ttl: 422.
-    expect_error(&post(&app, "/v1/orders", "exp-1", &create_body("u-exp", 101)), 422, "idempotency_key_reused", "inside the ttl");
+    expect_error(
+        &post(&app, "/v1/orders", "exp-1", &create_body("u-exp", 101)),
+        422,
+        "idempotency_key_reused",
+        "inside the ttl",
+    );
 
     app.clock.advance_ms(2);
     let again = post(&app, "/v1/orders", "exp-1", &body);
@@ -755,7 +893,8 @@ fn results_expire_after_the_ttl_judged_on_read() {
 #[test]
 fn purge_removes_expired_results_only_in_bounded_batches() {
     let app = new_app();
-    let create = |key: &str, user: &str| expect_fresh(&post(&app, "/v1/orders", key, &create_body(user, 100)), 201, key);
+    let create =
+        |key: &str, user: &str| expect_fresh(&post(&app, "/v1/orders", key, &create_body(user, 100)), 201, key);
     for i in 0..5 {
         create(&format!("old-{i}"), &format!("u-old-{i}"));
     }
@@ -772,7 +911,11 @@ fn purge_removes_expired_results_only_in_bounded_batches() {
     assert_eq!(app.purge_expired_responses(100).expect("purge"), 3);
     assert_eq!(app.purge_expired_responses(100).expect("purge"), 0);
     assert_eq!(rows(), 2);
-    assert_eq!(count(&app, "SELECT count(*) FROM idempotency_key WHERE key LIKE 'live-%'", &[]), 2, "the live rows stay");
+    assert_eq!(
+        count(&app, "SELECT count(*) FROM idempotency_key WHERE key LIKE 'live-%'", &[]),
+        2,
+        "the live rows stay"
+    );
     assert_eq!(count(&app, "SELECT count(*) FROM orders", &[]), 7, "purging keys touches no order");
     expect_replay(&post(&app, "/v1/orders", "live-0", &live_body), &live, "a live key still replays");
     create("old-0", "u-old-0"); // a purged key is a new request
@@ -810,7 +953,9 @@ fn callbacks_and_reads_ignore_the_key() {
 
     // GETs: answered live each time, never stored or replayed.
     for key in ["get-key", "caf\u{e9}"] {
-        for target in ["/v1/orders/ORD-CB", "/v1/orders?user_id=u-cb", "/v1/events", "/v1/users/u-cb/points", "/healthz"] {
+        for target in
+            ["/v1/orders/ORD-CB", "/v1/orders?user_id=u-cb", "/v1/events", "/v1/users/u-cb/points", "/healthz"]
+        {
             let a = call(&app, "GET", target, &[("Idempotency-Key", key)], b"");
             expect_fresh(&a, 200, &format!("GET {target} with key {key:?}"));
         }
@@ -826,7 +971,14 @@ fn callbacks_and_reads_ignore_the_key() {
 fn over_http_replay_header_and_unstored_413_415() {
     let server = Server::start(&[]);
     let send = |key: &str, content_type: &str, body: &[u8]| -> Answer {
-        util::request(server.addr, "POST", "/v1/orders", &[("Content-Type", content_type), ("Idempotency-Key", key)], body).into()
+        util::request(
+            server.addr,
+            "POST",
+            "/v1/orders",
+            &[("Content-Type", content_type), ("Idempotency-Key", key)],
+            body,
+        )
+        .into()
     };
     let body = create_body("u-wire", 100);
     let first = send("wire-1", "application/json", body.as_bytes());
@@ -867,12 +1019,17 @@ fn over_http_a_non_ascii_key_is_refused_and_records_nothing() {
     let server = Server::start(&[]);
     let body = create_body("u-wire-utf8", 100);
     for key in ["caf\u{e9}", "\u{952e}"] {
-        if let Some(answer) = try_request(server.addr, "POST", "/v1/orders", &[JSON, ("Idempotency-Key", key)], body.as_bytes()) {
+        if let Some(answer) =
+            try_request(server.addr, "POST", "/v1/orders", &[JSON, ("Idempotency-Key", key)], body.as_bytes())
+        {
             expect_error(&answer.into(), 400, "invalid_idempotency_key", &format!("non-ASCII key {key:?} over HTTP"));
         }
     }
     assert_eq!(server.get("/healthz").status, 200);
-    assert_eq!(read_only(&server.db).query_row("SELECT count(*) FROM orders", [], |r| r.get::<_, i64>(0)).expect("count"), 0);
+    assert_eq!(
+        read_only(&server.db).query_row("SELECT count(*) FROM orders", [], |r| r.get::<_, i64>(0)).expect("count"),
+        0
+    );
 }
 
 // ---- crash: SIGKILL mid-storm ----
@@ -882,7 +1039,8 @@ fn read_only(db: &Path) -> Connection {
 }
 
 fn stored_bodies(conn: &Connection, key: &str) -> Vec<(u16, String)> {
-    let mut stmt = conn.prepare("SELECT status_code, response_body FROM idempotency_key WHERE key = ?1").expect("prepare");
+    let mut stmt =
+        conn.prepare("SELECT status_code, response_body FROM idempotency_key WHERE key = ?1").expect("prepare");
     let rows = stmt
         .query_map([key], |r| {
             let body: Vec<u8> = r.get(1)?;
@@ -894,7 +1052,13 @@ fn stored_bodies(conn: &Connection, key: &str) -> Vec<(u16, String)> {
 
 /// `util::request` without the panics: `None` when the server is gone
 /// (refused, reset, or closed without an answer).
-fn try_request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Option<HttpResponse> {
+fn try_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Option<HttpResponse> {
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (name, value) in headers {
         head.push_str(&format!("{name}: {value}\r\n"));
@@ -986,7 +1150,11 @@ fn sigkill_mid_storm_leaves_exactly_one_order_per_key() {
         server.kill();
     });
     let answered_before = answered_before.into_inner().expect("lock");
-    assert!(answered_before.len() >= CRASH_KILL_AFTER, "the storm was answered before the kill ({})", answered_before.len());
+    assert!(
+        answered_before.len() >= CRASH_KILL_AFTER,
+        "the storm was answered before the kill ({})",
+        answered_before.len()
+    );
     assert!(
         answered_before.len() < CRASH_KEYS && stopped.load(Ordering::SeqCst),
         "the kill landed mid-storm ({} of {CRASH_KEYS} answered)",
@@ -1000,7 +1168,8 @@ fn sigkill_mid_storm_leaves_exactly_one_order_per_key() {
             let (after, addr) = (&after, server.addr);
             s.spawn(move || {
                 for i in (t..CRASH_KEYS).step_by(CRASH_THREADS) {
-                    let a = send_crash_key(addr, i).unwrap_or_else(|| panic!("key {i}: the restarted server did not answer"));
+                    let a = send_crash_key(addr, i)
+                        .unwrap_or_else(|| panic!("key {i}: the restarted server did not answer"));
                     after.lock().expect("lock").insert(i, a);
                 }
             });
@@ -1055,7 +1224,10 @@ fn replay_throughput_in_process() {
         assert!(a.replayed && a.status == 201, "{}", a.text());
     }
     let s = started.elapsed().as_secs_f64();
-    println!("idempotency replay (in process, api::handle): {REPLAYS} replays in {s:.3} s = {:.0}/s", REPLAYS as f64 / s);
+    println!(
+        "idempotency replay (in process, api::handle): {REPLAYS} replays in {s:.3} s = {:.0}/s",
+        REPLAYS as f64 / s
+    );
     assert_eq!(orders_of(&app, "u-tput"), 1);
 }
 

@@ -24,6 +24,11 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// A sample's labels, without `le`.
+type Labels = Vec<(String, String)>;
+/// A histogram's (le, count) buckets, its _sum and its _count.
+type HistogramParts = (Vec<(f64, f64)>, Option<f64>, Option<f64>);
+
 const T0_MS: i64 = 1_700_000_000_000;
 const REWARDS: [&str; 4] = ["--coupon", "NEW10", "--points-per-yuan", "1"];
 const USER: &str = "u-ops";
@@ -73,8 +78,7 @@ fn call(app: &App, method: &str, target: &str, body: Option<&Value>) -> (u16, Va
 fn deliver(app: &App, path: &str, body: &Value) -> (u16, Value) {
     let bytes = body.to_string().into_bytes();
     let signature = payonce::signature::sign(SECRET.as_bytes(), app.clock.now_ms().div_euclid(1000), &bytes);
-    let headers =
-        vec![("Content-Type".into(), "application/json".into()), ("Payonce-Signature".into(), signature)];
+    let headers = vec![("Content-Type".into(), "application/json".into()), ("Payonce-Signature".into(), signature)];
     handle(app, "POST", path, headers, bytes)
 }
 
@@ -185,7 +189,11 @@ fn payonce_cli(args: &[&str]) -> (Option<i32>, String, String) {
         .stdin(Stdio::null())
         .output()
         .expect("run payonce");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// `payonce inspect --db PATH`: (exit code, the JSON it printed).
@@ -293,7 +301,8 @@ fn mode_shapes_validation_and_one_mode_for_every_process_across_restarts() {
     assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "recorded"}), "record-only set by another process");
 
     let conn = read_only(&db);
-    let stored: String = conn.query_row("SELECT value FROM settings WHERE name = 'mode'", [], |r| r.get(0)).expect("mode row");
+    let stored: String =
+        conn.query_row("SELECT value FROM settings WHERE name = 'mode'", [], |r| r.get(0)).expect("mode row");
     assert_eq!(stored, "record_only", "the mode lives in the settings table");
 }
 
@@ -356,7 +365,11 @@ fn record_only_records_then_the_worker_decides_in_arrival_order_exactly_once() {
         assert_eq!(order["coupons"], json!([]), "{order_no}");
         assert_eq!(order["points"], json!([]), "{order_no}");
         for p in order["payments"].as_array().expect("payments") {
-            assert_eq!((p["state"].as_str(), p["outcome"].as_str()), (Some("received"), Some("recorded")), "{order_no}");
+            assert_eq!(
+                (p["state"].as_str(), p["outcome"].as_str()),
+                (Some("received"), Some("recorded")),
+                "{order_no}"
+            );
         }
     }
     // The worker (every second) leaves them alone while the mode is record-only.
@@ -374,9 +387,8 @@ fn record_only_records_then_the_worker_decides_in_arrival_order_exactly_once() {
     assert!(drained, "the background worker decides the waiting records once the mode is normal");
 
     let conn = read_only(&db);
-    let mut stmt = conn
-        .prepare("SELECT pay_no, outcome, state, decided_at FROM pay_callback_log ORDER BY id")
-        .expect("prepare");
+    let mut stmt =
+        conn.prepare("SELECT pay_no, outcome, state, decided_at FROM pay_callback_log ORDER BY id").expect("prepare");
     let rows: Vec<(String, String, String, String)> = stmt
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
         .expect("query")
@@ -448,7 +460,11 @@ fn drain_decides_now_whatever_the_mode() {
 
     // In record-only mode.
     assert_eq!(call(&app, "POST", "/v1/admin/drain", None), (200, json!({"applied": 2})));
-    assert_eq!(call(&app, "GET", "/v1/admin/mode", None), (200, json!({"mode": "record_only"})), "drain keeps the mode");
+    assert_eq!(
+        call(&app, "GET", "/v1/admin/mode", None),
+        (200, json!({"mode": "record_only"})),
+        "drain keeps the mode"
+    );
     for order_no in ["DR-1", "DR-2"] {
         assert_eq!(app.order(order_no).expect("order").order.status.as_str(), "PAID", "{order_no}");
     }
@@ -462,7 +478,10 @@ fn drain_decides_now_whatever_the_mode() {
     let detail = app.order("DR-3").expect("order");
     assert_eq!(detail.order.status.as_str(), "PAID");
     assert_eq!((detail.coupons.len(), detail.points.len()), (1, 1));
-    assert_eq!(pay(&app, "DRP-3", "DR-3", 300), json!({"code": "SUCCESS", "outcome": "duplicate", "original": "applied"}));
+    assert_eq!(
+        pay(&app, "DRP-3", "DR-3", 300),
+        json!({"code": "SUCCESS", "outcome": "duplicate", "original": "applied"})
+    );
     let ids: Vec<String> = app.events(0, 100).expect("events").into_iter().map(|e| e.event_id).collect();
     assert_eq!(ids, ["order.paid:DR-1", "order.paid:DR-2", "order.paid:DR-3"]);
 }
@@ -495,7 +514,10 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
 
     let addr = server.addr;
     let drainer = thread::spawn(move || {
-        let raw = util::raw(addr, b"POST /v1/admin/drain HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+        let raw = util::raw(
+            addr,
+            b"POST /v1/admin/drain HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+        );
         util::parse_response(&raw).map(|r| (r.status, r.body))
     });
     // Kill as soon as the drain has visibly started (bounded).
@@ -507,7 +529,10 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
     server.kill();
     let answered = drainer.join().expect("drain thread");
     let decided_before_restart = count(&watch, decided_sql, []) as usize;
-    eprintln!("drain killed after deciding {decided_before_restart} of {total} records (answered: {})", answered.is_some());
+    eprintln!(
+        "drain killed after deciding {decided_before_restart} of {total} records (answered: {})",
+        answered.is_some()
+    );
     if let Some((status, body)) = &answered {
         // The drain finished before the kill: then it decided everything.
         assert_eq!(*status, 200);
@@ -547,10 +572,14 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
         assert_eq!(per_order(sql), all_once, "exactly one of {what} per order");
     }
     assert_eq!(count(&conn, "SELECT count(*) FROM point_log", []) as usize, ORDERS);
-    assert_eq!(count(&conn, "SELECT count(*) FROM orders WHERE status = 'PAID' AND pay_no = order_no || '-a'", []) as usize, ORDERS,
-        "every order paid by its first-arrived payment");
     assert_eq!(
-        count(&conn, "SELECT count(*) FROM pay_callback_log WHERE pay_no LIKE '%-b' AND outcome = 'already_paid'", []) as usize,
+        count(&conn, "SELECT count(*) FROM orders WHERE status = 'PAID' AND pay_no = order_no || '-a'", []) as usize,
+        ORDERS,
+        "every order paid by its first-arrived payment"
+    );
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM pay_callback_log WHERE pay_no LIKE '%-b' AND outcome = 'already_paid'", [])
+            as usize,
         SECOND_PAYMENTS
     );
     assert_eq!(
@@ -571,7 +600,10 @@ fn inspection_of_a_clean_database_is_ok_over_http_and_cli() {
     assert_eq!(pay_http(&server, "ICP-2", "IC-2", 2000, "SUCCESS").json()["outcome"], "applied");
     let resp = server.post_json("/v1/orders/IC-2/refund", &json!({"refund_no": "ICR-2"}));
     assert_eq!(resp.status, 200, "{}", resp.text());
-    let resp = server.callback("/v1/callbacks/generic/refund", &json!({"refund_no": "ICR-2", "order_no": "IC-2", "status": "SUCCESS"}));
+    let resp = server.callback(
+        "/v1/callbacks/generic/refund",
+        &json!({"refund_no": "ICR-2", "order_no": "IC-2", "status": "SUCCESS"}),
+    );
     assert_eq!(resp.json()["outcome"], "applied");
     create_http(&server, "IC-3", 3000);
     assert_eq!(server.post_json("/v1/orders/IC-3/close", &json!({})).status, 200);
@@ -618,18 +650,8 @@ fn inspection_finds_each_kind_on_edited_copies() {
             "duplicate_points",
             "K-1",
         ),
-        (
-            "coupon_deleted",
-            "DELETE FROM user_coupon;",
-            "paid_without_rewards",
-            "K-1",
-        ),
-        (
-            "points_deleted",
-            "DELETE FROM point_log;",
-            "paid_without_rewards",
-            "K-1",
-        ),
+        ("coupon_deleted", "DELETE FROM user_coupon;", "paid_without_rewards", "K-1"),
+        ("points_deleted", "DELETE FROM point_log;", "paid_without_rewards", "K-1"),
         (
             "order_back_to_pending",
             "UPDATE orders SET status = 'PENDING', pay_no = NULL, paid_at = NULL WHERE order_no = 'K-1';",
@@ -691,7 +713,10 @@ fn inspection_finds_each_kind_on_edited_copies() {
         // The same finding in process, through the HTTP route.
         let app = App::open(&copy.display().to_string(), Clock::System, config()).expect("open copy");
         let report = inspections(&app);
-        assert!(findings(&report).iter().any(|(k, o)| k == kind && o == order_no), "{name}: GET /v1/inspections: {report}");
+        assert!(
+            findings(&report).iter().any(|(k, o)| k == kind && o == order_no),
+            "{name}: GET /v1/inspections: {report}"
+        );
     }
 }
 
@@ -801,7 +826,8 @@ fn compensation_twice_is_one_effect_answered_the_same_and_never_deletes() {
             [order_no],
         )
     };
-    let balance = || call(&app, "GET", &format!("/v1/users/{USER}/points"), None).1["balance"].as_i64().unwrap_or(i64::MIN);
+    let balance =
+        || call(&app, "GET", &format!("/v1/users/{USER}/points"), None).1["balance"].as_i64().unwrap_or(i64::MIN);
 
     for order_no in ["C-1", "C-2", "C-3"] {
         create(&app, order_no, 2500);
@@ -812,9 +838,15 @@ fn compensation_twice_is_one_effect_answered_the_same_and_never_deletes() {
 
     // Twice each: one effect, one audit row, the same answer.
     let cases = [
-        (json!({"order_no": "C-1", "action": "freeze_coupon", "coupon_template_id": "NEW10",
-                "reason": "coupon issued by the 40 ms re-delivery (freeze C-1)"}), "freeze C-1"),
-        (json!({"order_no": "C-1", "action": "reverse_points", "reason": "points given twice (reverse C-1)"}), "reverse C-1"),
+        (
+            json!({"order_no": "C-1", "action": "freeze_coupon", "coupon_template_id": "NEW10",
+                "reason": "coupon issued by the 40 ms re-delivery (freeze C-1)"}),
+            "freeze C-1",
+        ),
+        (
+            json!({"order_no": "C-1", "action": "reverse_points", "reason": "points given twice (reverse C-1)"}),
+            "reverse C-1",
+        ),
     ];
     for (request, reason) in &cases {
         let (status, first) = call(&app, "POST", "/v1/compensations", Some(request));
@@ -829,7 +861,11 @@ fn compensation_twice_is_one_effect_answered_the_same_and_never_deletes() {
         other["reason"] = json!(format!("another operator, same target ({reason})"));
         let (status, third) = call(&app, "POST", "/v1/compensations", Some(&other));
         assert_eq!((status, &third), (200, &first), "{reason}: same target, same answer");
-        assert_eq!(footprint(&conn), *footprints.last().expect("footprint"), "{reason}: no second effect, no second audit row");
+        assert_eq!(
+            footprint(&conn),
+            *footprints.last().expect("footprint"),
+            "{reason}: no second effect, no second audit row"
+        );
     }
     let c1 = app.order("C-1").expect("order");
     assert_eq!(c1.coupons.iter().map(|c| c.status.as_str()).collect::<Vec<_>>(), ["FROZEN"], "frozen, not deleted");
@@ -867,9 +903,17 @@ fn compensation_twice_is_one_effect_answered_the_same_and_never_deletes() {
 
     let refusals: [(Value, u16, &str); 6] = [
         (json!({"order_no": "C-NOPE", "action": "reverse_points", "reason": "r"}), 404, "order_not_found"),
-        (json!({"order_no": "C-1", "action": "freeze_coupon", "coupon_template_id": "NOPE", "reason": "r"}), 404, "_not_found"),
+        (
+            json!({"order_no": "C-1", "action": "freeze_coupon", "coupon_template_id": "NOPE", "reason": "r"}),
+            404,
+            "_not_found",
+        ),
         (json!({"order_no": "C-1", "action": "freeze_coupon", "reason": "r"}), 400, "invalid_request"),
-        (json!({"order_no": "C-1", "action": "delete_coupon", "coupon_template_id": "NEW10", "reason": "r"}), 400, "invalid_request"),
+        (
+            json!({"order_no": "C-1", "action": "delete_coupon", "coupon_template_id": "NEW10", "reason": "r"}),
+            400,
+            "invalid_request",
+        ),
         (json!({"order_no": "C-1", "action": "reverse_points"}), 400, "invalid_request"),
         (json!({"order_no": "C-1", "action": "reverse_points", "reason": ""}), 400, "invalid_request"),
     ];
@@ -942,7 +986,11 @@ fn family_of(name: &str, types: &BTreeMap<String, String>) -> Option<String> {
     if types.contains_key(name) {
         return Some(name.to_owned());
     }
-    for (suffix, kinds) in [("_bucket", &["histogram"][..]), ("_sum", &["histogram", "summary"][..]), ("_count", &["histogram", "summary"][..])] {
+    for (suffix, kinds) in [
+        ("_bucket", &["histogram"][..]),
+        ("_sum", &["histogram", "summary"][..]),
+        ("_count", &["histogram", "summary"][..]),
+    ] {
         if let Some(base) = name.strip_suffix(suffix) {
             if types.get(base).is_some_and(|t| kinds.contains(&t.as_str())) {
                 return Some(base.to_owned());
@@ -1021,7 +1069,7 @@ fn parse_exposition(text: &str) -> Result<Exposition, String> {
             continue;
         }
         // name{labels} value [timestamp]
-        let name_end = line.find(|c: char| c == '{' || c == ' ').ok_or_else(|| at("no value".into()))?;
+        let name_end = line.find(['{', ' ']).ok_or_else(|| at("no value".into()))?;
         let name = &line[..name_end];
         if !is_metric_name(name) {
             return Err(at(format!("invalid metric name {name:?}")));
@@ -1103,7 +1151,7 @@ fn parse_exposition(text: &str) -> Result<Exposition, String> {
             }
             current = Some(family.clone());
         }
-        if out.types[&family] == "counter" && !(value >= 0.0) {
+        if out.types[&family] == "counter" && (value.is_nan() || value < 0.0) {
             return Err(at("a counter below zero".into()));
         }
         let key = format!("{name}{labels:?}");
@@ -1121,7 +1169,7 @@ fn check_histograms(exp: &Exposition) -> Result<(), String> {
         if kind != "histogram" {
             continue;
         }
-        let mut groups: BTreeMap<Vec<(String, String)>, (Vec<(f64, f64)>, Option<f64>, Option<f64>)> = BTreeMap::new();
+        let mut groups: BTreeMap<Labels, HistogramParts> = BTreeMap::new();
         for s in exp.family(family) {
             let mut key: Vec<(String, String)> = s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
             key.retain(|(k, _)| k != "le");
@@ -1142,7 +1190,7 @@ fn check_histograms(exp: &Exposition) -> Result<(), String> {
         }
         for (labels, (buckets, sum, count)) in groups {
             let context = format!("{family}{labels:?}");
-            if buckets.windows(2).any(|w| !(w[0].0 < w[1].0)) {
+            if buckets.windows(2).any(|w| w[0].0.partial_cmp(&w[1].0) != Some(std::cmp::Ordering::Less)) {
                 return Err(format!("{context}: le not strictly increasing"));
             }
             if buckets.windows(2).any(|w| w[1].1 < w[0].1) {
@@ -1179,7 +1227,10 @@ fn the_metrics_parser_refuses_what_prometheus_refuses() {
         ("duplicate series", "# TYPE x gauge\nx{a=\"1\"} 1\nx{a=\"1\"} 2\n"),
         ("non-contiguous", "# TYPE x gauge\n# TYPE y gauge\nx 1\ny 1\nx{a=\"1\"} 1\n"),
         ("+Inf != count", "# TYPE h histogram\nh_bucket{le=\"+Inf\"} 2\nh_sum 1\nh_count 3\n"),
-        ("decreasing buckets", "# TYPE h histogram\nh_bucket{le=\"1\"} 3\nh_bucket{le=\"+Inf\"} 2\nh_sum 1\nh_count 2\n"),
+        (
+            "decreasing buckets",
+            "# TYPE h histogram\nh_bucket{le=\"1\"} 3\nh_bucket{le=\"+Inf\"} 2\nh_sum 1\nh_count 2\n",
+        ),
         ("no +Inf", "# TYPE h histogram\nh_bucket{le=\"1\"} 3\nh_sum 1\nh_count 3\n"),
         ("negative counter", "# TYPE x counter\nx -1\n"),
     ];
@@ -1273,7 +1324,11 @@ fn metrics_are_strict_prometheus_text_with_every_promised_series() {
         let name = m.find("gauge", "mode", Some("mode"));
         let name = name.first().unwrap_or_else(|| panic!("no mode gauge"));
         let pick = |mode: &str| -> f64 {
-            m.family(name).iter().filter(|s| s.labels.get("mode").map(String::as_str) == Some(mode)).map(|s| s.value).sum()
+            m.family(name)
+                .iter()
+                .filter(|s| s.labels.get("mode").map(String::as_str) == Some(mode))
+                .map(|s| s.value)
+                .sum()
         };
         (pick("normal"), pick("record_only"))
     };
@@ -1324,9 +1379,16 @@ fn backup_during_a_storm_holds_every_payment_acknowledged_before_it_started() {
                     let order_no = format!("BK-{t}-{i:03}");
                     let pay_no = format!("BKP-{t}-{i:03}");
                     let body = json!({"order_no": order_no, "user_id": USER, "amount": 100}).to_string();
-                    let resp = util::request(addr, "POST", "/v1/orders", &[("Content-Type", "application/json")], body.as_bytes());
+                    let resp = util::request(
+                        addr,
+                        "POST",
+                        "/v1/orders",
+                        &[("Content-Type", "application/json")],
+                        body.as_bytes(),
+                    );
                     assert_eq!(resp.status, 201, "{}", resp.text());
-                    let body = json!({"pay_no": pay_no, "order_no": order_no, "amount": 100, "status": "SUCCESS"}).to_string();
+                    let body =
+                        json!({"pay_no": pay_no, "order_no": order_no, "amount": 100, "status": "SUCCESS"}).to_string();
                     let signature = util::sign_now(SECRET, body.as_bytes());
                     let resp = util::request(
                         addr,
@@ -1346,7 +1408,8 @@ fn backup_during_a_storm_holds_every_payment_acknowledged_before_it_started() {
     let started_storm = wait_for(Duration::from_secs(30), || acked.lock().expect("acks").len() >= 100);
     assert!(started_storm, "the storm acknowledged 100 payments");
     let backup_started = Instant::now();
-    let (code, _, stderr) = payonce_cli(&["backup", "--db", &db.display().to_string(), "--to", &copy.display().to_string()]);
+    let (code, _, stderr) =
+        payonce_cli(&["backup", "--db", &db.display().to_string(), "--to", &copy.display().to_string()]);
     let backup_finished = Instant::now();
     assert_eq!(code, Some(0), "backup failed: {stderr}");
     pinned.execute_batch("COMMIT").expect("end the pinned read");
@@ -1433,7 +1496,14 @@ fn call_keyed(app: &App, method: &str, target: &str, key: &str, content_type: &s
 /// without the other"; a 5xx stores nothing and its retry runs. The test
 /// hook fails a write after its work and stored response, before commit.
 /// Returns the violations found (checked all together by the caller).
-fn keyed_failure_then_retry(app: &App, method: &str, target: &str, key: &str, content_type: &str, body: &[u8]) -> Vec<String> {
+fn keyed_failure_then_retry(
+    app: &App,
+    method: &str,
+    target: &str,
+    key: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Vec<String> {
     let conn = app.store.raw_connection().expect("raw connection");
     let keys = |conn: &Connection| count(conn, "SELECT count(*) FROM idempotency_key", []);
     let before = (footprint(&conn), keys(&conn));
@@ -1467,15 +1537,37 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
     assert_eq!(pay(&app, "KAP-1b", "KA-1", 1000)["outcome"], "already_paid");
     let mut violations = Vec::new();
 
-    violations.extend(keyed_failure_then_retry(&app, "PUT", "/v1/admin/mode", "k-mode", json_type, br#"{"mode":"record_only"}"#));
+    violations.extend(keyed_failure_then_retry(
+        &app,
+        "PUT",
+        "/v1/admin/mode",
+        "k-mode",
+        json_type,
+        br#"{"mode":"record_only"}"#,
+    ));
     assert_eq!(app.mode().expect("mode"), payonce::ops::Mode::RecordOnly);
 
-    let freeze = json!({"order_no": "KA-1", "action": "freeze_coupon", "coupon_template_id": "NEW10", "reason": "keyed"});
-    violations.extend(keyed_failure_then_retry(&app, "POST", "/v1/compensations", "k-comp", json_type, freeze.to_string().as_bytes()));
+    let freeze =
+        json!({"order_no": "KA-1", "action": "freeze_coupon", "coupon_template_id": "NEW10", "reason": "keyed"});
+    violations.extend(keyed_failure_then_retry(
+        &app,
+        "POST",
+        "/v1/compensations",
+        "k-comp",
+        json_type,
+        freeze.to_string().as_bytes(),
+    ));
     assert_eq!(app.order("KA-1").expect("order").coupons[0].status, "FROZEN");
 
     let resolve = json!({"resolution": "accepted", "reason": "keyed"});
-    violations.extend(keyed_failure_then_retry(&app, "POST", "/v1/admin/payments/KAP-1b/resolve", "k-resolve", json_type, resolve.to_string().as_bytes()));
+    violations.extend(keyed_failure_then_retry(
+        &app,
+        "POST",
+        "/v1/admin/payments/KAP-1b/resolve",
+        "k-resolve",
+        json_type,
+        resolve.to_string().as_bytes(),
+    ));
 
     // Two records waiting in record-only mode: a keyed drain.
     for (order_no, pay_no) in [("KA-2", "KAP-2"), ("KA-3", "KAP-3")] {
@@ -1488,10 +1580,8 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
     // A keyed reconciliation with repair: one payment the platform has and payonce never recorded.
     set_mode(&app, "normal");
     create(&app, "KA-4", 700);
-    let statement = format!(
-        "pay_no,order_no,amount,status,paid_at\nKAP-4,KA-4,700,SUCCESS,{}\n",
-        payonce::clock::format_ms(T0_MS)
-    );
+    let statement =
+        format!("pay_no,order_no,amount,status,paid_at\nKAP-4,KA-4,700,SUCCESS,{}\n", payonce::clock::format_ms(T0_MS));
     violations.extend(keyed_failure_then_retry(
         &app,
         "POST",
@@ -1539,10 +1629,16 @@ fn request_metrics_stay_bounded_under_arbitrary_methods() {
     };
     let before = series(&server);
     for i in 0..100 {
-        let request = format!("JUNK{i} /v1/callbacks/generic HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+        let request = format!(
+            "JUNK{i} /v1/callbacks/generic HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+        );
         let answer = util::parse_response(&util::raw(server.addr, request.as_bytes())).expect("an answer");
         assert_eq!(answer.status, 405, "an unknown method on a known path");
     }
     let after = series(&server);
-    assert!(after <= before + 5, "100 invented methods made {} new request series ({before} -> {after})", after - before);
+    assert!(
+        after <= before + 5,
+        "100 invented methods made {} new request series ({before} -> {after})",
+        after - before
+    );
 }

@@ -54,7 +54,8 @@ fn open_app(db: &Path) -> App {
 fn handle(app: &App, method: &str, target: &str, headers: &[(&str, &str)], body: Vec<u8>) -> (u16, Value) {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let headers = headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
-    let resp = api::handle(app, &Request { method: method.into(), path: path.into(), query: query.into(), headers, body });
+    let resp =
+        api::handle(app, &Request { method: method.into(), path: path.into(), query: query.into(), headers, body });
     let value = serde_json::from_slice(&resp.body)
         .unwrap_or_else(|e| panic!("{method} {target}: not JSON ({e}): {}", String::from_utf8_lossy(&resp.body)));
     (resp.status, value)
@@ -123,18 +124,23 @@ const PAYMENTS: [(&str, &str, i64, &str, &str); 9] = [
 fn seed(db: &Path) {
     let app = open_app(db);
     for (order_no, amount) in ORDERS {
-        let (status, body) = post_json(&app, "/v1/orders", &json!({"order_no": order_no, "user_id": "u-rc", "amount": amount}));
+        let (status, body) =
+            post_json(&app, "/v1/orders", &json!({"order_no": order_no, "user_id": "u-rc", "amount": amount}));
         assert_eq!(status, 201, "{order_no}: {body}");
     }
     for (pay_no, order_no, amount, paid_at, outcome) in PAYMENTS {
-        let body = json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": "SUCCESS", "paid_at": paid_at});
+        let body =
+            json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": "SUCCESS", "paid_at": paid_at});
         let (status, answer) = signed(&app, "/v1/callbacks/generic", &body);
         assert_eq!((status, answer["outcome"].as_str()), (200, Some(outcome)), "{pay_no}: {answer}");
     }
     let (status, body) = post_json(&app, "/v1/orders/RC-R1/refund", &json!({"refund_no": "RF-R1"}));
     assert_eq!(status, 200, "{body}");
-    let (status, body) =
-        signed(&app, "/v1/callbacks/generic/refund", &json!({"refund_no": "RF-R1", "order_no": "RC-R1", "status": "SUCCESS"}));
+    let (status, body) = signed(
+        &app,
+        "/v1/callbacks/generic/refund",
+        &json!({"refund_no": "RF-R1", "order_no": "RC-R1", "status": "SUCCESS"}),
+    );
     assert_eq!((status, body["outcome"].as_str()), (200, Some("applied")), "{body}");
 }
 
@@ -161,7 +167,8 @@ struct Row {
 
 /// What the platform says happened on DAY.
 fn statement_rows() -> Vec<Row> {
-    let pay = |id, order_no, fen, utc| Row { kind: Kind::Payment, id, pay_no: id, order_no, fen, order_amount: fen, utc };
+    let pay =
+        |id, order_no, fen, utc| Row { kind: Kind::Payment, id, pay_no: id, order_no, fen, order_amount: fen, utc };
     vec![
         pay("P-M1", "RC-M1", 9900, "2024-01-02T03:00:00Z"),
         pay("P-M1b", "RC-M1", 9900, "2024-01-02T03:05:00Z"),
@@ -170,9 +177,25 @@ fn statement_rows() -> Vec<Row> {
         // Never delivered to payonce (漏单).
         pay("P-L1", "RC-L1", 1234, "2024-01-02T08:00:00Z"),
         pay("P-R1", "RC-R1", 2000, "2024-01-02T05:00:00Z"),
-        Row { kind: Kind::Refund, id: "RF-R1", pay_no: "P-R1", order_no: "RC-R1", fen: 2000, order_amount: 2000, utc: "2024-01-02T06:30:00Z" },
+        Row {
+            kind: Kind::Refund,
+            id: "RF-R1",
+            pay_no: "P-R1",
+            order_no: "RC-R1",
+            fen: 2000,
+            order_amount: 2000,
+            utc: "2024-01-02T06:30:00Z",
+        },
         // A refund payonce never asked for.
-        Row { kind: Kind::Refund, id: "RF-GONE", pay_no: "P-M1", order_no: "RC-M1", fen: 500, order_amount: 9900, utc: "2024-01-02T07:30:00Z" },
+        Row {
+            kind: Kind::Refund,
+            id: "RF-GONE",
+            pay_no: "P-M1",
+            order_no: "RC-M1",
+            fen: 500,
+            order_amount: 9900,
+            utc: "2024-01-02T07:30:00Z",
+        },
     ]
 }
 
@@ -243,7 +266,14 @@ fn wechat_statement(rows: &[Row]) -> Vec<u8> {
     let paid: i64 = rows.iter().filter(|r| r.kind == Kind::Payment).map(|r| r.fen).sum();
     let refunded: i64 = rows.iter().filter(|r| r.kind == Kind::Refund).map(|r| r.fen).sum();
     lines.push("总交易单数,应结订单总金额,退款总金额,充值券退款总金额,手续费总金额,订单总金额,申请退款总金额".into());
-    lines.push(format!("`{},`{},`{},`0.00,`0.07,`{},`{}", rows.len(), yuan(paid), yuan(refunded), yuan(paid), yuan(refunded)));
+    lines.push(format!(
+        "`{},`{},`{},`0.00,`0.07,`{},`{}",
+        rows.len(),
+        yuan(paid),
+        yuan(refunded),
+        yuan(paid),
+        yuan(refunded)
+    ));
     (lines.join("\r\n") + "\r\n").into_bytes()
 }
 
@@ -418,7 +448,9 @@ fn expected_after_repair(format: Format) -> Expected {
 fn date_overrides(format: Format) -> Vec<(&'static str, Vec<Diff>)> {
     let out = diff("P-OUT", "RC-OUT", None, Some(4300));
     match format {
-        Format::Generic => vec![("2024-01-05", vec![out]), ("2024-01-01", vec![diff("P-E1", "RC-E1", None, Some(4100))])],
+        Format::Generic => {
+            vec![("2024-01-05", vec![out]), ("2024-01-01", vec![diff("P-E1", "RC-E1", None, Some(4100))])]
+        }
         Format::Wechatpay | Format::Alipay => {
             vec![("2024-01-05", vec![out]), ("2024-01-03", vec![diff("P-E2", "RC-E2", None, Some(4200))])]
         }
@@ -441,7 +473,8 @@ fn request(server: &Server, method: &str, path: &str, headers: &[(&str, &str)], 
         loop {
             let eol = rest.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
             let size_text = std::str::from_utf8(&rest[..eol]).expect("chunk size");
-            let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16).expect("hex chunk size");
+            let size =
+                usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16).expect("hex chunk size");
             rest = &rest[eol + 2..];
             if size == 0 {
                 break;
@@ -465,11 +498,9 @@ fn reconcile_http(server: &Server, format: Format, bytes: &[u8], repair: bool) -
 fn check_repaired(db: &Path, format: Format, context: &str) {
     let conn = read_only(db);
     let (outcome, source, channel, paid_at): (String, String, String, Option<String>) = conn
-        .query_row(
-            "SELECT outcome, source, channel, paid_at FROM pay_callback_log WHERE pay_no = 'P-L1'",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )
+        .query_row("SELECT outcome, source, channel, paid_at FROM pay_callback_log WHERE pay_no = 'P-L1'", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
         .unwrap_or_else(|e| panic!("{context}: P-L1 recorded: {e}"));
     assert_eq!((outcome.as_str(), source.as_str()), ("applied", "reconciliation"), "{context}");
     assert!(["generic", format.as_str()].contains(&channel.as_str()), "{context}: channel {channel}");
@@ -489,12 +520,23 @@ fn check_repaired(db: &Path, format: Format, context: &str) {
         12,
         "{context}: floor(1234 x 1 / 100) points"
     );
-    assert_eq!(of_order("SELECT count(*) FROM outbox_event WHERE order_no = ?1 AND event_id = 'order.paid:' || ?1"), 1, "{context}");
+    assert_eq!(
+        of_order("SELECT count(*) FROM outbox_event WHERE order_no = ?1 AND event_id = 'order.paid:' || ?1"),
+        1,
+        "{context}"
+    );
 }
 
 /// What the first repair adds: one record, one coupon, one points entry, one event; no order, no refund.
 fn check_first_repair_footprint(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>, context: &str) {
-    for (table, added) in [("orders", 0), ("refund", 0), ("pay_callback_log", 1), ("user_coupon", 1), ("point_log", 1), ("outbox_event", 1)] {
+    for (table, added) in [
+        ("orders", 0),
+        ("refund", 0),
+        ("pay_callback_log", 1),
+        ("user_coupon", 1),
+        ("point_log", 1),
+        ("outbox_event", 1),
+    ] {
         assert_eq!(after[table] - before[table], added, "{context}: rows added to {table}");
     }
 }
@@ -506,7 +548,11 @@ fn payonce_cli(args: &[&str]) -> (Option<i32>, String, String) {
         .stdin(Stdio::null())
         .output()
         .expect("run payonce");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn reconcile_cli(db: &Path, statement: &Path, format: Format, repair: bool) -> (Option<i32>, Value) {
@@ -540,9 +586,18 @@ fn generic_statement_in_process_over_http_repaired_twice_and_by_cli() {
             assert_eq!(diffs(&result["missing_remote"]), missing_remote, "date={date}: {result}");
         }
         // The same through the route, in process, with the date as a query parameter.
-        let (status, result) = handle(&app, "POST", "/v1/reconciliations?format=generic&date=2024-01-05", &[("Content-Type", "text/csv")], bytes.clone());
+        let (status, result) = handle(
+            &app,
+            "POST",
+            "/v1/reconciliations?format=generic&date=2024-01-05",
+            &[("Content-Type", "text/csv")],
+            bytes.clone(),
+        );
         assert_eq!(status, 200, "{result}");
-        assert_eq!((result["period"].clone(), diffs(&result["missing_remote"])), (json!(["2024-01-05"]), vec![diff("P-OUT", "RC-OUT", None, Some(4300))]));
+        assert_eq!(
+            (result["period"].clone(), diffs(&result["missing_remote"])),
+            (json!(["2024-01-05"]), vec![diff("P-OUT", "RC-OUT", None, Some(4300))])
+        );
     }
 
     let server = Server::start_on(&db, &REWARDS);
@@ -563,7 +618,8 @@ fn generic_statement_in_process_over_http_repaired_twice_and_by_cli() {
     assert_eq!(code, Some(1), "differences: exit 1: {result}");
     check(&result, &expected_after_repair(format), "CLI");
     // A statement that agrees with every payment and refund payonce has on DAY (UTC).
-    let pay = |id, order_no, fen, utc| Row { kind: Kind::Payment, id, pay_no: id, order_no, fen, order_amount: fen, utc };
+    let pay =
+        |id, order_no, fen, utc| Row { kind: Kind::Payment, id, pay_no: id, order_no, fen, order_amount: fen, utc };
     let clean = [
         pay("P-M1", "RC-M1", 9900, "2024-01-02T03:00:00Z"),
         pay("P-M2", "RC-M2", 5000, "2024-01-02T04:00:00Z"),
@@ -571,12 +627,26 @@ fn generic_statement_in_process_over_http_repaired_twice_and_by_cli() {
         pay("P-R1", "RC-R1", 2000, "2024-01-02T05:00:00Z"),
         pay("P-X1", "RC-X1", 3000, "2024-01-02T07:00:00Z"),
         pay("P-E2", "RC-E2", 4200, "2024-01-02T16:30:00Z"),
-        Row { kind: Kind::Refund, id: "RF-R1", pay_no: "P-R1", order_no: "RC-R1", fen: 2000, order_amount: 2000, utc: "2024-01-02T06:30:00Z" },
+        Row {
+            kind: Kind::Refund,
+            id: "RF-R1",
+            pay_no: "P-R1",
+            order_no: "RC-R1",
+            fen: 2000,
+            order_amount: 2000,
+            utc: "2024-01-02T06:30:00Z",
+        },
     ];
     let clean_file = dir.path("clean.csv");
     std::fs::write(&clean_file, generic_statement(&clean)).expect("write statement");
     let (code, result) = reconcile_cli(&db, &clean_file, format, false);
-    let expected = Expected { period: vec![DAY], matched: 7, missing_local: vec![], missing_remote: vec![], amount_mismatch: vec![] };
+    let expected = Expected {
+        period: vec![DAY],
+        matched: 7,
+        missing_local: vec![],
+        missing_remote: vec![],
+        amount_mismatch: vec![],
+    };
     check(&result, &expected, "CLI, clean statement");
     assert_eq!(code, Some(0), "clean: exit 0: {result}");
 }
@@ -605,7 +675,10 @@ fn wechatpay_trade_bill_over_http_and_repaired_twice_in_process() {
     let app = open_app(&db);
     let before = footprint(&db);
     let first = reconcile_in_process(&app, format, &bytes, None, true);
-    assert!(diffs(&first["missing_local"]).iter().any(|d| d.0 == "P-L1"), "the first repair found P-L1 missing: {first}");
+    assert!(
+        diffs(&first["missing_local"]).iter().any(|d| d.0 == "P-L1"),
+        "the first repair found P-L1 missing: {first}"
+    );
     let after_first = footprint(&db);
     check_first_repair_footprint(&before, &after_first, "in-process repair");
     check_repaired(&db, format, "in-process repair");
@@ -691,21 +764,68 @@ fn bad_statements_are_refused_naming_the_line_and_change_nothing() {
     let payment = &rows[0];
     // (case, query, body, message must contain)
     let cases: Vec<(&str, &str, Vec<u8>, &str)> = vec![
-        ("generic: bad header", "format=generic", b"pay_no,order_no,amount,status\nP-1,RC-M1,9900,SUCCESS\n".to_vec(), "header"),
-        ("generic: yuan in minor units", "format=generic",
-            generic_with(&["P-M1,RC-M1,9900,SUCCESS,2024-01-02T03:00:00Z", "P-M2,RC-M2,99.5,SUCCESS,2024-01-02T04:00:00Z"]), "line 3"),
-        ("generic: float-looking 99.00", "format=generic", generic_with(&["P-M1,RC-M1,9900.00,SUCCESS,2024-01-02T03:00:00Z"]), "line 2"),
-        ("generic: exponent", "format=generic", generic_with(&["P-M1,RC-M1,1e3,SUCCESS,2024-01-02T03:00:00Z"]), "line 2"),
+        (
+            "generic: bad header",
+            "format=generic",
+            b"pay_no,order_no,amount,status\nP-1,RC-M1,9900,SUCCESS\n".to_vec(),
+            "header",
+        ),
+        (
+            "generic: yuan in minor units",
+            "format=generic",
+            generic_with(&[
+                "P-M1,RC-M1,9900,SUCCESS,2024-01-02T03:00:00Z",
+                "P-M2,RC-M2,99.5,SUCCESS,2024-01-02T04:00:00Z",
+            ]),
+            "line 3",
+        ),
+        (
+            "generic: float-looking 99.00",
+            "format=generic",
+            generic_with(&["P-M1,RC-M1,9900.00,SUCCESS,2024-01-02T03:00:00Z"]),
+            "line 2",
+        ),
+        (
+            "generic: exponent",
+            "format=generic",
+            generic_with(&["P-M1,RC-M1,1e3,SUCCESS,2024-01-02T03:00:00Z"]),
+            "line 2",
+        ),
         ("generic: zero", "format=generic", generic_with(&["P-M1,RC-M1,0,SUCCESS,2024-01-02T03:00:00Z"]), "line 2"),
         ("generic: status", "format=generic", generic_with(&["P-M1,RC-M1,9900,PAID,2024-01-02T03:00:00Z"]), "line 2"),
-        ("generic: paid_at without offset", "format=generic", generic_with(&["P-M1,RC-M1,9900,SUCCESS,2024-01-02T03:00:00"]), "line 2"),
+        (
+            "generic: paid_at without offset",
+            "format=generic",
+            generic_with(&["P-M1,RC-M1,9900,SUCCESS,2024-01-02T03:00:00"]),
+            "line 2",
+        ),
         ("generic: columns", "format=generic", generic_with(&["P-M1,RC-M1,9900,SUCCESS"]), "line 2"),
-        ("generic: identifier", "format=generic", generic_with(&["P M1,RC-M1,9900,SUCCESS,2024-01-02T03:00:00Z"]), "line 2"),
-        ("generic: not UTF-8", "format=generic", b"pay_no,order_no,amount,status,paid_at\n\xff\xfe,O,1,SUCCESS,2024-01-02T03:00:00Z\n".to_vec(), ""),
+        (
+            "generic: identifier",
+            "format=generic",
+            generic_with(&["P M1,RC-M1,9900,SUCCESS,2024-01-02T03:00:00Z"]),
+            "line 2",
+        ),
+        (
+            "generic: not UTF-8",
+            "format=generic",
+            b"pay_no,order_no,amount,status,paid_at\n\xff\xfe,O,1,SUCCESS,2024-01-02T03:00:00Z\n".to_vec(),
+            "",
+        ),
         ("wechatpay: no header row", "format=wechatpay", good_wechat.clone().into_bytes(), "header"),
-        ("wechatpay: 3-decimal yuan", "format=wechatpay", wechat_with(&good_wechat.replace("`99.00", "`99.001")), "line 2"),
+        (
+            "wechatpay: 3-decimal yuan",
+            "format=wechatpay",
+            wechat_with(&good_wechat.replace("`99.00", "`99.001")),
+            "line 2",
+        ),
         ("wechatpay: float words", "format=wechatpay", wechat_with(&good_wechat.replace("`99.00", "`1e2")), "line 2"),
-        ("wechatpay: time", "format=wechatpay", wechat_with(&good_wechat.replace("`2024-01-02 11:00:00", "`2024/01/02 11:00")), "line 2"),
+        (
+            "wechatpay: time",
+            "format=wechatpay",
+            wechat_with(&good_wechat.replace("`2024-01-02 11:00:00", "`2024/01/02 11:00")),
+            "line 2",
+        ),
         ("alipay: no header row", "format=alipay", gbk("#支付宝业务明细查询\n"), "header"),
         ("alipay: 3-decimal refund", "format=alipay", alipay_with(refund, 11, "-20.001"), "line 6"),
         ("alipay: negative payment", "format=alipay", alipay_with(payment, 11, "-99.00"), "line 6"),
@@ -719,8 +839,13 @@ fn bad_statements_are_refused_naming_the_line_and_change_nothing() {
     for (case, query, body, needle) in &cases {
         // repair=true wherever the case is not about repair: a refusal must repair nothing.
         let query = if query.contains("repair=") { query.to_string() } else { format!("{query}&repair=true") };
-        let (status, answer) =
-            handle(&app, "POST", &format!("/v1/reconciliations?{query}"), &[("Content-Type", "text/csv")], body.clone());
+        let (status, answer) = handle(
+            &app,
+            "POST",
+            &format!("/v1/reconciliations?{query}"),
+            &[("Content-Type", "text/csv")],
+            body.clone(),
+        );
         assert_eq!(status, 400, "{case}: {answer}");
         assert_eq!(answer["error"]["code"], "invalid_request", "{case}: {answer}");
         let message = answer["error"]["message"].as_str().unwrap_or_default();
@@ -730,14 +855,22 @@ fn bad_statements_are_refused_naming_the_line_and_change_nothing() {
 
     // Over 16 MiB: 413 in process and over the wire; a statement over 64 KiB is fine.
     let huge = vec![b'#'; 16 * 1024 * 1024 + 1];
-    let (status, answer) = handle(&app, "POST", "/v1/reconciliations?format=generic", &[("Content-Type", "text/csv")], huge.clone());
+    let (status, answer) =
+        handle(&app, "POST", "/v1/reconciliations?format=generic", &[("Content-Type", "text/csv")], huge.clone());
     assert_eq!((status, answer["error"]["code"].as_str()), (413, Some("payload_too_large")), "{answer}");
     drop(app);
 
     let server = Server::start_on(&db, &REWARDS);
-    let resp = util::request(server.addr, "POST", "/v1/reconciliations?format=generic", &[("Content-Type", "text/csv")], &huge);
+    let resp = util::request(
+        server.addr,
+        "POST",
+        "/v1/reconciliations?format=generic",
+        &[("Content-Type", "text/csv")],
+        &huge,
+    );
     assert_eq!((resp.status, resp.error_code()), (413, "payload_too_large".to_owned()));
-    let large: Vec<String> = (0..2_000).map(|i| format!("PX-{i:05},RC-X{i:05},{},SUCCESS,2024-01-02T10:00:00Z", 100 + i)).collect();
+    let large: Vec<String> =
+        (0..2_000).map(|i| format!("PX-{i:05},RC-X{i:05},{},SUCCESS,2024-01-02T10:00:00Z", 100 + i)).collect();
     let large: Vec<&str> = large.iter().map(String::as_str).collect();
     let body = generic_with(&large);
     assert!(body.len() > 64 * 1024);
@@ -745,10 +878,28 @@ fn bad_statements_are_refused_naming_the_line_and_change_nothing() {
     assert_eq!(resp.status, 200, "a statement over 64 KiB is accepted: {}", resp.text());
     assert_eq!(resp.json()["missing_local"].as_array().map(Vec::len), Some(2_000));
     // The real route refuses like the in-process one.
-    for (case, query, body, needle) in cases.iter().filter(|c| c.0.contains("bad header") || c.0.contains("unknown format") || c.0.contains("3-decimal")) {
-        let resp = util::request(server.addr, "POST", &format!("/v1/reconciliations?{query}"), &[("Content-Type", "text/csv")], body);
-        assert_eq!((resp.status, resp.error_code()), (400, "invalid_request".to_owned()), "{case} over HTTP: {}", resp.text());
-        assert!(resp.json()["error"]["message"].as_str().unwrap_or_default().contains(needle), "{case}: {}", resp.text());
+    for (case, query, body, needle) in cases
+        .iter()
+        .filter(|c| c.0.contains("bad header") || c.0.contains("unknown format") || c.0.contains("3-decimal"))
+    {
+        let resp = util::request(
+            server.addr,
+            "POST",
+            &format!("/v1/reconciliations?{query}"),
+            &[("Content-Type", "text/csv")],
+            body,
+        );
+        assert_eq!(
+            (resp.status, resp.error_code()),
+            (400, "invalid_request".to_owned()),
+            "{case} over HTTP: {}",
+            resp.text()
+        );
+        assert!(
+            resp.json()["error"]["message"].as_str().unwrap_or_default().contains(needle),
+            "{case}: {}",
+            resp.text()
+        );
     }
     assert_eq!(footprint(&db), before, "nothing was written");
 }
@@ -783,14 +934,22 @@ fn a_payment_recorded_failed_but_successful_at_the_platform_is_missing_local_and
     let after_first = footprint(&db);
     let conn = read_only(&db);
     let (outcome, source): (String, String) = conn
-        .query_row("SELECT outcome, source FROM pay_callback_log WHERE pay_no = 'P-F1'", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row("SELECT outcome, source FROM pay_callback_log WHERE pay_no = 'P-F1'", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
         .expect("P-F1");
     let order_status: String =
         conn.query_row("SELECT status FROM orders WHERE order_no = 'RC-F1'", [], |r| r.get(0)).expect("order");
     assert_eq!((outcome.as_str(), order_status.as_str()), ("applied", "PAID"), "the repair applied it");
     let second = reconcile_in_process(&app, Format::Generic, &bytes, None, true);
     assert_eq!(footprint(&db), after_first, "the second repair changes nothing");
-    let expected = Expected { period: vec![DAY], matched: 1, missing_local: vec![], missing_remote: vec![], amount_mismatch: vec![] };
+    let expected = Expected {
+        period: vec![DAY],
+        matched: 1,
+        missing_local: vec![],
+        missing_remote: vec![],
+        amount_mismatch: vec![],
+    };
     check(&second, &expected, "after the repair");
     assert_eq!(source, "reconciliation", "section 4: a repaired payment is recorded with source = reconciliation");
 }

@@ -121,11 +121,8 @@ fn named_unique_indexes_exist_with_their_columns() {
         assert!(*unique, "{index} is UNIQUE");
         assert!(!*partial, "{index} covers every row (not a partial index)");
         let mut info = conn.prepare(&format!("PRAGMA index_info({index})")).expect("index_info");
-        let cols: Vec<String> = info
-            .query_map([], |r| r.get::<_, String>(2))
-            .expect("query")
-            .collect::<Result<_, _>>()
-            .expect("rows");
+        let cols: Vec<String> =
+            info.query_map([], |r| r.get::<_, String>(2)).expect("query").collect::<Result<_, _>>().expect("rows");
         assert_eq!(cols, columns, "{index} columns");
     }
 
@@ -162,23 +159,56 @@ fn contract_tables_have_their_columns() {
     let app = memory_app();
     let conn = app.store.raw_connection().expect("raw connection");
     let tables: [(&str, &[&str]); 9] = [
-        ("orders", &["id", "order_no", "user_id", "amount", "currency", "status", "pay_no", "created_at", "expires_at", "paid_at", "closed_at", "refund_no", "refunded_at"]),
-        ("pay_callback_log", &["id", "pay_no", "channel", "order_id", "amount", "outcome", "state", "source", "raw_body", "received_at", "applied_at", "decided_at"]),
+        (
+            "orders",
+            &[
+                "id",
+                "order_no",
+                "user_id",
+                "amount",
+                "currency",
+                "status",
+                "pay_no",
+                "created_at",
+                "expires_at",
+                "paid_at",
+                "closed_at",
+                "refund_no",
+                "refunded_at",
+            ],
+        ),
+        (
+            "pay_callback_log",
+            &[
+                "id",
+                "pay_no",
+                "channel",
+                "order_id",
+                "amount",
+                "outcome",
+                "state",
+                "source",
+                "raw_body",
+                "received_at",
+                "applied_at",
+                "decided_at",
+            ],
+        ),
         ("refund", &["id", "refund_no", "order_id", "status", "requested_at", "settled_at"]),
         ("user_coupon", &["id", "user_id", "order_id", "coupon_template_id", "status", "created_at"]),
         ("point_log", &["id", "user_id", "order_id", "point_type", "points", "created_at"]),
         ("outbox_event", &["seq", "event_id", "type", "order_no", "data", "created_at"]),
-        ("idempotency_key", &["scope", "key", "fingerprint", "status_code", "response_body", "created_at", "expires_at"]),
+        (
+            "idempotency_key",
+            &["scope", "key", "fingerprint", "status_code", "response_body", "created_at", "expires_at"],
+        ),
         ("audit_log", &["id", "at", "actor", "action", "order_no", "detail"]),
         ("settings", &["name", "value"]),
     ];
     for (table, columns) in tables {
         let mut stmt = conn.prepare(&format!("PRAGMA table_xinfo({table})")).expect("table_xinfo");
-        let have: Vec<String> = stmt
-            .query_map([], |r| r.get::<_, String>(1))
-            .expect("query")
-            .collect::<Result<_, _>>()
-            .expect("rows");
+        let have: Vec<String> =
+            stmt.query_map([], |r| r.get::<_, String>(1)).expect("query").collect::<Result<_, _>>().expect("rows");
         assert!(!have.is_empty(), "table {table} exists");
         for column in columns {
             assert!(have.iter().any(|c| c == column), "{table}.{column} exists (have {have:?})");
@@ -203,9 +233,8 @@ fn ledger_tables_refuse_delete() {
         .query_row("SELECT points FROM point_log WHERE point_type = 'ORDER_PAID_REVERSAL'", [], |r| r.get(0))
         .expect("reversal entry");
     assert_eq!(reversal, -199);
-    let frozen: i64 = conn
-        .query_row("SELECT count(*) FROM user_coupon WHERE status = 'FROZEN'", [], |r| r.get(0))
-        .expect("frozen");
+    let frozen: i64 =
+        conn.query_row("SELECT count(*) FROM user_coupon WHERE status = 'FROZEN'", [], |r| r.get(0)).expect("frozen");
     assert_eq!(frozen, 2, "the refunded order's coupons are frozen, not deleted");
 }
 
@@ -425,7 +454,8 @@ fn order_state_machine_trigger_allows_exactly_the_five_edges() {
             // The update sets exactly the columns a `to` order has (the legal
             // walks above prove that shape passes every CHECK), so a refusal
             // comes from the transition trigger.
-            let result = attempt(&conn, &format!("UPDATE orders SET status = '{to}', {} WHERE id = {id}", state_columns(to)));
+            let result =
+                attempt(&conn, &format!("UPDATE orders SET status = '{to}', {} WHERE id = {id}", state_columns(to)));
             let status: String =
                 conn.query_row("SELECT status FROM orders WHERE id = ?1", [id], |r| r.get(0)).expect("status");
             assert_eq!(&status, from, "attempts are rolled back");
@@ -492,10 +522,14 @@ fn memory_database_is_shared_by_every_pool_connection() {
     }
     // A raw write on one connection is seen by the other and by the App.
     first
-        .execute_batch("INSERT INTO audit_log (at, actor, action, order_no, detail) VALUES ('t', 'test', 'probe', 'O-1', '{}')")
+        .execute_batch(
+            "INSERT INTO audit_log (at, actor, action, order_no, detail) VALUES ('t', 'test', 'probe', 'O-1', '{}')",
+        )
         .expect("raw write");
     assert_eq!(
-        second.query_row("SELECT count(*) FROM audit_log WHERE action = 'probe'", [], |r| r.get::<_, i64>(0)).expect("read"),
+        second
+            .query_row("SELECT count(*) FROM audit_log WHERE action = 'probe'", [], |r| r.get::<_, i64>(0))
+            .expect("read"),
         1
     );
     assert_eq!(app.order("O-1").expect("order").order.status.as_str(), "REFUNDED");

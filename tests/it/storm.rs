@@ -40,14 +40,7 @@ const THREADS: usize = 16;
 const COUPONS: [&str; 2] = ["NEW10", "VIP"];
 const POINTS_PER_YUAN: i64 = 1;
 /// `--coupon NEW10 --coupon VIP --points-per-yuan 1`, the in-process rewards' twin.
-const SERVE_FLAGS: [&str; 6] = [
-    "--coupon",
-    "NEW10",
-    "--coupon",
-    "VIP",
-    "--points-per-yuan",
-    "1",
-];
+const SERVE_FLAGS: [&str; 6] = ["--coupon", "NEW10", "--coupon", "VIP", "--points-per-yuan", "1"];
 /// How often one HTTP delivery is re-sent after a 503 `database_busy`
 /// (what a payment platform does with a non-2xx answer) before the test fails.
 const BUSY_RETRIES_MAX: usize = 20;
@@ -123,19 +116,11 @@ impl Storm {
             let amount = 100 + rng.below(99_900) as i64;
             let mut pay_nos = vec![format!("PAY-A-{i:05}")];
             let first_deliveries = 2 + rng.below(4) as usize;
-            deliveries.extend((0..first_deliveries).map(|_| Delivery {
-                order: i,
-                pay: 0,
-                target: 0,
-            }));
+            deliveries.extend((0..first_deliveries).map(|_| Delivery { order: i, pay: 0, target: 0 }));
             if rng.below(4) == 0 {
                 pay_nos.push(format!("PAY-B-{i:05}"));
                 let second_deliveries = 1 + rng.below(3) as usize;
-                deliveries.extend((0..second_deliveries).map(|_| Delivery {
-                    order: i,
-                    pay: 1,
-                    target: 0,
-                }));
+                deliveries.extend((0..second_deliveries).map(|_| Delivery { order: i, pay: 1, target: 0 }));
             }
             list.push(StormOrder {
                 order_no: format!("ORD-{i:05}"),
@@ -158,15 +143,8 @@ impl Storm {
             .collect();
         keyed.sort_by_key(|(key, _)| *key);
         let deliveries = keyed.into_iter().map(|(_, d)| d).collect();
-        let storm = Storm {
-            seed,
-            orders: list,
-            deliveries,
-        };
-        assert!(
-            storm.second_channel_payments() > 0,
-            "seed {seed:#x} made no second-channel payment; pick another"
-        );
+        let storm = Storm { seed, orders: list, deliveries };
+        assert!(storm.second_channel_payments() > 0, "seed {seed:#x} made no second-channel payment; pick another");
         storm
     }
 
@@ -185,10 +163,7 @@ impl Storm {
     }
 
     fn context(&self, label: &str) -> String {
-        format!(
-            "{label} storm, seed {:#x} (replay with PAYONCE_STORM_SEED={:#x})",
-            self.seed, self.seed
-        )
+        format!("{label} storm, seed {:#x} (replay with PAYONCE_STORM_SEED={:#x})", self.seed, self.seed)
     }
 
     /// Delivers every delivery of the list from `THREADS` threads, each
@@ -224,12 +199,7 @@ impl Storm {
                 }
             }
         }
-        Ran {
-            answers: timed.into_iter().map(|t| t.0).collect(),
-            elapsed,
-            same_pay,
-            cross_channel,
-        }
+        Ran { answers: timed.into_iter().map(|t| t.0).collect(), elapsed, same_pay, cross_channel }
     }
 }
 
@@ -291,11 +261,7 @@ fn in_parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
     for (i, value) in chunks.into_iter().flatten() {
         slots[i] = Some(value);
     }
-    slots
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| v.unwrap_or_else(|| panic!("item {i} was never run")))
-        .collect()
+    slots.into_iter().enumerate().map(|(i, v)| v.unwrap_or_else(|| panic!("item {i} was never run"))).collect()
 }
 
 fn seed(default: u64) -> u64 {
@@ -360,13 +326,7 @@ struct EventView {
 }
 
 impl EventView {
-    fn new(
-        seq: i64,
-        event_type: String,
-        event_id: String,
-        order_no: String,
-        data: &Value,
-    ) -> EventView {
+    fn new(seq: i64, event_type: String, event_id: String, order_no: String, data: &Value) -> EventView {
         let field = |name: &str| data["payment"][name].as_str().map(str::to_owned);
         EventView {
             seq,
@@ -390,9 +350,7 @@ struct DbView {
 fn view_of_app(app: &App, storm: &Storm) -> DbView {
     let mut view = DbView::default();
     for order in &storm.orders {
-        let detail = app
-            .order(&order.order_no)
-            .unwrap_or_else(|e| panic!("app.order({}): {e}", order.order_no));
+        let detail = app.order(&order.order_no).unwrap_or_else(|e| panic!("app.order({}): {e}", order.order_no));
         view.orders.insert(
             order.order_no.clone(),
             OrderView {
@@ -403,30 +361,18 @@ fn view_of_app(app: &App, storm: &Storm) -> DbView {
                     .iter()
                     .map(|p| (p.pay_no.clone(), p.outcome.as_str().to_owned(), p.decided))
                     .collect(),
-                coupons: detail
-                    .coupons
-                    .iter()
-                    .map(|c| (c.coupon_template_id.clone(), c.status.clone()))
-                    .collect(),
-                points: detail
-                    .points
-                    .iter()
-                    .map(|p| (p.point_type.clone(), p.points))
-                    .collect(),
+                coupons: detail.coupons.iter().map(|c| (c.coupon_template_id.clone(), c.status.clone())).collect(),
+                points: detail.points.iter().map(|p| (p.point_type.clone(), p.points)).collect(),
             },
         );
     }
     let mut after = 0;
     loop {
-        let page = app
-            .events(after, 100)
-            .unwrap_or_else(|e| panic!("app.events({after}): {e}"));
+        let page = app.events(after, 100).unwrap_or_else(|e| panic!("app.events({after}): {e}"));
         let Some(last) = page.last() else { break };
         after = last.seq;
-        view.events.extend(
-            page.into_iter()
-                .map(|e| EventView::new(e.seq, e.event_type, e.event_id, e.order_no, &e.data)),
-        );
+        view.events
+            .extend(page.into_iter().map(|e| EventView::new(e.seq, e.event_type, e.event_id, e.order_no, &e.data)));
     }
     view
 }
@@ -435,40 +381,22 @@ fn view_of_app(app: &App, storm: &Storm) -> DbView {
 /// of the tables a payment touches, so stray rows of any order show too.
 fn view_of_file(db: &Path) -> DbView {
     use rusqlite::{Connection, OpenFlags, Row};
-    fn all<T>(
-        tx: &rusqlite::Transaction,
-        sql: &str,
-        f: impl Fn(&Row) -> rusqlite::Result<T>,
-    ) -> Vec<T> {
+    fn all<T>(tx: &rusqlite::Transaction, sql: &str, f: impl Fn(&Row) -> rusqlite::Result<T>) -> Vec<T> {
         let mut stmt = tx.prepare(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let rows = stmt
-            .query_map([], |r| f(r))
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        rows.collect::<Result<_, _>>()
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        let rows = stmt.query_map([], |r| f(r)).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        rows.collect::<Result<_, _>>().unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
     let mut conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY)
         .unwrap_or_else(|e| panic!("open {} read-only: {e}", db.display()));
     let tx = conn.transaction().expect("read transaction");
     let mut view = DbView::default();
-    for (order_no, status, pay_no) in all(
-        &tx,
-        "SELECT order_no, status, pay_no FROM orders ORDER BY id",
-        |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?)),
-    ) {
-        view.orders.insert(
-            order_no,
-            OrderView {
-                status,
-                pay_no,
-                ..OrderView::default()
-            },
-        );
+    for (order_no, status, pay_no) in all(&tx, "SELECT order_no, status, pay_no FROM orders ORDER BY id", |r| {
+        Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?))
+    }) {
+        view.orders.insert(order_no, OrderView { status, pay_no, ..OrderView::default() });
     }
     fn order<'v>(orders: &'v mut BTreeMap<String, OrderView>, order_no: &str) -> &'v mut OrderView {
-        orders
-            .get_mut(order_no)
-            .unwrap_or_else(|| panic!("a row names order {order_no}, which does not exist"))
+        orders.get_mut(order_no).unwrap_or_else(|| panic!("a row names order {order_no}, which does not exist"))
     }
     let payments = all(
         &tx,
@@ -476,9 +404,7 @@ fn view_of_file(db: &Path) -> DbView {
         |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?, r.get::<_, String>(3)? == "decided")),
     );
     for (order_no, pay_no, outcome, decided) in payments {
-        order(&mut view.orders, &order_no)
-            .payments
-            .push((pay_no, outcome, decided));
+        order(&mut view.orders, &order_no).payments.push((pay_no, outcome, decided));
     }
     let coupons = all(
         &tx,
@@ -486,9 +412,7 @@ fn view_of_file(db: &Path) -> DbView {
         |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?)),
     );
     for (order_no, template, status) in coupons {
-        order(&mut view.orders, &order_no)
-            .coupons
-            .push((template, status));
+        order(&mut view.orders, &order_no).coupons.push((template, status));
     }
     let points = all(
         &tx,
@@ -496,28 +420,15 @@ fn view_of_file(db: &Path) -> DbView {
         |r| Ok((r.get::<_, String>(0)?, r.get(1)?, r.get(2)?)),
     );
     for (order_no, point_type, n) in points {
-        order(&mut view.orders, &order_no)
-            .points
-            .push((point_type, n));
+        order(&mut view.orders, &order_no).points.push((point_type, n));
     }
-    let events = all(
-        &tx,
-        "SELECT seq, type, event_id, order_no, data FROM outbox_event ORDER BY seq",
-        |r| {
-            Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get::<_, String>(4)?,
-            ))
-        },
-    );
+    let events = all(&tx, "SELECT seq, type, event_id, order_no, data FROM outbox_event ORDER BY seq", |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get::<_, String>(4)?))
+    });
     for (seq, event_type, event_id, order_no, data) in events {
-        let data: Value = serde_json::from_str(&data)
-            .unwrap_or_else(|e| panic!("event data is not JSON ({e}): {data}"));
-        view.events
-            .push(EventView::new(seq, event_type, event_id, order_no, &data));
+        let data: Value =
+            serde_json::from_str(&data).unwrap_or_else(|e| panic!("event data is not JSON ({e}): {data}"));
+        view.events.push(EventView::new(seq, event_type, event_id, order_no, &data));
     }
     drop(tx);
     view
@@ -528,11 +439,7 @@ fn view_of_file(db: &Path) -> DbView {
 /// Checks a finished storm from its answers and from the database.
 fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
     let ctx = storm.context(label);
-    assert_eq!(
-        answers.len(),
-        storm.deliveries.len(),
-        "{ctx}: one answer per delivery"
-    );
+    assert_eq!(answers.len(), storm.deliveries.len(), "{ctx}: one answer per delivery");
 
     // Answers: per pay_no exactly one decided answer; every other delivery
     // of that pay_no is `duplicate` naming the decided outcome.
@@ -543,22 +450,14 @@ fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
     let mut decided: HashMap<&str, &str> = HashMap::new();
     for (pay_no, list) in &by_pay {
         let fresh: Vec<&&Answer> = list.iter().filter(|a| a.outcome != "duplicate").collect();
-        assert_eq!(
-            fresh.len(),
-            1,
-            "{ctx}: pay_no {pay_no} got {} non-duplicate answers: {list:?}",
-            fresh.len()
-        );
+        assert_eq!(fresh.len(), 1, "{ctx}: pay_no {pay_no} got {} non-duplicate answers: {list:?}", fresh.len());
         let first = fresh[0];
         assert!(
             first.outcome == "applied" || first.outcome == "already_paid",
             "{ctx}: pay_no {pay_no} was decided {:?}; a payment of a PENDING order at its amount is applied or already_paid",
             first.outcome
         );
-        assert_eq!(
-            first.original, None,
-            "{ctx}: pay_no {pay_no}: a decided answer carries no \"original\""
-        );
+        assert_eq!(first.original, None, "{ctx}: pay_no {pay_no}: a decided answer carries no \"original\"");
         for answer in list.iter().filter(|a| a.outcome == "duplicate") {
             assert_eq!(
                 answer.original.as_deref(),
@@ -569,44 +468,24 @@ fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
         decided.insert(pay_no, first.outcome.as_str());
     }
     let applied_total = decided.values().filter(|o| **o == "applied").count();
-    assert_eq!(
-        applied_total,
-        storm.orders.len(),
-        "{ctx}: answers `applied` in all, one per order"
-    );
+    assert_eq!(applied_total, storm.orders.len(), "{ctx}: answers `applied` in all, one per order");
 
     // The database: every order PAID by exactly one of its payments, rewards once.
-    assert_eq!(
-        db.orders.len(),
-        storm.orders.len(),
-        "{ctx}: orders in the database"
-    );
+    assert_eq!(db.orders.len(), storm.orders.len(), "{ctx}: orders in the database");
     let mut winner_of: HashMap<&str, &str> = HashMap::new();
     let mut losers: HashMap<&str, &str> = HashMap::new(); // losing pay_no -> order_no
     for order in &storm.orders {
         let no = order.order_no.as_str();
-        let winners: Vec<&str> = order
-            .pay_nos
-            .iter()
-            .map(String::as_str)
-            .filter(|p| decided.get(p) == Some(&"applied"))
-            .collect();
-        assert_eq!(
-            winners.len(),
-            1,
-            "{ctx}: order {no}: applied answers for {winners:?} of {:?}",
-            order.pay_nos
-        );
+        let winners: Vec<&str> =
+            order.pay_nos.iter().map(String::as_str).filter(|p| decided.get(p) == Some(&"applied")).collect();
+        assert_eq!(winners.len(), 1, "{ctx}: order {no}: applied answers for {winners:?} of {:?}", order.pay_nos);
         let winner = winners[0];
         winner_of.insert(no, winner);
         for loser in order.pay_nos.iter().filter(|p| p.as_str() != winner) {
             losers.insert(loser, no);
         }
 
-        let view = db
-            .orders
-            .get(no)
-            .unwrap_or_else(|| panic!("{ctx}: order {no} is missing"));
+        let view = db.orders.get(no).unwrap_or_else(|| panic!("{ctx}: order {no} is missing"));
         assert_eq!(view.status, "PAID", "{ctx}: order {no}: {view:?}");
         assert_eq!(
             view.pay_no.as_deref(),
@@ -619,35 +498,15 @@ fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
         let mut expected: Vec<(String, String, bool)> = order
             .pay_nos
             .iter()
-            .map(|p| {
-                (
-                    p.clone(),
-                    if p == winner {
-                        "applied"
-                    } else {
-                        "already_paid"
-                    }
-                    .to_owned(),
-                    true,
-                )
-            })
+            .map(|p| (p.clone(), if p == winner { "applied" } else { "already_paid" }.to_owned(), true))
             .collect();
         expected.sort();
-        assert_eq!(
-            payments, expected,
-            "{ctx}: order {no}: pay_callback_log rows (pay_no, outcome, decided)"
-        );
+        assert_eq!(payments, expected, "{ctx}: order {no}: pay_callback_log rows (pay_no, outcome, decided)");
 
         let mut coupons = view.coupons.clone();
         coupons.sort();
-        let expected: Vec<(String, String)> = COUPONS
-            .iter()
-            .map(|t| (t.to_string(), "ACTIVE".to_owned()))
-            .collect();
-        assert_eq!(
-            coupons, expected,
-            "{ctx}: order {no}: coupons, exactly one per template"
-        );
+        let expected: Vec<(String, String)> = COUPONS.iter().map(|t| (t.to_string(), "ACTIVE".to_owned())).collect();
+        assert_eq!(coupons, expected, "{ctx}: order {no}: coupons, exactly one per template");
 
         let points = order.amount * POINTS_PER_YUAN / 100;
         assert_eq!(
@@ -656,66 +515,38 @@ fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
             "{ctx}: order {no}: exactly one ORDER_PAID point entry"
         );
     }
-    assert_eq!(
-        losers.len(),
-        storm.second_channel_payments(),
-        "{ctx}: one losing payment per second-channel order"
-    );
+    assert_eq!(losers.len(), storm.second_channel_payments(), "{ctx}: one losing payment per second-channel order");
 
     // Events: one `order.paid` per order, one `payment.refund_required` per
     // losing payment, nothing else.
     let mut paid: HashMap<&str, usize> = HashMap::new();
     let mut refund_required: HashMap<String, usize> = HashMap::new();
     for pair in db.events.windows(2) {
-        assert!(
-            pair[0].seq < pair[1].seq,
-            "{ctx}: event seq not increasing: {} then {}",
-            pair[0].seq,
-            pair[1].seq
-        );
+        assert!(pair[0].seq < pair[1].seq, "{ctx}: event seq not increasing: {} then {}", pair[0].seq, pair[1].seq);
     }
     for event in &db.events {
         match event.event_type.as_str() {
             "order.paid" => {
                 let no = event.order_no.as_str();
-                let winner = winner_of
-                    .get(no)
-                    .unwrap_or_else(|| panic!("{ctx}: order.paid for unknown order: {event:?}"));
-                assert_eq!(
-                    event.event_id,
-                    format!("order.paid:{no}"),
-                    "{ctx}: {event:?}"
-                );
+                let winner =
+                    winner_of.get(no).unwrap_or_else(|| panic!("{ctx}: order.paid for unknown order: {event:?}"));
+                assert_eq!(event.event_id, format!("order.paid:{no}"), "{ctx}: {event:?}");
                 assert_eq!(
                     event.payment_pay_no.as_deref(),
                     Some(*winner),
                     "{ctx}: order.paid names another payment: {event:?}"
                 );
-                assert_eq!(
-                    event.payment_outcome.as_deref(),
-                    Some("applied"),
-                    "{ctx}: {event:?}"
-                );
+                assert_eq!(event.payment_outcome.as_deref(), Some("applied"), "{ctx}: {event:?}");
                 *paid.entry(no).or_default() += 1;
             }
             "payment.refund_required" => {
                 let pay_no = event.payment_pay_no.as_deref().unwrap_or_default();
                 let order_no = losers.get(pay_no).unwrap_or_else(|| {
-                    panic!(
-                        "{ctx}: payment.refund_required for a payment that did not lose: {event:?}"
-                    )
+                    panic!("{ctx}: payment.refund_required for a payment that did not lose: {event:?}")
                 });
                 assert_eq!(event.order_no, *order_no, "{ctx}: {event:?}");
-                assert_eq!(
-                    event.event_id,
-                    format!("payment.refund_required:{pay_no}"),
-                    "{ctx}: {event:?}"
-                );
-                assert_eq!(
-                    event.payment_outcome.as_deref(),
-                    Some("already_paid"),
-                    "{ctx}: {event:?}"
-                );
+                assert_eq!(event.event_id, format!("payment.refund_required:{pay_no}"), "{ctx}: {event:?}");
+                assert_eq!(event.payment_outcome.as_deref(), Some("already_paid"), "{ctx}: {event:?}");
                 *refund_required.entry(pay_no.to_owned()).or_default() += 1;
             }
             other => panic!("{ctx}: unexpected event type {other:?}: {event:?}"),
@@ -727,16 +558,9 @@ fn verify(label: &str, storm: &Storm, answers: &[Answer], db: &DbView) {
     }
     for loser in losers.keys() {
         let n = refund_required.get(*loser).copied().unwrap_or(0);
-        assert_eq!(
-            n, 1,
-            "{ctx}: pay_no {loser}: payment.refund_required events"
-        );
+        assert_eq!(n, 1, "{ctx}: pay_no {loser}: payment.refund_required events");
     }
-    assert_eq!(
-        db.events.len(),
-        storm.orders.len() + storm.second_channel_payments(),
-        "{ctx}: events in all"
-    );
+    assert_eq!(db.events.len(), storm.orders.len() + storm.second_channel_payments(), "{ctx}: events in all");
 }
 
 // ---- in process ----
@@ -766,9 +590,8 @@ fn in_process_storm(label: &str, db: &str, storm: &Storm) -> Vec<Answer> {
             currency: "CNY".into(),
             expires_in_s: None,
         };
-        let (_, created) = app
-            .create_order(&create)
-            .unwrap_or_else(|e| panic!("{ctx}: create {}: {e}", order.order_no));
+        let (_, created) =
+            app.create_order(&create).unwrap_or_else(|e| panic!("{ctx}: create {}: {e}", order.order_no));
         assert!(created, "{ctx}: order {} existed before", order.order_no);
     });
 
@@ -783,31 +606,20 @@ fn in_process_storm(label: &str, db: &str, storm: &Storm) -> Vec<Answer> {
             paid_at: None,
             raw_body: storm.body(d).to_string().into_bytes(),
         };
-        let reply = app.deliver_payment(&callback).unwrap_or_else(|e| {
-            panic!(
-                "{ctx}: deliver {} of {}: {e}",
-                callback.pay_no, callback.order_no
-            )
-        });
+        let reply = app
+            .deliver_payment(&callback)
+            .unwrap_or_else(|e| panic!("{ctx}: deliver {} of {}: {e}", callback.pay_no, callback.order_no));
         let original = match reply.outcome {
-            payonce::app::PaymentReplyOutcome::Duplicate { original } => {
-                Some(original.as_str().to_owned())
-            }
+            payonce::app::PaymentReplyOutcome::Duplicate { original } => Some(original.as_str().to_owned()),
             payonce::app::PaymentReplyOutcome::Decided(_) => None,
         };
-        Answer {
-            outcome: reply.outcome_str().to_owned(),
-            original,
-        }
+        Answer { outcome: reply.outcome_str().to_owned(), original }
     });
     report(label, storm, &ran);
 
     let locks = app.locks.len();
     println!("{label} storm: keyed-lock map size after the storm = {locks}");
-    assert_eq!(
-        locks, 0,
-        "{ctx}: the keyed-lock map keeps {locks} entries after every request finished"
-    );
+    assert_eq!(locks, 0, "{ctx}: the keyed-lock map keeps {locks} entries after every request finished");
 
     verify(label, storm, &ran.answers, &view_of_app(&app, storm));
     ran.answers
@@ -827,12 +639,7 @@ fn storm_in_process_on_a_file_database() {
     let answers = in_process_storm("file", &db.display().to_string(), &storm);
     // The file read from outside the library, every row of every table
     // a payment touches, tells the same.
-    verify(
-        "file (read-only connection)",
-        &storm,
-        &answers,
-        &view_of_file(&db),
-    );
+    verify("file (read-only connection)", &storm, &answers, &view_of_file(&db));
 }
 
 // ---- over HTTP ----
@@ -841,16 +648,9 @@ fn create_orders_http(ctx: &str, storm: &Storm, servers: &[&Server]) {
     in_parallel(storm.orders.len(), |i| {
         let order = &storm.orders[i];
         let server = servers[i % servers.len()];
-        let body =
-            json!({"order_no": order.order_no, "user_id": order.user_id, "amount": order.amount});
+        let body = json!({"order_no": order.order_no, "user_id": order.user_id, "amount": order.amount});
         let response = server.post_json("/v1/orders", &body);
-        assert_eq!(
-            response.status,
-            201,
-            "{ctx}: create {}: {}",
-            order.order_no,
-            response.text()
-        );
+        assert_eq!(response.status, 201, "{ctx}: create {}: {}", order.order_no, response.text());
     });
 }
 
@@ -860,12 +660,7 @@ fn deliver_http(ctx: &str, server: &Server, body: &Value, busy: &AtomicUsize) ->
     for _ in 0..=BUSY_RETRIES_MAX {
         let response = server.callback("/v1/callbacks/generic", body);
         if response.status == 503 {
-            assert_eq!(
-                response.error_code(),
-                "database_busy",
-                "{ctx}: {body}: {}",
-                response.text()
-            );
+            assert_eq!(response.error_code(), "database_busy", "{ctx}: {body}: {}", response.text());
             busy.fetch_add(1, Ordering::SeqCst);
             continue;
         }
@@ -873,15 +668,8 @@ fn deliver_http(ctx: &str, server: &Server, body: &Value, busy: &AtomicUsize) ->
         let json = response.json();
         assert_eq!(json["code"], "SUCCESS", "{ctx}: {body}: {json}");
         return Answer {
-            outcome: json["outcome"]
-                .as_str()
-                .unwrap_or_else(|| panic!("{ctx}: no outcome in {json}"))
-                .to_owned(),
-            original: json.get("original").map(|o| {
-                o.as_str()
-                    .unwrap_or_else(|| panic!("{ctx}: {json}"))
-                    .to_owned()
-            }),
+            outcome: json["outcome"].as_str().unwrap_or_else(|| panic!("{ctx}: no outcome in {json}")).to_owned(),
+            original: json.get("original").map(|o| o.as_str().unwrap_or_else(|| panic!("{ctx}: {json}")).to_owned()),
         };
     }
     panic!("{ctx}: {body}: still 503 database_busy after {BUSY_RETRIES_MAX} retries");
@@ -897,10 +685,7 @@ fn storm_over_http() {
     let busy = AtomicUsize::new(0);
     let ran = storm.run(|d| deliver_http(&ctx, &server, &storm.body(d), &busy));
     report("http", &storm, &ran);
-    println!(
-        "http storm: {} re-sends after 503 database_busy",
-        busy.load(Ordering::SeqCst)
-    );
+    println!("http storm: {} re-sends after 503 database_busy", busy.load(Ordering::SeqCst));
 
     verify("http", &storm, &ran.answers, &view_of_file(&server.db));
     spot_check_api(&ctx, &storm, &server);
@@ -941,12 +726,7 @@ fn storm_split_across_two_processes_on_one_file() {
         busy.load(Ordering::SeqCst)
     );
 
-    verify(
-        "two-process",
-        &storm,
-        &ran.answers,
-        &view_of_file(&first.db),
-    );
+    verify("two-process", &storm, &ran.answers, &view_of_file(&first.db));
     spot_check_api(&ctx, &storm, &first);
     spot_check_api(&ctx, &storm, &second);
 }

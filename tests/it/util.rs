@@ -195,14 +195,11 @@ pub fn parse_response(bytes: &[u8]) -> Option<HttpResponse> {
     let head = std::str::from_utf8(&bytes[..split]).ok()?;
     let mut lines = head.split("\r\n");
     let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
-        .collect();
+    let headers: Vec<(String, String)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned())).collect();
     let mut body = bytes[split + 4..].to_vec();
-    let chunked = headers
-        .iter()
-        .any(|(n, v)| n.eq_ignore_ascii_case("Transfer-Encoding") && v.eq_ignore_ascii_case("chunked"));
+    let chunked =
+        headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("Transfer-Encoding") && v.eq_ignore_ascii_case("chunked"));
     if chunked {
         body = dechunk(&body)?;
     } else if let Some(len) = headers
