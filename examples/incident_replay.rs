@@ -11,10 +11,8 @@ use std::thread;
 use std::time::Duration;
 
 fn main() -> Result<(), payonce::Error> {
-    let config = Config {
-        rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
-        ..Config::default()
-    };
+    let config =
+        Config { rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 }, ..Config::default() };
     let app = Arc::new(App::open(":memory:", Clock::manual(1_700_000_000_000), config)?);
     app.create_order(&CreateOrder {
         order_no: "ORD-20240101-0001".into(),
@@ -59,7 +57,11 @@ fn main() -> Result<(), payonce::Error> {
     let detail = app.order("ORD-20240101-0001")?;
     let events = app.events(0, 100)?;
     println!("\neffects");
-    println!("  order status        {} (paid by {})", detail.order.status.as_str(), detail.order.pay_no.unwrap_or_default());
+    println!(
+        "  order status        {} (paid by {})",
+        detail.order.status.as_str(),
+        detail.order.pay_no.unwrap_or_default()
+    );
     println!("  coupons issued      {}", detail.coupons.len());
     println!("  points entries      {}", detail.points.len());
     for event in &events {

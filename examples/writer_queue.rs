@@ -16,7 +16,10 @@ const THREADS: usize = 16;
 fn main() -> Result<(), payonce::Error> {
     let orders: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2_000);
     println!("{orders} applied payments, {THREADS} threads, file database, synchronous=FULL");
-    println!("{:<14} {:>10} {:>9} {:>9} {:>9} {:>6}", "writer queue", "payments/s", "p50 ms", "p99 ms", "max ms", "busy");
+    println!(
+        "{:<14} {:>10} {:>9} {:>9} {:>9} {:>6}",
+        "writer queue", "payments/s", "p50 ms", "p99 ms", "max ms", "busy"
+    );
     for writer_queue in [true, false] {
         let (rate, p50, p99, max, busy) = run(orders, writer_queue)?;
         let label = if writer_queue { "on" } else { "off" };
@@ -31,10 +34,8 @@ fn run(orders: usize, writer_queue: bool) -> Result<(f64, f64, f64, f64, usize),
     std::fs::create_dir_all(&dir).map_err(|e| payonce::Error::internal(e.to_string()))?;
     let db = dir.join("bench.db").display().to_string();
     let options = StoreOptions { writer_queue, ..StoreOptions::default() };
-    let config = Config {
-        rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
-        ..Config::default()
-    };
+    let config =
+        Config { rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 }, ..Config::default() };
     let app = Arc::new(App::open_with(&db, Clock::System, config, &options)?);
     for i in 0..orders {
         app.create_order(&CreateOrder {
