@@ -464,27 +464,9 @@ fn reconcile_in_process(app: &App, format: Format, bytes: &[u8], date: Option<&s
     result.to_json()
 }
 
-/// `util::request`, with a chunked body (tiny_http chunks answers over 32 KiB) decoded.
+/// `util::request` (which decodes chunked bodies: tiny_http chunks answers over 32 KiB).
 fn request(server: &Server, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> util::HttpResponse {
-    let mut resp = util::request(server.addr, method, path, headers, body);
-    if resp.header("Transfer-Encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
-        let mut decoded = Vec::new();
-        let mut rest = &resp.body[..];
-        loop {
-            let eol = rest.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
-            let size_text = std::str::from_utf8(&rest[..eol]).expect("chunk size");
-            let size =
-                usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16).expect("hex chunk size");
-            rest = &rest[eol + 2..];
-            if size == 0 {
-                break;
-            }
-            decoded.extend_from_slice(&rest[..size]);
-            rest = &rest[size + 2..];
-        }
-        resp.body = decoded;
-    }
-    resp
+    util::request(server.addr, method, path, headers, body)
 }
 
 fn reconcile_http(server: &Server, format: Format, bytes: &[u8], repair: bool) -> Value {
