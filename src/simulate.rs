@@ -24,17 +24,31 @@
 //! in this process (in-memory database, HTTP on loopback) and then also knows
 //! the reward settings, so it expects exact coupon and points counts.
 //!
-//! Signing is per [`Channel`]: a real platform is one more variant and one
-//! more arm in [`Channel::sign_payment`], [`Channel::sign_refund`] and
-//! [`Channel::answer`].
+//! Signing is per [`Channel`]: payonce's generic HMAC format, WeChat Pay v3
+//! (SHA256-RSA over `"{ts}\n{nonce}\n{body}\n"`, an AES-256-GCM resource)
+//! and Alipay (RSA2 form notices). A real platform is one more variant and
+//! one more arm in [`Channel::sign_payment`], [`Channel::sign_refund`] and
+//! [`Channel::answer`]. The platforms' protocols carry no outcome (WeChat
+//! answers 204, Alipay `success`): for them an answer only says "processed",
+//! and the outcome is judged from the read API alone, the same as always.
 
 use crate::app::{ApiToken, Config};
+use crate::channel::alipay::AlipayConfig;
+use crate::channel::wechatpay::{WechatpayConfig, APIV3_KEY_BYTES};
 use crate::clock::Clock;
 use crate::domain::Rewards;
 use crate::http::{Server, WORKERS_DEFAULT};
 use crate::App;
+use aes_gcm::aead::{Aead, Payload};
+use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
+use base64::Engine;
 use parking_lot::{Condvar, Mutex};
+use rsa::pkcs1v15::SigningKey;
+use rsa::signature::{SignatureEncoding, Signer};
+use rsa::{RsaPrivateKey, RsaPublicKey};
 use serde_json::{json, Value};
+use sha2::Sha256;
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::ffi::OsString;
@@ -47,18 +61,19 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub const USAGE: &str = "\
-Usage: payonce simulate [--target URL] [options]
+Usage: payonce simulate [--target URL] [--channel NAME] [options]
 
 Plays a payment platform against payonce and checks that every payment took
 effect exactly once. Without --target it starts its own payonce in this
 process (in-memory database; coupon template SIM-COUPON and 1 point per yuan
-on payment) and talks to it over HTTP on loopback. Each scenario creates its
-own orders (order_nos prefixed with a fresh run id, so reruns against one
-server never collide), delivers signed callbacks, then reads the results back
-(GET /v1/orders/{no}, /v1/events, /v1/inspections) and prints a table on
-stdout: scenario, deliveries sent (and what payonce answered), effects
-expected, effects observed, verdict. Exit status 0 when every scenario is ok,
-1 on any violation, 2 on an error (e.g. the target is unreachable).
+on payment; every channel configured with keys made for this run) and talks
+to it over HTTP on loopback. Each scenario creates its own orders (order_nos
+prefixed with a fresh run id, so reruns against one server never collide),
+delivers signed callbacks, then reads the results back (GET /v1/orders/{no},
+/v1/events, /v1/inspections) and prints a table on stdout: scenario, channel
+(with several), deliveries sent (and what payonce answered), effects expected,
+effects observed, verdict. Exit status 0 when every scenario is ok, 1 on any
+violation, 2 on an error (e.g. the target is unreachable, a key is refused).
 
 Scenarios (default: all, in this order):
   concurrent           K deliveries of one pay_no at the same moment (--concurrency)
@@ -68,22 +83,42 @@ Scenarios (default: all, in this order):
   retry_schedule       WeChat Pay's (15s 15s 30s 3m 10m 20m 30m 30m 30m 1h 3h 3h 3h
                        6h 6h) and Alipay's (4m 10m 10m 1h 2h 6h 15h) retry schedules,
                        every answer treated as lost so the whole schedule is
-                       delivered; compressed by --time-factor
+                       delivered; compressed by --time-factor. Each platform
+                       channel plays its own; generic alternates the two
   two_channels         two pay_nos for one order at once: one applied, one
-                       already_paid (+ payment.refund_required)
+                       already_paid (+ payment.refund_required); with several
+                       channels selected the second goes through the next one
   payment_after_close  the order is closed, then paid: paid_after_close
   refund               pay, request the refund twice, deliver its SUCCESS twice
   triple_click         three concurrent POST /v1/orders with one order_no
 
+Channels (--channel; default generic):
+  generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256); payonce
+             answers the outcome (applied, duplicate, ...)
+  wechatpay  WeChat Pay v3: TRANSACTION.SUCCESS (transaction_id = pay_no) to
+             /v1/callbacks/wechatpay, REFUND.SUCCESS to .../wechatpay/refund,
+             SHA256-RSA signed, resource AES-256-GCM-encrypted with the APIv3
+             key; payonce answers 204 (shown as `processed`)
+  alipay     Alipay RSA2 form notices to /v1/callbacks/alipay: TRADE_SUCCESS
+             (re-deliveries alternate with TRADE_FINISHED, which must be the
+             same payment), amounts as yuan strings; refunds as TRADE_SUCCESS
+             with refund_fee and out_biz_no = refund_no; payonce answers the
+             text `success` (shown as `processed`)
+  all        every scenario once per channel
+WeChat Pay and Alipay answers carry no outcome: the outcome of each payment is
+judged from GET /v1/orders/{no} (payments[].outcome), events and inspections.
+
 Options:
   --target URL            a running payonce, e.g. http://127.0.0.1:8080 (plain HTTP)
   --callback-secret S     generic-channel secret (the first of a comma-separated
-                          list); env PAYONCE_CALLBACK_SECRET. Required with --target.
+                          list); env PAYONCE_CALLBACK_SECRET. Required with --target
+                          when the generic channel is selected.
   --api-token T           bearer token for the order, event and inspection endpoints;
                           env PAYONCE_API_TOKEN (a `name:token` entry works too)
-  --channel NAME          the channel to sign for [default: generic, the only one so far]
+  --channel NAME          generic, wechatpay, alipay or all (or a comma-separated
+                          list) [default: generic]
   --scenario NAME         run only this scenario (repeatable, or comma-separated)
-  --orders N              orders per scenario [default: 10]
+  --orders N              orders per scenario and channel [default: 10]
   --concurrency K         simultaneous deliveries in `concurrent` [default: 8]
   --time-factor F         retry schedules run F times faster [default: 1000, which
                           plays the full 24-hour schedules in about 90 s]
@@ -92,6 +127,23 @@ Options:
                           up at once, so that answer is always lost; with MS > 0
                           a fast payonce may answer in time]
   -h, --help              this help
+
+Platform keys (needed with --target for the channels selected):
+  --wechatpay-private-key FILE  the WeChat Pay platform's private key (PKCS#8 PEM)
+                                whose public half the target has under the serial
+  --wechatpay-serial S          that key's serial, e.g. PUB_KEY_ID_...
+  --wechatpay-apiv3-key KEY     the merchant's APIv3 key (32 bytes); env
+                                PAYONCE_WECHATPAY_APIV3_KEY
+  --alipay-private-key FILE     the Alipay platform's private key (PKCS#8 PEM)
+  --alipay-app-id ID            the merchant's app_id the target expects
+These private keys are the *platforms'* signing keys: a real platform never
+hands them out, so only a test setup has them (payonce's tests use the
+TEST_ONLY_*_private.pem fixtures). Never point the simulator with such keys at
+a payonce that trusts a real platform's public key; it would not verify
+anyway. Without --target none are needed: the simulator makes fresh key pairs
+(WeChat serial PUB_KEY_ID_SIMULATOR, a random APIv3 key, Alipay app_id
+2021000000000000) and configures the in-process payonce with the public
+halves; given private keys (and serial, APIv3 key, app_id) are used instead.
 
 Against --target the simulator cannot know the server's reward settings: it
 then checks at most one coupon per (order, template) and at most one
@@ -121,6 +173,21 @@ const HEADER_LINE_BYTES_MAX: u64 = 16 * 1024;
 const BUSY_RETRIES: u32 = 5;
 /// At most this many violation lines are printed per scenario.
 const DETAILS_MAX: usize = 20;
+
+/// The serial of the in-process payonce's WeChat Pay platform key.
+pub const SIM_WECHATPAY_SERIAL: &str = "PUB_KEY_ID_SIMULATOR";
+/// The Alipay app_id of the in-process payonce.
+pub const SIM_ALIPAY_APP_ID: &str = "2021000000000000";
+/// Modulus size of the in-process run's throwaway platform keys. Release
+/// builds use the platforms' 2048 bits (keygen measured 0.14-0.5 s a key,
+/// a signature 1.7 ms). Unoptimised debug builds (the test suite) take 2-13 s
+/// per 2048-bit key and 40 ms per signature, so they use 1024 bits (about
+/// 1.2 s, 8 ms): these keys never leave the process and live for one run;
+/// nothing verifies differently at 1024 bits.
+const SIM_RSA_BITS: usize = if cfg!(debug_assertions) { 1024 } else { 2048 };
+/// How a platform's success answer (WeChat 204, Alipay `success`) is shown:
+/// the protocol says the notice was processed, not with which outcome.
+pub const PROCESSED: &str = "processed";
 
 // ---------------------------------------------------------------- scenarios
 
@@ -187,14 +254,27 @@ impl Scenario {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Channel {
     Generic,
+    Wechatpay,
+    Alipay,
 }
 
 impl Channel {
-    pub const ALL: [Channel; 1] = [Channel::Generic];
+    pub const ALL: [Channel; 3] = [Channel::Generic, Channel::Wechatpay, Channel::Alipay];
 
     pub fn name(self) -> &'static str {
         match self {
             Channel::Generic => "generic",
+            Channel::Wechatpay => "wechatpay",
+            Channel::Alipay => "alipay",
+        }
+    }
+
+    /// One letter in order_nos, so runs of several channels never share an order.
+    fn tag(self) -> &'static str {
+        match self {
+            Channel::Generic => "g",
+            Channel::Wechatpay => "w",
+            Channel::Alipay => "a",
         }
     }
 
@@ -202,37 +282,130 @@ impl Channel {
         Channel::ALL.into_iter().find(|c| c.name() == text)
     }
 
-    /// The signed HTTP request of a payment notification.
-    pub fn sign_payment(self, keys: &Keys, notice: &PaymentNotice, now_s: i64) -> Signed {
+    /// The answer label a delivery with payonce outcome `outcome` must get:
+    /// the outcome itself where the protocol carries it (generic), else
+    /// [`PROCESSED`].
+    pub fn label(self, outcome: &str) -> String {
+        match self {
+            Channel::Generic => outcome.to_owned(),
+            Channel::Wechatpay | Channel::Alipay => PROCESSED.to_owned(),
+        }
+    }
+
+    /// The signed HTTP request of a payment notification. `Err` when the
+    /// simulator holds no keys for this channel (a setup error).
+    pub fn sign_payment(self, keys: &Keys, notice: &PaymentNotice, now_s: i64) -> Result<Signed, String> {
         match self {
             Channel::Generic => {
                 let body = json!({
                     "pay_no": notice.pay_no, "order_no": notice.order_no, "amount": notice.amount,
                     "status": if notice.success { "SUCCESS" } else { "FAILED" },
                 });
-                generic_signed("/v1/callbacks/generic", &keys.generic_secret, body, now_s)
+                generic_signed("/v1/callbacks/generic", keys.generic_secret()?, body, now_s)
+            }
+            Channel::Wechatpay => {
+                let keys = keys.wechatpay()?;
+                // WeChat Pay notifies successful payments only; a failed one is
+                // signed all the same (any TRANSACTION.* with its trade_state).
+                let (event, state, summary) = match notice.success {
+                    true => ("TRANSACTION.SUCCESS", "SUCCESS", "支付成功"),
+                    false => ("TRANSACTION.PAYERROR", "PAYERROR", "支付失败"),
+                };
+                let mut plain = json!({
+                    "mchid": WECHATPAY_MCHID,
+                    "appid": WECHATPAY_APPID,
+                    "out_trade_no": notice.order_no,
+                    "transaction_id": notice.pay_no,
+                    "trade_type": "JSAPI",
+                    "trade_state": state,
+                    "trade_state_desc": summary,
+                    "bank_type": "OTHERS",
+                    "attach": "",
+                    "payer": {"openid": "oSimulatorPayonceBuyer0000000"},
+                    "amount": {"total": notice.amount, "payer_total": notice.amount,
+                               "currency": "CNY", "payer_currency": "CNY"},
+                });
+                if notice.success {
+                    plain["success_time"] = Value::String(china_time(now_s).rfc3339());
+                }
+                wechatpay_signed(keys, "/v1/callbacks/wechatpay", event, summary, "transaction", &plain, now_s)
+            }
+            Channel::Alipay => {
+                let keys = keys.alipay()?;
+                let yuan = fen_to_yuan(notice.amount);
+                // Re-deliveries alternate TRADE_SUCCESS and TRADE_FINISHED:
+                // Alipay may send either first, and both are one payment.
+                let status = match (notice.success, notice.attempt % 2) {
+                    (true, 0) => "TRADE_SUCCESS",
+                    (true, _) => "TRADE_FINISHED",
+                    // An unpaid trade's notice: payonce acknowledges and ignores it.
+                    (false, _) => "TRADE_CLOSED",
+                };
+                let mut form = alipay_form(keys, &notice.pay_no, &notice.order_no, &yuan, status, now_s)?;
+                if notice.success {
+                    form.push(("gmt_payment".into(), china_time(now_s).plain()));
+                }
+                alipay_signed(keys, form)
             }
         }
     }
 
     /// The signed HTTP request of a refund result.
-    pub fn sign_refund(self, keys: &Keys, notice: &RefundNotice, now_s: i64) -> Signed {
+    pub fn sign_refund(self, keys: &Keys, notice: &RefundNotice, now_s: i64) -> Result<Signed, String> {
         match self {
             Channel::Generic => {
                 let body = json!({
                     "refund_no": notice.refund_no, "order_no": notice.order_no,
                     "status": if notice.success { "SUCCESS" } else { "FAILED" },
                 });
-                generic_signed("/v1/callbacks/generic/refund", &keys.generic_secret, body, now_s)
+                generic_signed("/v1/callbacks/generic/refund", keys.generic_secret()?, body, now_s)
+            }
+            Channel::Wechatpay => {
+                let keys = keys.wechatpay()?;
+                let (event, status, summary) = match notice.success {
+                    true => ("REFUND.SUCCESS", "SUCCESS", "退款成功"),
+                    false => ("REFUND.ABNORMAL", "ABNORMAL", "退款异常"),
+                };
+                let mut plain = json!({
+                    "mchid": WECHATPAY_MCHID,
+                    "out_trade_no": notice.order_no,
+                    "transaction_id": notice.pay_no,
+                    "out_refund_no": notice.refund_no,
+                    "refund_id": format!("50{}", random_digits(27)?),
+                    "refund_status": status,
+                    "user_received_account": "支付用户零钱",
+                    "amount": {"total": notice.amount, "refund": notice.amount,
+                               "payer_total": notice.amount, "payer_refund": notice.amount},
+                });
+                if notice.success {
+                    plain["success_time"] = Value::String(china_time(now_s).rfc3339());
+                }
+                wechatpay_signed(keys, "/v1/callbacks/wechatpay/refund", event, summary, "refund", &plain, now_s)
+            }
+            Channel::Alipay => {
+                let keys = keys.alipay()?;
+                if !notice.success {
+                    return Err("Alipay sends no notice of a failed refund".into());
+                }
+                let yuan = fen_to_yuan(notice.amount);
+                let mut form = alipay_form(keys, &notice.pay_no, &notice.order_no, &yuan, "TRADE_SUCCESS", now_s)?;
+                form.push(("refund_fee".into(), yuan));
+                form.push(("out_biz_no".into(), notice.refund_no.clone()));
+                form.push(("gmt_refund".into(), format!("{}.000", china_time(now_s).plain())));
+                alipay_signed(keys, form)
             }
         }
     }
 
     /// What payonce's answer, in the channel's protocol, says happened: the
-    /// outcome, an unexpected answer as `HTTP <status> <code>`, or `Err` when
-    /// the answer shows the simulator is set up wrong (signature refused,
-    /// channel not configured).
+    /// outcome (generic) or [`PROCESSED`] (the platforms), an unexpected
+    /// answer as `HTTP <status> <code>`, or `Err` when the answer shows the
+    /// simulator is set up wrong (signature or key refused, channel not
+    /// configured).
     pub fn answer(self, reply: &Reply) -> Result<String, String> {
+        if reply.status == 404 && reply.error_code() == "channel_not_configured" {
+            return Err(format!("the target has no {} channel configured", self.name()));
+        }
         match self {
             Channel::Generic => {
                 let body = reply.json();
@@ -242,20 +415,85 @@ impl Channel {
                         "payonce refused the callback signature ({}): is the callback secret right, and are the clocks within 300 s?",
                         reply.error_code()
                     )),
-                    (404, _) if reply.error_code() == "channel_not_configured" => {
-                        Err(format!("the target has no {} channel configured", self.name()))
-                    }
                     _ => Ok(reply.summary()),
+                }
+            }
+            Channel::Wechatpay => {
+                let body = reply.json();
+                let message = body["message"].as_str().unwrap_or("");
+                match reply.status {
+                    // WeChat Pay takes 200 or 204 as success; payonce answers 204.
+                    200 | 204 => Ok(PROCESSED.to_owned()),
+                    401 => Err(format!(
+                        "payonce refused the WeChat Pay signature ({message}): do --wechatpay-private-key and \
+                         --wechatpay-serial match a key the target has, and are the clocks within 300 s?"
+                    )),
+                    400 if message.contains("APIv3 key") => {
+                        Err(format!("payonce cannot decrypt the resource ({message}): is --wechatpay-apiv3-key right?"))
+                    }
+                    status => Ok(format!("HTTP {status} {}", body["code"].as_str().unwrap_or("-"))),
+                }
+            }
+            Channel::Alipay => {
+                let text = String::from_utf8_lossy(&reply.body);
+                let text = text.trim();
+                match reply.status {
+                    200 if text == "success" => Ok(PROCESSED.to_owned()),
+                    401 => Err("payonce refused the Alipay notice's sign or app_id: do --alipay-private-key and \
+                         --alipay-app-id match the target's --alipay-public-key and --alipay-app-id?"
+                        .into()),
+                    status => Ok(format!("HTTP {status} {}", text.chars().take(40).collect::<String>())),
                 }
             }
         }
     }
 }
 
+/// The simulated merchant's WeChat Pay mchid and appid (payonce reads neither).
+const WECHATPAY_MCHID: &str = "1900000100";
+const WECHATPAY_APPID: &str = "wxsimulatorpayonce";
+
 /// What the simulator signs with; each channel takes what it needs.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Keys {
+    /// Empty: no generic channel.
     pub generic_secret: Vec<u8>,
+    pub wechatpay: Option<WechatpayKeys>,
+    pub alipay: Option<AlipayKeys>,
+}
+
+impl Keys {
+    fn generic_secret(&self) -> Result<&[u8], String> {
+        match self.generic_secret.as_slice() {
+            [] => Err("no generic callback secret (--callback-secret)".into()),
+            secret => Ok(secret),
+        }
+    }
+
+    fn wechatpay(&self) -> Result<&WechatpayKeys, String> {
+        self.wechatpay.as_ref().ok_or_else(|| s("no WeChat Pay keys (--wechatpay-private-key ...)"))
+    }
+
+    fn alipay(&self) -> Result<&AlipayKeys, String> {
+        self.alipay.as_ref().ok_or_else(|| s("no Alipay keys (--alipay-private-key ...)"))
+    }
+}
+
+/// The WeChat Pay platform's side: its signing key (and the serial payonce
+/// knows the public half by) and the merchant's APIv3 key.
+#[derive(Clone, Debug)]
+pub struct WechatpayKeys {
+    pub signing_key: SigningKey<Sha256>,
+    pub serial: String,
+    /// 32 bytes.
+    pub apiv3_key: Vec<u8>,
+}
+
+/// The Alipay platform's signing key, and the merchant's app_id.
+#[derive(Clone, Debug)]
+pub struct AlipayKeys {
+    pub signing_key: SigningKey<Sha256>,
+    pub app_id: String,
 }
 
 #[derive(Clone, Debug)]
@@ -264,12 +502,19 @@ pub struct PaymentNotice {
     pub order_no: String,
     pub amount: i64,
     pub success: bool,
+    /// Which delivery of this payment this is (0: the first). Alipay
+    /// alternates TRADE_SUCCESS and TRADE_FINISHED over deliveries.
+    pub attempt: usize,
 }
 
 #[derive(Clone, Debug)]
 pub struct RefundNotice {
     pub refund_no: String,
     pub order_no: String,
+    /// The refunded payment (WeChat's transaction_id, Alipay's trade_no).
+    pub pay_no: String,
+    /// Fen, refunded in full.
+    pub amount: i64,
     pub success: bool,
 }
 
@@ -281,14 +526,198 @@ pub struct Signed {
     pub body: Vec<u8>,
 }
 
-fn generic_signed(path: &str, secret: &[u8], body: Value, now_s: i64) -> Signed {
+fn generic_signed(path: &str, secret: &[u8], body: Value, now_s: i64) -> Result<Signed, String> {
     let body = body.to_string().into_bytes();
     let signature = crate::signature::sign(secret, now_s, &body);
-    Signed {
+    Ok(Signed {
         path: path.to_owned(),
         headers: vec![("Content-Type".into(), "application/json".into()), ("Payonce-Signature".into(), signature)],
         body,
+    })
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// SHA256withRSA (PKCS#1 v1.5), base64.
+fn rsa_sign(key: &SigningKey<Sha256>, message: &[u8]) -> Result<String, String> {
+    let signature = key.try_sign(message).map_err(|e| format!("RSA signing failed: {e}"))?;
+    Ok(b64(&signature.to_bytes()))
+}
+
+/// A WeChat Pay v3 notification: the envelope with `plain` encrypted as its
+/// AEAD_AES_256_GCM `resource` (a fresh 12-character nonce, associated data
+/// = `original_type`), signed over `"{timestamp}\n{nonce}\n{body}\n"`.
+fn wechatpay_signed(
+    keys: &WechatpayKeys,
+    path: &str,
+    event_type: &str,
+    summary: &str,
+    original_type: &str,
+    plain: &Value,
+    now_s: i64,
+) -> Result<Signed, String> {
+    let resource_nonce = random_text(12)?;
+    let cipher = Aes256Gcm::new_from_slice(&keys.apiv3_key)
+        .map_err(|_| format!("the WeChat Pay APIv3 key must be {APIV3_KEY_BYTES} bytes"))?;
+    let plaintext = plain.to_string();
+    let ciphertext = cipher
+        .encrypt(
+            Nonce::from_slice(resource_nonce.as_bytes()),
+            Payload { msg: plaintext.as_bytes(), aad: original_type.as_bytes() },
+        )
+        .map_err(|_| s("AES-256-GCM encryption failed"))?;
+    let envelope = json!({
+        "id": format!("EV-{}", random_digits(24)?),
+        "create_time": china_time(now_s).rfc3339(),
+        "resource_type": "encrypt-resource",
+        "event_type": event_type,
+        "summary": summary,
+        "resource": {
+            "original_type": original_type,
+            "algorithm": "AEAD_AES_256_GCM",
+            "ciphertext": b64(&ciphertext),
+            "associated_data": original_type,
+            "nonce": resource_nonce,
+        },
+    });
+    let body = envelope.to_string().into_bytes();
+    let timestamp = now_s.to_string();
+    let nonce = random_text(32)?;
+    let mut message = format!("{timestamp}\n{nonce}\n").into_bytes();
+    message.extend_from_slice(&body);
+    message.push(b'\n');
+    let signature = rsa_sign(&keys.signing_key, &message)?;
+    Ok(Signed {
+        path: path.to_owned(),
+        headers: vec![
+            ("Content-Type".into(), "application/json".into()),
+            ("Wechatpay-Serial".into(), keys.serial.clone()),
+            ("Wechatpay-Timestamp".into(), timestamp),
+            ("Wechatpay-Nonce".into(), nonce),
+            ("Wechatpay-Signature".into(), signature),
+            ("Wechatpay-Signature-Type".into(), "WECHATPAY2-SHA256-RSA2048".into()),
+        ],
+        body,
+    })
+}
+
+/// The fields every Alipay trade notice carries (utf-8; unsigned).
+fn alipay_form(
+    keys: &AlipayKeys,
+    trade_no: &str,
+    order_no: &str,
+    yuan: &str,
+    trade_status: &str,
+    now_s: i64,
+) -> Result<Vec<(String, String)>, String> {
+    let now = china_time(now_s).plain();
+    let notify_id = random_text(34)?;
+    let pairs = [
+        ("notify_time", now.as_str()),
+        ("notify_type", "trade_status_sync"),
+        ("notify_id", notify_id.as_str()),
+        ("charset", "utf-8"),
+        ("version", "1.0"),
+        ("sign_type", "RSA2"),
+        ("app_id", keys.app_id.as_str()),
+        ("auth_app_id", keys.app_id.as_str()),
+        ("trade_no", trade_no),
+        ("out_trade_no", order_no),
+        ("trade_status", trade_status),
+        ("total_amount", yuan),
+        ("receipt_amount", yuan),
+        ("invoice_amount", yuan),
+        ("buyer_pay_amount", yuan),
+        ("point_amount", "0.00"),
+        ("subject", "payonce simulate 模拟订单"),
+        ("gmt_create", now.as_str()),
+        ("buyer_id", "2088000000000000"),
+        ("seller_id", "2088000000000001"),
+    ];
+    Ok(pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect())
+}
+
+/// Signs an Alipay form (RSA2 over the sorted non-empty `k=v&...` of every
+/// field but sign and sign_type, utf-8) and URL-encodes it.
+fn alipay_signed(keys: &AlipayKeys, mut form: Vec<(String, String)>) -> Result<Signed, String> {
+    let mut signed: Vec<&(String, String)> =
+        form.iter().filter(|(k, v)| !v.is_empty() && k != "sign" && k != "sign_type").collect();
+    signed.sort();
+    let content = signed.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
+    let sign = rsa_sign(&keys.signing_key, content.as_bytes())?;
+    form.push(("sign".into(), sign));
+    let body = form.iter().map(|(k, v)| format!("{k}={}", form_encode(v))).collect::<Vec<_>>().join("&");
+    Ok(Signed {
+        path: "/v1/callbacks/alipay".into(),
+        headers: vec![("Content-Type".into(), "application/x-www-form-urlencoded; charset=utf-8".into())],
+        body: body.into_bytes(),
+    })
+}
+
+/// URL-encoding as Java's URLEncoder does it (Alipay's servers are Java):
+/// `A-Za-z0-9-_.*` as they are, space as `+`, every other byte `%XX`.
+fn form_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => out.push(char::from(b)),
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
     }
+    out
+}
+
+/// Fen as Alipay's yuan string, exactly: 9900 → `99.00`, 5 → `0.05`.
+pub fn fen_to_yuan(fen: i64) -> String {
+    let sign = if fen < 0 { "-" } else { "" };
+    let abs = fen.unsigned_abs();
+    format!("{sign}{}.{:02}", abs / 100, abs % 100)
+}
+
+/// A wall-clock time in China Standard Time (UTC+8), the platforms' clock.
+struct ChinaTime {
+    date: String,
+    time: String,
+}
+
+impl ChinaTime {
+    /// `2023-11-15T06:13:20+08:00` (WeChat Pay).
+    fn rfc3339(&self) -> String {
+        format!("{}T{}+08:00", self.date, self.time)
+    }
+
+    /// `2023-11-15 06:13:20` (Alipay).
+    fn plain(&self) -> String {
+        format!("{} {}", self.date, self.time)
+    }
+}
+
+fn china_time(now_s: i64) -> ChinaTime {
+    let local = time::OffsetDateTime::from_unix_timestamp(now_s.saturating_add(8 * 3600))
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    ChinaTime {
+        date: format!("{:04}-{:02}-{:02}", local.year(), u8::from(local.month()), local.day()),
+        time: format!("{:02}:{:02}:{:02}", local.hour(), local.minute(), local.second()),
+    }
+}
+
+fn random_bytes(n: usize) -> Result<Vec<u8>, String> {
+    let mut bytes = vec![0u8; n];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness from the OS: {e}"))?;
+    Ok(bytes)
+}
+
+/// `n` random characters of `[A-Za-z0-9]` (nonces, the in-process APIv3 key).
+fn random_text(n: usize) -> Result<String, String> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    Ok(random_bytes(n)?.iter().map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()])).collect())
+}
+
+fn random_digits(n: usize) -> Result<String, String> {
+    Ok(random_bytes(n)?.iter().map(|b| char::from(b'0' + b % 10)).collect())
 }
 
 // ---------------------------------------------------------------- judging
@@ -323,6 +752,9 @@ pub struct OrderExpect {
     pub findings: Vec<(String, usize)>,
     /// How many orders the order's user must have (triple_click).
     pub orders_of_user: Option<usize>,
+    /// The pay_no the order must be paid by, when an answer said which one
+    /// won (two_channels).
+    pub pay_no: Option<String>,
 }
 
 /// One payment row as `GET /v1/orders/{order_no}` shows it.
@@ -406,6 +838,11 @@ pub fn judge(expect: &OrderExpect, rewards: &RewardRule, seen: &OrderSeen) -> Ve
     judge_points(expect, rewards, seen, &mut bad);
     exact_counts("event", &expect.events, &seen.events, &mut bad);
     exact_counts("inspection finding", &expect.findings, &seen.findings, &mut bad);
+    if let Some(want) = &expect.pay_no {
+        if seen.pay_no.as_ref() != Some(want) {
+            bad.push(format!("order pay_no {:?}, but the answers said {want} won", seen.pay_no));
+        }
+    }
     if let Some(want) = expect.orders_of_user {
         if seen.orders_of_user != Some(want) {
             bad.push(format!("the user has {:?} orders, expected {want}", seen.orders_of_user));
@@ -1043,13 +1480,18 @@ struct OrderRun {
 
 struct ScenarioRun {
     scenario: Scenario,
+    channel: Channel,
     orders: Vec<OrderRun>,
 }
 
 struct Sim {
     target: Arc<Target>,
-    keys: Keys,
+    keys: Arc<Keys>,
+    /// The channel every delivery goes through...
     channel: Channel,
+    /// ...except two_channels' second payment, which goes through this one
+    /// (the next selected channel; the same one when only one is selected).
+    partner: Channel,
     run_id: String,
     orders: usize,
     concurrency: usize,
@@ -1077,29 +1519,57 @@ fn api_label(what: &str, reply: &Reply) -> String {
 }
 
 impl Sim {
+    /// The same run (target, keys, run id, settings) for another channel.
+    fn for_channel(&self, channel: Channel, partner: Channel) -> Sim {
+        Sim {
+            target: Arc::clone(&self.target),
+            keys: Arc::clone(&self.keys),
+            channel,
+            partner,
+            run_id: self.run_id.clone(),
+            orders: self.orders,
+            concurrency: self.concurrency,
+            time_factor: self.time_factor,
+            replay_timeout_ms: self.replay_timeout_ms,
+            progress: Progress::new(self.progress.enabled),
+        }
+    }
+
+    /// `{run_id}-{scenario}{channel}-{i}`: at most 22 characters for up to
+    /// 100,000 orders, within WeChat Pay's 6-32 for out_trade_no.
     fn order(&self, scenario: Scenario, i: usize) -> SimOrder {
-        let no = format!("{}-{}-{i}", self.run_id, scenario.tag());
+        let no = format!("{}-{}{}-{i}", self.run_id, scenario.tag(), self.channel.tag());
         // Not round, and at least 10 yuan, so points are never 0.
         let amount = 1_000 + i64::try_from(i % 90).unwrap_or(0) * 100 + i64::try_from(i % 7).unwrap_or(0);
         SimOrder { user: format!("{no}-u"), no, amount }
     }
 
-    fn payment(&self, order: &SimOrder, k: usize) -> PaymentNotice {
+    /// Payment `k` of `order`, its delivery number `attempt` (0: the first).
+    fn payment(&self, order: &SimOrder, k: usize, attempt: usize) -> PaymentNotice {
         PaymentNotice {
             pay_no: format!("{}-P{k}", order.no),
             order_no: order.no.clone(),
             amount: order.amount,
             success: true,
+            attempt,
         }
+    }
+
+    fn sign_payment(&self, channel: Channel, notice: &PaymentNotice) -> Result<Req, String> {
+        Ok(Req::signed(channel.sign_payment(&self.keys, notice, now_s())?))
     }
 
     /// Sends `build()` (rebuilt each time, so signatures stay fresh) and
     /// retries a 503 after its Retry-After, as a platform would.
-    fn send_retrying(&self, conn: &mut Conn, build: &dyn Fn() -> Req) -> Result<(Reply, usize), String> {
+    fn send_retrying(
+        &self,
+        conn: &mut Conn,
+        build: &dyn Fn() -> Result<Req, String>,
+    ) -> Result<(Reply, usize), String> {
         let before = conn.writes;
         let mut tries = 0;
         loop {
-            let reply = conn.request(&build())?;
+            let reply = conn.request(&build()?)?;
             if reply.status == 503 && tries < BUSY_RETRIES {
                 tries += 1;
                 let wait_s = reply.header("Retry-After").and_then(|v| v.parse::<u64>().ok()).unwrap_or(1).clamp(1, 5);
@@ -1111,21 +1581,42 @@ impl Sim {
     }
 
     fn deliver_payment(&self, conn: &mut Conn, notice: &PaymentNotice) -> Result<Delivery, String> {
-        let (reply, sends) =
-            self.send_retrying(conn, &|| Req::signed(self.channel.sign_payment(&self.keys, notice, now_s())))?;
-        Ok(Delivery { label: self.channel.answer(&reply)?, sends })
+        self.deliver_payment_via(conn, self.channel, notice, None)
+    }
+
+    /// A payment delivery through `channel`; `presigned` is sent first (signed
+    /// ahead of a moment that must be sharp), re-signed for 503 retries.
+    fn deliver_payment_via(
+        &self,
+        conn: &mut Conn,
+        channel: Channel,
+        notice: &PaymentNotice,
+        presigned: Option<Req>,
+    ) -> Result<Delivery, String> {
+        let presigned = RefCell::new(presigned);
+        let build = || match presigned.borrow_mut().take() {
+            Some(req) => Ok(req),
+            None => self.sign_payment(channel, notice),
+        };
+        let (reply, sends) = self.send_retrying(conn, &build)?;
+        Ok(Delivery { label: channel.answer(&reply)?, sends })
     }
 
     fn deliver_refund(&self, conn: &mut Conn, notice: &RefundNotice) -> Result<Delivery, String> {
-        let (reply, sends) =
-            self.send_retrying(conn, &|| Req::signed(self.channel.sign_refund(&self.keys, notice, now_s())))?;
+        let build = || Ok(Req::signed(self.channel.sign_refund(&self.keys, notice, now_s())?));
+        let (reply, sends) = self.send_retrying(conn, &build)?;
         Ok(Delivery { label: format!("refund {}", self.channel.answer(&reply)?), sends })
+    }
+
+    /// The answer a delivery with payonce outcome `outcome` must get here.
+    fn said(&self, outcome: &str) -> String {
+        self.channel.label(outcome)
     }
 
     /// An order-API call; 401 is a setup error (the token), not a verdict.
     fn api(&self, conn: &mut Conn, req: Req) -> Result<Reply, String> {
         let (method, path) = (req.method, req.path.clone());
-        let (reply, _) = self.send_retrying(conn, &|| req.clone())?;
+        let (reply, _) = self.send_retrying(conn, &|| Ok(req.clone()))?;
         if reply.status == 401 {
             return Err(format!(
                 "{method} {path}: 401 {}: the target needs an API token (PAYONCE_API_TOKEN or --api-token)",
@@ -1170,13 +1661,15 @@ impl Sim {
         results.into_inner().into_iter().map(|r| r.ok_or_else(|| s("a worker stopped early"))).collect()
     }
 
-    /// For each order in turn, `work(conn, i, t)` on `k` threads released at
-    /// the same moment (each thread its own keep-alive connection).
-    fn rounds<T: Send>(
+    /// For each order in turn, `prepare(i, t)` (e.g. signing, which is slow
+    /// in a debug build) and then `work(conn, i, t, prepared)` on `k` threads
+    /// released at the same moment (each thread its own keep-alive connection).
+    fn rounds<P, T: Send>(
         &self,
         n: usize,
         k: usize,
-        work: impl Fn(&mut Conn, usize, usize) -> Result<T, String> + Sync,
+        prepare: impl Fn(usize, usize) -> Result<P, String> + Sync,
+        work: impl Fn(&mut Conn, usize, usize, P) -> Result<T, String> + Sync,
     ) -> Result<Vec<Vec<T>>, String> {
         let barrier = Barrier::new(k);
         let results: Mutex<Vec<Vec<Option<T>>>> = Mutex::new((0..n).map(|_| (0..k).map(|_| None).collect()).collect());
@@ -1185,11 +1678,12 @@ impl Sim {
             let mut conn = Conn::new(&self.target);
             conn.warm();
             for i in 0..n {
+                let prepared = if failure.is_set() { None } else { prepare(i, t).map_err(|e| failure.set(e)).ok() };
                 barrier.wait();
-                if failure.is_set() {
+                let Some(prepared) = prepared.filter(|_| !failure.is_set()) else {
                     continue;
-                }
-                match work(&mut conn, i, t) {
+                };
+                match work(&mut conn, i, t, prepared) {
                     Ok(value) => results.lock()[i][t] = Some(value),
                     Err(e) => failure.set(e),
                 }
@@ -1221,7 +1715,7 @@ impl Sim {
             Scenario::TripleClick => self.triple_click(orders)?,
         };
         self.progress.finish();
-        Ok(ScenarioRun { scenario, orders: runs })
+        Ok(ScenarioRun { scenario, channel: self.channel, orders: runs })
     }
 
     fn paid_expect(answers: Vec<String>) -> OrderExpect {
@@ -1243,13 +1737,22 @@ impl Sim {
         let k = self.concurrency;
         let created = self.create_all(&orders)?;
         self.progress.start("concurrent", orders.len() * k);
-        let rounds = self.rounds(orders.len(), k, |conn, i, _| {
-            let delivery = self.deliver_payment(conn, &self.payment(&orders[i], 1));
-            self.progress.tick();
-            delivery
-        })?;
-        let mut expected = vec![Sim::created(), s("applied")];
-        expected.extend((1..k).map(|_| s("duplicate")));
+        let rounds = self.rounds(
+            orders.len(),
+            k,
+            |i, t| {
+                let notice = self.payment(&orders[i], 1, t);
+                let req = self.sign_payment(self.channel, &notice)?;
+                Ok((notice, req))
+            },
+            |conn, _, _, (notice, req)| {
+                let delivery = self.deliver_payment_via(conn, self.channel, &notice, Some(req));
+                self.progress.tick();
+                delivery
+            },
+        )?;
+        let mut expected = vec![Sim::created(), self.said("applied")];
+        expected.extend((1..k).map(|_| self.said("duplicate")));
         Ok(orders
             .into_iter()
             .zip(created)
@@ -1277,26 +1780,28 @@ impl Sim {
         let created = self.create_all(&orders)?;
         self.progress.start("redelivery_40ms", orders.len() * 2);
         let runs = self.par_orders(orders.len(), |_, i| {
-            let notice = self.payment(&orders[i], 1);
+            let notices = [self.payment(&orders[i], 1, 0), self.payment(&orders[i], 1, 1)];
+            // Both signed ahead, so signing time never stretches the 40 ms.
+            let reqs = [self.sign_payment(self.channel, &notices[0])?, self.sign_payment(self.channel, &notices[1])?];
             let (mut first, mut second) = (Conn::new(&self.target), Conn::new(&self.target));
-            first.send(&Req::signed(self.channel.sign_payment(&self.keys, &notice, now_s())))?;
+            first.send(&reqs[0])?;
             let sent_at = Instant::now();
             thread::sleep(REDELIVERY_GAP.saturating_sub(sent_at.elapsed()));
-            second.send(&Req::signed(self.channel.sign_payment(&self.keys, &notice, now_s())))?;
+            second.send(&reqs[1])?;
             let mut answers = Vec::new();
             let mut deliveries = 0;
-            for conn in [&mut first, &mut second] {
+            for (conn, notice) in [&mut first, &mut second].into_iter().zip(&notices) {
                 let reply = conn
                     .receive()
                     .map_err(|e| format!("redelivery_40ms: {} from {}", e.describe(), self.target.url))?;
-                let delivery = self.settle(conn, reply, &notice)?;
+                let delivery = self.settle(conn, reply, notice)?;
                 answers.push(delivery.label);
                 deliveries += delivery.sends;
                 self.progress.tick();
             }
             Ok((answers, deliveries))
         })?;
-        let expect = Sim::paid_expect(vec![Sim::created(), s("applied"), s("duplicate")]);
+        let expect = Sim::paid_expect(vec![Sim::created(), self.said("applied"), self.said("duplicate")]);
         Ok(orders
             .into_iter()
             .zip(created)
@@ -1317,8 +1822,8 @@ impl Sim {
     /// `Some(label)` when the answer arrived in time anyway.
     fn deliver_abandoned(&self, notice: &PaymentNotice) -> Result<Option<String>, String> {
         let timeout = Duration::from_millis(self.replay_timeout_ms.max(1));
+        let req = self.sign_payment(self.channel, notice)?;
         let mut reader = Conn::open(&self.target, Some(timeout))?;
-        let req = Req::signed(self.channel.sign_payment(&self.keys, notice, now_s()));
         reader
             .get_mut()
             .write_all(&req.encode(&self.target))
@@ -1336,16 +1841,15 @@ impl Sim {
         let created = self.create_all(&orders)?;
         self.progress.start("gateway_replay", orders.len() * 2);
         let runs = self.par_orders(orders.len(), |_, i| {
-            let notice = self.payment(&orders[i], 1);
-            let first = self.deliver_abandoned(&notice)?;
+            let first = self.deliver_abandoned(&self.payment(&orders[i], 1, 0))?;
             self.progress.tick();
             // The platform saw no answer (or too late for its gateway): re-send on a new connection.
             let mut fresh = Conn::new(&self.target);
-            let replay = self.deliver_payment(&mut fresh, &notice)?;
+            let replay = self.deliver_payment(&mut fresh, &self.payment(&orders[i], 1, 1))?;
             self.progress.tick();
             Ok((first, replay))
         })?;
-        let expect = Sim::paid_expect(vec![Sim::created(), s("applied"), s("duplicate")]);
+        let expect = Sim::paid_expect(vec![Sim::created(), self.said("applied"), self.said("duplicate")]);
         Ok(orders
             .into_iter()
             .zip(created)
@@ -1362,11 +1866,13 @@ impl Sim {
 
     fn retry_schedule(&self, orders: Vec<SimOrder>) -> Result<Vec<OrderRun>, String> {
         let n = orders.len();
+        // Each platform its own schedule; the generic channel alternates both.
         let schedule = |i: usize| -> &'static [u64] {
-            if i % 2 == 0 {
-                &WECHATPAY_RETRY_S
-            } else {
-                &ALIPAY_RETRY_S
+            match self.channel {
+                Channel::Wechatpay => &WECHATPAY_RETRY_S,
+                Channel::Alipay => &ALIPAY_RETRY_S,
+                Channel::Generic if i % 2 == 0 => &WECHATPAY_RETRY_S,
+                Channel::Generic => &ALIPAY_RETRY_S,
             }
         };
         let offsets: Vec<Vec<Duration>> = (0..n)
@@ -1403,7 +1909,7 @@ impl Sim {
                 if failure.is_set() {
                     return;
                 }
-                match self.deliver_payment(&mut conn, &self.payment(&orders[i], 1)) {
+                match self.deliver_payment(&mut conn, &self.payment(&orders[i], 1, attempt)) {
                     Ok(delivery) => results.lock()[i].push(delivery),
                     Err(e) => return failure.set(e),
                 }
@@ -1420,8 +1926,8 @@ impl Sim {
             .zip(results.into_inner())
             .enumerate()
             .map(|(i, ((order, created), deliveries))| {
-                let mut expected = vec![Sim::created(), s("applied")];
-                expected.extend((1..offsets[i].len()).map(|_| s("duplicate")));
+                let mut expected = vec![Sim::created(), self.said("applied")];
+                expected.extend((1..offsets[i].len()).map(|_| self.said("duplicate")));
                 OrderRun {
                     order,
                     expect: Sim::paid_expect(expected),
@@ -1436,32 +1942,47 @@ impl Sim {
     fn two_channels(&self, orders: Vec<SimOrder>) -> Result<Vec<OrderRun>, String> {
         let created = self.create_all(&orders)?;
         self.progress.start("two_channels", orders.len() * 2);
-        // Two independent payments of one order, at the same moment. With more
-        // channels, the second would go through another channel.
-        let rounds = self.rounds(orders.len(), 2, |conn, i, t| {
-            let delivery = self.deliver_payment(conn, &self.payment(&orders[i], t + 1));
-            self.progress.tick();
-            delivery
-        })?;
-        let expect = OrderExpect {
-            status: s("PAID"),
-            answers: vec![Sim::created(), s("applied"), s("already_paid")],
-            payments: vec![s("applied"), s("already_paid")],
-            paid: true,
-            events: vec![(s("order.paid"), 1), (s("payment.refund_required"), 1)],
-            findings: vec![(s("refund_required"), 1)],
-            ..OrderExpect::default()
-        };
+        // Two independent payments of one order, at the same moment: the
+        // second through the partner channel (another one when several are
+        // selected).
+        let channels = [self.channel, self.partner];
+        let rounds = self.rounds(
+            orders.len(),
+            2,
+            |i, t| {
+                let notice = self.payment(&orders[i], t + 1, 0);
+                let req = self.sign_payment(channels[t], &notice)?;
+                Ok((notice, req))
+            },
+            |conn, _, t, (notice, req)| {
+                let delivery = self.deliver_payment_via(conn, channels[t], &notice, Some(req));
+                self.progress.tick();
+                delivery
+            },
+        )?;
         Ok(orders
             .into_iter()
             .zip(created)
             .zip(rounds)
-            .map(|((order, created), deliveries)| OrderRun {
-                order,
-                expect: expect.clone(),
-                deliveries: deliveries.iter().map(|d| d.sends).sum(),
-                answers: std::iter::once(created).chain(deliveries.into_iter().map(|d| d.label)).collect(),
-                lost: 0,
+            .map(|((order, created), deliveries)| {
+                let labels: Vec<String> = deliveries.iter().map(|d| d.label.clone()).collect();
+                let (answers, pay_no) = two_channels_answers(channels, &labels, &order);
+                OrderRun {
+                    expect: OrderExpect {
+                        status: s("PAID"),
+                        answers: std::iter::once(Sim::created()).chain(answers).collect(),
+                        payments: vec![s("applied"), s("already_paid")],
+                        paid: true,
+                        events: vec![(s("order.paid"), 1), (s("payment.refund_required"), 1)],
+                        findings: vec![(s("refund_required"), 1)],
+                        pay_no,
+                        ..OrderExpect::default()
+                    },
+                    order,
+                    deliveries: deliveries.iter().map(|d| d.sends).sum(),
+                    answers: std::iter::once(created).chain(labels).collect(),
+                    lost: 0,
+                }
             })
             .collect())
     }
@@ -1473,8 +1994,8 @@ impl Sim {
             let close = self.api(conn, Req::post_json(format!("/v1/orders/{}/close", orders[i].no), &json!({})))?;
             let mut answers = vec![api_label("close", &close)];
             let mut deliveries = 0;
-            for _ in 0..2 {
-                let delivery = self.deliver_payment(conn, &self.payment(&orders[i], 1))?;
+            for attempt in 0..2 {
+                let delivery = self.deliver_payment(conn, &self.payment(&orders[i], 1, attempt))?;
                 answers.push(delivery.label);
                 deliveries += delivery.sends;
                 self.progress.tick();
@@ -1483,7 +2004,12 @@ impl Sim {
         })?;
         let expect = OrderExpect {
             status: s("CLOSED"),
-            answers: vec![Sim::created(), s("api:close 200 CLOSED"), s("paid_after_close"), s("duplicate")],
+            answers: vec![
+                Sim::created(),
+                s("api:close 200 CLOSED"),
+                self.said("paid_after_close"),
+                self.said("duplicate"),
+            ],
             payments: vec![s("paid_after_close")],
             events: vec![(s("order.closed"), 1), (s("payment.refund_required"), 1)],
             findings: vec![(s("refund_required"), 1)],
@@ -1508,7 +2034,8 @@ impl Sim {
         self.progress.start("refund", orders.len() * 3);
         let runs = self.par_orders(orders.len(), |conn, i| {
             let order = &orders[i];
-            let paid = self.deliver_payment(conn, &self.payment(order, 1))?;
+            let payment = self.payment(order, 1, 0);
+            let paid = self.deliver_payment(conn, &payment)?;
             self.progress.tick();
             let mut answers = vec![paid.label];
             let mut deliveries = paid.sends;
@@ -1518,7 +2045,13 @@ impl Sim {
                 let reply = self.api(conn, Req::post_json(path, &json!({"refund_no": refund_no})))?;
                 answers.push(api_label("refund", &reply));
             }
-            let notice = RefundNotice { refund_no, order_no: order.no.clone(), success: true };
+            let notice = RefundNotice {
+                refund_no,
+                order_no: order.no.clone(),
+                pay_no: payment.pay_no,
+                amount: order.amount,
+                success: true,
+            };
             for _ in 0..2 {
                 let delivery = self.deliver_refund(conn, &notice)?;
                 answers.push(delivery.label);
@@ -1531,11 +2064,11 @@ impl Sim {
             status: s("REFUNDED"),
             answers: vec![
                 Sim::created(),
-                s("applied"),
+                self.said("applied"),
                 s("api:refund 200 REFUNDING"),
                 s("api:refund 200 REFUNDING"),
-                s("refund applied"),
-                s("refund duplicate"),
+                format!("refund {}", self.said("applied")),
+                format!("refund {}", self.said("duplicate")),
             ],
             payments: vec![s("applied")],
             paid: true,
@@ -1559,15 +2092,20 @@ impl Sim {
 
     fn triple_click(&self, orders: Vec<SimOrder>) -> Result<Vec<OrderRun>, String> {
         self.progress.start("triple_click", orders.len() * 3);
-        let rounds = self.rounds(orders.len(), 3, |conn, i, _| {
-            let reply = self.create(conn, &orders[i])?;
-            self.progress.tick();
-            Ok(match (reply.status, reply.header("Idempotent-Replayed")) {
-                (201, None) => s("created"),
-                (200, Some("true")) => s("replayed"),
-                _ => format!("create {}", reply.summary()),
-            })
-        })?;
+        let rounds = self.rounds(
+            orders.len(),
+            3,
+            |_, _| Ok(()),
+            |conn, i, _, ()| {
+                let reply = self.create(conn, &orders[i])?;
+                self.progress.tick();
+                Ok(match (reply.status, reply.header("Idempotent-Replayed")) {
+                    (201, None) => s("created"),
+                    (200, Some("true")) => s("replayed"),
+                    _ => format!("create {}", reply.summary()),
+                })
+            },
+        )?;
         let expect = OrderExpect {
             status: s("PENDING"),
             answers: vec![s("created"), s("replayed"), s("replayed")],
@@ -1699,6 +2237,31 @@ impl Sim {
     }
 }
 
+/// two_channels' expected answers (after the order's create) and, when an
+/// answer said which payment won, its pay_no. Generic answers name the
+/// outcome (which of the two is `applied` is the race's); a platform's only
+/// says [`PROCESSED`], so with one generic delivery its answer decides.
+fn two_channels_answers(channels: [Channel; 2], labels: &[String], order: &SimOrder) -> (Vec<String>, Option<String>) {
+    let pay_no = |t: usize| format!("{}-P{}", order.no, t + 1);
+    let generic: Vec<usize> = (0..2).filter(|t| channels[*t] == Channel::Generic).collect();
+    let answers = if generic.len() == 2 {
+        vec![s("applied"), s("already_paid")]
+    } else {
+        (0..2)
+            .map(|t| match channels[t] {
+                Channel::Generic if labels.get(t).map(String::as_str) == Some("already_paid") => s("already_paid"),
+                channel => channel.label("applied"),
+            })
+            .collect()
+    };
+    let winner = generic.iter().find_map(|t| match labels.get(*t).map(String::as_str) {
+        Some("applied") => Some(pay_no(*t)),
+        Some("already_paid") => Some(pay_no(1 - *t)),
+        _ => None,
+    });
+    (answers, winner)
+}
+
 fn read_order_detail(detail: &Value, seen: &mut OrderSeen) {
     let text = |v: &Value, key: &str| v[key].as_str().unwrap_or("").to_owned();
     seen.status = Some(text(detail, "status"));
@@ -1717,6 +2280,8 @@ fn read_order_detail(detail: &Value, seen: &mut OrderSeen) {
 /// One row of the table.
 pub struct Row {
     pub scenario: String,
+    /// Shown as a column when the rows are of more than one channel.
+    pub channel: String,
     pub deliveries: String,
     pub expected: String,
     pub observed: String,
@@ -1859,6 +2424,7 @@ fn build_row(run: &ScenarioRun, seen: &[OrderSeen], rewards: &RewardRule) -> Row
         .collect();
     Row {
         scenario: run.scenario.name().to_owned(),
+        channel: run.channel.name().to_owned(),
         deliveries: deliveries_cell(run),
         expected: expected_effects(&run.orders, rewards),
         observed: observed_effects(seen),
@@ -1868,15 +2434,29 @@ fn build_row(run: &ScenarioRun, seen: &[OrderSeen], rewards: &RewardRule) -> Row
 
 /// The table, and the violations under it.
 pub fn render_table(rows: &[Row]) -> String {
-    let header = ["scenario", "deliveries", "effects expected", "effects observed", "verdict"];
-    let cells: Vec<[String; 5]> = rows
+    let with_channel = rows.iter().any(|r| r.channel != rows[0].channel);
+    let mut header = vec!["scenario", "deliveries", "effects expected", "effects observed", "verdict"];
+    if with_channel {
+        header.insert(1, "channel");
+    }
+    let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
             let verdict = if r.violations.is_empty() { "ok" } else { "VIOLATION" };
-            [r.scenario.clone(), r.deliveries.clone(), r.expected.clone(), r.observed.clone(), verdict.to_owned()]
+            let mut row = vec![
+                r.scenario.clone(),
+                r.deliveries.clone(),
+                r.expected.clone(),
+                r.observed.clone(),
+                verdict.to_owned(),
+            ];
+            if with_channel {
+                row.insert(1, r.channel.clone());
+            }
+            row
         })
         .collect();
-    let mut widths = header.map(|h| h.chars().count());
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &cells {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
@@ -1886,13 +2466,14 @@ pub fn render_table(rows: &[Row]) -> String {
         let padded: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         padded.join("  ").trim_end().to_owned() + "\n"
     };
-    let mut out = line(&header.map(str::to_owned));
-    out.push_str(&line(&widths.map(|w| "-".repeat(w))));
+    let mut out = line(&header.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>());
+    out.push_str(&line(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>()));
     for row in &cells {
         out.push_str(&line(row));
     }
     for r in rows.iter().filter(|r| !r.violations.is_empty()) {
-        out.push_str(&format!("\nVIOLATION in {} ({} finding(s)):\n", r.scenario, r.violations.len()));
+        let which = if with_channel { format!("{} ({})", r.scenario, r.channel) } else { r.scenario.clone() };
+        out.push_str(&format!("\nVIOLATION in {which} ({} finding(s)):\n", r.violations.len()));
         for v in r.violations.iter().take(DETAILS_MAX) {
             out.push_str(&format!("  {v}\n"));
         }
@@ -1912,10 +2493,26 @@ struct LocalServer {
 }
 
 impl LocalServer {
-    fn start(secret: &[u8]) -> Result<LocalServer, String> {
+    /// payonce on `:memory:` with the generic secret and the channels the
+    /// simulator holds keys for, configured with their public halves.
+    fn start(keys: &Keys) -> Result<LocalServer, String> {
+        let wechatpay = match &keys.wechatpay {
+            Some(wx) => {
+                let public = RsaPublicKey::from(wx.signing_key.as_ref());
+                let apiv3_key = std::str::from_utf8(&wx.apiv3_key).map_err(|_| s("the APIv3 key is not UTF-8"))?;
+                Some(WechatpayConfig::new(apiv3_key, vec![(wx.serial.clone(), public)])?)
+            }
+            None => None,
+        };
+        let alipay = keys.alipay.as_ref().map(|ali| AlipayConfig {
+            public_key: RsaPublicKey::from(ali.signing_key.as_ref()),
+            app_id: ali.app_id.clone(),
+        });
         let config = Config {
-            callback_secrets: vec![secret.to_vec()],
+            callback_secrets: vec![keys.generic_secret.clone()],
             rewards: Rewards { coupon_templates: vec![SIM_COUPON.into()], points_per_yuan: SIM_POINTS_PER_YUAN },
+            wechatpay,
+            alipay,
             ..Config::default()
         };
         let app = App::open(":memory:", Clock::System, config).map_err(|e| e.message)?;
@@ -1946,12 +2543,17 @@ struct Options {
     target: Option<String>,
     callback_secret: Option<String>,
     api_token: Option<String>,
-    channel: Channel,
+    channels: Vec<Channel>,
     scenarios: Vec<Scenario>,
     orders: usize,
     concurrency: usize,
     time_factor: f64,
     replay_timeout_ms: u64,
+    wechatpay_private_key: Option<String>,
+    wechatpay_serial: Option<String>,
+    wechatpay_apiv3_key: Option<String>,
+    alipay_private_key: Option<String>,
+    alipay_app_id: Option<String>,
 }
 
 fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
@@ -1974,12 +2576,17 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
         target: None,
         callback_secret: env("PAYONCE_CALLBACK_SECRET"),
         api_token: env("PAYONCE_API_TOKEN"),
-        channel: Channel::Generic,
+        channels: Vec::new(),
         scenarios: Vec::new(),
         orders: 10,
         concurrency: 8,
         time_factor: 1000.0,
         replay_timeout_ms: 0,
+        wechatpay_private_key: None,
+        wechatpay_serial: None,
+        wechatpay_apiv3_key: env("PAYONCE_WECHATPAY_APIV3_KEY"),
+        alipay_private_key: None,
+        alipay_app_id: None,
     };
     let mut parser = lexopt::Parser::from_args(args);
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
@@ -1988,11 +2595,20 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
             Long("callback-secret") => opts.callback_secret = Some(string_value(&mut parser)?),
             Long("api-token") => opts.api_token = Some(string_value(&mut parser)?),
             Long("channel") => {
-                let name = string_value(&mut parser)?;
-                opts.channel = Channel::parse(&name).ok_or_else(|| {
-                    let known: Vec<&str> = Channel::ALL.iter().map(|c| c.name()).collect();
-                    format!("--channel {name:?}: known channels: {}", known.join(", "))
-                })?;
+                for name in string_value(&mut parser)?.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                    let chosen = match name {
+                        "all" => Channel::ALL.to_vec(),
+                        _ => vec![Channel::parse(name).ok_or_else(|| {
+                            let known: Vec<&str> = Channel::ALL.iter().map(|c| c.name()).collect();
+                            format!("--channel {name:?}: known channels: {}, or all", known.join(", "))
+                        })?],
+                    };
+                    for channel in chosen {
+                        if !opts.channels.contains(&channel) {
+                            opts.channels.push(channel);
+                        }
+                    }
+                }
             }
             Long("scenario") => {
                 for name in string_value(&mut parser)?.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -2021,6 +2637,11 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
             Long("replay-timeout-ms") => {
                 opts.replay_timeout_ms = int_value(&mut parser, "--replay-timeout-ms", 0, 60_000)?
             }
+            Long("wechatpay-private-key") => opts.wechatpay_private_key = Some(string_value(&mut parser)?),
+            Long("wechatpay-serial") => opts.wechatpay_serial = Some(string_value(&mut parser)?),
+            Long("wechatpay-apiv3-key") => opts.wechatpay_apiv3_key = Some(string_value(&mut parser)?),
+            Long("alipay-private-key") => opts.alipay_private_key = Some(string_value(&mut parser)?),
+            Long("alipay-app-id") => opts.alipay_app_id = Some(string_value(&mut parser)?),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 return Ok(None);
@@ -2032,6 +2653,11 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
         opts.scenarios = Scenario::ALL.to_vec();
     } else {
         opts.scenarios.sort_by_key(|s| Scenario::ALL.iter().position(|a| a == s));
+    }
+    if opts.channels.is_empty() {
+        opts.channels = vec![Channel::Generic];
+    } else {
+        opts.channels.sort_by_key(|c| Channel::ALL.iter().position(|a| a == c));
     }
     Ok(Some(opts))
 }
@@ -2063,39 +2689,132 @@ fn first_secret(list: &str) -> Option<String> {
     list.split(',').map(str::trim).find(|s| !s.is_empty()).map(str::to_owned)
 }
 
+/// A platform's private key: PKCS#8 PEM (`PRIVATE KEY`), or PKCS#1 (`RSA PRIVATE KEY`).
+fn private_key_from_file(flag: &str, path: &str) -> Result<RsaPrivateKey, String> {
+    use rsa::pkcs1::DecodeRsaPrivateKey;
+    use rsa::pkcs8::DecodePrivateKey;
+    let pem = std::fs::read_to_string(path).map_err(|e| format!("{flag} {path}: {e}"))?;
+    let key = if pem.contains("-----BEGIN RSA PRIVATE KEY-----") {
+        RsaPrivateKey::from_pkcs1_pem(pem.trim()).map_err(|e| e.to_string())
+    } else {
+        RsaPrivateKey::from_pkcs8_pem(pem.trim()).map_err(|e| e.to_string())
+    };
+    key.map_err(|e| format!("{flag} {path}: not a PKCS#8 PEM RSA private key ({e})"))
+}
+
+/// The platforms' keys for the selected channels. Against a target every
+/// selected channel needs its flags; in process, what is not given is made
+/// for this run (the RSA key pairs on their own threads, side by side).
+fn platform_keys(opts: &Options, in_process: bool) -> Result<Keys, String> {
+    let selected = |c: Channel| opts.channels.contains(&c);
+    let mut missing = Vec::new();
+    let mut need = |value: &Option<String>, what: &'static str| {
+        if value.is_none() && !in_process {
+            missing.push(what);
+        }
+    };
+    if selected(Channel::Generic) {
+        need(&opts.callback_secret, "--callback-secret (or PAYONCE_CALLBACK_SECRET)");
+    }
+    if selected(Channel::Wechatpay) {
+        need(&opts.wechatpay_private_key, "--wechatpay-private-key");
+        need(&opts.wechatpay_serial, "--wechatpay-serial");
+        need(&opts.wechatpay_apiv3_key, "--wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)");
+    }
+    if selected(Channel::Alipay) {
+        need(&opts.alipay_private_key, "--alipay-private-key");
+        need(&opts.alipay_app_id, "--alipay-app-id");
+    }
+    if !missing.is_empty() {
+        let channels: Vec<&str> = opts.channels.iter().map(|c| c.name()).collect();
+        return Err(format!("--target with --channel {} needs {}", channels.join(","), missing.join(", ")));
+    }
+    let apiv3_key = opts.wechatpay_apiv3_key.as_ref().filter(|_| selected(Channel::Wechatpay));
+    if let Some(key) = apiv3_key.filter(|k| k.len() != APIV3_KEY_BYTES) {
+        return Err(format!("--wechatpay-apiv3-key: the APIv3 key is {APIV3_KEY_BYTES} bytes, got {}", key.len()));
+    }
+    let load_or_make = |flag: &str, path: &Option<String>| -> Result<RsaPrivateKey, String> {
+        match path {
+            Some(path) => private_key_from_file(flag, path),
+            None => RsaPrivateKey::new(&mut rsa::rand_core::OsRng, SIM_RSA_BITS)
+                .map_err(|e| format!("cannot generate an RSA key: {e}")),
+        }
+    };
+    let (wechatpay_key, alipay_key) = thread::scope(|scope| {
+        let wechatpay = selected(Channel::Wechatpay)
+            .then(|| scope.spawn(|| load_or_make("--wechatpay-private-key", &opts.wechatpay_private_key)));
+        let alipay = selected(Channel::Alipay)
+            .then(|| load_or_make("--alipay-private-key", &opts.alipay_private_key))
+            .transpose();
+        let wechatpay = match wechatpay {
+            Some(handle) => handle.join().map_err(|_| s("RSA key generation failed")).and_then(|r| r).map(Some),
+            None => Ok(None),
+        };
+        (wechatpay, alipay)
+    });
+    let wechatpay = match wechatpay_key? {
+        Some(key) => {
+            let apiv3_key = match &opts.wechatpay_apiv3_key {
+                Some(key) => key.clone(),
+                None => random_text(APIV3_KEY_BYTES)?,
+            };
+            let serial = opts.wechatpay_serial.clone().unwrap_or_else(|| s(SIM_WECHATPAY_SERIAL));
+            Some(WechatpayKeys { signing_key: SigningKey::new(key), serial, apiv3_key: apiv3_key.into_bytes() })
+        }
+        None => None,
+    };
+    let alipay = alipay_key?.map(|key| AlipayKeys {
+        signing_key: SigningKey::new(key),
+        app_id: opts.alipay_app_id.clone().unwrap_or_else(|| s(SIM_ALIPAY_APP_ID)),
+    });
+    let generic_secret = match opts.callback_secret.as_deref().and_then(first_secret) {
+        Some(secret) => secret,
+        None if in_process => format!("sim-{}", new_run_id()),
+        // Generic not selected against a target: never signed for.
+        None => String::new(),
+    };
+    Ok(Keys { generic_secret: generic_secret.into_bytes(), wechatpay, alipay })
+}
+
 /// `payonce simulate`: parses its flags from `args` (after the command name).
 /// Exit 0 when every scenario is ok, 1 on a violation; `Err` (exit 2) on errors.
 pub fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
     let Some(opts) = parse_args(args)? else {
         return Ok(ExitCode::SUCCESS);
     };
-    let secret = opts.callback_secret.as_deref().and_then(first_secret);
-    let (target, local, rewards, secret) = match &opts.target {
+    let started = Instant::now();
+    let keys = platform_keys(&opts, opts.target.is_none())?;
+    let keys_s = started.elapsed().as_secs_f64();
+    let (target, local, rewards) = match &opts.target {
         Some(url) => {
-            let secret = secret.clone().ok_or("--target needs --callback-secret or PAYONCE_CALLBACK_SECRET")?;
             let token = match opts.api_token.as_deref().and_then(first_secret) {
                 Some(entry) => Some(ApiToken::parse(&entry).ok_or("--api-token: not a valid token")?.token),
                 None => None,
             };
-            (Target::parse(url, token)?, None, RewardRule::Unknown, secret)
+            (Target::parse(url, token)?, None, RewardRule::Unknown)
         }
         None => {
-            let secret = secret.clone().unwrap_or_else(|| format!("sim-{}", new_run_id()));
-            let local = LocalServer::start(secret.as_bytes())?;
+            let local = LocalServer::start(&keys)?;
             let rewards = Rewards { coupon_templates: vec![SIM_COUPON.into()], points_per_yuan: SIM_POINTS_PER_YUAN };
-            (Target::local(local.addr), Some(local), RewardRule::Known(rewards), secret)
+            (Target::local(local.addr), Some(local), RewardRule::Known(rewards))
         }
     };
+    let progress = Progress::new(opts.orders >= 50 || std::io::stderr().is_terminal());
+    if progress.enabled && keys_s >= 0.1 {
+        eprintln!("platform keys ready in {keys_s:.1} s");
+    }
+    let first = opts.channels.first().copied().unwrap_or(Channel::Generic);
     let sim = Sim {
         target: Arc::new(target),
-        keys: Keys { generic_secret: secret.into_bytes() },
-        channel: opts.channel,
+        keys: Arc::new(keys),
+        channel: first,
+        partner: first,
         run_id: new_run_id(),
         orders: opts.orders,
         concurrency: opts.concurrency,
         time_factor: opts.time_factor,
         replay_timeout_ms: opts.replay_timeout_ms,
-        progress: Progress::new(opts.orders >= 50 || std::io::stderr().is_terminal()),
+        progress,
     };
     let result = simulate(&sim, &opts, &rewards, local.is_some());
     drop(local);
@@ -2118,23 +2837,41 @@ fn simulate(sim: &Sim, opts: &Options, rewards: &RewardRule, in_process: bool) -
         }
     }
     let first_seq = sim.last_event_seq(&mut conn)?;
+    let names: Vec<&str> = opts.channels.iter().map(|c| c.name()).collect();
     println!(
-        "payonce simulate: run {} against {}{}, {} channel, {} orders per scenario, time factor {}",
+        "payonce simulate: run {} against {}{}, {} channel{}, {} orders per scenario{}, time factor {}",
         sim.run_id,
         sim.target.url,
         if in_process { " (in-process payonce, :memory:)" } else { "" },
-        sim.channel.name(),
+        names.join(", "),
+        if names.len() > 1 { "s" } else { "" },
         sim.orders,
+        if names.len() > 1 { " and channel" } else { "" },
         sim.time_factor
     );
+    // One simulator per channel; each pays two_channels' second payment
+    // through the next selected channel.
+    let sims: Vec<Sim> = opts
+        .channels
+        .iter()
+        .enumerate()
+        .map(|(i, channel)| sim.for_channel(*channel, opts.channels[(i + 1) % opts.channels.len()]))
+        .collect();
     let mut runs = Vec::new();
     for scenario in &opts.scenarios {
-        let started = Instant::now();
-        let run = sim.run_scenario(*scenario);
-        sim.progress.finish();
-        runs.push(run?);
-        if sim.progress.enabled {
-            eprintln!("{:<20} done in {:.1} s", scenario.name(), started.elapsed().as_secs_f64());
+        for channel_sim in &sims {
+            let started = Instant::now();
+            let run = channel_sim.run_scenario(*scenario);
+            channel_sim.progress.finish();
+            runs.push(run?);
+            if channel_sim.progress.enabled {
+                let channel = if sims.len() > 1 { format!(" ({})", channel_sim.channel.name()) } else { String::new() };
+                eprintln!(
+                    "{:<20} done in {:.1} s",
+                    format!("{}{channel}", scenario.name()),
+                    started.elapsed().as_secs_f64()
+                );
+            }
         }
     }
     let events = sim.events_since(&mut conn, first_seq)?;
