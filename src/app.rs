@@ -536,10 +536,34 @@ impl App {
         // 1. The key is the payment's own serial number, not the order: two
         //    payments of one order are not serialised here; the database decides.
         let _pay_key = self.locks.lock(&format!("pay:{}", cb.pay_no));
+        // A re-delivery of a decided pay_no is answered from a read snapshot,
+        // without queueing for the writer: a decided outcome is final (trigger
+        // pay_callback_log_outcome_final), except payment_failed, which a
+        // SUCCESS may supersede; that case, and everything else, takes the
+        // write path. Nothing is written on this path.
+        if let Some(original) = self.settled_outcome(cb)? {
+            return Ok(PaymentReply { outcome: PaymentReplyOutcome::Duplicate { original } });
+        }
         let now = self.clock.now_text();
         // 2. BEGIN IMMEDIATE ... 7. COMMIT, inside `write`.
         self.store.write(|tx| self.record_and_decide(tx, cb, source, &now))
         // 8. `_pay_key` drops here, after the commit.
+    }
+
+    /// The final outcome already recorded for this delivery's pay_no, if
+    /// the delivery cannot change it. An unknown order answers `None`, so
+    /// the write path refuses it exactly as before.
+    fn settled_outcome(&self, cb: &PaymentCallback) -> Result<Option<PaymentOutcome>, Error> {
+        self.store.read(|tx| {
+            if tx.order_by_no(&cb.order_no)?.is_none() {
+                return Ok(None);
+            }
+            let prior = tx.callback_by_pay_no(&cb.pay_no)?;
+            Ok(prior
+                .filter(|p| p.decided)
+                .filter(|p| !(p.outcome == PaymentOutcome::PaymentFailed && cb.status == PlatformStatus::Success))
+                .map(|p| p.outcome))
+        })
     }
 
     /// Steps 3-6 of the pipeline inside the caller's IMMEDIATE transaction:

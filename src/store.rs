@@ -67,7 +67,10 @@ impl Default for StoreOptions {
 
 pub struct Store {
     pool: r2d2::Pool<SqliteConnectionManager>,
-    writer_queue: Option<Mutex<()>>,
+    /// The writer queue holds the one connection every write of this
+    /// process uses, so its page cache and prepared statements stay warm
+    /// (in WAL mode another connection's commit would invalidate them).
+    writer_queue: Option<Mutex<Option<r2d2::PooledConnection<SqliteConnectionManager>>>>,
     /// For `:memory:`: a memdb database vanishes with its last connection,
     /// and the pool may close idle ones, so one stays open for the store's life.
     _memdb_anchor: Option<Mutex<Connection>>,
@@ -112,7 +115,7 @@ impl Store {
             .map_err(|e| Error::internal(format!("cannot open database {path:?}: {e}")))?;
         let store = Store {
             pool,
-            writer_queue: options.writer_queue.then(|| Mutex::new(())),
+            writer_queue: options.writer_queue.then(|| Mutex::new(None)),
             _memdb_anchor: anchor,
             is_memory,
         };
@@ -141,9 +144,19 @@ impl Store {
     /// `work` returns `Ok`; rolls back otherwise. The caller takes its key
     /// lock before calling and drops it after this returns, i.e. after commit.
     pub fn write<T>(&self, work: impl FnOnce(&Tx) -> Result<T, Error>) -> Result<T, Error> {
-        let mut conn = self.pool.get()?;
         // Taken after the caller's key lock, released after commit (drop order).
-        let _writer = self.writer_queue.as_ref().map(|m| m.lock());
+        let mut writer = self.writer_queue.as_ref().map(|m| m.lock());
+        let mut pooled;
+        let conn: &mut Connection = match writer.as_deref_mut() {
+            Some(slot) => match slot {
+                Some(conn) => conn,
+                None => slot.insert(self.pool.get()?),
+            },
+            None => {
+                pooled = self.pool.get()?;
+                &mut pooled
+            }
+        };
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let value = work(&Tx { conn: &tx })?;
         tx.commit()?;
@@ -206,6 +219,7 @@ fn configure_connection(conn: &Connection, options: &StoreOptions, is_memory: bo
     };
     conn.pragma_update(None, "synchronous", synchronous)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.set_prepared_statement_cache_capacity(64);
     Ok(())
 }
 
@@ -449,11 +463,26 @@ fn one_row(changed: usize, what: &str) -> Result<bool, Error> {
 }
 
 impl Tx<'_> {
+    /// Runs one statement through the connection's prepared-statement cache.
+    fn execute<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.conn.prepare_cached(sql)?.execute(params)
+    }
+
+    /// One row, through the prepared-statement cache.
+    fn query_row<T, P: rusqlite::Params, F: FnOnce(&Row<'_>) -> rusqlite::Result<T>>(
+        &self,
+        sql: &str,
+        params: P,
+        f: F,
+    ) -> rusqlite::Result<T> {
+        self.conn.prepare_cached(sql)?.query_row(params, f)
+    }
+
     // ---- orders ----
 
     /// Inserts the order unless its order_no exists; `Err(existing)` then.
     pub fn insert_order(&self, order: &NewOrder) -> Result<Result<Order, Order>, Error> {
-        let inserted = self.conn.execute(
+        let inserted = self.execute(
             "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
              VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5, ?6)
              ON CONFLICT (order_no) DO NOTHING",
@@ -467,12 +496,12 @@ impl Tx<'_> {
 
     pub fn order_by_no(&self, order_no: &str) -> Result<Option<Order>, Error> {
         let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE order_no = ?1");
-        Ok(self.conn.query_row(&sql, [order_no], order_from_row).optional()?)
+        Ok(self.query_row(&sql, [order_no], order_from_row).optional()?)
     }
 
     pub fn order_by_id(&self, id: i64) -> Result<Order, Error> {
         let sql = format!("SELECT {ORDER_COLUMNS} FROM orders WHERE id = ?1");
-        Ok(self.conn.query_row(&sql, [id], order_from_row)?)
+        Ok(self.query_row(&sql, [id], order_from_row)?)
     }
 
     /// Newest first, filtered, after the cursor (an order id).
@@ -509,7 +538,7 @@ impl Tx<'_> {
     /// CAS PENDING→PAID, only at the order's own amount. `false` when the
     /// order is not PENDING or the amount differs; the caller reads why.
     pub fn cas_order_paid(&self, order_id: i64, amount: i64, pay_no: &str, paid_at: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE orders SET status = 'PAID', pay_no = ?3, paid_at = ?4
              WHERE id = ?1 AND status = 'PENDING' AND amount = ?2",
             params![order_id, amount, pay_no, paid_at],
@@ -519,7 +548,7 @@ impl Tx<'_> {
 
     /// CAS PENDING→CLOSED.
     pub fn cas_order_closed(&self, order_id: i64, closed_at: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE orders SET status = 'CLOSED', closed_at = ?2 WHERE id = ?1 AND status = 'PENDING'",
             params![order_id, closed_at],
         )?;
@@ -528,7 +557,7 @@ impl Tx<'_> {
 
     /// CAS PAID→REFUNDING.
     pub fn cas_order_refunding(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE orders SET status = 'REFUNDING', refund_no = ?2 WHERE id = ?1 AND status = 'PAID'",
             params![order_id, refund_no],
         )?;
@@ -537,7 +566,7 @@ impl Tx<'_> {
 
     /// CAS REFUNDING→REFUNDED for this refund_no.
     pub fn cas_order_refunded(&self, order_id: i64, refund_no: &str, refunded_at: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE orders SET status = 'REFUNDED', refunded_at = ?3
              WHERE id = ?1 AND status = 'REFUNDING' AND refund_no = ?2",
             params![order_id, refund_no, refunded_at],
@@ -547,7 +576,7 @@ impl Tx<'_> {
 
     /// CAS REFUNDING→PAID for this refund_no (the refund failed; a new one may be asked).
     pub fn cas_order_refund_failed(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE orders SET status = 'PAID', refund_no = NULL
              WHERE id = ?1 AND status = 'REFUNDING' AND refund_no = ?2",
             params![order_id, refund_no],
@@ -560,7 +589,7 @@ impl Tx<'_> {
     /// Claims the pay_no: inserts the delivery as `received`, or returns the
     /// record that already holds it (`uk_pay_no`).
     pub fn claim_pay_no(&self, cb: &NewCallback) -> Result<Claim, Error> {
-        let inserted = self.conn.execute(
+        let inserted = self.execute(
             "INSERT INTO pay_callback_log
                  (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at)
              VALUES (?1, ?2, ?3, ?4, ?5, 'recorded', 'received', ?6, ?7, ?8, ?9)
@@ -590,7 +619,7 @@ impl Tx<'_> {
     /// once: the row returns to `received` carrying the new delivery.
     /// `false` when the row is not (or no longer) a decided FAILED.
     pub fn supersede_failed_payment(&self, id: i64, cb: &NewCallback) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE pay_callback_log
              SET status = 'SUCCESS', outcome = 'recorded', state = 'received', decided_at = NULL,
                  amount = ?2, raw_body = ?3, paid_at = ?4, source = ?5
@@ -602,16 +631,16 @@ impl Tx<'_> {
 
     pub fn callback_by_id(&self, id: i64) -> Result<CallbackRecord, Error> {
         let sql = format!("SELECT {CALLBACK_COLUMNS} FROM pay_callback_log WHERE id = ?1");
-        Ok(self.conn.query_row(&sql, [id], callback_from_row)?)
+        Ok(self.query_row(&sql, [id], callback_from_row)?)
     }
 
     pub fn callback_by_pay_no(&self, pay_no: &str) -> Result<Option<CallbackRecord>, Error> {
         let sql = format!("SELECT {CALLBACK_COLUMNS} FROM pay_callback_log WHERE pay_no = ?1");
-        Ok(self.conn.query_row(&sql, [pay_no], callback_from_row).optional()?)
+        Ok(self.query_row(&sql, [pay_no], callback_from_row).optional()?)
     }
 
     pub fn raw_body_of(&self, id: i64) -> Result<Vec<u8>, Error> {
-        Ok(self.conn.query_row("SELECT raw_body FROM pay_callback_log WHERE id = ?1", [id], |r| r.get(0))?)
+        Ok(self.query_row("SELECT raw_body FROM pay_callback_log WHERE id = ?1", [id], |r| r.get(0))?)
     }
 
     /// CAS received→decided. `rewards_due` is set exactly for `applied`.
@@ -624,7 +653,7 @@ impl Tx<'_> {
     ) -> Result<bool, Error> {
         assert!(outcome != PaymentOutcome::Recorded, "deciding a callback as recorded");
         assert_eq!(outcome == PaymentOutcome::Applied, rewards_due.is_some());
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE pay_callback_log SET outcome = ?2, state = 'decided', decided_at = ?3, rewards_due = ?4
              WHERE id = ?1 AND state = 'received'",
             params![id, outcome.as_str(), decided_at, rewards_due],
@@ -643,7 +672,7 @@ impl Tx<'_> {
 
     /// Issues a coupon under `uk_order_tpl`; `false` if it was issued before.
     pub fn issue_coupon(&self, user_id: &str, order_id: i64, template: &str, now: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at)
              VALUES (?1, ?2, ?3, 'ACTIVE', ?4)
              ON CONFLICT (order_id, coupon_template_id) DO NOTHING",
@@ -654,7 +683,7 @@ impl Tx<'_> {
 
     /// Adds the order's points under `uk_order_type`; `false` if added before.
     pub fn add_order_points(&self, user_id: &str, order_id: i64, points: i64, now: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (order_id, point_type) DO NOTHING",
@@ -667,7 +696,7 @@ impl Tx<'_> {
     /// `uk_order_type`; `false` when there is nothing to reverse or it was
     /// reversed before.
     pub fn reverse_order_points(&self, order_id: i64, now: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
              SELECT user_id, order_id, ?2, -points, ?3 FROM point_log
              WHERE order_id = ?1 AND point_type = ?4
@@ -679,7 +708,7 @@ impl Tx<'_> {
 
     /// Freezes the order's ACTIVE coupons; returns how many.
     pub fn freeze_active_coupons(&self, order_id: i64) -> Result<usize, Error> {
-        Ok(self.conn.execute(
+        Ok(self.execute(
             "UPDATE user_coupon SET status = 'FROZEN' WHERE order_id = ?1 AND status = 'ACTIVE'",
             [order_id],
         )?)
@@ -694,7 +723,7 @@ impl Tx<'_> {
         data: &Value,
         now: &str,
     ) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "INSERT INTO outbox_event (event_id, type, order_no, data, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (event_id) DO NOTHING",
@@ -738,7 +767,7 @@ impl Tx<'_> {
 
     /// Inserts a REQUESTED refund under `uk_refund_no`; `false` if the refund_no exists.
     pub fn insert_refund(&self, refund_no: &str, order_id: i64, now: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "INSERT INTO refund (refund_no, order_id, status, requested_at) VALUES (?1, ?2, 'REQUESTED', ?3)
              ON CONFLICT (refund_no) DO NOTHING",
             params![refund_no, order_id, now],
@@ -749,7 +778,7 @@ impl Tx<'_> {
     /// CAS REQUESTED→`to`.
     pub fn settle_refund(&self, id: i64, to: RefundStatus, now: &str) -> Result<bool, Error> {
         assert!(to != RefundStatus::Requested, "settling a refund as REQUESTED");
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE refund SET status = ?2, settled_at = ?3 WHERE id = ?1 AND status = 'REQUESTED'",
             params![id, to.as_str(), now],
         )?;
@@ -827,7 +856,7 @@ impl Tx<'_> {
     /// an expired one if any. `false` when a live response is already stored
     /// (another process won the key): the caller must roll back its work.
     pub fn store_response(&self, slot: &IdempotencySlot, status_code: u16, body: &[u8]) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "INSERT INTO idempotency_key (scope, key, fingerprint, status_code, response_body, created_at, expires_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
              ON CONFLICT (scope, key) DO UPDATE SET
@@ -844,7 +873,7 @@ impl Tx<'_> {
     /// ledger; only expired keys are ever removed). Returns how many.
     pub fn purge_expired_responses(&self, now: &str, limit: usize) -> Result<usize, Error> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        Ok(self.conn.execute(
+        Ok(self.execute(
             "DELETE FROM idempotency_key WHERE rowid IN
                  (SELECT rowid FROM idempotency_key WHERE expires_at <= ?1 LIMIT ?2)",
             params![now, limit],
@@ -864,12 +893,12 @@ impl Tx<'_> {
     }
 
     pub fn count_received(&self) -> Result<i64, Error> {
-        Ok(self.conn.query_row("SELECT count(*) FROM pay_callback_log WHERE state = 'received'", [], |r| r.get(0))?)
+        Ok(self.query_row("SELECT count(*) FROM pay_callback_log WHERE state = 'received'", [], |r| r.get(0))?)
     }
 
     /// The resolution of a payment: (resolution, reason, resolved_at).
     pub fn payment_resolution(&self, id: i64) -> Result<Option<(String, String, String)>, Error> {
-        Ok(self.conn.query_row(
+        Ok(self.query_row(
             "SELECT resolution, resolution_reason, resolved_at FROM pay_callback_log WHERE id = ?1",
             [id],
             |r| {
@@ -884,7 +913,7 @@ impl Tx<'_> {
 
     /// CAS unresolved → resolved, for refund-required payments only.
     pub fn resolve_payment(&self, id: i64, resolution: &str, reason: &str, now: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE pay_callback_log SET resolution = ?2, resolution_reason = ?3, resolved_at = ?4
              WHERE id = ?1 AND resolution IS NULL
                AND outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch')",
@@ -928,7 +957,7 @@ impl Tx<'_> {
 
     /// CAS ACTIVE→FROZEN for one coupon.
     pub fn freeze_coupon(&self, order_id: i64, template: &str) -> Result<bool, Error> {
-        let changed = self.conn.execute(
+        let changed = self.execute(
             "UPDATE user_coupon SET status = 'FROZEN'
              WHERE order_id = ?1 AND coupon_template_id = ?2 AND status = 'ACTIVE'",
             params![order_id, template],
@@ -1116,7 +1145,7 @@ impl Tx<'_> {
         order_no: Option<&str>,
         detail: &Value,
     ) -> Result<(), Error> {
-        self.conn.execute(
+        self.execute(
             "INSERT INTO audit_log (at, actor, action, order_no, detail) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![at, actor, action, order_no, detail.to_string()],
         )?;
@@ -1124,11 +1153,11 @@ impl Tx<'_> {
     }
 
     pub fn setting(&self, name: &str) -> Result<Option<String>, Error> {
-        Ok(self.conn.query_row("SELECT value FROM settings WHERE name = ?1", [name], |r| r.get(0)).optional()?)
+        Ok(self.query_row("SELECT value FROM settings WHERE name = ?1", [name], |r| r.get(0)).optional()?)
     }
 
     pub fn put_setting(&self, name: &str, value: &str) -> Result<(), Error> {
-        self.conn.execute(
+        self.execute(
             "INSERT INTO settings (name, value) VALUES (?1, ?2)
              ON CONFLICT (name) DO UPDATE SET value = excluded.value",
             params![name, value],
@@ -1138,7 +1167,7 @@ impl Tx<'_> {
 
     /// `SELECT 1`, for health checks.
     pub fn ping(&self) -> Result<(), Error> {
-        self.conn.query_row("SELECT 1", [], |_| Ok(()))?;
+        self.query_row("SELECT 1", [], |_| Ok(()))?;
         Ok(())
     }
 }
