@@ -177,6 +177,32 @@ impl PaymentReply {
     }
 }
 
+/// A recorded payment waiting to be decided: what the decision needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    pub id: i64,
+    pub pay_no: String,
+    pub channel: String,
+    pub amount: i64,
+    pub status: PlatformStatus,
+    pub paid_at: Option<String>,
+}
+
+impl Delivery {
+    /// A `received` record read back (record-only mode, drain).
+    pub(crate) fn from_record(record: &CallbackRecord) -> Delivery {
+        assert!(!record.decided, "deciding a callback twice");
+        Delivery {
+            id: record.id,
+            pay_no: record.pay_no.clone(),
+            channel: record.channel.clone(),
+            amount: record.amount,
+            status: record.status,
+            paid_at: record.paid_at.clone(),
+        }
+    }
+}
+
 /// An order with everything it caused, for `GET /v1/orders/{order_no}`.
 #[derive(Clone, Debug)]
 pub struct OrderDetail {
@@ -610,7 +636,15 @@ impl App {
             return Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(PaymentOutcome::Recorded) });
         }
         // 4-6. Decide: CAS, side effects, event.
-        let outcome = self.decide_payment(tx, record_id, &order, now)?;
+        let delivery = Delivery {
+            id: record_id,
+            pay_no: cb.pay_no.clone(),
+            channel: cb.channel.clone(),
+            amount: cb.amount,
+            status: cb.status,
+            paid_at: cb.paid_at.clone(),
+        };
+        let outcome = self.decide_payment(tx, &delivery, &order, now)?;
         Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(outcome) })
     }
 
@@ -620,27 +654,35 @@ impl App {
     pub(crate) fn decide_payment(
         &self,
         tx: &Tx,
-        record_id: i64,
+        record: &Delivery,
         order: &Order,
         now: &str,
     ) -> Result<PaymentOutcome, Error> {
-        let record = tx.callback_by_id(record_id)?;
-        assert!(!record.decided, "deciding a callback twice");
         let paid_at = record.paid_at.clone().unwrap_or_else(|| now.to_owned());
-        let outcome = if record.status == PlatformStatus::Failed {
-            PaymentOutcome::PaymentFailed
+        // The order as it stands after the decision (for the event), known
+        // without another read when the CAS moved it.
+        let (outcome, current) = if record.status == PlatformStatus::Failed {
+            (PaymentOutcome::PaymentFailed, None)
         } else if tx.cas_order_paid(order.id, record.amount, &record.pay_no, &paid_at)? {
-            PaymentOutcome::Applied
+            let paid = Order {
+                status: OrderStatus::Paid,
+                pay_no: Some(record.pay_no.clone()),
+                paid_at: Some(paid_at.clone()),
+                ..order.clone()
+            };
+            debug_assert_eq!(tx.order_by_id(order.id).ok().as_ref(), Some(&paid), "the paid order as computed");
+            (PaymentOutcome::Applied, Some(paid))
         } else {
             let current = tx.order_by_id(order.id)?;
-            match current.status {
+            let outcome = match current.status {
                 OrderStatus::Closed => PaymentOutcome::PaidAfterClose,
                 OrderStatus::Pending => {
                     assert_ne!(current.amount, record.amount, "CAS refused a PENDING order at its own amount");
                     PaymentOutcome::AmountMismatch
                 }
                 _ => PaymentOutcome::AlreadyPaid,
-            }
+            };
+            (outcome, Some(current))
         };
         let rewards_due = if outcome == PaymentOutcome::Applied {
             Some(self.apply_rewards(tx, order, record.amount, now)?)
@@ -648,10 +690,9 @@ impl App {
             None
         };
         let decided =
-            tx.decide_callback(record_id, outcome, now, rewards_due.as_ref().map(|v| v.to_string()).as_deref())?;
-        assert!(decided, "callback {record_id} was decided by someone else inside our transaction");
-        if outcome == PaymentOutcome::Applied || outcome.requires_refund() {
-            let current = tx.order_by_id(order.id)?;
+            tx.decide_callback(record.id, outcome, now, rewards_due.as_ref().map(|v| v.to_string()).as_deref())?;
+        assert!(decided, "callback {} was decided by someone else inside our transaction", record.id);
+        if let (Some(current), true) = (current, outcome == PaymentOutcome::Applied || outcome.requires_refund()) {
             let payment = json!({"pay_no": record.pay_no, "channel": record.channel,
                                  "amount": record.amount, "outcome": outcome.as_str()});
             let data = json!({"order": current.to_json(), "payment": payment});

@@ -3,7 +3,7 @@
 //! backup. The incident runbook in the README walks through them.
 
 use crate::app::{
-    refuse_transition, App, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE, SOURCE_RECONCILIATION,
+    refuse_transition, Delivery, App, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE, SOURCE_RECONCILIATION,
 };
 use crate::domain::{
     is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
@@ -150,8 +150,9 @@ impl App {
             |tx| loop {
                 let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
                 for (id, _) in &batch {
-                    let order = tx.order_by_id(tx.callback_by_id(*id)?.order_id)?;
-                    outcomes.push(self.decide_payment(tx, *id, &order, &now)?);
+                    let record = tx.callback_by_id(*id)?;
+                    let order = tx.order_by_id(record.order_id)?;
+                    outcomes.push(self.decide_payment(tx, &Delivery::from_record(&record), &order, &now)?);
                 }
                 if batch.len() < DRAIN_BATCH_MAX {
                     return Ok(outcomes.len());
@@ -173,7 +174,7 @@ impl App {
                 return Ok(None); // decided by another process meanwhile
             }
             let order = tx.order_by_id(record.order_id)?;
-            Ok(Some(self.decide_payment(tx, id, &order, &now)?))
+            Ok(Some(self.decide_payment(tx, &Delivery::from_record(&record), &order, &now)?))
         })?;
         if let Some(outcome) = outcome {
             self.metrics.observe_callback("payment", outcome.as_str());
