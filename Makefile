@@ -3,7 +3,7 @@
 
 CARGO ?= cargo
 
-.PHONY: run test fmt lint example clean test-deploy fuzz-api
+.PHONY: run test fmt lint example clean test-deploy fuzz-api bench
 
 # Serve on 127.0.0.1:8080 with payonce.db in dev mode (a fixed, printed
 # callback secret) and print what to try next.
@@ -25,6 +25,11 @@ lint:
 # Replays the 40 ms re-delivery incident in process and prints the effects.
 example:
 	$(CARGO) run --locked --example incident_replay
+
+# The benchmark: bare SQLite vs payonce over HTTP vs a trivial handler, on
+# loopback (README, "Performance"). `make bench BENCH_ARGS=--quick` for a smoke run.
+bench:
+	$(CARGO) run --release --locked --example bench -- $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean
