@@ -617,18 +617,22 @@ fn page_limit(query: &[(String, String)]) -> Result<usize, Error> {
 }
 
 fn percent_decode(text: &str) -> Result<String, Error> {
-    let bytes = text.as_bytes();
+    let bytes = form_decode(text.as_bytes())
+        .ok_or_else(|| Error::invalid("malformed percent-encoding in the query string"))?;
+    String::from_utf8(bytes).map_err(|_| Error::invalid("the query string is not UTF-8"))
+}
+
+/// `application/x-www-form-urlencoded` decoding to bytes: `%XX` (exactly two
+/// hex digits) and `+` for space; `None` on a malformed escape. Shared by
+/// query strings and Alipay's form bodies.
+pub(crate) fn form_decode(bytes: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
             b'%' => {
-                let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-                // Two hex digits exactly: from_str_radix alone would take "+f".
-                let byte = hex
-                    .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                out.push(byte.ok_or_else(|| Error::invalid("malformed percent-encoding in the query string"))?);
+                let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
+                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
                 i += 3;
             }
             b'+' => {
@@ -641,7 +645,7 @@ fn percent_decode(text: &str) -> Result<String, Error> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| Error::invalid("the query string is not UTF-8"))
+    Some(out)
 }
 
 #[cfg(test)]

@@ -219,30 +219,7 @@ fn split_form(body: &[u8]) -> Result<Vec<(String, Vec<u8>)>, Error> {
 }
 
 fn percent_decode(bytes: &[u8]) -> Result<Vec<u8>, Error> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-                // Two hex digits exactly: from_str_radix alone would take "+f".
-                let byte = hex
-                    .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                out.push(byte.ok_or_else(|| Error::invalid("malformed percent-encoding in the form"))?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Ok(out)
+    crate::api::form_decode(bytes).ok_or_else(|| Error::invalid("malformed percent-encoding in the form"))
 }
 
 fn decode(bytes: &[u8], charset: Charset) -> Option<String> {
