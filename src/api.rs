@@ -381,7 +381,17 @@ fn request_refund(app: &App, req: &Request, order_no: &str, slot: Option<&Idempo
     Ok(Response::json(200, &app.request_refund_keyed(order_no, &refund_no, slot)?.to_json()))
 }
 
+/// A path segment that must be an identifier, e.g. `{user_id}`.
+fn path_identifier<'a>(value: &'a str, name: &str) -> Result<&'a str, Error> {
+    if crate::domain::is_identifier(value) {
+        Ok(value)
+    } else {
+        Err(Error::invalid(format!("{name} in the path must be 1-64 characters of [A-Za-z0-9_.-]")))
+    }
+}
+
 fn user_coupons(app: &App, user_id: &str) -> Result<Response, Error> {
+    let user_id = path_identifier(user_id, "user_id")?;
     let coupons: Vec<Value> = app
         .user_coupons(user_id)?
         .iter()
@@ -394,6 +404,7 @@ fn user_coupons(app: &App, user_id: &str) -> Result<Response, Error> {
 }
 
 fn user_points(app: &App, user_id: &str) -> Result<Response, Error> {
+    let user_id = path_identifier(user_id, "user_id")?;
     let (balance, entries) = app.user_points(user_id)?;
     let entries: Vec<Value> = entries
         .iter()
