@@ -108,8 +108,9 @@ CREATE TABLE pay_callback_log (
     paid_at     TEXT,
     received_at TEXT    NOT NULL,
     decided_at  TEXT,
-    -- Same instant as decided_at, present only for payments that were applied.
-    applied_at  TEXT GENERATED ALWAYS AS (CASE WHEN outcome = 'applied' THEN decided_at END) VIRTUAL,
+    -- The decision time of an applied payment (section 6's name for it); NULL
+    -- for every other outcome. A plain column, so PRAGMA table_info lists it.
+    applied_at  TEXT CHECK (applied_at IS NULL OR (outcome = 'applied' AND applied_at = decided_at)),
     -- The rewards due when the payment was applied: {"coupons":[..],"points":N}.
     rewards_due TEXT CHECK (rewards_due IS NULL OR json_valid(rewards_due)),
     -- For refund-required payments: how an operator resolved them.

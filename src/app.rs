@@ -618,13 +618,17 @@ impl App {
         let record_id = match tx.claim_pay_no(&new)? {
             Claim::New(id) => id,
             Claim::Existing(prior) => {
-                let superseded = prior.outcome == PaymentOutcome::PaymentFailed
+                // A FAILED of this pay_no — decided `payment_failed`, or still
+                // waiting in record-only mode — may be superseded once by a
+                // SUCCESS for the same order. A pay_no never moves to another order.
+                let superseded = prior.status == PlatformStatus::Failed
                     && cb.status == PlatformStatus::Success
+                    && prior.order_id == order.id
                     && tx.supersede_failed_payment(prior.id, &new)?;
                 if !superseded {
                     return Ok(PaymentReply { outcome: PaymentReplyOutcome::Duplicate { original: prior.outcome } });
                 }
-                let detail = json!({"pay_no": cb.pay_no, "superseded_outcome": "payment_failed",
+                let detail = json!({"pay_no": cb.pay_no, "superseded_outcome": prior.outcome.as_str(),
                                     "superseded_received_at": prior.received_at, "superseded_source": prior.source});
                 tx.audit(now, ACTOR_SYSTEM, "payment_failed_superseded", Some(&order.order_no), &detail)?;
                 prior.id

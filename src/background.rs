@@ -2,9 +2,9 @@
 //! same exactly-once operations as the API, stopping when the shutdown flag
 //! is set:
 //!
-//! - the sweeper: closes PENDING orders past `expires_at`, removes expired
-//!   Idempotency-Key results, and — while the mode is normal — decides
-//!   records that waited in record-only mode, in arrival order;
+//! - the sweeper: while the mode is normal, decides records that waited in
+//!   record-only mode (in arrival order) and then closes PENDING orders past
+//!   `expires_at`; always removes expired Idempotency-Key results;
 //! - the inspector: runs the inspection and logs each finding as an error.
 
 use crate::app::App;
@@ -31,7 +31,26 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool
 }
 
 fn sweep_once(app: &App, shutdown: &AtomicBool) {
-    loop {
+    let mode = match app.mode() {
+        Ok(mode) => mode,
+        Err(e) => {
+            log::warn("reading the mode failed, will retry", &[("error", &e)]);
+            return;
+        }
+    };
+    // Back to normal: the records kept in record-only mode are decided first,
+    // in arrival order, so a payment that arrived in time is not judged
+    // against an order the sweeper closed meanwhile.
+    if mode == Mode::Normal {
+        match app.received_waiting().and_then(|n| if n > 0 { app.drain().map(Some) } else { Ok(None) }) {
+            Ok(Some(n)) => log::info("decided records kept in record-only mode", &[("decided", &n)]),
+            Ok(None) => {}
+            Err(e) => log::warn("draining record-only records failed, will retry", &[("error", &e)]),
+        }
+    }
+    // Record-only freezes order state too: no order expires while payments
+    // for it may be waiting undecided.
+    while mode == Mode::Normal {
         match app.close_expired(SWEEP_BATCH_MAX) {
             Ok(n) if n == SWEEP_BATCH_MAX && !shutdown.load(Ordering::SeqCst) => continue,
             Ok(_) => break,
@@ -43,16 +62,6 @@ fn sweep_once(app: &App, shutdown: &AtomicBool) {
     }
     if let Err(e) = app.purge_expired_responses(SWEEP_BATCH_MAX) {
         log::warn("purging expired Idempotency-Key results failed, will retry", &[("error", &e)]);
-    }
-    let drain = match app.mode() {
-        Ok(Mode::Normal) => app.received_waiting().map(|n| n > 0),
-        Ok(Mode::RecordOnly) => Ok(false),
-        Err(e) => Err(e),
-    };
-    match drain.and_then(|due| if due { app.drain().map(Some) } else { Ok(None) }) {
-        Ok(Some(n)) => log::info("decided records kept in record-only mode", &[("decided", &n)]),
-        Ok(None) => {}
-        Err(e) => log::warn("draining record-only records failed, will retry", &[("error", &e)]),
     }
 }
 

@@ -615,15 +615,16 @@ impl Tx<'_> {
         Ok(Claim::Existing(existing))
     }
 
-    /// A SUCCESS of a pay_no recorded as `payment_failed` supersedes it,
-    /// once: the row returns to `received` carrying the new delivery.
-    /// `false` when the row is not (or no longer) a decided FAILED.
+    /// A SUCCESS of a pay_no recorded FAILED (decided `payment_failed`, or
+    /// still `received` in record-only mode) supersedes it, once: the row is
+    /// `received` again, carrying the new delivery. `false` when the row is
+    /// not (or no longer) a FAILED.
     pub fn supersede_failed_payment(&self, id: i64, cb: &NewCallback) -> Result<bool, Error> {
         let changed = self.execute(
             "UPDATE pay_callback_log
              SET status = 'SUCCESS', outcome = 'recorded', state = 'received', decided_at = NULL,
                  amount = ?2, raw_body = ?3, paid_at = ?4, source = ?5
-             WHERE id = ?1 AND status = 'FAILED' AND outcome = 'payment_failed' AND state = 'decided'",
+             WHERE id = ?1 AND status = 'FAILED' AND outcome IN ('payment_failed', 'recorded')",
             params![id, cb.amount, cb.raw_body, cb.paid_at, cb.source],
         )?;
         one_row(changed, "supersede failed payment")
@@ -654,7 +655,8 @@ impl Tx<'_> {
         assert!(outcome != PaymentOutcome::Recorded, "deciding a callback as recorded");
         assert_eq!(outcome == PaymentOutcome::Applied, rewards_due.is_some());
         let changed = self.execute(
-            "UPDATE pay_callback_log SET outcome = ?2, state = 'decided', decided_at = ?3, rewards_due = ?4
+            "UPDATE pay_callback_log SET outcome = ?2, state = 'decided', decided_at = ?3, rewards_due = ?4,
+                 applied_at = CASE WHEN ?2 = 'applied' THEN ?3 END
              WHERE id = ?1 AND state = 'received'",
             params![id, outcome.as_str(), decided_at, rewards_due],
         )?;

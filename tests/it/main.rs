@@ -15,5 +15,6 @@ mod incident;
 mod schema;
 mod storm;
 mod openapi;
+mod payment_edges;
 mod crash;
 mod simulate;

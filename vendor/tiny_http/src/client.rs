@@ -97,7 +97,12 @@ impl ClientConnection {
 
             prev_byte_was_cr = byte == b'\r';
 
-            buf.push(byte);
+            // payonce change: a byte outside ASCII (RFC 9110's obs-text) becomes
+            // DEL instead of making the whole request unreadable. Upstream
+            // closed the connection without an answer; this way the request
+            // reaches payonce, whose checks refuse a DEL in any header or path
+            // with the contract's 4xx (e.g. 400 invalid_idempotency_key).
+            buf.push(if byte.is_ascii() { byte } else { 0x7f });
         }
     }
 
