@@ -628,8 +628,8 @@ fn page_limit(query: &[(String, String)]) -> Result<usize, Error> {
 }
 
 fn percent_decode(text: &str) -> Result<String, Error> {
-    let bytes = form_decode(text.as_bytes())
-        .ok_or_else(|| Error::invalid("malformed percent-encoding in the query string"))?;
+    let bytes =
+        form_decode(text.as_bytes()).ok_or_else(|| Error::invalid("malformed percent-encoding in the query string"))?;
     String::from_utf8(bytes).map_err(|_| Error::invalid("the query string is not UTF-8"))
 }
 

@@ -621,15 +621,19 @@ impl App {
                 // A FAILED of this pay_no — decided `payment_failed`, or still
                 // waiting in record-only mode — may be superseded once by a
                 // SUCCESS for the same order. A pay_no never moves to another order.
-                let superseded = prior.status == PlatformStatus::Failed
+                let supersedes = prior.status == PlatformStatus::Failed
                     && cb.status == PlatformStatus::Success
-                    && prior.order_id == order.id
-                    && tx.supersede_failed_payment(prior.id, &new)?;
-                if !superseded {
+                    && prior.order_id == order.id;
+                // The FAILED delivery was acknowledged: its exact bytes move to the audit row.
+                let failed_body = if supersedes { Some(tx.raw_body_of(prior.id)?) } else { None };
+                if !(supersedes && tx.supersede_failed_payment(prior.id, &new)?) {
                     return Ok(PaymentReply { outcome: PaymentReplyOutcome::Duplicate { original: prior.outcome } });
                 }
+                use base64::Engine;
+                let failed_body = base64::engine::general_purpose::STANDARD.encode(failed_body.unwrap_or_default());
                 let detail = json!({"pay_no": cb.pay_no, "superseded_outcome": prior.outcome.as_str(),
-                                    "superseded_received_at": prior.received_at, "superseded_source": prior.source});
+                                    "superseded_received_at": prior.received_at, "superseded_source": prior.source,
+                                    "superseded_amount": prior.amount, "superseded_raw_body_base64": failed_body});
                 tx.audit(now, ACTOR_SYSTEM, "payment_failed_superseded", Some(&order.order_no), &detail)?;
                 prior.id
             }

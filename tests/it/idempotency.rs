@@ -1020,7 +1020,10 @@ fn over_http_a_non_ascii_key_is_400() {
         expect_error(&answer.into(), 400, "invalid_idempotency_key", &format!("non-ASCII key {key:?} over HTTP"));
     }
     assert_eq!(server.get("/healthz").status, 200);
-    assert_eq!(read_only(&server.db).query_row("SELECT count(*) FROM orders", [], |r| r.get::<_, i64>(0)).expect("count"), 0);
+    assert_eq!(
+        read_only(&server.db).query_row("SELECT count(*) FROM orders", [], |r| r.get::<_, i64>(0)).expect("count"),
+        0
+    );
 }
 
 // ---- crash: SIGKILL mid-storm ----

@@ -11,10 +11,8 @@ use std::time::{Duration, Instant};
 const T0_MS: i64 = 1_700_000_000_000;
 
 fn app() -> App {
-    let config = Config {
-        rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
-        ..Config::default()
-    };
+    let config =
+        Config { rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 }, ..Config::default() };
     App::open(":memory:", Clock::manual(T0_MS), config).expect("open app")
 }
 
@@ -48,7 +46,10 @@ fn a_failed_pay_no_is_never_superseded_for_another_order() {
     let app = app();
     order(&app, "A");
     order(&app, "B");
-    assert_eq!(pay(&app, "A", "P1", PlatformStatus::Failed), json!({"code":"SUCCESS","outcome":"payment_failed"}).to_string());
+    assert_eq!(
+        pay(&app, "A", "P1", PlatformStatus::Failed),
+        json!({"code":"SUCCESS","outcome":"payment_failed"}).to_string()
+    );
     // The same pay_no, now SUCCESS but naming another order: a pay_no never moves.
     assert_eq!(
         pay(&app, "B", "P1", PlatformStatus::Success),
@@ -57,16 +58,34 @@ fn a_failed_pay_no_is_never_superseded_for_another_order() {
     assert_eq!(app.order("B").expect("B").order.status.as_str(), "PENDING");
     assert!(app.order("B").expect("B").coupons.is_empty());
     // A is still payable by another payment, and the inspection is clean.
-    assert_eq!(pay(&app, "A", "P2", PlatformStatus::Success), json!({"code":"SUCCESS","outcome":"applied"}).to_string());
+    assert_eq!(
+        pay(&app, "A", "P2", PlatformStatus::Success),
+        json!({"code":"SUCCESS","outcome":"applied"}).to_string()
+    );
     assert!(app.inspect().expect("inspect").is_empty());
     // And the SUCCESS for its own order still supersedes the FAILED once.
     order(&app, "C");
     pay(&app, "C", "P3", PlatformStatus::Failed);
-    assert_eq!(pay(&app, "C", "P3", PlatformStatus::Success), json!({"code":"SUCCESS","outcome":"applied"}).to_string());
+    assert_eq!(
+        pay(&app, "C", "P3", PlatformStatus::Success),
+        json!({"code":"SUCCESS","outcome":"applied"}).to_string()
+    );
     assert_eq!(
         pay(&app, "C", "P3", PlatformStatus::Success),
         json!({"code":"SUCCESS","outcome":"duplicate","original":"applied"}).to_string()
     );
+    // Nothing acknowledged is lost: the FAILED delivery's bytes are in the audit row.
+    let conn = app.store.raw_connection().expect("conn");
+    let kept: String = conn
+        .query_row(
+            "SELECT json_extract(detail, '$.superseded_raw_body_base64') FROM audit_log
+             WHERE action = 'payment_failed_superseded' AND order_no = 'C'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("audit row");
+    use base64::Engine;
+    assert_eq!(base64::engine::general_purpose::STANDARD.decode(kept).expect("base64"), b"P3/FAILED");
 }
 
 #[test]
@@ -74,9 +93,15 @@ fn in_record_only_mode_a_success_supersedes_a_waiting_failed() {
     let app = app();
     order(&app, "R");
     app.set_mode(Mode::RecordOnly, "test", None).expect("record-only");
-    assert_eq!(pay(&app, "R", "PR", PlatformStatus::Failed), json!({"code":"SUCCESS","outcome":"recorded"}).to_string());
+    assert_eq!(
+        pay(&app, "R", "PR", PlatformStatus::Failed),
+        json!({"code":"SUCCESS","outcome":"recorded"}).to_string()
+    );
     // Not a duplicate: the SUCCESS replaces the waiting FAILED (once).
-    assert_eq!(pay(&app, "R", "PR", PlatformStatus::Success), json!({"code":"SUCCESS","outcome":"recorded"}).to_string());
+    assert_eq!(
+        pay(&app, "R", "PR", PlatformStatus::Success),
+        json!({"code":"SUCCESS","outcome":"recorded"}).to_string()
+    );
     assert_eq!(
         pay(&app, "R", "PR", PlatformStatus::Failed),
         json!({"code":"SUCCESS","outcome":"duplicate","original":"recorded"}).to_string()
@@ -119,7 +144,8 @@ fn applied_at_is_a_listed_column_set_only_for_applied_payments() {
 #[test]
 fn record_only_freezes_expiry_and_normal_decides_before_closing() {
     let server = Server::start(&["--sweep-interval-s", "1"]);
-    let created = server.post_json("/v1/orders", &json!({"order_no": "ORD-FRZ", "user_id": "u", "amount": 100, "expires_in_s": 1}));
+    let created = server
+        .post_json("/v1/orders", &json!({"order_no": "ORD-FRZ", "user_id": "u", "amount": 100, "expires_in_s": 1}));
     assert_eq!(created.status, 201);
     let mode = crate::util::request(
         server.addr,
