@@ -50,18 +50,24 @@ fn sweep_once(app: &App, shutdown: &AtomicBool) {
     }
     // Record-only freezes order state too: no order expires while payments
     // for it may be waiting undecided.
-    while mode == Mode::Normal {
-        match app.close_expired(SWEEP_BATCH_MAX) {
-            Ok(n) if n == SWEEP_BATCH_MAX && !shutdown.load(Ordering::SeqCst) => continue,
-            Ok(_) => break,
-            Err(e) => {
-                log::warn("expiry sweep failed, will retry", &[("error", &e)]);
-                break;
-            }
-        }
+    if mode == Mode::Normal {
+        close_all_expired(app, shutdown);
     }
     if let Err(e) = app.purge_expired_responses(SWEEP_BATCH_MAX) {
         log::warn("purging expired Idempotency-Key results failed, will retry", &[("error", &e)]);
+    }
+}
+
+fn close_all_expired(app: &App, shutdown: &AtomicBool) {
+    loop {
+        match app.close_expired(SWEEP_BATCH_MAX) {
+            Ok(n) if n == SWEEP_BATCH_MAX && !shutdown.load(Ordering::SeqCst) => continue,
+            Ok(_) => return,
+            Err(e) => {
+                log::warn("expiry sweep failed, will retry", &[("error", &e)]);
+                return;
+            }
+        }
     }
 }
 
