@@ -464,10 +464,13 @@ fn drain(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Res
 }
 
 fn inspections(app: &App) -> Result<Response, Error> {
-    let findings = app.inspect()?;
-    let list: Vec<Value> =
-        findings.iter().map(|f| json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail})).collect();
-    Ok(Response::json(200, &json!({"ok": findings.is_empty(), "findings": list})))
+    Ok(Response::json(200, &crate::ops::inspection_json(&app.inspect()?)))
+}
+
+/// `{"resolution","reason"}` of both resolve endpoints.
+fn resolution_body(req: &Request) -> Result<(String, String), Error> {
+    let body = json_object(req, &["resolution", "reason"])?;
+    Ok((required_str(&body, "resolution")?, required_str(&body, "reason")?))
 }
 
 fn resolve_payment(
@@ -477,9 +480,7 @@ fn resolve_payment(
     caller: &str,
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
-    let body = json_object(req, &["resolution", "reason"])?;
-    let resolution = required_str(&body, "resolution")?;
-    let reason = required_str(&body, "reason")?;
+    let (resolution, reason) = resolution_body(req)?;
     Ok(Response::json(200, &app.resolve_payment(pay_no, &resolution, &reason, caller, slot)?))
 }
 
@@ -490,9 +491,7 @@ fn resolve_refund(
     caller: &str,
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
-    let body = json_object(req, &["resolution", "reason"])?;
-    let resolution = required_str(&body, "resolution")?;
-    let reason = required_str(&body, "reason")?;
+    let (resolution, reason) = resolution_body(req)?;
     Ok(Response::json(200, &app.resolve_refund(refund_no, &resolution, &reason, caller, slot)?))
 }
 

@@ -415,11 +415,7 @@ fn inspect(parser: lexopt::Parser) -> Result<ExitCode, String> {
     let db = args.db.ok_or("inspect needs --db PATH")?;
     let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
     let findings = app.inspect().map_err(|e| e.message)?;
-    let list: Vec<serde_json::Value> = findings
-        .iter()
-        .map(|f| serde_json::json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail}))
-        .collect();
-    println!("{}", serde_json::json!({"ok": findings.is_empty(), "findings": list}));
+    println!("{}", payonce::ops::inspection_json(&findings));
     Ok(if findings.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 

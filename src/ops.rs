@@ -507,6 +507,14 @@ fn repaired_row(row: &StatementRow, outcome: Result<&str, &Error>) -> Value {
     }
 }
 
+/// The inspection's answer: `{"ok":bool,"findings":[{"kind","order_no","detail"}]}`
+/// (the API and `payonce inspect` print the same).
+pub fn inspection_json(findings: &[Finding]) -> Value {
+    let list: Vec<Value> =
+        findings.iter().map(|f| json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail})).collect();
+    json!({"ok": findings.is_empty(), "findings": list})
+}
+
 fn diff_row(row: &StatementRow, platform: Option<i64>, local: Option<i64>) -> Value {
     let kind = match row.kind {
         RowKind::Payment => "payment",
