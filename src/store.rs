@@ -790,20 +790,20 @@ impl Tx<'_> {
     // ---- rewards read back ----
 
     pub fn coupons_of_order(&self, order_id: i64) -> Result<Vec<CouponRow>, Error> {
-        self.coupons_where("c.order_id = ?1", rusqlite::types::Value::Integer(order_id))
+        self.coupons_where("c.order_id = ?1", &[&order_id])
     }
 
     pub fn coupons_of_user(&self, user_id: &str) -> Result<Vec<CouponRow>, Error> {
-        self.coupons_where("c.user_id = ?1", rusqlite::types::Value::Text(user_id.to_owned()))
+        self.coupons_where("c.user_id = ?1", &[&user_id])
     }
 
-    fn coupons_where(&self, filter: &str, value: rusqlite::types::Value) -> Result<Vec<CouponRow>, Error> {
+    fn coupons_where(&self, filter: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<CouponRow>, Error> {
         let sql = format!(
             "SELECT o.order_no, c.coupon_template_id, c.status, c.created_at
              FROM user_coupon c JOIN orders o ON o.id = c.order_id WHERE {filter} ORDER BY c.id"
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
-        let rows = stmt.query_map([value], |row| {
+        let rows = stmt.query_map(args, |row| {
             Ok(CouponRow {
                 order_no: row.get(0)?,
                 coupon_template_id: row.get(1)?,
@@ -815,20 +815,20 @@ impl Tx<'_> {
     }
 
     pub fn points_of_order(&self, order_id: i64) -> Result<Vec<PointRow>, Error> {
-        self.points_where("p.order_id = ?1", rusqlite::types::Value::Integer(order_id))
+        self.points_where("p.order_id = ?1", &[&order_id])
     }
 
     pub fn points_of_user(&self, user_id: &str) -> Result<Vec<PointRow>, Error> {
-        self.points_where("p.user_id = ?1", rusqlite::types::Value::Text(user_id.to_owned()))
+        self.points_where("p.user_id = ?1", &[&user_id])
     }
 
-    fn points_where(&self, filter: &str, value: rusqlite::types::Value) -> Result<Vec<PointRow>, Error> {
+    fn points_where(&self, filter: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<PointRow>, Error> {
         let sql = format!(
             "SELECT o.order_no, p.point_type, p.points, p.created_at
              FROM point_log p JOIN orders o ON o.id = p.order_id WHERE {filter} ORDER BY p.id"
         );
         let mut stmt = self.conn.prepare_cached(&sql)?;
-        let rows = stmt.query_map([value], |row| {
+        let rows = stmt.query_map(args, |row| {
             Ok(PointRow {
                 order_no: row.get(0)?,
                 point_type: row.get(1)?,
@@ -936,25 +936,10 @@ impl Tx<'_> {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// One coupon of an order, with its status.
+    /// One coupon of an order, with its status (at most one: uk_order_tpl).
     pub fn coupon_of_order(&self, order_id: i64, template: &str) -> Result<Option<CouponRow>, Error> {
-        Ok(self
-            .conn
-            .query_row(
-                "SELECT o.order_no, c.coupon_template_id, c.status, c.created_at
-                 FROM user_coupon c JOIN orders o ON o.id = c.order_id
-                 WHERE c.order_id = ?1 AND c.coupon_template_id = ?2",
-                params![order_id, template],
-                |row| {
-                    Ok(CouponRow {
-                        order_no: row.get(0)?,
-                        coupon_template_id: row.get(1)?,
-                        status: row.get(2)?,
-                        created_at: row.get(3)?,
-                    })
-                },
-            )
-            .optional()?)
+        let rows = self.coupons_where("c.order_id = ?1 AND c.coupon_template_id = ?2", &[&order_id, &template])?;
+        Ok(rows.into_iter().next())
     }
 
     /// CAS ACTIVE→FROZEN for one coupon.
@@ -967,25 +952,10 @@ impl Tx<'_> {
         one_row(changed, "freeze coupon")
     }
 
-    /// One points entry of an order by type.
+    /// One points entry of an order by type (at most one: uk_order_type).
     pub fn points_entry(&self, order_id: i64, point_type: &str) -> Result<Option<PointRow>, Error> {
-        Ok(self
-            .conn
-            .query_row(
-                "SELECT o.order_no, p.point_type, p.points, p.created_at
-                 FROM point_log p JOIN orders o ON o.id = p.order_id
-                 WHERE p.order_id = ?1 AND p.point_type = ?2",
-                params![order_id, point_type],
-                |row| {
-                    Ok(PointRow {
-                        order_no: row.get(0)?,
-                        point_type: row.get(1)?,
-                        points: row.get(2)?,
-                        created_at: row.get(3)?,
-                    })
-                },
-            )
-            .optional()?)
+        let rows = self.points_where("p.order_id = ?1 AND p.point_type = ?2", &[&order_id, &point_type])?;
+        Ok(rows.into_iter().next())
     }
 
     // ---- inspection: every query is served by an index ----
