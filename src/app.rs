@@ -264,14 +264,9 @@ impl App {
 
     pub fn open_with(db: &str, clock: Clock, config: Config, options: &StoreOptions) -> Result<App, Error> {
         let store = Store::open(db, options)?;
-        let app = App {
-            store,
-            locks: KeyedLocks::new(),
-            clock,
-            config,
-            fail_writes_after_work: AtomicU32::new(0),
-            metrics: Metrics::default(),
-        };
+        let metrics = Metrics::with_storage_flag(store.storage_flag());
+        let app =
+            App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics };
         app.record_reward_settings()?;
         Ok(app)
     }
@@ -290,14 +285,8 @@ impl App {
             coupons.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or_default();
         let points_per_yuan = points.as_deref().and_then(|p| p.parse().ok()).unwrap_or(0);
         let config = Config { rewards: Rewards { coupon_templates, points_per_yuan }, ..Config::default() };
-        Ok(App {
-            store,
-            locks: KeyedLocks::new(),
-            clock,
-            config,
-            fail_writes_after_work: AtomicU32::new(0),
-            metrics: Metrics::default(),
-        })
+        let metrics = Metrics::with_storage_flag(store.storage_flag());
+        Ok(App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics })
     }
 
     fn record_reward_settings(&self) -> Result<(), Error> {
@@ -405,6 +394,8 @@ impl App {
 
     /// The live stored response of (scope, key), if any.
     pub fn stored_response(&self, scope: &str, key: &str) -> Result<Option<StoredResponse>, Error> {
+        // A replay vouches for work that may live only in a deleted -wal.
+        self.store.check_storage()?;
         let now = self.clock.now_text();
         self.store.read(|tx| tx.stored_response(scope, key, &now))
     }
@@ -559,6 +550,10 @@ impl App {
     /// `reconciliation`).
     pub fn deliver_payment_from(&self, cb: &PaymentCallback, source: &str) -> Result<PaymentReply, Error> {
         validate_payment(cb)?;
+        // Not even a duplicate is acknowledged once the files are lost: the
+        // record it would vouch for may live only in a deleted -wal, and a
+        // platform that hears 2xx stops retrying.
+        self.store.check_storage()?;
         // 1. The key is the payment's own serial number, not the order: two
         //    payments of one order are not serialised here; the database decides.
         let _pay_key = self.locks.lock(&format!("pay:{}", cb.pay_no));

@@ -5,7 +5,10 @@
 //! - the sweeper: while the mode is normal, decides records that waited in
 //!   record-only mode (in arrival order) and then closes PENDING orders past
 //!   `expires_at`; always removes expired Idempotency-Key results;
-//! - the inspector: runs the inspection and logs each finding as an error.
+//! - the inspector: runs the inspection and logs each finding as an error;
+//! - the storage watch: about once a second, checks that the database's
+//!   paths still name the files payonce has open, and once they do not,
+//!   logs an error every few seconds until payonce is restarted.
 
 use crate::app::App;
 use crate::log;
@@ -21,6 +24,11 @@ pub const SWEEP_INTERVAL_S_DEFAULT: u64 = 1;
 pub const INSPECT_INTERVAL_S_DEFAULT: u64 = 300;
 /// How often a sleeping worker looks at the shutdown flag.
 const SHUTDOWN_POLL_MS: u64 = 100;
+/// How often the storage watch looks at the database's paths (writes also
+/// look, after each commit).
+pub const STORAGE_CHECK_INTERVAL_MS: u64 = 1_000;
+/// How often a lost storage is logged again, until the restart.
+pub const STORAGE_LOST_LOG_INTERVAL_MS: u64 = 5_000;
 
 pub fn spawn_sweeper(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
     thread::Builder::new().name("payonce-sweeper".into()).spawn(move || {
@@ -31,6 +39,10 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool
 }
 
 fn sweep_once(app: &App, shutdown: &AtomicBool) {
+    // Every write would be refused; the storage watch says so, once every few seconds.
+    if app.store.check_storage().is_err() {
+        return;
+    }
     let mode = match app.mode() {
         Ok(mode) => mode,
         Err(e) => {
@@ -88,6 +100,30 @@ pub fn spawn_inspector(
                     }
                 }
                 Err(e) => log::warn("inspection failed, will retry", &[("error", &e)]),
+            }
+        }
+    })
+}
+
+pub fn spawn_storage_watch(app: Arc<App>, shutdown: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+    thread::Builder::new().name("payonce-storage-watch".into()).spawn(move || {
+        let mut last_logged: Option<Instant> = None;
+        while sleep_unless_shutdown(Duration::from_millis(STORAGE_CHECK_INTERVAL_MS), &shutdown) {
+            if app.store.check_storage().is_ok() {
+                continue;
+            }
+            // Retries a rescue checkpoint still pending, then says it again.
+            let Some((why, rescue)) = app.store.storage_lost_state() else {
+                continue;
+            };
+            let due =
+                last_logged.map_or(true, |at| at.elapsed() >= Duration::from_millis(STORAGE_LOST_LOG_INTERVAL_MS));
+            if due {
+                log::error(
+                    "storage lost: every write is refused (503 storage_lost); restart payonce",
+                    &[("why", &why), ("wal_rescue", &rescue)],
+                );
+                last_logged = Some(Instant::now());
             }
         }
     })

@@ -38,6 +38,17 @@ impl Error {
         Error::new(503, "database_busy", "the database is busy; retry shortly")
     }
 
+    /// 503 `storage_lost`: a path of the database no longer names the file
+    /// payonce has open, so nothing it writes can be trusted to be durable.
+    /// Only a restart (which opens the paths afresh) fixes it.
+    pub fn storage_lost(why: &str) -> Error {
+        Error::new(
+            503,
+            "storage_lost",
+            format!("payonce refuses every write: {why}. Restart payonce to fix it (README, runbook: \"if payonce says storage_lost\")"),
+        )
+    }
+
     /// A business refusal: the work ran and said no. Its transaction commits
     /// (an audit row may record the refusal) and, for a keyed request, the
     /// answer is stored and replayed like a success.

@@ -28,6 +28,7 @@ pub mod channel;
 pub mod clock;
 pub mod domain;
 pub mod error;
+pub mod filewatch;
 pub mod http;
 pub mod keylock;
 pub mod log;

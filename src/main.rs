@@ -1,7 +1,9 @@
 //! `payonce`: argument parsing and wiring only; everything else is in the library.
 
 use payonce::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
-use payonce::background::{spawn_inspector, spawn_sweeper, INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT};
+use payonce::background::{
+    spawn_inspector, spawn_storage_watch, spawn_sweeper, INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT,
+};
 use payonce::channel::alipay::{public_key_from_text as alipay_public_key_from_text, AlipayConfig};
 use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
 use payonce::domain::{is_identifier, Rewards};
@@ -274,9 +276,12 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     let inspector =
         spawn_inspector(Arc::clone(&app), Duration::from_secs(args.inspect_interval_s), Arc::clone(&shutdown))
             .map_err(|e| format!("cannot start the inspector: {e}"))?;
+    let storage_watch = spawn_storage_watch(Arc::clone(&app), Arc::clone(&shutdown))
+        .map_err(|e| format!("cannot start the storage watch: {e}"))?;
     let finished = server.serve(app, shutdown, WORKERS_DEFAULT);
     let _ = sweeper.join();
     let _ = inspector.join();
+    let _ = storage_watch.join();
     if !finished {
         eprintln!("payonce: warning: shutdown grace period ended with requests still in flight");
     }

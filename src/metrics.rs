@@ -5,7 +5,8 @@
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Upper bounds of the latency histogram, in seconds.
@@ -21,6 +22,9 @@ pub struct Metrics {
     duplicates_suppressed: Mutex<BTreeMap<&'static str, u64>>,
     inspection_findings: Mutex<BTreeMap<String, u64>>,
     inspection_last: Mutex<BTreeMap<String, u64>>,
+    /// The store's flag: false once a database path names another file
+    /// than the one open (`None`: nothing watched, e.g. `:memory:`).
+    storage_ok: Option<Arc<AtomicBool>>,
 }
 
 /// Values read from elsewhere at scrape time.
@@ -31,6 +35,11 @@ pub struct ScrapeGauges {
 }
 
 impl Metrics {
+    /// Metrics whose `payonce_storage_ok` follows `storage_ok`.
+    pub fn with_storage_flag(storage_ok: Arc<AtomicBool>) -> Metrics {
+        Metrics { storage_ok: Some(storage_ok), ..Metrics::default() }
+    }
+
     pub fn observe_request(&self, method: &str, route: &str, status: u16, latency: Duration) {
         // Label values stay bounded whatever a client sends as its method.
         let method = match method {
@@ -135,6 +144,14 @@ impl Metrics {
         let _ = writeln!(out, "payonce_received_waiting {}", gauges.received_waiting);
         header(&mut out, "payonce_key_locks", "gauge", "Entries in the keyed-lock map (held or awaited keys).");
         let _ = writeln!(out, "payonce_key_locks {}", gauges.key_locks);
+        header(
+            &mut out,
+            "payonce_storage_ok",
+            "gauge",
+            "1 while the database paths name the files payonce has open; 0: writes refused until a restart.",
+        );
+        let storage_ok = self.storage_ok.as_ref().map_or(true, |f| f.load(Ordering::Acquire));
+        let _ = writeln!(out, "payonce_storage_ok {}", u8::from(storage_ok));
         out
     }
 }

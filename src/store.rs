@@ -14,11 +14,13 @@ use crate::domain::{
     POINT_TYPE_ORDER_PAID_REVERSAL,
 };
 use crate::error::Error;
+use crate::filewatch::{Verdict, WatchedFiles};
 use parking_lot::Mutex;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior};
 use serde_json::Value;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// The whole schema, applied at start.
@@ -71,10 +73,52 @@ pub struct Store {
     /// process uses, so its page cache and prepared statements stay warm
     /// (in WAL mode another connection's commit would invalidate them).
     writer_queue: Option<Mutex<Option<r2d2::PooledConnection<SqliteConnectionManager>>>>,
+    /// One connection open for the store's life, outside the pool.
     /// For `:memory:`: a memdb database vanishes with its last connection,
-    /// and the pool may close idle ones, so one stays open for the store's life.
-    _memdb_anchor: Option<Mutex<Connection>>,
+    /// and the pool may close idle ones. For a file: SQLite deletes `-wal`
+    /// and `-shm` when the last connection of all processes closes, and a
+    /// pool can briefly reach zero; this one never closes and carries
+    /// `SQLITE_FCNTL_PERSIST_WAL`, so payonce itself never removes the files
+    /// it watches. It also holds the original `-wal` open, which is what a
+    /// rescue checkpoint needs once the path was deleted.
+    anchor: Mutex<Connection>,
+    /// The files of a file database (`None` for `:memory:`).
+    watch: Option<Watch>,
+    /// False once the watch found a path changed; read by `/metrics`.
+    storage_ok: Arc<AtomicBool>,
     pub is_memory: bool,
+}
+
+/// The watched files and what became of them.
+struct Watch {
+    files: WatchedFiles,
+    /// Why this process stopped writing; set once, read by every refusal
+    /// without waiting for a rescue in progress.
+    why: OnceLock<String>,
+    /// Whether the commits that live only in a deleted `-wal` reached the
+    /// database file; held while a rescue runs, so only one runs at a time.
+    rescue: Mutex<WalRescue>,
+}
+
+/// The rescue checkpoint of a deleted `-wal`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WalRescue {
+    /// `-wal` was not deleted, or another file took a name: no checkpoint.
+    NotAttempted,
+    /// Not done yet (another connection held the WAL); retried by the watch.
+    Pending(String),
+    /// Every frame of the deleted `-wal` is in the database file.
+    Done,
+}
+
+impl std::fmt::Display for WalRescue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WalRescue::NotAttempted => f.write_str("not attempted"),
+            WalRescue::Pending(why) => write!(f, "pending ({why})"),
+            WalRescue::Done => f.write_str("done: the deleted -wal is checkpointed into the database file"),
+        }
+    }
 }
 
 static MEMDB_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -96,31 +140,146 @@ impl Store {
                 OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
             (path.to_owned(), flags)
         };
-        let anchor = if is_memory {
-            let conn = Connection::open_with_flags(&target, flags)?;
-            configure_connection(&conn, options, is_memory)?;
-            Some(Mutex::new(conn))
-        } else {
-            None
-        };
+        // Opened first and directly: a file that is not a database fails
+        // here at once (the pool would retry for POOL_WAIT_MS).
+        let anchor = Connection::open_with_flags(&target, flags)
+            .and_then(|conn| configure_connection(&conn, options, is_memory).map(|()| conn))
+            .map_err(|e| Error::internal(format!("cannot open database {path:?}: {e}")))?;
+        if !is_memory {
+            persist_wal(&anchor)?;
+        }
         let init_options = options.clone();
         let manager = SqliteConnectionManager::file(&target)
             .with_flags(flags)
             .with_init(move |conn| configure_connection(conn, &init_options, is_memory));
+        // Connections are kept for the process's life (no idle timeout, no
+        // maximum lifetime): each new one opens the paths afresh, and after
+        // a deleted `-wal` it would create a new one under the old name.
         let pool = r2d2::Pool::builder()
             .max_size(options.pool_size)
             .min_idle(Some(1))
+            .idle_timeout(None)
+            .max_lifetime(None)
             .connection_timeout(Duration::from_millis(POOL_WAIT_MS))
             .build(manager)
             .map_err(|e| Error::internal(format!("cannot open database {path:?}: {e}")))?;
-        let store = Store {
+        let mut store = Store {
             pool,
             writer_queue: options.writer_queue.then(|| Mutex::new(None)),
-            _memdb_anchor: anchor,
+            anchor: Mutex::new(anchor),
+            watch: None,
+            storage_ok: Arc::new(AtomicBool::new(true)),
             is_memory,
         };
         store.apply_schema()?;
+        if !is_memory {
+            store.watch = Some(store.record_files(path)?);
+        }
         Ok(store)
+    }
+
+    /// Records the identities of the files the anchor has open. After the
+    /// schema is applied the file is in WAL mode, and the anchor's read
+    /// below opens `-wal` and `-shm` if it had not yet.
+    fn record_files(&self, path: &str) -> Result<Watch, Error> {
+        let anchor = self.anchor.lock();
+        anchor.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))?;
+        // The name SQLite opened (absolute, symlinks resolved): the journal files are named after it.
+        let opened = anchor.path().filter(|p| !p.is_empty()).unwrap_or(path);
+        let files = WatchedFiles::record(std::path::Path::new(opened))
+            .map_err(|e| Error::internal(format!("cannot watch the database files: {e}")))?;
+        Ok(Watch { files, why: OnceLock::new(), rescue: Mutex::new(WalRescue::NotAttempted) })
+    }
+
+    /// The database file's path as SQLite opened it (`None` for `:memory:`).
+    pub fn database_path(&self) -> Option<&std::path::Path> {
+        self.watch.as_ref().map(|w| w.files.database_path())
+    }
+
+    /// Shared with `/metrics`: false once the storage is lost.
+    pub fn storage_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.storage_ok)
+    }
+
+    /// Checks that the database, `-wal` and `-shm` paths still name the
+    /// files this process has open. The first time one does not, this
+    /// process stops writing for good (`storage_lost`), logs why, and, when
+    /// `-wal` was deleted and nothing took its name, checkpoints the deleted
+    /// `-wal` into the database first: commits acknowledged before the
+    /// deletion live only there. Three `stat` calls while all is well.
+    pub fn check_storage(&self) -> Result<(), Error> {
+        let Some(watch) = &self.watch else {
+            return Ok(());
+        };
+        if self.storage_ok.load(Ordering::Acquire) {
+            let verdict = watch.files.check();
+            if verdict.all_same() {
+                return Ok(());
+            }
+            self.lose_storage(watch, &verdict);
+        }
+        let why = watch.why.get().map_or("the database files changed", String::as_str);
+        Err(Error::storage_lost(why))
+    }
+
+    fn lose_storage(&self, watch: &Watch, verdict: &Verdict) {
+        let mut rescue = watch.rescue.lock();
+        if watch.why.get().is_some() {
+            return; // another thread got here first
+        }
+        // Refuse from now on, before the checkpoint: nothing more may be acknowledged.
+        self.storage_ok.store(false, Ordering::Release);
+        let why = watch.files.describe(verdict);
+        crate::log::error(
+            "storage lost: a database path no longer names the file payonce has open; every write is refused until payonce is restarted",
+            &[("why", &why), ("database", &verdict.database), ("wal", &verdict.wal), ("shm", &verdict.shm)],
+        );
+        let _ = watch.why.set(why);
+        if verdict.wal_rescuable() {
+            *rescue = self.rescue_wal(watch);
+        }
+    }
+
+    /// Once storage is lost: retries a pending rescue checkpoint. Returns
+    /// why writing stopped and the rescue's state, or `None` while all is well.
+    pub fn storage_lost_state(&self) -> Option<(String, WalRescue)> {
+        let watch = self.watch.as_ref()?;
+        let why = watch.why.get()?;
+        let mut rescue = watch.rescue.lock();
+        if matches!(*rescue, WalRescue::Pending(_)) {
+            *rescue = self.rescue_wal(watch);
+        }
+        Some((why.clone(), rescue.clone()))
+    }
+
+    /// `wal_checkpoint(TRUNCATE)` through the anchor, which holds the
+    /// original `-wal` open: every frame of the deleted file is copied into
+    /// the database file and synced. Only while the names still say that
+    /// nothing replaced `-wal` (re-checked here, it may have changed).
+    fn rescue_wal(&self, watch: &Watch) -> WalRescue {
+        let verdict = watch.files.check();
+        if !verdict.wal_rescuable() {
+            let why = watch.files.describe(&verdict);
+            crate::log::error("not checkpointing the deleted -wal: another file took a name", &[("why", &why)]);
+            return WalRescue::NotAttempted;
+        }
+        let anchor = self.anchor.lock();
+        let result = anchor.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+        });
+        match result {
+            Ok((0, frames, checkpointed)) => {
+                crate::log::error(
+                    "checkpointed the deleted -wal into the database file",
+                    &[("frames", &frames), ("checkpointed", &checkpointed)],
+                );
+                WalRescue::Done
+            }
+            Ok((_, frames, checkpointed)) => {
+                WalRescue::Pending(format!("busy: {checkpointed} of {frames} frames checkpointed"))
+            }
+            Err(e) => WalRescue::Pending(e.to_string()),
+        }
     }
 
     fn apply_schema(&self) -> Result<(), Error> {
@@ -143,7 +302,13 @@ impl Store {
     /// Runs `work` in one `BEGIN IMMEDIATE` transaction and commits it when
     /// `work` returns `Ok`; rolls back otherwise. The caller takes its key
     /// lock before calling and drops it after this returns, i.e. after commit.
+    ///
+    /// Before BEGIN and after the transaction ends (committed or not), the
+    /// database's paths are checked: a write into files no path names any
+    /// more is answered 503 `storage_lost`, never acknowledged, even though
+    /// it committed (a retry after the restart finds it, exactly once).
     pub fn write<T>(&self, work: impl FnOnce(&Tx) -> Result<T, Error>) -> Result<T, Error> {
+        self.check_storage()?;
         // Taken after the caller's key lock, released after commit (drop order).
         let mut writer = self.writer_queue.as_ref().map(|m| m.lock());
         let mut pooled;
@@ -157,10 +322,9 @@ impl Store {
                 &mut pooled
             }
         };
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let value = work(&Tx { conn: &tx })?;
-        tx.commit()?;
-        Ok(value)
+        let result = run_immediate(conn, work);
+        self.check_storage()?;
+        result
     }
 
     /// Runs `work` on one read snapshot.
@@ -202,6 +366,33 @@ impl Store {
     pub fn raw_connection(&self) -> Result<r2d2::PooledConnection<SqliteConnectionManager>, Error> {
         Ok(self.pool.get()?)
     }
+}
+
+fn run_immediate<T>(conn: &mut Connection, work: impl FnOnce(&Tx) -> Result<T, Error>) -> Result<T, Error> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let value = work(&Tx { conn: &tx })?;
+    tx.commit()?;
+    Ok(value)
+}
+
+/// `SQLITE_FCNTL_PERSIST_WAL` on `conn`'s database: when it is the last
+/// connection to close, SQLite checkpoints but keeps `-wal` and `-shm`.
+fn persist_wal(conn: &Connection) -> Result<(), Error> {
+    let mut on: std::os::raw::c_int = 1;
+    // SAFETY: the handle is valid while `conn` lives; this file control
+    // reads and writes one int through the pointer, which outlives the call.
+    let rc = unsafe {
+        rusqlite::ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            rusqlite::ffi::SQLITE_FCNTL_PERSIST_WAL,
+            (&mut on as *mut std::os::raw::c_int).cast(),
+        )
+    };
+    if rc != rusqlite::ffi::SQLITE_OK {
+        return Err(Error::internal(format!("cannot set SQLITE_FCNTL_PERSIST_WAL (SQLite code {rc})")));
+    }
+    Ok(())
 }
 
 fn configure_connection(conn: &Connection, options: &StoreOptions, is_memory: bool) -> rusqlite::Result<()> {
