@@ -29,7 +29,7 @@ Usage:
                     [--time-factor F]   (payment-platform simulator; exit 0 clean, 1 on any violation)
   payonce inspect   --db PATH             (findings as JSON on stdout; exit 0 clean, 1 findings)
   payonce reconcile --db PATH --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
-  payonce backup    --db PATH --to FILE   (an online, consistent copy)
+  payonce backup    --db PATH --to FILE [--force]   (an online, consistent, atomic copy)
   payonce sign      [--callback-secret S | --dev] < BODY
   payonce help
 
@@ -58,11 +58,15 @@ matched, 1 when there are differences, 2 on an error.
 ";
 
 const BACKUP_USAGE: &str = "\
-Usage: payonce backup --db PATH --to FILE
+Usage: payonce backup --db PATH --to FILE [--force]
 
 Copies the database to FILE with SQLite's online backup API: one consistent
-snapshot, taken while serve keeps running. FILE must not exist. The copy is
-checked with PRAGMA integrity_check.
+snapshot, taken while serve keeps running. The copy is written to
+FILE.<pid>.partial beside FILE, checked with PRAGMA integrity_check, synced,
+and only then renamed to FILE: a kill or a full disk leaves no FILE or a
+complete, checked one (remove a leftover *.partial by hand). FILE must not
+exist unless --force, which replaces it atomically; it may never name the
+live database or its -wal, -shm or -journal.
 ";
 
 const SIGN_USAGE: &str = "\
@@ -382,6 +386,7 @@ struct OfflineArgs {
     date: Option<String>,
     repair: bool,
     to: Option<String>,
+    force: bool,
 }
 
 fn parse_offline(mut parser: lexopt::Parser, usage: &str, allowed: &[&str]) -> Result<Option<OfflineArgs>, String> {
@@ -407,6 +412,7 @@ fn parse_offline(mut parser: lexopt::Parser, usage: &str, allowed: &[&str]) -> R
             "date" => args.date = Some(string_value(&mut parser)?),
             "to" => args.to = Some(string_value(&mut parser)?),
             "repair" => args.repair = true,
+            "force" => args.force = true,
             _ => return Err(format!("{}\n\n{usage}", arg.unexpected())),
         }
     }
@@ -446,13 +452,13 @@ fn reconcile(parser: lexopt::Parser) -> Result<ExitCode, String> {
 }
 
 fn backup(parser: lexopt::Parser) -> Result<ExitCode, String> {
-    let Some(args) = parse_offline(parser, BACKUP_USAGE, &["db", "to"])? else {
+    let Some(args) = parse_offline(parser, BACKUP_USAGE, &["db", "to", "force"])? else {
         return Ok(ExitCode::SUCCESS);
     };
     let db = args.db.ok_or("backup needs --db PATH")?;
     let to = args.to.ok_or("backup needs --to FILE")?;
     let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
-    app.backup(std::path::Path::new(&to)).map_err(|e| e.message)?;
+    app.backup(std::path::Path::new(&to), args.force).map_err(|e| e.message)?;
     eprintln!("payonce: backup of {db} written to {to} (integrity_check ok)");
     Ok(ExitCode::SUCCESS)
 }

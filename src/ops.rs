@@ -3,7 +3,8 @@
 //! backup. The incident runbook in the README walks through them.
 
 use crate::app::{
-    refuse_transition, Delivery, App, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE, SOURCE_RECONCILIATION,
+    refuse_transition, App, Delivery, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE,
+    SOURCE_RECONCILIATION,
 };
 use crate::domain::{
     is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
@@ -13,6 +14,8 @@ use crate::recon::{self, Format, RowKind, StatementRow};
 use crate::store::{Finding, IdempotencySlot};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 /// Records decided per drain look-up.
 pub const DRAIN_BATCH_MAX: usize = 100;
@@ -478,12 +481,145 @@ impl App {
 
     // ---- backup ----
 
-    /// An online, consistent copy of the database at `to` (which must not exist).
-    pub fn backup(&self, to: &std::path::Path) -> Result<(), Error> {
-        if to.exists() {
-            return Err(Error::invalid(format!("{} exists; a backup never overwrites", to.display())));
+    /// An online, consistent copy of the database at `to`, atomically: the
+    /// copy is written to `{to}.{pid}.partial` in the same directory,
+    /// checked (`integrity_check`), synced, and only then given the name
+    /// `to`, and the directory is synced. A kill or a full disk at any moment
+    /// leaves no file at `to` (or the previous one, with `force`) or a
+    /// complete, checked copy. `to` must not exist unless `force`; it may
+    /// never name the live database or one of its journal files.
+    pub fn backup(&self, to: &Path, force: bool) -> Result<(), Error> {
+        let db =
+            self.store.database_path().ok_or_else(|| Error::invalid("an in-memory database has no file to back up"))?;
+        let to = backup_target(db, to, force)?;
+        let partial = partial_path(&to);
+        let result = self.write_backup(&partial, &to, force);
+        if result.is_err() {
+            remove_partial(&partial);
         }
-        self.store.backup_to(to)
+        result
+    }
+
+    fn write_backup(&self, partial: &Path, to: &Path, force: bool) -> Result<(), Error> {
+        let io = |what: &str, e: std::io::Error| Error::internal(format!("backup: {what}: {e}"));
+        self.store.backup_into(partial)?;
+        std::fs::File::open(partial).and_then(|f| f.sync_all()).map_err(|e| io("syncing the copy", e))?;
+        if force {
+            std::fs::rename(partial, to).map_err(|e| io("renaming the copy into place", e))?;
+        } else {
+            // A hard link gives the name only if no file took it meanwhile.
+            std::fs::hard_link(partial, to).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => {
+                    Error::invalid(format!("{} exists; use --force to replace it", to.display()))
+                }
+                _ => io("naming the copy", e),
+            })?;
+            std::fs::remove_file(partial).map_err(|e| io("removing the temporary name", e))?;
+        }
+        let dir = to.parent().ok_or_else(|| Error::internal("backup: the target has no directory"))?;
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("syncing the directory", e))?;
+        Ok(())
+    }
+}
+
+/// The temporary file's suffix: whatever is left after a kill ends in it
+/// (or in `.partial-wal`/`.partial-shm` during the integrity check).
+pub const BACKUP_PARTIAL_SUFFIX: &str = ".partial";
+
+/// `to` as an absolute path in a canonical directory, refused when it names
+/// the live database or one of its journal files in any spelling (relative,
+/// `./`, `..`, a symlink to it, a hard link to it), or when it exists and
+/// `force` is not given, or when a journal of an older file at `to` would be
+/// applied to the new copy when it is opened.
+fn backup_target(db: &Path, to: &Path, force: bool) -> Result<PathBuf, Error> {
+    let name = to.file_name().ok_or_else(|| Error::invalid(format!("--to {}: not a file name", to.display())))?;
+    let parent = to.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir =
+        parent.canonicalize().map_err(|e| Error::invalid(format!("--to {}: its directory: {e}", to.display())))?;
+    let target = dir.join(name);
+    let resolved = follow_links(&target);
+    let live = live_names(db);
+    let refuse = || {
+        Error::invalid(format!(
+            "--to {} names the live database {} or one of its -wal, -shm, -journal files",
+            to.display(),
+            db.display()
+        ))
+    };
+    if live.iter().any(|p| *p == target || *p == resolved) {
+        return Err(refuse());
+    }
+    if let Ok(meta) = std::fs::metadata(&target) {
+        let same_file =
+            |p: &PathBuf| std::fs::metadata(p).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino());
+        if live.iter().any(same_file) {
+            return Err(refuse());
+        }
+    }
+    if std::fs::symlink_metadata(&target).is_ok() && !force {
+        return Err(Error::invalid(format!("{} exists; use --force to replace it", to.display())));
+    }
+    for suffix in ["-wal", "-journal"] {
+        let journal = with_suffix(&target, suffix);
+        if std::fs::symlink_metadata(&journal).is_ok() {
+            return Err(Error::invalid(format!(
+                "{} exists: SQLite would apply it to the new copy; close what has {} open, or remove it",
+                journal.display(),
+                to.display()
+            )));
+        }
+    }
+    Ok(target)
+}
+
+/// Where `path` leads through symlinks, even to a file that does not exist
+/// yet (a link to the database's `-journal`): at most `LINKS_FOLLOWED_MAX` links.
+fn follow_links(path: &Path) -> PathBuf {
+    const LINKS_FOLLOWED_MAX: usize = 40;
+    let mut current = path.to_path_buf();
+    for _ in 0..LINKS_FOLLOWED_MAX {
+        let Ok(next) = std::fs::read_link(&current) else {
+            break;
+        };
+        let next = match current.parent() {
+            Some(dir) if next.is_relative() => dir.join(next),
+            _ => next,
+        };
+        // The directory part made canonical, the last name kept.
+        current = match (next.parent().and_then(|d| d.canonicalize().ok()), next.file_name()) {
+            (Some(dir), Some(name)) => dir.join(name),
+            _ => next,
+        };
+    }
+    current.canonicalize().unwrap_or(current)
+}
+
+/// Every name of the live database's files: as SQLite opened it and as
+/// canonicalized (they differ when a directory on the way is a symlink).
+fn live_names(db: &Path) -> Vec<PathBuf> {
+    let mut bases = vec![db.to_path_buf()];
+    if let Ok(canonical) = db.canonicalize() {
+        bases.push(canonical);
+    }
+    bases.iter().flat_map(|b| ["", "-wal", "-shm", "-journal"].map(|s| with_suffix(b, s))).collect()
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// `{to}.{pid}.partial`: one per process, so two backups to one name never
+/// write into the same temporary file.
+fn partial_path(to: &Path) -> PathBuf {
+    with_suffix(to, &format!(".{}{BACKUP_PARTIAL_SUFFIX}", std::process::id()))
+}
+
+/// Removes the temporary file and what SQLite may have made beside it.
+fn remove_partial(partial: &Path) {
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(with_suffix(partial, suffix));
     }
 }
 

@@ -336,11 +336,19 @@ impl Store {
         Ok(value)
     }
 
-    /// Copies the database to `to` with SQLite's online backup API, in one
-    /// step, so the copy is one consistent snapshot while writers go on (WAL).
-    pub fn backup_to(&self, to: &std::path::Path) -> Result<(), Error> {
+    /// Copies the database into the new file `dest` with SQLite's online
+    /// backup API, in one step, so the copy is one consistent snapshot while
+    /// writers go on (WAL), then runs `integrity_check` on the copy. `dest`
+    /// is a temporary file: no rollback journal is kept beside it and it is
+    /// not synced here (the caller syncs it once, then renames it into place).
+    pub fn backup_into(&self, dest: &std::path::Path) -> Result<(), Error> {
         let conn = self.pool.get()?;
-        let mut dest = Connection::open(to)?;
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let mut dest = Connection::open_with_flags(dest, flags)?;
+        // A half-written temporary file is discarded, never rolled back: a
+        // journal would only be one more file to leave behind.
+        let _mode: String = dest.query_row("PRAGMA journal_mode=OFF", [], |r| r.get(0))?;
+        dest.pragma_update(None, "synchronous", "OFF")?;
         let backup = rusqlite::backup::Backup::new(&conn, &mut dest)?;
         // -1 pages: the whole database in one step, inside one read transaction.
         loop {
@@ -358,6 +366,7 @@ impl Store {
         if check != "ok" {
             return Err(Error::internal(format!("the backup failed its integrity check: {check}")));
         }
+        dest.close().map_err(|(_, e)| Error::from(e))?;
         Ok(())
     }
 
