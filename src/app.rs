@@ -805,9 +805,14 @@ impl App {
         Ok((balance, entries))
     }
 
-    /// Healthy when the database answers.
+    /// Healthy when the database's paths name the files payonce has open
+    /// and a fresh connection reads the schema version and a page of
+    /// `orders`. Every failure is a 503: the service cannot serve.
     pub fn health(&self) -> Result<(), Error> {
-        self.store.read(|tx| tx.ping())
+        self.store.check_health().map_err(|e| match e.status {
+            503 => e,
+            _ => Error::new(503, "database_unavailable", format!("the database cannot be read: {}", e.message)),
+        })
     }
 }
 
