@@ -8,7 +8,8 @@
 //! - the inspector: runs the inspection and logs each finding as an error;
 //! - the storage watch: about once a second, checks that the database's
 //!   paths still name the files payonce has open, and once they do not,
-//!   logs an error every few seconds until payonce is restarted.
+//!   logs an error every few seconds until payonce is restarted;
+//! - the signal logger: SIGHUP, SIGUSR1 and SIGUSR2 are logged, not obeyed.
 
 use crate::app::App;
 use crate::log;
@@ -127,6 +128,45 @@ pub fn spawn_storage_watch(app: Arc<App>, shutdown: Arc<AtomicBool>) -> std::io:
             }
         }
     })
+}
+
+/// SIGINT, SIGTERM and SIGQUIT set `shutdown`: `serve` finishes the
+/// requests in flight and exits 0. SIGHUP, SIGUSR1 and SIGUSR2 would kill
+/// the process at once by default (a terminal closing, a log rotation
+/// script): they are logged and change nothing.
+pub fn handle_signals(shutdown: &Arc<AtomicBool>) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+    const STOPPING: [i32; 3] = [SIGINT, SIGTERM, SIGQUIT];
+    for signal in STOPPING {
+        signal_hook::flag::register(signal, Arc::clone(shutdown))?;
+    }
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2])?;
+    // Lives as long as the process; a blocked signal wait holds nothing.
+    thread::Builder::new().name("payonce-signals".into()).spawn(move || {
+        for signal in signals.forever() {
+            let name = signal_name(signal);
+            if STOPPING.contains(&signal) {
+                log::info("shutting down: finishing requests in flight", &[("signal", &name)]);
+            } else {
+                log::warn("signal ignored: payonce keeps serving", &[("signal", &name)]);
+            }
+        }
+    })?;
+    Ok(())
+}
+
+fn signal_name(signal: i32) -> String {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
+    let name = match signal {
+        SIGINT => "SIGINT",
+        SIGTERM => "SIGTERM",
+        SIGQUIT => "SIGQUIT",
+        SIGHUP => "SIGHUP",
+        SIGUSR1 => "SIGUSR1",
+        SIGUSR2 => "SIGUSR2",
+        _ => return signal.to_string(),
+    };
+    name.to_owned()
 }
 
 /// Sleeps `interval` in small steps; false once shutdown is requested.

@@ -2,7 +2,8 @@
 
 use payonce::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
 use payonce::background::{
-    spawn_inspector, spawn_storage_watch, spawn_sweeper, INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT,
+    handle_signals, spawn_inspector, spawn_storage_watch, spawn_sweeper, INSPECT_INTERVAL_S_DEFAULT,
+    SWEEP_INTERVAL_S_DEFAULT,
 };
 use payonce::channel::alipay::{public_key_from_text as alipay_public_key_from_text, AlipayConfig};
 use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
@@ -82,8 +83,9 @@ const SERVE_USAGE: &str = "\
 Usage: payonce serve [options]
 
 Serves the HTTP API. Prints `listening on http://HOST:PORT` first on stdout;
-logs and warnings go to stderr. Exits 0 on SIGINT/SIGTERM after finishing
-requests in flight (bounded).
+logs and warnings go to stderr. Exits 0 on SIGINT/SIGTERM/SIGQUIT after
+finishing requests in flight (bounded); SIGHUP, SIGUSR1 and SIGUSR2 are
+logged and ignored.
 
 Options:
   --db PATH|:memory:        database file, or a shared in-memory database [default: payonce.db]
@@ -261,14 +263,12 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
             "payonce: warning: no API token configured: /v1 is open to anyone who can reach {listen} (loopback only)"
         );
     }
+    // The database first: a refused start (a bad file) exits before the port is taken.
+    let app = App::open(&args.db, Clock::System, config).map_err(|e| e.message)?;
     let server = Server::bind(&args.listen).map_err(|e| e.message)?;
     let addr = server.local_addr();
-    let app = App::open(&args.db, Clock::System, config).map_err(|e| e.message)?;
     let shutdown = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&shutdown))
-            .map_err(|e| format!("cannot handle signals: {e}"))?;
-    }
+    handle_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
     if args.dev {
