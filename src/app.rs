@@ -597,6 +597,7 @@ impl App {
         source: &str,
         now: &str,
     ) -> Result<PaymentReply, Error> {
+        check_platform_time(tx, cb, source, now)?;
         let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
         let new = NewCallback {
             pay_no: &cb.pay_no,
@@ -871,6 +872,40 @@ fn unexpected_refund(
                         "settled_status": settled.map(RefundStatus::as_str), "order_status": order.status.as_str()});
     tx.audit(now, ACTOR_SYSTEM, "unexpected_refund", Some(&order.order_no), &detail)?;
     Ok(RefundOutcome::UnexpectedRefund)
+}
+
+/// Section 13's window: a platform notification of a pay_no payonce has
+/// not recorded must carry a payment time within [received − 72 h,
+/// received + 5 min] and in the years 2000-2199, or it is 400 naming the
+/// field and nothing is recorded (the transaction has written nothing yet).
+/// Otherwise a forger with the secret could date a payment where
+/// reconciliation never looks. A re-delivery of a recorded pay_no is judged
+/// by uk_pay_no as always (`duplicate`); reconciliation repairs are the
+/// platform's own statement and are not windowed. Refund notices never
+/// reach here.
+fn check_platform_time(tx: &Tx, cb: &PaymentCallback, source: &str, now: &str) -> Result<(), Error> {
+    let Some(paid_at) = cb.paid_at.as_deref().filter(|_| source == SOURCE_CALLBACK) else {
+        return Ok(());
+    };
+    let paid_ms = crate::clock::parse_rfc3339_ms(paid_at);
+    let now_ms = crate::clock::parse_rfc3339_ms(now)
+        .ok_or_else(|| Error::internal(format!("payonce's own time {now:?} does not parse")))?;
+    if paid_ms.is_some_and(|ms| crate::domain::platform_time_plausible(ms, now_ms)) {
+        return Ok(());
+    }
+    // Only an implausible time costs this look-up.
+    if tx.callback_by_pay_no(&cb.pay_no)?.is_some() {
+        return Ok(());
+    }
+    let field = crate::channel::paid_time_field(&cb.channel);
+    Err(Error::invalid(format!(
+        "{field} {paid_at} is not within {} h before and {} min after payonce received the notification ({now}), \
+         or not in the years {}-{}",
+        crate::domain::PLATFORM_TIME_BEFORE_MS_MAX / 3_600_000,
+        crate::domain::PLATFORM_TIME_AFTER_MS_MAX / 60_000,
+        crate::domain::PLATFORM_YEAR_FIRST,
+        crate::domain::PLATFORM_YEAR_LAST
+    )))
 }
 
 /// A unique key stopped a second side effect that the CAS should have

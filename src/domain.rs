@@ -263,6 +263,30 @@ pub fn is_amount(amount: i64) -> bool {
     (AMOUNT_MIN..=AMOUNT_MAX).contains(&amount)
 }
 
+/// How long before payonce receives a payment notification the platform may
+/// say it was paid. The platforms retry for about 25 h at most; an older
+/// date on a pay_no payonce never saw is a forged or broken one (it would
+/// date the payment out of reconciliation's reach).
+pub const PLATFORM_TIME_BEFORE_MS_MAX: i64 = 72 * 3_600_000;
+/// How long after: the platform's clock may run ahead of payonce's.
+pub const PLATFORM_TIME_AFTER_MS_MAX: i64 = 5 * 60_000;
+/// Platform times are refused outside these years outright, whatever the window.
+pub const PLATFORM_YEAR_FIRST: i64 = 2000;
+pub const PLATFORM_YEAR_LAST: i64 = 2199;
+/// The same in Unix ms: 2000-01-01T00:00:00Z and 2200-01-01T00:00:00Z.
+pub const PLATFORM_TIME_MS_MIN: i64 = 946_684_800_000;
+pub const PLATFORM_TIME_MS_END: i64 = 7_258_118_400_000;
+
+/// Whether a platform's time `platform_ms` is believable for a payment
+/// payonce sees first at `reference_ms`: within [reference − 72 h,
+/// reference + 5 min] and in the years 2000-2199. Reconciliation asks the
+/// same of a recorded platform time against `decided_at`.
+pub fn platform_time_plausible(platform_ms: i64, reference_ms: i64) -> bool {
+    let window = reference_ms.saturating_sub(PLATFORM_TIME_BEFORE_MS_MAX)
+        ..=reference_ms.saturating_add(PLATFORM_TIME_AFTER_MS_MAX);
+    window.contains(&platform_ms) && (PLATFORM_TIME_MS_MIN..PLATFORM_TIME_MS_END).contains(&platform_ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,6 +336,27 @@ mod tests {
         assert_eq!(r.points_for(9_999), 299);
         let big = Rewards { coupon_templates: vec![], points_per_yuan: i64::MAX };
         assert_eq!(big.points_for(AMOUNT_MAX), i64::MAX);
+    }
+
+    #[test]
+    fn platform_times_within_the_window_and_the_years() {
+        let now = 1_700_000_000_000;
+        let check = |at: i64, ok: bool| assert_eq!(platform_time_plausible(at, now), ok, "{at} against {now}");
+        check(now, true);
+        check(now - PLATFORM_TIME_BEFORE_MS_MAX, true);
+        check(now - PLATFORM_TIME_BEFORE_MS_MAX - 1, false);
+        check(now + PLATFORM_TIME_AFTER_MS_MAX, true);
+        check(now + PLATFORM_TIME_AFTER_MS_MAX + 1, false);
+        check(PLATFORM_TIME_MS_MIN, false);
+        check(i64::MIN, false);
+        check(i64::MAX, false);
+        // The years alone, with a reference at their edges.
+        assert!(platform_time_plausible(PLATFORM_TIME_MS_MIN, PLATFORM_TIME_MS_MIN));
+        assert!(!platform_time_plausible(PLATFORM_TIME_MS_MIN - 1, PLATFORM_TIME_MS_MIN));
+        assert!(platform_time_plausible(PLATFORM_TIME_MS_END - 1, PLATFORM_TIME_MS_END - 1));
+        assert!(!platform_time_plausible(PLATFORM_TIME_MS_END, PLATFORM_TIME_MS_END));
+        assert_eq!(crate::clock::format_ms(PLATFORM_TIME_MS_MIN), "2000-01-01T00:00:00.000Z");
+        assert_eq!(crate::clock::format_ms(PLATFORM_TIME_MS_END), "2200-01-01T00:00:00.000Z");
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! only `Store`, `Tx` and the row types below.
 
 use crate::domain::{
-    EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus, RefundStatus, POINT_TYPE_ORDER_PAID,
-    POINT_TYPE_ORDER_PAID_REVERSAL,
+    EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus, RefundStatus, PLATFORM_TIME_AFTER_MS_MAX,
+    PLATFORM_TIME_BEFORE_MS_MAX, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
 };
 use crate::error::Error;
 use crate::filewatch::{Verdict, WatchedFiles};
@@ -1307,16 +1307,28 @@ impl Tx<'_> {
             .optional()?)
     }
 
-    /// Applied payments whose paid time is in [from, to).
+    /// Applied payments whose paid time is in [from, to). The paid time is
+    /// the platform's when it lies within [decided_at − 72 h, decided_at +
+    /// 5 min], else `decided_at`: a platform time outside that window (one
+    /// recorded before payonce windowed notifications, or by a repair) must
+    /// not date an applied payment out of `missing_remote`'s reach. That
+    /// test reads every applied payment (no index holds it): about as long
+    /// as an inspection on the same file.
     pub fn applied_payments_between(&self, from: &str, to: &str) -> Result<Vec<LocalPayment>, Error> {
         let mut stmt = self.conn.prepare_cached(
-            "SELECT p.pay_no, o.order_no, p.amount, p.outcome, coalesce(p.paid_at, p.decided_at)
-             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
-             WHERE coalesce(p.paid_at, p.decided_at) >= ?1 AND coalesce(p.paid_at, p.decided_at) < ?2
-               AND p.outcome = 'applied'
-             ORDER BY coalesce(p.paid_at, p.decided_at)",
+            "SELECT p.pay_no, o.order_no, p.amount, p.outcome, p.placed
+             FROM (SELECT pay_no, order_id, amount, outcome,
+                          CASE WHEN paid_at >= strftime('%Y-%m-%dT%H:%M:%fZ', decided_at, ?3)
+                                AND paid_at <= strftime('%Y-%m-%dT%H:%M:%fZ', decided_at, ?4)
+                               THEN paid_at ELSE decided_at END AS placed
+                   FROM pay_callback_log WHERE outcome = 'applied') p
+             JOIN orders o ON o.id = p.order_id
+             WHERE p.placed >= ?1 AND p.placed < ?2
+             ORDER BY p.placed",
         )?;
-        let rows = stmt.query_map(params![from, to], local_payment_from_row)?;
+        let before = format!("-{:.3} seconds", PLATFORM_TIME_BEFORE_MS_MAX as f64 / 1000.0);
+        let after = format!("+{:.3} seconds", PLATFORM_TIME_AFTER_MS_MAX as f64 / 1000.0);
+        let rows = stmt.query_map(params![from, to, before, after], local_payment_from_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 

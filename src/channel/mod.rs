@@ -76,6 +76,16 @@ fn deliver(app: &App, notice: Notice) -> Result<Reply, Error> {
     })
 }
 
+/// The field of a channel's payment notification that carries the
+/// platform's payment time (`PaymentCallback::paid_at`), for a refusal to name.
+pub fn paid_time_field(channel: &str) -> &'static str {
+    match channel {
+        wechatpay::NAME => "success_time",
+        alipay::NAME => "gmt_payment",
+        _ => "paid_at",
+    }
+}
+
 /// The outcome word of a reply, for platforms that carry none in their protocol (logs).
 pub fn reply_outcome(reply: &Reply) -> &'static str {
     match reply {

@@ -1009,6 +1009,12 @@ fn callback_invalid_bodies_record_nothing() {
         with("paid_at", json!("yesterday")),
         with("paid_at", json!("2024-01-01 10:00:00")),
         with("paid_at", json!(1_700_000_000)),
+        // Section 13: outside [received - 72 h, received + 5 min], or outside 2000-2199.
+        with("paid_at", json!(payonce::clock::format_ms(util::now_ms() - 73 * 3_600_000))),
+        with("paid_at", json!(payonce::clock::format_ms(util::now_ms() + 6 * 60_000))),
+        with("paid_at", json!("2000-01-01T00:00:00Z")),
+        with("paid_at", json!("9999-12-31T23:59:59-05:00")),
+        with("paid_at", json!("0001-01-01T00:00:00Z")),
         json!([base.clone()]),
         json!("SUCCESS"),
     ];
@@ -1056,7 +1062,8 @@ fn callback_invalid_bodies_record_nothing() {
     create(&server, "I-3", "u1", 100);
     let resp = server.callback(
         "/v1/callbacks/generic",
-        &json!({"pay_no": "IP-3", "order_no": "I-3", "amount": 100, "status": "SUCCESS", "paid_at": "2024-05-01T12:00:00.5+08:00"}),
+        &json!({"pay_no": "IP-3", "order_no": "I-3", "amount": 100, "status": "SUCCESS",
+                "paid_at": util::utc8_rfc3339(util::now_ms() - 60_000).replace(".000+", ".5+")}),
     );
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(resp.json()["outcome"], "applied");
@@ -1117,7 +1124,9 @@ fn refund_callback_every_outcome() {
     }
     assert_eq!(server.get("/v1/users/nobody/points").json(), json!({"balance": 0, "entries": []}));
     // A user_id in the path is an identifier like anywhere else.
-    for path in ["/v1/users/%E7%94%A8/points", "/v1/users/a%20b/coupons", &format!("/v1/users/{}/points", "u".repeat(65))] {
+    for path in
+        ["/v1/users/%E7%94%A8/points", "/v1/users/a%20b/coupons", &format!("/v1/users/{}/points", "u".repeat(65))]
+    {
         let answer = server.get(path);
         assert_eq!((answer.status, answer.error_code().as_str()), (400, "invalid_request"), "{path}");
     }

@@ -1563,8 +1563,10 @@ fn wechatpay_end_to_end_through_the_binary() {
         ("WXE2E00002", "4200000001202311150702", &keys().wx_b, SERIAL_B),
     ] {
         http_create_order(&server, order_no, 9900);
-        let note =
-            wx_sign(key, serial, now_s(), wx_body("TRANSACTION.SUCCESS", &wx_transaction(order_no, txn, json!(9900))));
+        // Paid ten seconds ago by the system clock serve runs on (section 13's window).
+        let mut transaction = wx_transaction(order_no, txn, json!(9900));
+        transaction["success_time"] = json!(util::utc8_rfc3339(util::now_ms() - 10_000));
+        let note = wx_sign(key, serial, now_s(), wx_body("TRANSACTION.SUCCESS", &transaction));
         let resp = wx_http(&server, "/v1/callbacks/wechatpay", &note);
         assert_eq!(resp.status, 204, "{serial}: {}", resp.text());
         assert!(resp.body.is_empty(), "{serial}: empty body");
@@ -1578,6 +1580,13 @@ fn wechatpay_end_to_end_through_the_binary() {
     }
     // Tampered: 401 {"code":"FAIL"} over HTTP, nothing recorded, order PENDING.
     http_create_order(&server, "WXE2E00003", 9900);
+    // Paid 73 hours ago by its success_time (section 13): 400, nothing recorded.
+    let mut stale = wx_transaction("WXE2E00003", "4200000001202311150703", json!(9900));
+    stale["success_time"] = json!(util::utc8_rfc3339(util::now_ms() - 73 * 3_600_000));
+    let note = wx_sign(&keys().wx_a, SERIAL_A, now_s(), wx_body("TRANSACTION.SUCCESS", &stale));
+    let resp = wx_http(&server, "/v1/callbacks/wechatpay", &note);
+    assert_eq!(resp.status, 400, "{}", resp.text());
+    assert!(resp.json()["message"].as_str().is_some_and(|m| m.contains("success_time")), "{}", resp.text());
     let mut note = wx_sign(
         &keys().wx_a,
         SERIAL_A,
@@ -1642,6 +1651,8 @@ fn alipay_end_to_end_through_the_binary() {
     http_create_order(&server, "ALE2E00001", 12345);
     let mut notice = ali_notice("2023111522001400000801", "ALE2E00001", "123.45", "TRADE_SUCCESS");
     set(&mut notice, "charset", "gbk");
+    // Paid ten seconds ago by the system clock serve runs on (section 13's window).
+    set(&mut notice, "gmt_payment", &util::alipay_time(util::now_ms() - 10_000));
     let body = ali_encode(&ali_signed(&notice), Enc::Standard);
     let resp = util::request(server.addr, "POST", "/v1/callbacks/alipay", &form, &body);
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -1667,6 +1678,16 @@ fn alipay_end_to_end_through_the_binary() {
     // Refused over HTTP: a valid signature over a bad amount (400), a wrong
     // app_id and a tampered value (4xx), each `failure`, nothing recorded.
     http_create_order(&server, "ALE2E00002", 9900);
+    let mut stale = ali_notice("2023111522001400000802", "ALE2E00002", "99.00", "TRADE_SUCCESS");
+    set(&mut stale, "gmt_payment", &util::alipay_time(util::now_ms() + 10 * 60_000));
+    let resp = util::request(
+        server.addr,
+        "POST",
+        "/v1/callbacks/alipay",
+        &form,
+        &ali_encode(&ali_signed(&stale), Enc::Standard),
+    );
+    assert_eq!((resp.status, resp.text()), (400, "failure".to_owned()), "gmt_payment 10 min ahead");
     let bad_amount = ali_signed(&ali_notice("2023111522001400000802", "ALE2E00002", "99.001", "TRADE_SUCCESS"));
     let resp =
         util::request(server.addr, "POST", "/v1/callbacks/alipay", &form, &ali_encode(&bad_amount, Enc::Standard));
@@ -1698,4 +1719,59 @@ fn alipay_end_to_end_through_the_binary() {
         util::request(server.addr, "POST", "/v1/callbacks/wechatpay", &[("Content-Type", "application/json")], b"{}");
     assert_eq!(resp.status, 404);
     assert_eq!(resp.error_code(), "channel_not_configured");
+}
+
+// ================================================================ platform times (section 13)
+
+#[test]
+fn wechatpay_and_alipay_payment_times_are_windowed_and_refund_notices_are_not() {
+    use payonce::domain::{PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX};
+    let app = app();
+    let (earliest, latest) = (T0_MS - PLATFORM_TIME_BEFORE_MS_MAX, T0_MS + PLATFORM_TIME_AFTER_MS_MAX);
+
+    // WeChat Pay: success_time a second outside [received - 72 h, received + 5 min].
+    let (order_no, txn) = ("WXWINDOW001", "4200000001202311159001");
+    create_order(&app, order_no, 9900);
+    let paid_at = |ms: i64| {
+        let mut transaction = wx_transaction(order_no, txn, json!(9900));
+        transaction["success_time"] = json!(util::utc8_rfc3339(ms));
+        wx_sign(&keys().wx_a, SERIAL_A, T0_S, wx_body("TRANSACTION.SUCCESS", &transaction))
+    };
+    for outside in [earliest - 1000, latest + 1000] {
+        let resp = wx_post(&app, "/v1/callbacks/wechatpay", &paid_at(outside));
+        assert_wx_fail(&resp, Some(400), "success_time outside the window");
+        let message = body_json(&resp)["message"].as_str().unwrap_or_default().to_owned();
+        assert!(message.contains("success_time"), "names the field: {message}");
+        assert_pending_untouched(&app, order_no);
+    }
+    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay", &paid_at(earliest)), "72 h before, to the second");
+    assert_applied(&app, order_no, txn, "wechatpay", 9900);
+    // Its refund notice carries a time of its own, not windowed.
+    request_refund(&app, order_no, "WXWR-001");
+    let mut refund = wx_refund(order_no, txn, "WXWR-001", "SUCCESS");
+    refund["success_time"] = json!("2001-01-01T00:00:00+08:00");
+    let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S, wx_body("REFUND.SUCCESS", &refund));
+    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), "an old refund success_time");
+    assert_eq!(refund_status(&app, "WXWR-001"), "SUCCEEDED");
+
+    // Alipay: gmt_payment likewise; the refund notice carries the original
+    // payment's gmt_payment and is not windowed.
+    let (order_no, trade_no) = ("ALWINDOW001", "2023111522001400009001");
+    create_order(&app, order_no, 9900);
+    let notice = |ms: i64| {
+        let mut notice = ali_notice(trade_no, order_no, "99.00", "TRADE_SUCCESS");
+        set(&mut notice, "gmt_payment", &util::alipay_time(ms));
+        ali_signed(&notice)
+    };
+    for outside in [earliest - 1000, latest + 1000] {
+        assert_ali_fail(&ali_post(&app, &notice(outside)), Some(400), "gmt_payment outside the window");
+        assert_pending_untouched(&app, order_no);
+    }
+    assert_ali_ok(&ali_post(&app, &notice(latest)), "5 min after, to the second");
+    assert_applied(&app, order_no, trade_no, "alipay", 9900);
+    request_refund(&app, order_no, "ALWR-001");
+    let mut refund = ali_refund_notice(trade_no, order_no, "TRADE_SUCCESS", Some("ALWR-001"));
+    set(&mut refund, "gmt_payment", "2001-01-01 00:00:00");
+    assert_ali_ok(&ali_post(&app, &ali_signed(&refund)), "a refund notice with an old gmt_payment");
+    assert_refunded(&app, order_no, "ALWR-001");
 }

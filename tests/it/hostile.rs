@@ -234,7 +234,8 @@ fn valid_body(path: &str) -> Value {
         }
         p if p.ends_with("/close") => json!({}),
         "/v1/callbacks/generic" => {
-            json!({"pay_no": "H-PAY", "order_no": "H-TARGET", "amount": 500, "status": "SUCCESS", "paid_at": "2024-01-01T00:00:00Z"})
+            let paid_at = payonce::clock::format_ms(util::now_ms() - 60_000);
+            json!({"pay_no": "H-PAY", "order_no": "H-TARGET", "amount": 500, "status": "SUCCESS", "paid_at": paid_at})
         }
         "/v1/callbacks/generic/refund" => json!({"refund_no": "H-REF", "order_no": "H-TARGET", "status": "SUCCESS"}),
         _ => json!({"refund_no": "H-REF"}),

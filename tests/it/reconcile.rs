@@ -14,8 +14,8 @@
 //! (UTC for generic, UTC+8 for the platforms) says otherwise.
 //!
 //! Local payments are made by signed callbacks carrying `paid_at` on an app
-//! with a manual clock set inside the statement's day, so every paid time is
-//! deterministic.
+//! with a manual clock set a minute after each paid time, so every paid time
+//! is deterministic and inside section 13's window.
 
 use crate::util::{self, Server, TempDir, SECRET};
 use payonce::api::{self, Request};
@@ -131,9 +131,13 @@ fn seed(db: &Path) {
     for (pay_no, order_no, amount, paid_at, outcome) in PAYMENTS {
         let body =
             json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": "SUCCESS", "paid_at": paid_at});
+        // Delivered a minute after it was paid: within section 13's window,
+        // so the platform's time is the one reconciliation dates it by.
+        app.clock.set_ms(ms(paid_at) + 60_000);
         let (status, answer) = signed(&app, "/v1/callbacks/generic", &body);
         assert_eq!((status, answer["outcome"].as_str()), (200, Some(outcome)), "{pay_no}: {answer}");
     }
+    app.clock.set_ms(ms(SEED_CLOCK));
     let (status, body) = post_json(&app, "/v1/orders/RC-R1/refund", &json!({"refund_no": "RF-R1"}));
     assert_eq!(status, 200, "{body}");
     let (status, body) = signed(

@@ -160,6 +160,24 @@ impl HttpResponse {
     }
 }
 
+/// Now, in Unix milliseconds, from the system clock `payonce serve` uses.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// `unix_ms` as RFC 3339 in UTC+8 (`2024-01-02T14:00:00.000+08:00`), the way
+/// WeChat Pay writes its times.
+pub fn utc8_rfc3339(unix_ms: i64) -> String {
+    let text = payonce::clock::format_ms(unix_ms + 8 * 3_600_000);
+    format!("{}+08:00", text.trim_end_matches('Z'))
+}
+
+/// `unix_ms` as Alipay's `YYYY-MM-DD HH:MM:SS` in UTC+8.
+pub fn alipay_time(unix_ms: i64) -> String {
+    let text = payonce::clock::format_ms(unix_ms + 8 * 3_600_000);
+    format!("{} {}", &text[..10], &text[11..19])
+}
+
 pub fn sign_now(secret: &str, body: &[u8]) -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     payonce::signature::sign(secret.as_bytes(), now as i64, body)
