@@ -63,6 +63,11 @@ impl Server {
 
     /// A server on `db` (which the caller owns), e.g. a second process on one file.
     pub fn start_on(db: &Path, extra: &[&str]) -> Server {
+        Server::start_logged(db, extra, Stdio::null())
+    }
+
+    /// [`Server::start_on`] with its stderr (the logs) sent to `stderr`.
+    pub fn start_logged(db: &Path, extra: &[&str], stderr: Stdio) -> Server {
         let mut args = vec![
             "serve".to_owned(),
             "--db".to_owned(),
@@ -78,7 +83,7 @@ impl Server {
             .env_remove("PAYONCE_CALLBACK_SECRET")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn payonce serve");
         let stdout = child.stdout.take().expect("stdout piped");
