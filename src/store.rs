@@ -345,6 +345,14 @@ impl Store {
     /// it committed (a retry after the restart finds it, exactly once).
     pub fn write<T>(&self, work: impl FnOnce(&Tx) -> Result<T, Error>) -> Result<T, Error> {
         self.check_storage()?;
+        let result = self.write_queued(work);
+        // Outside the writer queue (the next writer need not wait for it),
+        // before the caller answers.
+        self.check_storage()?;
+        result
+    }
+
+    fn write_queued<T>(&self, work: impl FnOnce(&Tx) -> Result<T, Error>) -> Result<T, Error> {
         // Taken after the caller's key lock, released after commit (drop order).
         let mut writer = self.writer_queue.as_ref().map(|m| m.lock());
         let mut pooled;
@@ -358,9 +366,7 @@ impl Store {
                 &mut pooled
             }
         };
-        let result = run_immediate(conn, work);
-        self.check_storage()?;
-        result
+        run_immediate(conn, work)
     }
 
     /// Runs `work` on one read snapshot.
