@@ -3,7 +3,8 @@
 //! backup. The incident runbook in the README walks through them.
 
 use crate::app::{
-    refuse_transition, Delivery, App, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE, SOURCE_RECONCILIATION,
+    refuse_transition, App, Delivery, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE,
+    SOURCE_RECONCILIATION,
 };
 use crate::domain::{
     is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,

@@ -193,6 +193,7 @@ fn plain_text(status: u16, text: &str) -> Response {
         status,
         headers: vec![("Content-Type".into(), "text/plain; charset=utf-8".into())],
         body: text.as_bytes().to_vec(),
+        outcome: None,
     }
 }
 

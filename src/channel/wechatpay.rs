@@ -194,7 +194,7 @@ impl Channel for Wechatpay<'_> {
     }
 
     fn acknowledge(&self, _reply: &Reply) -> Response {
-        Response { status: 204, headers: Vec::new(), body: Vec::new() }
+        Response { status: 204, headers: Vec::new(), body: Vec::new(), outcome: None }
     }
 
     fn refuse(&self, err: &Error) -> Response {

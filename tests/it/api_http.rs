@@ -1117,7 +1117,9 @@ fn refund_callback_every_outcome() {
     }
     assert_eq!(server.get("/v1/users/nobody/points").json(), json!({"balance": 0, "entries": []}));
     // A user_id in the path is an identifier like anywhere else.
-    for path in ["/v1/users/%E7%94%A8/points", "/v1/users/a%20b/coupons", &format!("/v1/users/{}/points", "u".repeat(65))] {
+    for path in
+        ["/v1/users/%E7%94%A8/points", "/v1/users/a%20b/coupons", &format!("/v1/users/{}/points", "u".repeat(65))]
+    {
         let answer = server.get(path);
         assert_eq!((answer.status, answer.error_code().as_str()), (400, "invalid_request"), "{path}");
     }

@@ -3,18 +3,18 @@
 mod util;
 
 mod api_http;
-mod ops_admin;
-mod reconcile;
 mod auth;
 mod channels;
+mod crash;
 mod expiry;
 mod hostile;
 mod http_pool;
 mod idempotency;
 mod incident;
-mod schema;
-mod storm;
 mod openapi;
+mod ops_admin;
 mod payment_edges;
-mod crash;
+mod reconcile;
+mod schema;
 mod simulate;
+mod storm;
