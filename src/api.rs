@@ -269,12 +269,12 @@ enum Found<'p> {
     /// The path is routed, for these methods only.
     MethodNotAllowed(Vec<&'static str>),
     /// An unknown or non-canonical path.
-    NotFound,
+    Nothing,
 }
 
 fn find_route<'p>(method: &str, path: &'p str) -> Found<'p> {
     if !is_canonical(path) {
-        return Found::NotFound;
+        return Found::Nothing;
     }
     let segments: Vec<&str> = path[1..].split('/').collect();
     let mut allowed = Vec::new();
@@ -288,7 +288,7 @@ fn find_route<'p>(method: &str, path: &'p str) -> Found<'p> {
         allowed.push(route.method);
     }
     if allowed.is_empty() {
-        Found::NotFound
+        Found::Nothing
     } else {
         Found::MethodNotAllowed(allowed)
     }
@@ -320,7 +320,7 @@ fn route(app: &App, req: &Request) -> Result<Response, Error> {
             let message = format!("{} is not allowed on {}; allowed: {allowed}", req.method, req.path);
             return Ok(Response::error(&Error::new(405, "method_not_allowed", message)).with_header("Allow", &allowed));
         }
-        Found::NotFound => return Err(Error::new(404, "not_found", format!("no route for {}", req.path))),
+        Found::Nothing => return Err(Error::new(404, "not_found", format!("no route for {}", req.path))),
     };
     let caller = if route.needs_token { authenticate(app, req)? } else { CALLER_ANONYMOUS.to_owned() };
     let call =

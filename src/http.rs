@@ -483,13 +483,13 @@ async fn answer(req: hyper::Request<Incoming>, edge: &Edge) -> Response {
 
 async fn run_on_worker(edge: &Edge, request: Request) -> Response {
     let (reply, answer) = oneshot::channel();
-    let queued = edge.jobs.lock().as_ref().map(|jobs| jobs.send(Job { request, reply }));
+    let queued = edge.jobs.lock().as_ref().is_some_and(|jobs| jobs.send(Job { request, reply }).is_ok());
     let unavailable =
         || Response::error(&Error::new(503, "shutting_down", "payonce is shutting down; retry shortly")).closing();
-    match queued {
-        Some(Ok(())) => answer.await.unwrap_or_else(|_| unavailable()),
-        _ => unavailable(),
+    if !queued {
+        return unavailable();
     }
+    answer.await.unwrap_or_else(|_| unavailable())
 }
 
 /// Section 7's framing rules, stricter than hyper's own: hyper lets
