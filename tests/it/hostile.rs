@@ -132,7 +132,7 @@ fn oversized_bodies_are_413_with_content_length_and_chunked() {
         }
         // Chunked, no declared length: the limit holds while reading.
         let chunk = vec![b' '; 8 * 1024];
-        let chunks: Vec<&[u8]> = std::iter::repeat(chunk.as_slice()).take(9).collect();
+        let chunks: Vec<&[u8]> = std::iter::repeat_n(chunk.as_slice(), 9).collect();
         let answer = util::raw(server.addr, &chunked(path, "Content-Type: application/json\r\n", &chunks));
         let resp = util::parse_response(&answer).unwrap_or_else(|| panic!("no answer to chunked {path}"));
         expect(&resp, 413, "payload_too_large", &format!("chunked {path}"));
