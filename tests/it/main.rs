@@ -6,6 +6,7 @@ mod api_http;
 mod auth;
 mod channels;
 mod crash;
+mod edge;
 mod expiry;
 mod hostile;
 mod http_pool;
