@@ -9,9 +9,9 @@
 //! payment of `trade_no`, so both for one trade are one payment. A notice
 //! carrying `refund_fee` is a refund result, classified before the duplicate
 //! check (`out_biz_no`→refund_no, or the order's refund in flight for a full
-//! refund's `TRADE_CLOSED`); `TRADE_CLOSED` without it is an unpaid close and
-//! changes nothing. The answer is the plain text `success`, or `failure`
-//! with a 4xx/5xx.
+//! refund's `TRADE_CLOSED`; `gmt_refund` is kept as its platform time);
+//! `TRADE_CLOSED` without it is an unpaid close and changes nothing. The
+//! answer is the plain text `success`, or `failure` with a 4xx/5xx.
 
 use super::{Channel, Notice, Reply};
 use crate::api::{Request, Response};
@@ -141,11 +141,21 @@ impl Channel for Alipay<'_> {
                 // it settles the order's refund in flight, if there is one.
                 None => app.order(&order_no)?.order.refund_no.unwrap_or(trade_no),
             };
+            // gmt_refund: Beijing time, with milliseconds as Alipay sends it
+            // (`2015-04-28 15:45:57.320`) or without.
+            let settled_at = match get("gmt_refund") {
+                Some(text) => Some(format_ms(
+                    local_time_ms(text, UTC8_OFFSET_MS)
+                        .ok_or_else(|| Error::invalid("gmt_refund must be YYYY-MM-DD HH:MM:SS[.SSS]"))?,
+                )),
+                None => None,
+            };
             return Ok(Notice::Refund(RefundCallback {
                 channel: NAME.to_owned(),
                 refund_no,
                 order_no,
                 status: PlatformStatus::Success,
+                settled_at,
             }));
         }
         match get("trade_status") {

@@ -8,7 +8,8 @@
 //! last 16 bytes of the ciphertext are the tag). `TRANSACTION.*` events are
 //! payments (`transaction_id`→pay_no, `out_trade_no`→order_no,
 //! `amount.total` in fen, `trade_state`), `REFUND.*` events refund results
-//! (`out_refund_no`→refund_no; SUCCESS, or CLOSED/ABNORMAL = failed).
+//! (`out_refund_no`→refund_no; SUCCESS, or CLOSED/ABNORMAL = failed; a
+//! success's `success_time` is kept as the refund's platform time).
 //! Success is 204; a refusal is 4xx/5xx with `{"code":"FAIL","message":..}`.
 
 use super::{Channel, Notice, Reply};
@@ -159,11 +160,19 @@ impl Channel for Wechatpay<'_> {
                 "CLOSED" | "ABNORMAL" => PlatformStatus::Failed,
                 _ => return Err(Error::invalid(format!("unknown refund event {event_type}"))),
             };
+            // success_time is sent with a successful refund only.
+            let settled_at = match (status, plain["success_time"].as_str().filter(|t| !t.is_empty())) {
+                (PlatformStatus::Success, Some(text)) => Some(format_ms(
+                    parse_rfc3339_ms(text).ok_or_else(|| Error::invalid("success_time is not RFC 3339"))?,
+                )),
+                _ => None,
+            };
             return Ok(Notice::Refund(RefundCallback {
                 channel: NAME.to_owned(),
                 refund_no: field("out_refund_no")?,
                 order_no: field("out_trade_no")?,
                 status,
+                settled_at,
             }));
         }
         if !event_type.starts_with("TRANSACTION.") {
