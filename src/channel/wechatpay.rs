@@ -1,7 +1,7 @@
 //! WeChat Pay API v3 notifications.
 //!
 //! Verification, in order: `Wechatpay-Serial` names a configured platform
-//! key; `Wechatpay-Signature` is SHA256-RSA over
+//! key (compared case-insensitively); `Wechatpay-Signature` is SHA256-RSA over
 //! `"{Wechatpay-Timestamp}\n{Wechatpay-Nonce}\n{body}\n"` (the raw bytes);
 //! the timestamp is within 5 minutes. Then `resource` is decrypted
 //! (AEAD_AES_256_GCM, key = APIv3 key, its `nonce` and `associated_data`; the
@@ -93,7 +93,9 @@ impl<'a> Wechatpay<'a> {
             .config
             .platform_keys
             .iter()
-            .find(|(s, _)| s == serial)
+            // Serials are hex (certificate serial numbers) or PUB_KEY_ID_...;
+            // their case carries nothing, and SDKs differ in it.
+            .find(|(s, _)| s.eq_ignore_ascii_case(serial))
             .map(|(_, k)| k)
             .ok_or_else(|| unauthorized("Wechatpay-Serial names no configured platform key"))?;
         if signature.starts_with(SIGN_TEST_PREFIX) {
