@@ -2,8 +2,10 @@
 //!
 //! Alipay signs decoded values, not bytes: the form is decoded in its
 //! `charset` (utf-8 or gbk), then RSA2 (SHA256withRSA) is verified over the
-//! sorted `k=v&...` string of every non-empty parameter except `sign` and
-//! `sign_type`, encoded back in that charset. `app_id` must be the
+//! sorted `k=v&...` string of every parameter except `sign` and
+//! `sign_type`, encoded back in that charset: first with empty values kept
+//! as `k=` (Alipay's Java SDK), then with them left out (its PHP SDK).
+//! Everywhere else an empty value is an absent one. `app_id` must be the
 //! merchant's. `total_amount` is a decimal yuan string converted to fen
 //! exactly. `TRADE_SUCCESS` or `TRADE_FINISHED` (either may come first) is a
 //! payment of `trade_no`, so both for one trade are one payment. A notice
@@ -102,19 +104,25 @@ impl<'a> Alipay<'a> {
             .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
             .and_then(|bytes| Signature::try_from(bytes.as_slice()).ok())
             .ok_or_else(|| unauthorized("sign is missing or not a base64 RSA signature"))?;
-        let content = form
-            .iter()
-            .filter(|(k, v)| !v.is_empty() && k.as_str() != "sign" && k.as_str() != "sign_type")
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join("&");
-        let signed_bytes = match charset {
-            Charset::Utf8 => content.into_bytes(),
-            Charset::Gbk => encoding_rs::GBK.encode(&content).0.into_owned(),
+        // Alipay's SDKs disagree on empty values: the Java SDK
+        // (AlipaySignature.getSignCheckContentV1) and python-alipay-sdk keep
+        // them as `k=`, the PHP SDK leaves them out. Both strings are
+        // deterministic functions of the decoded form, so either verifying
+        // is a signature by Alipay's key; the second is built only when the
+        // form has an empty value (otherwise the two are the same string).
+        let key = VerifyingKey::<Sha256>::new(self.config.public_key.clone());
+        let verifies = |keep_empty: bool| {
+            let content = sign_check_content(&form, keep_empty);
+            let signed_bytes = match charset {
+                Charset::Utf8 => content.into_bytes(),
+                Charset::Gbk => encoding_rs::GBK.encode(&content).0.into_owned(),
+            };
+            key.verify(&signed_bytes, &signature).is_ok()
         };
-        VerifyingKey::<Sha256>::new(self.config.public_key.clone())
-            .verify(&signed_bytes, &signature)
-            .map_err(|_| unauthorized("the RSA2 sign does not verify"))?;
+        let has_empty = form.iter().any(|(k, v)| v.is_empty() && k != "sign" && k != "sign_type");
+        if !(verifies(true) || (has_empty && verifies(false))) {
+            return Err(unauthorized("the RSA2 sign does not verify"));
+        }
         if form.get("app_id") != Some(&self.config.app_id) {
             return Err(unauthorized("app_id is not this merchant's"));
         }
@@ -196,6 +204,17 @@ impl Channel for Alipay<'_> {
     fn refuse(&self, err: &Error) -> Response {
         plain_text(err.status, "failure")
     }
+}
+
+/// The string Alipay signs: every parameter except `sign` and `sign_type`,
+/// sorted by name (the form is a BTreeMap), as `k=v` joined by `&`; empty
+/// values kept as `k=` or left out.
+fn sign_check_content(form: &BTreeMap<String, String>, keep_empty: bool) -> String {
+    form.iter()
+        .filter(|(k, v)| (keep_empty || !v.is_empty()) && k.as_str() != "sign" && k.as_str() != "sign_type")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 fn plain_text(status: u16, text: &str) -> Response {
