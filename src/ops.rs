@@ -421,18 +421,14 @@ impl App {
             if compares(RowKind::Payment) {
                 for p in self.store.read(|tx| tx.applied_payments_between(&from, &to))? {
                     if !listed.contains(&(RowKind::Payment, p.pay_no.as_str())) {
-                        result
-                            .missing_remote
-                            .push(json!({"kind": "payment", "pay_no": p.pay_no, "order_no": p.order_no,
-                                                          "amount_platform": null, "amount_local": p.amount}));
+                        result.missing_remote.push(local_only_row(RowKind::Payment, &p.pay_no, &p.order_no, p.amount));
                     }
                 }
             }
             if compares(RowKind::Refund) {
                 for (refund_no, order_no, amount) in self.store.read(|tx| tx.refunds_settled_between(&from, &to))? {
                     if !listed.contains(&(RowKind::Refund, refund_no.as_str())) {
-                        result.missing_remote.push(json!({"kind": "refund", "pay_no": refund_no, "order_no": order_no,
-                                                          "amount_platform": null, "amount_local": amount}));
+                        result.missing_remote.push(local_only_row(RowKind::Refund, &refund_no, &order_no, amount));
                     }
                 }
             }
@@ -536,6 +532,11 @@ pub fn inspection_json(findings: &[Finding]) -> Value {
     let list: Vec<Value> =
         findings.iter().map(|f| json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail})).collect();
     json!({"ok": findings.is_empty(), "findings": list})
+}
+
+/// A `missing_remote` row: payonce has it, the platform does not.
+fn local_only_row(kind: RowKind, id: &str, order_no: &str, amount: i64) -> Value {
+    json!({"kind": kind.as_str(), "pay_no": id, "order_no": order_no, "amount_platform": null, "amount_local": amount})
 }
 
 fn diff_row(row: &StatementRow, platform: Option<i64>, local: Option<i64>) -> Value {
