@@ -389,11 +389,8 @@ impl App {
         };
         // Compared: the rows of a declared kind inside the period, and the
         // rows without a time of their own (they belong to the statement).
-        let rows: Vec<&StatementRow> = statement
-            .rows
-            .iter()
-            .filter(|r| compares(r.kind) && day(r).map_or(true, |d| period.contains(&d)))
-            .collect();
+        let rows: Vec<&StatementRow> =
+            statement.rows.iter().filter(|r| compares(r.kind) && day(r).is_none_or(|d| period.contains(&d))).collect();
         let mut result = Reconciliation {
             period: period.iter().cloned().collect(),
             compared: statement.compared.iter().map(|k| k.as_str()).collect(),
