@@ -16,6 +16,7 @@ mod openapi;
 mod ops_admin;
 mod payment_edges;
 mod reconcile;
+mod reconcile_bills;
 mod schema;
 mod simulate;
 mod storm;
