@@ -2,10 +2,7 @@
 //! that reaches payonce makes it panic, hang, or lose data it already
 //! acknowledged"; 4xx for the caller's mistakes, 5xx only for the server's).
 //! After every batch the server must still answer /healthz and still create
-//! and pay an order.
-//!
-//! Known limit, not tested: a gigantic `Content-Length` without a body makes
-//! tiny_http 0.12 allocate it (section 2); the reverse proxy stops those.
+//! and pay an order. Attacks on the HTTP framing itself are in `edge.rs`.
 
 use crate::util::{self, HttpResponse, Rng, Server, SECRET};
 use serde_json::{json, Value};

@@ -464,7 +464,7 @@ fn reconcile_in_process(app: &App, format: Format, bytes: &[u8], date: Option<&s
     result.to_json()
 }
 
-/// `util::request` (which decodes chunked bodies: tiny_http chunks answers over 32 KiB).
+/// `util::request` (which also decodes chunked bodies).
 fn request(server: &Server, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> util::HttpResponse {
     util::request(server.addr, method, path, headers, body)
 }
