@@ -1,4 +1,4 @@
--- payonce schema, version 1.
+-- payonce schema, version 2: the whole current schema.
 --
 -- Every uniqueness and every allowed value is a constraint here, so the
 -- database refuses what the code must never do, even if the code is wrong.
@@ -6,9 +6,12 @@
 -- Times are RFC 3339 UTC text with milliseconds (YYYY-MM-DDTHH:MM:SS.sssZ),
 -- so they sort as text. Money is an integer number of minor units.
 --
--- Applied by src/store.rs in one IMMEDIATE transaction when
--- PRAGMA user_version is below 1; the store sets user_version in that same
--- transaction, so two processes opening a new file do not race.
+-- Applied by src/store.rs to a new database (PRAGMA user_version 0) in one
+-- IMMEDIATE transaction that also sets user_version, so two processes
+-- opening a new file do not race. An older database is brought here by the
+-- numbered migrations in migrations/, in order, in that same kind of
+-- transaction; tests/it/schema.rs proves a migrated v1 database ends with
+-- exactly this schema. A change here is also a new migration.
 
 CREATE TABLE orders (
     id          INTEGER PRIMARY KEY,
@@ -179,11 +182,16 @@ CREATE TABLE refund (
     status       TEXT    NOT NULL CHECK (status IN ('REQUESTED', 'SUCCEEDED', 'FAILED')),
     requested_at TEXT    NOT NULL,
     settled_at   TEXT,
-    CHECK ((status = 'REQUESTED') = (settled_at IS NULL))
+    -- The platform's own time of a successful refund when its notice carries
+    -- one (WeChat Pay success_time, Alipay gmt_refund); reconciliation dates
+    -- the refund by it, else by settled_at (when payonce learnt of it).
+    platform_settled_at TEXT,
+    CHECK ((status = 'REQUESTED') = (settled_at IS NULL)),
+    CHECK (platform_settled_at IS NULL OR status = 'SUCCEEDED')
 );
 CREATE UNIQUE INDEX uk_refund_no ON refund (refund_no);
 CREATE INDEX ix_refund_order ON refund (order_id);
-CREATE INDEX ix_refund_settled ON refund (settled_at) WHERE status = 'SUCCEEDED';
+CREATE INDEX ix_refund_settled ON refund (coalesce(platform_settled_at, settled_at)) WHERE status = 'SUCCEEDED';
 -- One refund in flight per order, and one full refund per order in this version.
 CREATE UNIQUE INDEX uk_refund_requested ON refund (order_id) WHERE status = 'REQUESTED';
 CREATE UNIQUE INDEX uk_refund_succeeded ON refund (order_id) WHERE status = 'SUCCEEDED';
@@ -194,8 +202,10 @@ WHEN NEW.refund_no IS NOT OLD.refund_no OR NEW.order_id IS NOT OLD.order_id
   OR NEW.requested_at IS NOT OLD.requested_at
   OR (NEW.status IS NOT OLD.status
       AND NOT (OLD.status = 'REQUESTED' AND NEW.status IN ('SUCCEEDED', 'FAILED')))
+  OR (OLD.settled_at IS NOT NULL AND NEW.settled_at IS NOT OLD.settled_at)
+  OR (OLD.status <> 'REQUESTED' AND NEW.platform_settled_at IS NOT OLD.platform_settled_at)
 BEGIN
-    SELECT RAISE(ABORT, 'a refund only settles once, REQUESTED -> SUCCEEDED | FAILED');
+    SELECT RAISE(ABORT, 'a refund only settles once, REQUESTED -> SUCCEEDED | FAILED, and its times stay');
 END;
 
 CREATE TRIGGER refund_no_delete BEFORE DELETE ON refund

@@ -752,11 +752,7 @@ struct Client {
 impl Client {
     /// Connects and completes one `GET /healthz` before returning, so every
     /// connection is established and served by a server thread before the
-    /// clock starts. (Connecting one at a time also kept the measurement
-    /// clear of tiny_http 0.12's task-pool bug, where a burst of keep-alive
-    /// connections could leave one unread until another closed: with the
-    /// crates.io tiny_http the slowest request of a phase took as long as the
-    /// whole phase. payonce now vendors tiny_http with that fixed.)
+    /// clock starts.
     fn connect(addr: SocketAddr) -> Result<Client, BoxError> {
         let stream = TcpStream::connect_timeout(&addr, CLIENT_IO_TIMEOUT)?;
         stream.set_nodelay(true)?;

@@ -10,6 +10,7 @@ use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::store::IdempotencySlot;
 use serde_json::{json, Map, Value};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Largest request body accepted by the JSON endpoints.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
@@ -57,6 +58,9 @@ pub struct Response {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The outcome or error code, for the request log (never re-parsed
+    /// from the body).
+    pub outcome: Option<&'static str>,
 }
 
 impl Response {
@@ -65,15 +69,27 @@ impl Response {
             status,
             headers: vec![("Content-Type".into(), "application/json".into())],
             body: value.to_string().into_bytes(),
+            outcome: None,
         }
     }
 
     pub fn error(err: &Error) -> Response {
-        let mut response = Response::json(err.status, &err.to_json());
+        let mut response = Response::json(err.status, &err.to_json()).with_outcome(err.code);
         if err.status == 503 || err.code == "idempotency_key_in_use" {
             response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
         }
         response
+    }
+
+    pub fn with_outcome(mut self, outcome: &'static str) -> Response {
+        self.outcome = Some(outcome);
+        self
+    }
+
+    /// The connection is closed after this answer (its framing or body
+    /// cannot be trusted, or the server is stopping).
+    pub fn closing(self) -> Response {
+        self.with_header("Connection", "close")
     }
 
     pub fn with_header(mut self, name: &str, value: &str) -> Response {
@@ -86,8 +102,53 @@ impl Response {
     }
 }
 
-/// Routes one request. Never panics on any input (the HTTP layer still
-/// turns a panic into a 500, as a last resort).
+/// Serves one request on a worker thread: routes it, turns a panic into a
+/// 500, and counts and logs it. This is what the HTTP edge calls.
+pub fn serve(app: &App, req: &Request) -> Response {
+    let started = std::time::Instant::now();
+    let response = catch_unwind(AssertUnwindSafe(|| handle(app, req))).unwrap_or_else(|_| {
+        crate::log::error("handler panicked", &[("method", &req.method), ("path", &req.path)]);
+        Response::error(&Error::internal("the request failed inside payonce; it was not applied"))
+    });
+    observe(app, req, &response, started.elapsed());
+    response
+}
+
+/// The answer to a request the HTTP edge refuses itself (413 before reading,
+/// 408, ambiguous framing, shutting down), in the protocol of the route:
+/// a payment channel answers in its platform's own. Runs on the edge's
+/// runtime, so it never touches the store.
+pub fn refuse_at_edge(app: &App, req: &Request, err: &Error) -> Response {
+    let response = match find_route(&req.method, &req.path) {
+        Found::Route(route, params) if route.template.starts_with("/v1/callbacks/") => {
+            crate::channel::refuse(app, params.first().copied().unwrap_or(""), err)
+        }
+        _ => Response::error(err),
+    };
+    observe(app, req, &response, std::time::Duration::ZERO);
+    response
+}
+
+fn observe(app: &App, req: &Request, response: &Response, latency: std::time::Duration) {
+    let route = route_label(&req.path);
+    app.metrics.observe_request(&req.method, route, response.status, latency);
+    if crate::log::enabled(crate::log::Level::Info) {
+        let latency_ms = format!("{:.3}", latency.as_secs_f64() * 1000.0);
+        crate::log::info(
+            "request",
+            &[
+                ("method", &req.method),
+                ("route", &route),
+                ("status", &response.status),
+                ("outcome", &response.outcome.unwrap_or("-")),
+                ("latency_ms", &latency_ms),
+            ],
+        );
+    }
+}
+
+/// Routes one request. Never panics on any input ([`serve`] still turns a
+/// panic into a 500, as a last resort).
 pub fn handle(app: &App, req: &Request) -> Response {
     match route(app, req) {
         Ok(response) => response,
@@ -100,22 +161,179 @@ pub fn handle(app: &App, req: &Request) -> Response {
     }
 }
 
-/// Authentication and the access-layer Idempotency-Key wrap the route table.
-fn route(app: &App, req: &Request) -> Result<Response, Error> {
-    let protected = req.path.starts_with("/v1/") && !req.path.starts_with("/v1/callbacks/");
-    if !protected {
-        return dispatch(app, req, None, CALLER_ANONYMOUS);
-    }
-    let caller = authenticate(app, req)?;
-    let keyed = matches!(req.method.as_str(), "POST" | "PUT");
-    match req.header("Idempotency-Key") {
-        Some(raw_key) if keyed => with_idempotency_key(app, req, &caller, raw_key),
-        _ => dispatch(app, req, None, &caller),
+/// What a handler gets: the request, its path parameters in template order,
+/// the caller, and the Idempotency-Key slot its work stores its answer in.
+struct Call<'a> {
+    app: &'a App,
+    req: &'a Request,
+    params: &'a [&'a str],
+    caller: &'a str,
+    slot: Option<&'a IdempotencySlot>,
+}
+
+impl Call<'_> {
+    fn param(&self, index: usize) -> &str {
+        self.params.get(index).copied().unwrap_or("")
     }
 }
 
-/// The caller's name from `Authorization: Bearer <token>`, compared in
-/// constant time with every configured token; `anonymous` without tokens.
+/// One row of the route table. The table alone decides dispatch, 405s,
+/// authentication, Idempotency-Key handling and the metrics label (the
+/// template), so no spelling of a path reaches a protected handler without
+/// a token.
+struct Route {
+    method: &'static str,
+    template: &'static str,
+    needs_token: bool,
+    /// Honours `Idempotency-Key` (every POST and PUT under /v1 but callbacks).
+    keyed: bool,
+    handler: fn(&Call) -> Result<Response, Error>,
+}
+
+const fn open(method: &'static str, template: &'static str, handler: fn(&Call) -> Result<Response, Error>) -> Route {
+    Route { method, template, needs_token: false, keyed: false, handler }
+}
+
+/// A token-protected route; its POSTs and PUTs honour Idempotency-Key.
+const fn protected(
+    method: &'static str,
+    template: &'static str,
+    handler: fn(&Call) -> Result<Response, Error>,
+) -> Route {
+    let keyed = matches!(method.as_bytes(), b"POST" | b"PUT");
+    Route { method, template, needs_token: true, keyed, handler }
+}
+
+static ROUTE_TABLE: &[Route] = &[
+    open("GET", "/healthz", |c| healthz(c.app)),
+    open("GET", "/metrics", |c| metrics(c.app)),
+    protected("POST", "/v1/orders", |c| create_order(c.app, c.req, c.slot)),
+    protected("GET", "/v1/orders", |c| list_orders(c.app, c.req)),
+    protected("GET", "/v1/orders/{order_no}", |c| get_order(c.app, c.param(0))),
+    protected("POST", "/v1/orders/{order_no}/close", |c| close_order(c.app, c.req, c.param(0), c.slot)),
+    protected("POST", "/v1/orders/{order_no}/refund", |c| request_refund(c.app, c.req, c.param(0), c.slot)),
+    protected("GET", "/v1/users/{user_id}/coupons", |c| user_coupons(c.app, c.param(0))),
+    protected("GET", "/v1/users/{user_id}/points", |c| user_points(c.app, c.param(0))),
+    protected("GET", "/v1/events", |c| events(c.app, c.req)),
+    open("POST", "/v1/callbacks/{channel}", |c| Ok(crate::channel::handle(c.app, c.req, c.param(0), false))),
+    open("POST", "/v1/callbacks/{channel}/refund", |c| Ok(crate::channel::handle(c.app, c.req, c.param(0), true))),
+    protected("GET", "/v1/admin/mode", |c| get_mode(c.app)),
+    protected("PUT", "/v1/admin/mode", |c| put_mode(c.app, c.req, c.caller, c.slot)),
+    protected("POST", "/v1/admin/drain", |c| drain(c.app, c.req, c.slot)),
+    protected("GET", "/v1/inspections", |c| inspections(c.app)),
+    protected("POST", "/v1/admin/payments/{pay_no}/resolve", |c| {
+        resolve_payment(c.app, c.req, c.param(0), c.caller, c.slot)
+    }),
+    protected("POST", "/v1/admin/refunds/{refund_no}/resolve", |c| {
+        resolve_refund(c.app, c.req, c.param(0), c.caller, c.slot)
+    }),
+    protected("POST", "/v1/reconciliations", |c| reconciliations(c.app, c.req, c.slot)),
+    protected("POST", "/v1/compensations", |c| compensations(c.app, c.req, c.caller, c.slot)),
+];
+
+/// A route of the table as the outside sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteInfo {
+    pub method: &'static str,
+    /// `/v1/orders/{order_no}`; also the route's metrics label.
+    pub template: &'static str,
+    pub needs_token: bool,
+}
+
+/// Every route, in table order.
+pub fn routes() -> impl Iterator<Item = RouteInfo> {
+    ROUTE_TABLE.iter().map(|r| RouteInfo { method: r.method, template: r.template, needs_token: r.needs_token })
+}
+
+/// Canonical paths only: a leading `/`, no empty, `.` or `..` segment, and
+/// no percent-encoded `/`, `.` or `%` (which another component could decode
+/// into a different path than the one routed).
+fn is_canonical(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    rest.split('/').all(|segment| {
+        let lower = segment.to_ascii_lowercase();
+        !segment.is_empty()
+            && segment != "."
+            && segment != ".."
+            && !lower.contains("%2f")
+            && !lower.contains("%2e")
+            && !lower.contains("%25")
+    })
+}
+
+/// What the route table says of a method and path.
+enum Found<'p> {
+    Route(&'static Route, Vec<&'p str>),
+    /// The path is routed, for these methods only.
+    MethodNotAllowed(Vec<&'static str>),
+    /// An unknown or non-canonical path.
+    Nothing,
+}
+
+fn find_route<'p>(method: &str, path: &'p str) -> Found<'p> {
+    if !is_canonical(path) {
+        return Found::Nothing;
+    }
+    let segments: Vec<&str> = path[1..].split('/').collect();
+    let mut allowed = Vec::new();
+    for route in ROUTE_TABLE {
+        let Some(params) = match_template(route.template, &segments) else {
+            continue;
+        };
+        if route.method == method {
+            return Found::Route(route, params);
+        }
+        allowed.push(route.method);
+    }
+    if allowed.is_empty() {
+        Found::Nothing
+    } else {
+        Found::MethodNotAllowed(allowed)
+    }
+}
+
+fn match_template<'p>(template: &str, segments: &[&'p str]) -> Option<Vec<&'p str>> {
+    let parts: Vec<&str> = template[1..].split('/').collect();
+    if parts.len() != segments.len() {
+        return None;
+    }
+    let mut params = Vec::new();
+    for (part, segment) in parts.iter().zip(segments) {
+        if part.starts_with('{') {
+            params.push(*segment);
+        } else if part != segment {
+            return None;
+        }
+    }
+    Some(params)
+}
+
+/// Authentication and the access-layer Idempotency-Key, both decided by the
+/// matched route.
+fn route(app: &App, req: &Request) -> Result<Response, Error> {
+    let (route, params) = match find_route(&req.method, &req.path) {
+        Found::Route(route, params) => (route, params),
+        Found::MethodNotAllowed(allowed) => {
+            let allowed = allowed.join(", ");
+            let message = format!("{} is not allowed on {}; allowed: {allowed}", req.method, req.path);
+            return Ok(Response::error(&Error::new(405, "method_not_allowed", message)).with_header("Allow", &allowed));
+        }
+        Found::Nothing => return Err(Error::new(404, "not_found", format!("no route for {}", req.path))),
+    };
+    let caller = if route.needs_token { authenticate(app, req)? } else { CALLER_ANONYMOUS.to_owned() };
+    let call =
+        |slot: Option<&IdempotencySlot>| (route.handler)(&Call { app, req, params: &params, caller: &caller, slot });
+    match req.header("Idempotency-Key") {
+        Some(raw_key) if route.keyed => with_idempotency_key(app, req, &caller, raw_key, call),
+        _ => call(None),
+    }
+}
+
+/// The caller's name from `Authorization: Bearer <token>` (the scheme is
+/// case-insensitive, RFC 9110), compared in constant time with every
+/// configured token; `anonymous` without tokens.
 fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
     use subtle::ConstantTimeEq;
     if app.config.api_tokens.is_empty() {
@@ -123,8 +341,9 @@ fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
     }
     let presented = req
         .header("Authorization")
-        .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
-        .map(str::trim)
+        .and_then(|h| h.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
         .unwrap_or("");
     // Compare digests, so the comparison is constant-time whatever the lengths.
     let presented_digest = sha256_hex(presented.as_bytes());
@@ -143,7 +362,13 @@ fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
 /// First use runs the request and stores its answer with its work; a
 /// repeat with the same body replays it; another body is 422; a repeat
 /// while the first runs waits for it (bounded) and then replays it.
-fn with_idempotency_key(app: &App, req: &Request, caller: &str, raw_key: &str) -> Result<Response, Error> {
+fn with_idempotency_key(
+    app: &App,
+    req: &Request,
+    caller: &str,
+    raw_key: &str,
+    run: impl Fn(Option<&IdempotencySlot>) -> Result<Response, Error>,
+) -> Result<Response, Error> {
     let key = parse_idempotency_key(raw_key)?;
     let path = if req.query.is_empty() { req.path.clone() } else { format!("{}?{}", req.path, req.query) };
     let scope = format!("{caller} {} {path}", req.method);
@@ -156,7 +381,7 @@ fn with_idempotency_key(app: &App, req: &Request, caller: &str, raw_key: &str) -
         return Ok(response);
     }
     let slot = app.idempotency_slot(scope.clone(), key.clone(), fingerprint.clone());
-    match dispatch(app, req, Some(&slot), caller) {
+    match run(Some(&slot)) {
         // Another process stored this key between our look-up and our commit.
         Err(e) if e.code == "idempotency_key_in_use" => replay(app, &scope, &key, &fingerprint)?.ok_or(e),
         other => other,
@@ -182,6 +407,7 @@ fn replay(app: &App, scope: &str, key: &str, fingerprint: &str) -> Result<Option
             ("Idempotent-Replayed".into(), "true".into()),
         ],
         body: stored.body,
+        outcome: Some("replayed"),
     }))
 }
 
@@ -214,104 +440,14 @@ pub fn parse_idempotency_key(raw: &str) -> Result<String, Error> {
     Ok(key.to_owned())
 }
 
-/// The route table; `allowed` lists what a path allows, for 405.
-fn dispatch(app: &App, req: &Request, slot: Option<&IdempotencySlot>, caller: &str) -> Result<Response, Error> {
-    let segments: Vec<&str> = req.path.trim_start_matches('/').split('/').collect();
-    let method = req.method.as_str();
-    let (allowed, result): (&[&str], Option<Result<Response, Error>>) = match segments.as_slice() {
-        ["healthz"] => (&["GET"], (method == "GET").then(|| healthz(app))),
-        ["v1", "orders"] => (
-            &["GET", "POST"],
-            match method {
-                "POST" => Some(create_order(app, req, slot)),
-                "GET" => Some(list_orders(app, req)),
-                _ => None,
-            },
-        ),
-        ["v1", "orders", order_no] => (&["GET"], (method == "GET").then(|| get_order(app, order_no))),
-        ["v1", "orders", order_no, "close"] => {
-            (&["POST"], (method == "POST").then(|| close_order(app, req, order_no, slot)))
-        }
-        ["v1", "orders", order_no, "refund"] => {
-            (&["POST"], (method == "POST").then(|| request_refund(app, req, order_no, slot)))
-        }
-        ["v1", "users", user_id, "coupons"] => (&["GET"], (method == "GET").then(|| user_coupons(app, user_id))),
-        ["v1", "users", user_id, "points"] => (&["GET"], (method == "GET").then(|| user_points(app, user_id))),
-        ["v1", "events"] => (&["GET"], (method == "GET").then(|| events(app, req))),
-        ["metrics"] => (&["GET"], (method == "GET").then(|| metrics(app))),
-        ["v1", "admin", "mode"] => (
-            &["GET", "PUT"],
-            match method {
-                "GET" => Some(get_mode(app)),
-                "PUT" => Some(put_mode(app, req, caller, slot)),
-                _ => None,
-            },
-        ),
-        ["v1", "admin", "drain"] => (&["POST"], (method == "POST").then(|| drain(app, req, slot))),
-        ["v1", "inspections"] => (&["GET"], (method == "GET").then(|| inspections(app))),
-        ["v1", "admin", "payments", pay_no, "resolve"] => {
-            (&["POST"], (method == "POST").then(|| resolve_payment(app, req, pay_no, caller, slot)))
-        }
-        ["v1", "admin", "refunds", refund_no, "resolve"] => {
-            (&["POST"], (method == "POST").then(|| resolve_refund(app, req, refund_no, caller, slot)))
-        }
-        ["v1", "reconciliations"] => (&["POST"], (method == "POST").then(|| reconciliations(app, req, slot))),
-        ["v1", "compensations"] => (&["POST"], (method == "POST").then(|| compensations(app, req, caller, slot))),
-        ["v1", "callbacks", channel] => {
-            (&["POST"], (method == "POST").then(|| Ok(crate::channel::handle(app, req, channel, false))))
-        }
-        ["v1", "callbacks", channel, "refund"] => {
-            (&["POST"], (method == "POST").then(|| Ok(crate::channel::handle(app, req, channel, true))))
-        }
-        _ => return Err(Error::new(404, "not_found", format!("no route for {}", req.path))),
-    };
-    match result {
-        Some(result) => result,
-        None => Ok(Response::error(&Error::new(
-            405,
-            "method_not_allowed",
-            format!("{method} is not allowed on {}; allowed: {}", req.path, allowed.join(", ")),
-        ))
-        .with_header("Allow", &allowed.join(", "))),
-    }
-}
-
-/// Every route whose path the router knows, as `METHOD /path/{param}`.
-pub const ROUTES: &[&str] = &[
-    "GET /healthz",
-    "POST /v1/orders",
-    "GET /v1/orders",
-    "GET /v1/orders/{order_no}",
-    "POST /v1/orders/{order_no}/close",
-    "POST /v1/orders/{order_no}/refund",
-    "GET /v1/users/{user_id}/coupons",
-    "GET /v1/users/{user_id}/points",
-    "GET /v1/events",
-    "POST /v1/callbacks/{channel}",
-    "POST /v1/callbacks/{channel}/refund",
-    "GET /metrics",
-    "GET /v1/admin/mode",
-    "PUT /v1/admin/mode",
-    "POST /v1/admin/drain",
-    "GET /v1/inspections",
-    "POST /v1/admin/payments/{pay_no}/resolve",
-    "POST /v1/admin/refunds/{refund_no}/resolve",
-    "POST /v1/reconciliations",
-    "POST /v1/compensations",
-];
-
 /// The route template a path matches (`/v1/orders/{order_no}`), for
 /// metrics and logs; `other` for unknown paths (bounded label values).
 pub fn route_label(path: &str) -> &'static str {
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    ROUTES
-        .iter()
-        .filter_map(|r| r.split_once(' ').map(|(_, template)| template))
-        .find(|template| {
-            let parts: Vec<&str> = template.trim_start_matches('/').split('/').collect();
-            parts.len() == segments.len() && parts.iter().zip(&segments).all(|(p, s)| p.starts_with('{') || p == s)
-        })
-        .unwrap_or("other")
+    if !is_canonical(path) {
+        return "other";
+    }
+    let segments: Vec<&str> = path[1..].split('/').collect();
+    ROUTE_TABLE.iter().find(|r| match_template(r.template, &segments).is_some()).map_or("other", |r| r.template)
 }
 
 // ---- handlers ----
@@ -441,6 +577,7 @@ fn metrics(app: &App) -> Result<Response, Error> {
         status: 200,
         headers: vec![("Content-Type".into(), "text/plain; version=0.0.4; charset=utf-8".into())],
         body: app.metrics.render(&gauges).into_bytes(),
+        outcome: None,
     })
 }
 

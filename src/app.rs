@@ -144,6 +144,10 @@ pub struct RefundCallback {
     pub refund_no: String,
     pub order_no: String,
     pub status: PlatformStatus,
+    /// The platform's own time of a successful refund (WeChat Pay
+    /// `success_time`, Alipay `gmt_refund`), normalised to payonce's UTC
+    /// text; kept as `refund.platform_settled_at`.
+    pub settled_at: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -761,7 +765,9 @@ impl App {
                 }
                 (settled, _) => return unexpected_refund(tx, &order, cb, Some(settled), &now),
             };
-            if !tx.settle_refund(refund.id, settle_to, &now)? {
+            // Only a success has a platform settlement time worth keeping.
+            let platform_settled_at = cb.settled_at.as_deref().filter(|_| settle_to == RefundStatus::Succeeded);
+            if !tx.settle_refund(refund.id, settle_to, &now, platform_settled_at)? {
                 return Err(Error::internal(format!("refund {} changed inside its transaction", cb.refund_no)));
             }
             let moved = match outcome {
@@ -954,6 +960,12 @@ fn validate_refund(cb: &RefundCallback) -> Result<(), Error> {
     }
     if !is_identifier(&cb.order_no) {
         return Err(Error::invalid("order_no must be 1-64 characters of [A-Za-z0-9_.-]"));
+    }
+    // Stored times sort as text only in payonce's one format.
+    if let Some(at) = &cb.settled_at {
+        if crate::clock::parse_rfc3339_ms(at).map(crate::clock::format_ms).as_ref() != Some(at) {
+            return Err(Error::invalid("a refund's settled_at must be YYYY-MM-DDTHH:MM:SS.sssZ"));
+        }
     }
     Ok(())
 }

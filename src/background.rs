@@ -117,8 +117,7 @@ pub fn spawn_storage_watch(app: Arc<App>, shutdown: Arc<AtomicBool>) -> std::io:
             let Some((why, rescue)) = app.store.storage_lost_state() else {
                 continue;
             };
-            let due =
-                last_logged.map_or(true, |at| at.elapsed() >= Duration::from_millis(STORAGE_LOST_LOG_INTERVAL_MS));
+            let due = last_logged.is_none_or(|at| at.elapsed() >= Duration::from_millis(STORAGE_LOST_LOG_INTERVAL_MS));
             if due {
                 log::error(
                     "storage lost: every write is refused (503 storage_lost); restart payonce",

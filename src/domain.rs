@@ -249,8 +249,12 @@ impl Rewards {
     }
 }
 
+/// 1-64 characters of `[A-Za-z0-9_.-]`, and not `.` or `..` (which a path
+/// segment, a file name or a URL could read as a directory step).
 pub fn is_identifier(text: &str) -> bool {
     !text.is_empty()
+        && text != "."
+        && text != ".."
         && text.len() <= IDENTIFIER_BYTES_MAX
         && text.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }

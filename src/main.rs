@@ -8,7 +8,7 @@ use payonce::background::{
 use payonce::channel::alipay::{public_key_from_text as alipay_public_key_from_text, AlipayConfig};
 use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
 use payonce::domain::{is_identifier, Rewards};
-use payonce::http::{Server, WORKERS_DEFAULT};
+use payonce::http::{Limits, Server, WORKERS_DEFAULT};
 use payonce::recon::Format;
 use payonce::{App, Clock};
 use std::io::Write;
@@ -109,7 +109,21 @@ Options:
   --alipay-public-key FILE  Alipay public key (PEM or the console's base64); with
                             --alipay-app-id, turns the alipay channel on
   --alipay-app-id ID        the merchant's Alipay app_id
-  -h, --help                this help
+
+HTTP edge limits (section 7; each holds without a reverse proxy):
+  --max-connections N             connections served at once; more wait in the kernel's backlog.
+                                  Clamped to RLIMIT_NOFILE minus --fd-reserve [default: 1024]
+  --header-read-timeout-ms N      a request head must arrive within this [default: 10000]
+  --body-read-timeout-ms N        the whole body must arrive within this [default: 30000]
+  --keep-alive-idle-ms N          an idle keep-alive connection is closed after this, counted from
+                                  the end of a response [default: 60000]
+  --response-write-timeout-ms N   a client that does not read its answer loses the connection
+                                  after this [default: 30000]
+  --fd-reserve N                  descriptors kept for the database, logs and outgoing calls
+                                  [default: 128]
+  --workers N                     worker threads that run requests [default: 16]
+  --shutdown-grace-ms N           how long shutdown waits for requests in flight [default: 10000]
+  -h, --help                      this help
 ";
 
 struct ServeArgs {
@@ -128,6 +142,8 @@ struct ServeArgs {
     wechatpay_public_keys: Vec<String>,
     alipay_public_key: Option<String>,
     alipay_app_id: Option<String>,
+    limits: Limits,
+    workers: usize,
 }
 
 fn main() -> ExitCode {
@@ -183,6 +199,8 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
         wechatpay_public_keys: Vec::new(),
         alipay_public_key: None,
         alipay_app_id: None,
+        limits: Limits::default(),
+        workers: WORKERS_DEFAULT,
     };
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
@@ -215,6 +233,29 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
             Long("sweep-interval-s") => {
                 args.sweep_interval_s = int_value(&mut parser, "--sweep-interval-s", 1, 86_400)?.unsigned_abs()
             }
+            Long("max-connections") => {
+                args.limits.max_connections = positive(&mut parser, "--max-connections", 1_000_000)? as usize
+            }
+            Long("header-read-timeout-ms") => {
+                args.limits.header_read_timeout_ms = positive(&mut parser, "--header-read-timeout-ms", TIMEOUT_MS_MAX)?
+            }
+            Long("body-read-timeout-ms") => {
+                args.limits.body_read_timeout_ms = positive(&mut parser, "--body-read-timeout-ms", TIMEOUT_MS_MAX)?
+            }
+            Long("keep-alive-idle-ms") => {
+                args.limits.keep_alive_idle_ms = positive(&mut parser, "--keep-alive-idle-ms", TIMEOUT_MS_MAX)?
+            }
+            Long("response-write-timeout-ms") => {
+                args.limits.response_write_timeout_ms =
+                    positive(&mut parser, "--response-write-timeout-ms", TIMEOUT_MS_MAX)?
+            }
+            Long("fd-reserve") => {
+                args.limits.fd_reserve = int_value(&mut parser, "--fd-reserve", 0, 1_000_000)?.unsigned_abs()
+            }
+            Long("shutdown-grace-ms") => {
+                args.limits.shutdown_grace_ms = positive(&mut parser, "--shutdown-grace-ms", TIMEOUT_MS_MAX)?
+            }
+            Long("workers") => args.workers = positive(&mut parser, "--workers", 1024)? as usize,
             Short('h') | Long("help") => {
                 print!("{SERVE_USAGE}");
                 std::process::exit(0);
@@ -235,6 +276,15 @@ fn int_value(parser: &mut lexopt::Parser, flag: &str, min: i64, max: i64) -> Res
         Ok(n) if (min..=max).contains(&n) => Ok(n),
         _ => Err(format!("{flag} {text:?}: expected an integer from {min} to {max}")),
     }
+}
+
+/// The longest timeout a setting takes: one day.
+const TIMEOUT_MS_MAX: u64 = 86_400_000;
+
+/// An integer from 1 to `max`.
+fn positive(parser: &mut lexopt::Parser, flag: &str, max: u64) -> Result<u64, String> {
+    let max = i64::try_from(max).unwrap_or(i64::MAX);
+    Ok(int_value(parser, flag, 1, max)?.unsigned_abs())
 }
 
 fn serve(args: ServeArgs) -> Result<ExitCode, String> {
@@ -265,7 +315,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     }
     // The database first: a refused start (a bad file) exits before the port is taken.
     let app = App::open(&args.db, Clock::System, config).map_err(|e| e.message)?;
-    let server = Server::bind(&args.listen).map_err(|e| e.message)?;
+    let server = Server::bind_with(&args.listen, args.limits.clone()).map_err(|e| e.message)?;
     let addr = server.local_addr();
     let shutdown = Arc::new(AtomicBool::new(false));
     handle_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
@@ -282,7 +332,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
             .map_err(|e| format!("cannot start the inspector: {e}"))?;
     let storage_watch = spawn_storage_watch(Arc::clone(&app), Arc::clone(&shutdown))
         .map_err(|e| format!("cannot start the storage watch: {e}"))?;
-    let finished = server.serve(app, shutdown, WORKERS_DEFAULT);
+    let finished = server.serve(app, shutdown, args.workers);
     let _ = sweeper.join();
     let _ = inspector.join();
     let _ = storage_watch.join();

@@ -150,7 +150,7 @@ impl Metrics {
             "gauge",
             "1 while the database paths name the files payonce has open; 0: writes refused until a restart.",
         );
-        let storage_ok = self.storage_ok.as_ref().map_or(true, |f| f.load(Ordering::Acquire));
+        let storage_ok = self.storage_ok.as_ref().is_none_or(|f| f.load(Ordering::Acquire));
         let _ = writeln!(out, "payonce_storage_ok {}", u8::from(storage_ok));
         out
     }

@@ -65,6 +65,8 @@ pub enum CompensationAction {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Reconciliation {
     pub period: Vec<String>,
+    /// The kinds the statement declares it lists ("payment", "refund").
+    pub compared: Vec<&'static str>,
     pub matched: usize,
     pub missing_local: Vec<Value>,
     pub missing_remote: Vec<Value>,
@@ -76,7 +78,8 @@ pub struct Reconciliation {
 impl Reconciliation {
     pub fn to_json(&self) -> Value {
         let mut value = json!({
-            "period": self.period, "matched": self.matched, "missing_local": self.missing_local,
+            "period": self.period, "compared": self.compared, "matched": self.matched,
+            "missing_local": self.missing_local,
             "missing_remote": self.missing_remote, "amount_mismatch": self.amount_mismatch,
         });
         if let (Some(repaired), Value::Object(map)) = (&self.repaired, &mut value) {
@@ -374,17 +377,27 @@ impl App {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Reconciliation, Error> {
         let offset = format.day_offset_ms();
-        let rows = recon::parse(format, statement)?;
+        let statement = recon::parse(format, statement)?;
+        let compares = |kind: RowKind| statement.compared.contains(&kind);
+        let day = |r: &StatementRow| r.at_ms.map(|at| recon::day_of(at, offset));
+        // The period: `date=`, else the days of the rows that have a time of
+        // their own (a row dated by something else never widens it).
         let period: BTreeSet<String> = match date {
             Some(day) => {
                 recon::day_bounds(day, offset).ok_or_else(|| Error::invalid("date must be YYYY-MM-DD"))?;
                 BTreeSet::from([day.to_owned()])
             }
-            None => rows.iter().map(|r| recon::day_of(r.at_ms, offset)).collect(),
+            None => statement.rows.iter().filter_map(day).collect(),
         };
+        // Compared: the rows of a declared kind inside the period, and the
+        // rows without a time of their own (they belong to the statement).
         let rows: Vec<&StatementRow> =
-            rows.iter().filter(|r| period.contains(&recon::day_of(r.at_ms, offset))).collect();
-        let mut result = Reconciliation { period: period.iter().cloned().collect(), ..Reconciliation::default() };
+            statement.rows.iter().filter(|r| compares(r.kind) && day(r).is_none_or(|d| period.contains(&d))).collect();
+        let mut result = Reconciliation {
+            period: period.iter().cloned().collect(),
+            compared: statement.compared.iter().map(|k| k.as_str()).collect(),
+            ..Reconciliation::default()
+        };
         let mut missing_rows = Vec::new();
         for (done, row) in rows.iter().enumerate() {
             let local = match row.kind {
@@ -404,16 +417,18 @@ impl App {
         let listed: HashSet<(RowKind, &str)> = rows.iter().map(|r| (r.kind, r.id.as_str())).collect();
         for day in &period {
             let (from, to) = recon::day_bounds(day, offset).ok_or_else(|| Error::internal("bad period day"))?;
-            for p in self.store.read(|tx| tx.applied_payments_between(&from, &to))? {
-                if !listed.contains(&(RowKind::Payment, p.pay_no.as_str())) {
-                    result.missing_remote.push(json!({"kind": "payment", "pay_no": p.pay_no, "order_no": p.order_no,
-                                                      "amount_platform": null, "amount_local": p.amount}));
+            if compares(RowKind::Payment) {
+                for p in self.store.read(|tx| tx.applied_payments_between(&from, &to))? {
+                    if !listed.contains(&(RowKind::Payment, p.pay_no.as_str())) {
+                        result.missing_remote.push(local_only_row(RowKind::Payment, &p.pay_no, &p.order_no, p.amount));
+                    }
                 }
             }
-            for (refund_no, order_no, amount) in self.store.read(|tx| tx.refunds_settled_between(&from, &to))? {
-                if !listed.contains(&(RowKind::Refund, refund_no.as_str())) {
-                    result.missing_remote.push(json!({"kind": "refund", "pay_no": refund_no, "order_no": order_no,
-                                                      "amount_platform": null, "amount_local": amount}));
+            if compares(RowKind::Refund) {
+                for (refund_no, order_no, amount) in self.store.read(|tx| tx.refunds_settled_between(&from, &to))? {
+                    if !listed.contains(&(RowKind::Refund, refund_no.as_str())) {
+                        result.missing_remote.push(local_only_row(RowKind::Refund, &refund_no, &order_no, amount));
+                    }
                 }
             }
         }
@@ -439,7 +454,7 @@ impl App {
             return self.write_op(slot, |v: &Value| (200, v.clone()), |_| Ok(result));
         }
         let mut result = self.reconcile(format, statement, date, false, &mut |_, _| {})?;
-        let rows = recon::parse(format, statement)?;
+        let rows = recon::parse(format, statement)?.rows;
         let missing: HashSet<&str> = result
             .missing_local
             .iter()
@@ -631,7 +646,7 @@ fn repair_callback(format: Format, row: &StatementRow) -> PaymentCallback {
         order_no: row.order_no.clone(),
         amount: row.amount,
         status: PlatformStatus::Success,
-        paid_at: Some(crate::clock::format_ms(row.at_ms)),
+        paid_at: row.at_ms.map(crate::clock::format_ms),
         raw_body: row.raw.clone().into_bytes(),
     }
 }
@@ -651,12 +666,18 @@ pub fn inspection_json(findings: &[Finding]) -> Value {
     json!({"ok": findings.is_empty(), "findings": list})
 }
 
+/// A `missing_remote` row: payonce has it, the platform does not.
+fn local_only_row(kind: RowKind, id: &str, order_no: &str, amount: i64) -> Value {
+    json!({"kind": kind.as_str(), "pay_no": id, "order_no": order_no, "amount_platform": null, "amount_local": amount})
+}
+
 fn diff_row(row: &StatementRow, platform: Option<i64>, local: Option<i64>) -> Value {
-    let kind = match row.kind {
-        RowKind::Payment => "payment",
-        RowKind::Refund => "refund",
-    };
-    json!({"kind": kind, "pay_no": row.id, "order_no": row.order_no, "amount_platform": platform, "amount_local": local})
+    let mut value = json!({"kind": row.kind.as_str(), "pay_no": row.id, "order_no": row.order_no,
+                           "amount_platform": platform, "amount_local": local});
+    if let (Some(coupon), Value::Object(map)) = (row.coupon_amount, &mut value) {
+        map.insert("coupon_amount".into(), json!(coupon));
+    }
+    value
 }
 
 fn validate_reason(reason: &str) -> Result<(), Error> {

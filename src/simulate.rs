@@ -1114,12 +1114,9 @@ impl Conn {
     }
 
     /// Opens a connection and proves it is served (`GET /healthz`) before
-    /// the next one opens. tiny_http 0.12 hands each connection to a pool
-    /// thread for its whole life and counts threads it already woke as idle:
-    /// when several connections open at once, one of them can sit unread
-    /// until another connection closes (with keep-alive clients: forever).
-    /// Opening one at a time keeps the simulator's own bursts out of that
-    /// trap; the deliveries themselves stay as concurrent as the scenario says.
+    /// the next one opens, so a scenario's concurrency starts on connections
+    /// that are known to be live; the deliveries themselves stay as
+    /// concurrent as the scenario says.
     fn open(target: &Target, read_timeout: Option<Duration>) -> Result<BufReader<TcpStream>, String> {
         static OPENING: Mutex<()> = parking_lot::const_mutex(());
         let _one_at_a_time = OPENING.lock();

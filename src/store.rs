@@ -1,7 +1,8 @@
 //! The storage module: the only place that speaks SQL.
 //!
 //! A [`Store`] is an `r2d2` pool of SQLite connections with payonce's
-//! PRAGMAs, the schema of `schema.sql` applied once (guarded by
+//! PRAGMAs, the schema of `schema.sql` applied once to a new database or an
+//! older one brought up to it by the numbered migrations (both guarded by
 //! `user_version`), and a process-wide writer queue. Every write runs in
 //! [`Store::write`]: queue, `BEGIN IMMEDIATE`, the caller's closure over a
 //! [`Tx`], `COMMIT`. Reads run in [`Store::read`] on a consistent snapshot.
@@ -23,10 +24,28 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// The whole schema, applied at start.
+/// The whole current schema, applied to a new database.
 pub const SCHEMA_SQL: &str = include_str!("../schema.sql");
-/// `PRAGMA user_version` once `SCHEMA_SQL` is applied.
-pub const SCHEMA_VERSION: i64 = 1;
+/// `PRAGMA user_version` once `SCHEMA_SQL` is applied (or the last migration).
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// One numbered schema change: run on a database at `version - 1`, it leaves
+/// the database at `version`.
+pub struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Every schema change since version 1 (the first released schema), in
+/// order. The last one's version is [`SCHEMA_VERSION`], and a database
+/// migrated through all of them has exactly the schema of `SCHEMA_SQL`
+/// (tests/it/schema.rs builds a v1 database and checks it).
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 2,
+    name: "refund_platform_settled_at",
+    sql: include_str!("../migrations/0002_refund_platform_settled_at.sql"),
+}];
 
 /// How long a connection waits in SQLite's busy handler for another
 /// process's writer before the request fails with 503 `database_busy`.
@@ -318,6 +337,12 @@ impl Store {
         Ok(())
     }
 
+    /// Brings the database to [`SCHEMA_VERSION`] in ONE IMMEDIATE
+    /// transaction that reads `user_version` first, so two processes opening
+    /// one file never both apply or migrate it: the second waits, then reads
+    /// the new version. A new database gets the whole `SCHEMA_SQL`; an older
+    /// one runs each migration above its version, in order; a newer one is
+    /// refused. Any failure rolls everything back, leaving the file as it was.
     fn apply_schema(&self) -> Result<(), Error> {
         let mut conn = self.pool.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -327,8 +352,23 @@ impl Store {
                 "database schema version {version} is newer than this payonce ({SCHEMA_VERSION})"
             )));
         }
-        if version < SCHEMA_VERSION {
+        if version == 0 {
             tx.execute_batch(SCHEMA_SQL)?;
+        } else {
+            for migration in MIGRATIONS.iter().filter(|m| m.version > version) {
+                tx.execute_batch(migration.sql).map_err(|e| {
+                    Error::internal(format!("migration {} ({}) failed: {e}", migration.version, migration.name))
+                })?;
+                let broken: Option<String> = tx.query_row("PRAGMA foreign_key_check", [], |r| r.get(0)).optional()?;
+                if let Some(table) = broken {
+                    return Err(Error::internal(format!(
+                        "migration {} ({}) left a foreign key broken in {table}",
+                        migration.version, migration.name
+                    )));
+                }
+            }
+        }
+        if version < SCHEMA_VERSION {
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         }
         tx.commit()?;
@@ -1019,12 +1059,21 @@ impl Tx<'_> {
         one_row(changed, "request refund")
     }
 
-    /// CAS REQUESTED→`to`.
-    pub fn settle_refund(&self, id: i64, to: RefundStatus, now: &str) -> Result<bool, Error> {
+    /// CAS REQUESTED→`to`; `platform_settled_at` is the platform's own time
+    /// of a successful refund, when its notice carried one.
+    pub fn settle_refund(
+        &self,
+        id: i64,
+        to: RefundStatus,
+        now: &str,
+        platform_settled_at: Option<&str>,
+    ) -> Result<bool, Error> {
         assert!(to != RefundStatus::Requested, "settling a refund as REQUESTED");
+        assert!(platform_settled_at.is_none() || to == RefundStatus::Succeeded, "a platform time on a failed refund");
         let changed = self.execute(
-            "UPDATE refund SET status = ?2, settled_at = ?3 WHERE id = ?1 AND status = 'REQUESTED'",
-            params![id, to.as_str(), now],
+            "UPDATE refund SET status = ?2, settled_at = ?3, platform_settled_at = ?4
+             WHERE id = ?1 AND status = 'REQUESTED'",
+            params![id, to.as_str(), now, platform_settled_at],
         )?;
         one_row(changed, "settle refund")
     }
@@ -1351,11 +1400,16 @@ impl Tx<'_> {
             .optional()?)
     }
 
-    /// SUCCEEDED refunds settled in [from, to): (refund_no, order_no, amount).
+    /// SUCCEEDED refunds settled in [from, to), by the platform's refund time
+    /// when its notice carried one, else by when payonce settled them:
+    /// (refund_no, order_no, amount).
     pub fn refunds_settled_between(&self, from: &str, to: &str) -> Result<Vec<(String, String, i64)>, Error> {
         let mut stmt = self.conn.prepare_cached(
             "SELECT r.refund_no, o.order_no, o.amount FROM refund r JOIN orders o ON o.id = r.order_id
-             WHERE r.status = 'SUCCEEDED' AND r.settled_at >= ?1 AND r.settled_at < ?2 ORDER BY r.settled_at",
+             WHERE r.status = 'SUCCEEDED'
+               AND coalesce(r.platform_settled_at, r.settled_at) >= ?1
+               AND coalesce(r.platform_settled_at, r.settled_at) < ?2
+             ORDER BY coalesce(r.platform_settled_at, r.settled_at)",
         )?;
         let rows = stmt.query_map(params![from, to], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)

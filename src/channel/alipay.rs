@@ -2,16 +2,18 @@
 //!
 //! Alipay signs decoded values, not bytes: the form is decoded in its
 //! `charset` (utf-8 or gbk), then RSA2 (SHA256withRSA) is verified over the
-//! sorted `k=v&...` string of every non-empty parameter except `sign` and
-//! `sign_type`, encoded back in that charset. `app_id` must be the
+//! sorted `k=v&...` string of every parameter except `sign` and
+//! `sign_type`, encoded back in that charset: first with empty values kept
+//! as `k=` (Alipay's Java SDK), then with them left out (its PHP SDK).
+//! Everywhere else an empty value is an absent one. `app_id` must be the
 //! merchant's. `total_amount` is a decimal yuan string converted to fen
 //! exactly. `TRADE_SUCCESS` or `TRADE_FINISHED` (either may come first) is a
 //! payment of `trade_no`, so both for one trade are one payment. A notice
 //! carrying `refund_fee` is a refund result, classified before the duplicate
 //! check (`out_biz_no`→refund_no, or the order's refund in flight for a full
-//! refund's `TRADE_CLOSED`); `TRADE_CLOSED` without it is an unpaid close and
-//! changes nothing. The answer is the plain text `success`, or `failure`
-//! with a 4xx/5xx.
+//! refund's `TRADE_CLOSED`; `gmt_refund` is kept as its platform time);
+//! `TRADE_CLOSED` without it is an unpaid close and changes nothing. The
+//! answer is the plain text `success`, or `failure` with a 4xx/5xx.
 
 use super::{Channel, Notice, Reply};
 use crate::api::{Request, Response};
@@ -102,19 +104,25 @@ impl<'a> Alipay<'a> {
             .and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok())
             .and_then(|bytes| Signature::try_from(bytes.as_slice()).ok())
             .ok_or_else(|| unauthorized("sign is missing or not a base64 RSA signature"))?;
-        let content = form
-            .iter()
-            .filter(|(k, v)| !v.is_empty() && k.as_str() != "sign" && k.as_str() != "sign_type")
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join("&");
-        let signed_bytes = match charset {
-            Charset::Utf8 => content.into_bytes(),
-            Charset::Gbk => encoding_rs::GBK.encode(&content).0.into_owned(),
+        // Alipay's SDKs disagree on empty values: the Java SDK
+        // (AlipaySignature.getSignCheckContentV1) and python-alipay-sdk keep
+        // them as `k=`, the PHP SDK leaves them out. Both strings are
+        // deterministic functions of the decoded form, so either verifying
+        // is a signature by Alipay's key; the second is built only when the
+        // form has an empty value (otherwise the two are the same string).
+        let key = VerifyingKey::<Sha256>::new(self.config.public_key.clone());
+        let verifies = |keep_empty: bool| {
+            let content = sign_check_content(&form, keep_empty);
+            let signed_bytes = match charset {
+                Charset::Utf8 => content.into_bytes(),
+                Charset::Gbk => encoding_rs::GBK.encode(&content).0.into_owned(),
+            };
+            key.verify(&signed_bytes, &signature).is_ok()
         };
-        VerifyingKey::<Sha256>::new(self.config.public_key.clone())
-            .verify(&signed_bytes, &signature)
-            .map_err(|_| unauthorized("the RSA2 sign does not verify"))?;
+        let has_empty = form.iter().any(|(k, v)| v.is_empty() && k != "sign" && k != "sign_type");
+        if !(verifies(true) || (has_empty && verifies(false))) {
+            return Err(unauthorized("the RSA2 sign does not verify"));
+        }
         if form.get("app_id") != Some(&self.config.app_id) {
             return Err(unauthorized("app_id is not this merchant's"));
         }
@@ -141,11 +149,21 @@ impl Channel for Alipay<'_> {
                 // it settles the order's refund in flight, if there is one.
                 None => app.order(&order_no)?.order.refund_no.unwrap_or(trade_no),
             };
+            // gmt_refund: Beijing time, with milliseconds as Alipay sends it
+            // (`2015-04-28 15:45:57.320`) or without.
+            let settled_at = match get("gmt_refund") {
+                Some(text) => Some(format_ms(
+                    local_time_ms(text, UTC8_OFFSET_MS)
+                        .ok_or_else(|| Error::invalid("gmt_refund must be YYYY-MM-DD HH:MM:SS[.SSS]"))?,
+                )),
+                None => None,
+            };
             return Ok(Notice::Refund(RefundCallback {
                 channel: NAME.to_owned(),
                 refund_no,
                 order_no,
                 status: PlatformStatus::Success,
+                settled_at,
             }));
         }
         match get("trade_status") {
@@ -188,11 +206,23 @@ impl Channel for Alipay<'_> {
     }
 }
 
+/// The string Alipay signs: every parameter except `sign` and `sign_type`,
+/// sorted by name (the form is a BTreeMap), as `k=v` joined by `&`; empty
+/// values kept as `k=` or left out.
+fn sign_check_content(form: &BTreeMap<String, String>, keep_empty: bool) -> String {
+    form.iter()
+        .filter(|(k, v)| (keep_empty || !v.is_empty()) && k.as_str() != "sign" && k.as_str() != "sign_type")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
 fn plain_text(status: u16, text: &str) -> Response {
     Response {
         status,
         headers: vec![("Content-Type".into(), "text/plain; charset=utf-8".into())],
         body: text.as_bytes().to_vec(),
+        outcome: None,
     }
 }
 

@@ -24,6 +24,8 @@ impl Channel for Generic {
                 refund_no: api::required_str(&body, "refund_no")?,
                 order_no: api::required_str(&body, "order_no")?,
                 status: platform_status(&body)?,
+                // The generic refund result carries no time of its own.
+                settled_at: None,
             }));
         }
         let paid_at = match api::optional_str(&body, "paid_at")? {

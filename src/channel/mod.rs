@@ -44,6 +44,28 @@ pub trait Channel {
 
 /// `POST /v1/callbacks/{channel}` and `/v1/callbacks/{channel}/refund`.
 pub fn handle(app: &App, req: &Request, channel: &str, refund_route: bool) -> Response {
+    with_channel(app, channel, |chosen| {
+        match chosen.parse(app, req, refund_route).and_then(|notice| deliver(app, notice)) {
+            Ok(reply) => chosen.acknowledge(&reply).with_outcome(reply_outcome(&reply)),
+            Err(err) => {
+                if err.is_server_error() {
+                    crate::log::error("callback failed", &[("channel", &channel), ("error", &err)]);
+                }
+                chosen.refuse(&err).with_outcome(err.code)
+            }
+        }
+    })
+}
+
+/// A refusal decided before the notification is read (e.g. 413 at the HTTP
+/// edge), in the channel's own protocol. Touches no store.
+pub fn refuse(app: &App, channel: &str, err: &Error) -> Response {
+    with_channel(app, channel, |chosen| chosen.refuse(err).with_outcome(err.code))
+}
+
+/// Runs `f` with the configured channel of that name; 404
+/// `channel_not_configured` otherwise.
+fn with_channel(app: &App, channel: &str, f: impl FnOnce(&dyn Channel) -> Response) -> Response {
     let generic = generic::Generic;
     let wechatpay = app.config.wechatpay.as_ref().map(wechatpay::Wechatpay::new);
     let alipay = app.config.alipay.as_ref().map(alipay::Alipay::new);
@@ -53,18 +75,13 @@ pub fn handle(app: &App, req: &Request, channel: &str, refund_route: bool) -> Re
         "alipay" => alipay.as_ref().map(|c| c as &dyn Channel),
         _ => None,
     };
-    let Some(chosen) = chosen else {
-        let err = Error::new(404, "channel_not_configured", format!("payment channel {channel:?} is not configured"));
-        return Response::error(&err);
-    };
-    match chosen.parse(app, req, refund_route).and_then(|notice| deliver(app, notice)) {
-        Ok(reply) => chosen.acknowledge(&reply),
-        Err(err) => {
-            if err.is_server_error() {
-                crate::log::error("callback failed", &[("channel", &channel), ("error", &err)]);
-            }
-            chosen.refuse(&err)
-        }
+    match chosen {
+        Some(chosen) => f(chosen),
+        None => Response::error(&Error::new(
+            404,
+            "channel_not_configured",
+            format!("payment channel {channel:?} is not configured"),
+        )),
     }
 }
 

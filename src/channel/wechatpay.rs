@@ -1,14 +1,15 @@
 //! WeChat Pay API v3 notifications.
 //!
 //! Verification, in order: `Wechatpay-Serial` names a configured platform
-//! key; `Wechatpay-Signature` is SHA256-RSA over
+//! key (compared case-insensitively); `Wechatpay-Signature` is SHA256-RSA over
 //! `"{Wechatpay-Timestamp}\n{Wechatpay-Nonce}\n{body}\n"` (the raw bytes);
 //! the timestamp is within 5 minutes. Then `resource` is decrypted
 //! (AEAD_AES_256_GCM, key = APIv3 key, its `nonce` and `associated_data`; the
 //! last 16 bytes of the ciphertext are the tag). `TRANSACTION.*` events are
 //! payments (`transaction_id`→pay_no, `out_trade_no`→order_no,
 //! `amount.total` in fen, `trade_state`), `REFUND.*` events refund results
-//! (`out_refund_no`→refund_no; SUCCESS, or CLOSED/ABNORMAL = failed).
+//! (`out_refund_no`→refund_no; SUCCESS, or CLOSED/ABNORMAL = failed; a
+//! success's `success_time` is kept as the refund's platform time).
 //! Success is 204; a refusal is 4xx/5xx with `{"code":"FAIL","message":..}`.
 
 use super::{Channel, Notice, Reply};
@@ -92,7 +93,9 @@ impl<'a> Wechatpay<'a> {
             .config
             .platform_keys
             .iter()
-            .find(|(s, _)| s == serial)
+            // Serials are hex (certificate serial numbers) or PUB_KEY_ID_...;
+            // their case carries nothing, and SDKs differ in it.
+            .find(|(s, _)| s.eq_ignore_ascii_case(serial))
             .map(|(_, k)| k)
             .ok_or_else(|| unauthorized("Wechatpay-Serial names no configured platform key"))?;
         if signature.starts_with(SIGN_TEST_PREFIX) {
@@ -159,11 +162,19 @@ impl Channel for Wechatpay<'_> {
                 "CLOSED" | "ABNORMAL" => PlatformStatus::Failed,
                 _ => return Err(Error::invalid(format!("unknown refund event {event_type}"))),
             };
+            // success_time is sent with a successful refund only.
+            let settled_at = match (status, plain["success_time"].as_str().filter(|t| !t.is_empty())) {
+                (PlatformStatus::Success, Some(text)) => Some(format_ms(
+                    parse_rfc3339_ms(text).ok_or_else(|| Error::invalid("success_time is not RFC 3339"))?,
+                )),
+                _ => None,
+            };
             return Ok(Notice::Refund(RefundCallback {
                 channel: NAME.to_owned(),
                 refund_no: field("out_refund_no")?,
                 order_no: field("out_trade_no")?,
                 status,
+                settled_at,
             }));
         }
         if !event_type.starts_with("TRANSACTION.") {
@@ -194,7 +205,7 @@ impl Channel for Wechatpay<'_> {
     }
 
     fn acknowledge(&self, _reply: &Reply) -> Response {
-        Response { status: 204, headers: Vec::new(), body: Vec::new() }
+        Response { status: 204, headers: Vec::new(), body: Vec::new(), outcome: None }
     }
 
     fn refuse(&self, err: &Error) -> Response {

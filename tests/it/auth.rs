@@ -6,7 +6,6 @@
 //! non-loopback listen address.
 
 use crate::util::{self, HttpResponse, Server, TempDir, SECRET};
-use payonce::api::ROUTES;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};
@@ -95,7 +94,7 @@ fn pay_callback(server: &Server, pay_no: &str, order_no: &str, amount: i64, auth
     send(server, "POST", "/v1/callbacks/generic", auth, &[("Payonce-Signature", &signature)], &body)
 }
 
-/// A protected route of ROUTES with its parameters filled, the body it
+/// A protected route of the route table with its parameters filled, the body it
 /// takes, and the status a caller with a valid token gets (None for routes
 /// this module does not exercise further: any answer but 401 or a 5xx).
 struct Target {
@@ -105,16 +104,18 @@ struct Target {
     ok_status: Option<u16>,
 }
 
-/// Fills `ROUTES` for one caller (`who` makes created ids unique per
+/// Fills the route table for one caller (`who` makes created ids unique per
 /// caller): the protected targets, and the open routes as listed.
 fn targets(who: &str) -> (Vec<Target>, Vec<String>) {
     let mut protected = Vec::new();
     let mut open = Vec::new();
-    for route in ROUTES {
-        let (method, template) = route.split_once(' ').unwrap_or_else(|| panic!("route {route:?}"));
+    for route in payonce::api::routes() {
+        let (method, template) = (route.method, route.template);
+        // The contract's rule, checked against the table's own flag.
         let is_protected = template.starts_with("/v1/") && !template.starts_with("/v1/callbacks/");
+        assert_eq!(route.needs_token, is_protected, "{method} {template}");
         if !is_protected {
-            open.push(route.to_string());
+            open.push(format!("{method} {template}"));
             continue;
         }
         // Close the open order; refund and read the paid one.
@@ -160,7 +161,7 @@ fn every_protected_route_needs_a_configured_token() {
     let methods: Vec<&str> = protected.iter().map(|t| t.method.as_str()).collect();
     assert!(
         protected.len() >= 8 && methods.contains(&"GET") && methods.contains(&"POST"),
-        "ROUTES lists the protected routes: {methods:?}"
+        "the route table lists the protected routes: {methods:?}"
     );
     assert!(
         open.iter().any(|r| r.contains("/v1/callbacks/")) && open.iter().any(|r| r.contains("/healthz")),

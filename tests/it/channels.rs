@@ -1775,3 +1775,199 @@ fn wechatpay_and_alipay_payment_times_are_windowed_and_refund_notices_are_not() 
     assert_ali_ok(&ali_post(&app, &ali_signed(&refund)), "a refund notice with an old gmt_payment");
     assert_refunded(&app, order_no, "ALWR-001");
 }
+
+// ================================================================ issue 16: serials, empty values, refund times
+
+/// (settled_at, platform_settled_at) of a refund row.
+fn refund_times(app: &App, refund_no: &str) -> (Option<String>, Option<String>) {
+    let conn = app.store.raw_connection().expect("raw connection");
+    conn.query_row("SELECT settled_at, platform_settled_at FROM refund WHERE refund_no = ?1", [refund_no], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })
+    .expect("refund row")
+}
+
+/// `wechatpayv3` compares serials as numbers and may send them in lower
+/// case; the serial's case carries nothing.
+#[test]
+fn wechatpay_serials_match_in_any_case() {
+    let app = app();
+    let cases = [
+        (&keys().wx_b, SERIAL_B.to_ascii_lowercase(), "a certificate serial in lower case"),
+        (&keys().wx_a, SERIAL_A.to_ascii_lowercase(), "a PUB_KEY_ID_ in lower case"),
+        (&keys().wx_b, format!("{}{}", &SERIAL_B[..20].to_ascii_lowercase(), &SERIAL_B[20..]), "mixed case"),
+    ];
+    for (n, (key, serial, what)) in cases.into_iter().enumerate() {
+        let (order_no, txn) = (format!("WXCASE{n:04}"), format!("42000000012023111500{n:02}"));
+        create_order(&app, &order_no, 9900);
+        let note =
+            wx_sign(key, &serial, T0_S, wx_body("TRANSACTION.SUCCESS", &wx_transaction(&order_no, &txn, json!(9900))));
+        assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay", &note), what);
+        assert_applied(&app, &order_no, &txn, "wechatpay", 9900);
+    }
+    // Case is all that is forgiven: another serial, or the right serial with
+    // the other platform's key, is still refused.
+    create_order(&app, "WXCASE0099", 9900);
+    let body = || wx_body("TRANSACTION.SUCCESS", &wx_transaction("WXCASE0099", "4200000001202311150099", json!(9900)));
+    let before = ledgers(&app);
+    let unknown = wx_sign(&keys().wx_b, &SERIAL_B.replace('A', "B").to_ascii_lowercase(), T0_S, body());
+    assert_wx_fail(&wx_post(&app, "/v1/callbacks/wechatpay", &unknown), Some(401), "an unknown serial");
+    let crossed = wx_sign(&keys().wx_a, &SERIAL_B.to_ascii_lowercase(), T0_S, body());
+    assert_wx_fail(&wx_post(&app, "/v1/callbacks/wechatpay", &crossed), Some(401), "serial b, key a");
+    assert_eq!(ledgers(&app), before);
+    assert_pending_untouched(&app, "WXCASE0099");
+}
+
+#[test]
+fn wechatpay_refund_success_time_is_kept_as_the_platform_settlement_time() {
+    let app = app();
+    wx_paid_and_refunding(&app, "WXRTIME001", "4200000001202311150041", "WXRT-0001");
+    app.clock.advance_ms(60_000);
+    let mut refund = wx_refund("WXRTIME001", "4200000001202311150041", "WXRT-0001", "SUCCESS");
+    refund["success_time"] = json!("2023-11-15T06:13:55+08:00");
+    let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
+    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), "REFUND.SUCCESS");
+    assert_eq!(
+        refund_times(&app, "WXRT-0001"),
+        (Some("2023-11-14T22:14:20.000Z".to_owned()), Some("2023-11-14T22:13:55.000Z".to_owned())),
+        "settled_at is payonce's clock, platform_settled_at WeChat's success_time"
+    );
+    // A failed refund has no platform settlement time, whatever the resource carries.
+    wx_paid_and_refunding(&app, "WXRTIME002", "4200000001202311150042", "WXRT-0002");
+    let note = wx_refund_note("WXRTIME002", "4200000001202311150042", "WXRT-0002", "REFUND.CLOSED", "CLOSED");
+    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), "REFUND.CLOSED");
+    assert_eq!(refund_times(&app, "WXRT-0002").1, None);
+    // A success_time that is not a time is refused, and nothing changes.
+    wx_paid_and_refunding(&app, "WXRTIME003", "4200000001202311150043", "WXRT-0003");
+    let mut refund = wx_refund("WXRTIME003", "4200000001202311150043", "WXRT-0003", "SUCCESS");
+    refund["success_time"] = json!("2023-11-15 06:20:00");
+    let before = ledgers(&app);
+    let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
+    assert_wx_fail(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), Some(400), "success_time not RFC 3339");
+    assert_eq!(ledgers(&app), before);
+}
+
+/// Alipay's string to sign as its Java SDK (`getSignCheckContentV1`) and
+/// python-alipay-sdk build it: sorted `k=v` except sign and sign_type, empty
+/// values kept as `k=`.
+fn ali_content_keeping_empty(params: &Params) -> String {
+    let mut pairs: Vec<&(String, String)> = params.iter().filter(|(k, _)| k != "sign" && k != "sign_type").collect();
+    pairs.sort();
+    pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&")
+}
+
+fn ali_signed_keeping_empty(params: &Params) -> Params {
+    let mut params = params.clone();
+    remove(&mut params, "sign");
+    let content = ali_content_keeping_empty(&params);
+    let sign = rsa_sign(&keys().alipay, &in_charset(&content, is_gbk(&params)));
+    params.push(("sign".into(), sign));
+    params
+}
+
+#[test]
+fn alipay_notices_verify_with_empty_values_kept_or_skipped() {
+    let app = app();
+    let mut n = 0;
+    let mut notice = |empty: &[&str]| {
+        n += 1;
+        let (order_no, trade_no) = (format!("ALEMPTY{n:04}"), format!("20231115220014000009{n:02}"));
+        create_order(&app, &order_no, 9900);
+        let mut p = ali_notice(&trade_no, &order_no, "99.00", "TRADE_SUCCESS");
+        for key in empty {
+            set(&mut p, key, "");
+        }
+        (order_no, trade_no, p)
+    };
+    // Signed with the empty values kept (Java SDK): refused before issue 16.
+    for charset in ["utf-8", "gbk"] {
+        let (order_no, trade_no, mut p) = notice(&["passback_params", "voucher_detail_list"]);
+        set(&mut p, "charset", charset);
+        let signed = ali_signed_keeping_empty(&p);
+        assert!(ali_content_keeping_empty(&signed).contains("passback_params=&"), "the empty value is signed");
+        assert_ali_ok(&ali_post(&app, &signed), &format!("{charset}: empty values kept in the signed string"));
+        assert_applied(&app, &order_no, &trade_no, "alipay", 9900);
+    }
+    // Signed with them left out (PHP SDK), as before.
+    let (order_no, trade_no, p) = notice(&["passback_params", "voucher_detail_list"]);
+    assert_ali_ok(&ali_post(&app, &ali_signed(&p)), "empty values left out of the signed string");
+    assert_applied(&app, &order_no, &trade_no, "alipay", 9900);
+
+    // Neither string is a loophole: tampered or signed by another key, refused.
+    let (order_no, _, p) = notice(&["passback_params"]);
+    let before = ledgers(&app);
+    let mut tampered = ali_signed_keeping_empty(&p);
+    set(&mut tampered, "total_amount", "0.01");
+    assert_ali_fail(&ali_post(&app, &tampered), Some(401), "an amount changed after a keep-empty signature");
+    let mut filled = ali_signed_keeping_empty(&p);
+    set(&mut filled, "passback_params", "x");
+    assert_ali_fail(&ali_post(&app, &filled), Some(401), "an empty value filled in after signing");
+    let mut dropped = ali_signed_keeping_empty(&p);
+    remove(&mut dropped, "passback_params");
+    assert_ali_fail(&ali_post(&app, &dropped), Some(401), "an empty value dropped after a keep-empty signature");
+    let mut other = p.clone();
+    remove(&mut other, "sign");
+    let sign = rsa_sign(&keys().other, ali_content_keeping_empty(&other).as_bytes());
+    other.push(("sign".into(), sign));
+    assert_ali_fail(&ali_post(&app, &other), Some(401), "keep-empty string signed by merchant_other");
+    assert_eq!(ledgers(&app), before);
+    assert_pending_untouched(&app, &order_no);
+}
+
+/// An empty value is an absent one: `refund_fee=`, `out_biz_no=` and
+/// `gmt_refund=` never make a notice a refund, however it was signed.
+#[test]
+fn alipay_empty_refund_fields_are_absent() {
+    let app = app();
+    for (n, keep_empty) in [(1, true), (2, false)] {
+        let (order_no, trade_no) = (format!("ALABSENT{n:04}"), format!("20231115220014000010{n:02}"));
+        create_order(&app, &order_no, 9900);
+        let sign = |p: &Params| if keep_empty { ali_signed_keeping_empty(p) } else { ali_signed(p) };
+        let mut p = ali_notice(&trade_no, &order_no, "99.00", "TRADE_SUCCESS");
+        for key in ["refund_fee", "out_biz_no", "gmt_refund"] {
+            set(&mut p, key, "");
+        }
+        assert_ali_ok(&ali_post(&app, &sign(&p)), "a payment with empty refund fields");
+        assert_applied(&app, &order_no, &trade_no, "alipay", 9900);
+        // TRADE_CLOSED with empty refund fields is an unpaid close: nothing changes.
+        request_refund(&app, &order_no, &format!("ALABR-{n:04}"));
+        let before = ledgers(&app);
+        set(&mut p, "trade_status", "TRADE_CLOSED");
+        assert_ali_ok(&ali_post(&app, &sign(&p)), "TRADE_CLOSED with empty refund fields");
+        assert_eq!(ledgers(&app), before, "not a refund result");
+        assert_eq!(status_of(&app, &order_no), "REFUNDING");
+        // A real refund result with an empty out_biz_no settles the refund in
+        // flight; an empty gmt_refund leaves no platform time.
+        set(&mut p, "refund_fee", "99.00");
+        assert_ali_ok(&ali_post(&app, &sign(&p)), "refund_fee with empty out_biz_no and gmt_refund");
+        assert_eq!(status_of(&app, &order_no), "REFUNDED");
+        let times = refund_times(&app, &format!("ALABR-{n:04}"));
+        assert!(times.0.is_some() && times.1.is_none(), "{times:?}");
+    }
+}
+
+#[test]
+fn alipay_gmt_refund_is_kept_as_the_platform_settlement_time() {
+    let app = app();
+    let (order_no, trade_no) = ("ALRTIME0001", "2023111522001400001101");
+    ali_paid_and_refunding(&app, order_no, trade_no, "ALRT-0001");
+    // ali_refund_notice carries gmt_refund 2023-11-15 06:20:00.123 (Beijing), with milliseconds.
+    let notice = ali_signed(&ali_refund_notice(trade_no, order_no, "TRADE_SUCCESS", Some("ALRT-0001")));
+    assert_ali_ok(&ali_post(&app, &notice), "refund notice");
+    assert_refunded(&app, order_no, "ALRT-0001");
+    assert_eq!(
+        refund_times(&app, "ALRT-0001"),
+        (Some("2023-11-14T22:13:20.000Z".to_owned()), Some("2023-11-14T22:20:00.123Z".to_owned()))
+    );
+    // Without milliseconds too; a gmt_refund that is not a time is refused.
+    let (order_no, trade_no) = ("ALRTIME0002", "2023111522001400001102");
+    ali_paid_and_refunding(&app, order_no, trade_no, "ALRT-0002");
+    let mut p = ali_refund_notice(trade_no, order_no, "TRADE_CLOSED", None);
+    set(&mut p, "gmt_refund", "2023/11/15 06:20");
+    let before = ledgers(&app);
+    assert_ali_fail(&ali_post(&app, &ali_signed(&p)), Some(400), "gmt_refund not a time");
+    assert_eq!(ledgers(&app), before);
+    set(&mut p, "gmt_refund", "2023-11-15 06:21:00");
+    assert_ali_ok(&ali_post(&app, &ali_signed(&p)), "gmt_refund without milliseconds");
+    assert_eq!(refund_times(&app, "ALRT-0002").1.as_deref(), Some("2023-11-14T22:21:00.000Z"));
+}

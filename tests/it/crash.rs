@@ -140,9 +140,7 @@ fn try_request(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &[u
     parse_response(&out).ok_or(SendError::Cut)
 }
 
-/// A GET over HTTP/1.0, so that a large body comes back whole rather than
-/// chunked (tiny_http chunks big HTTP/1.1 answers; util's parser does not
-/// decode chunks).
+/// A GET over HTTP/1.0, read to the end of the connection.
 fn get_json_http10(addr: SocketAddr, path: &str) -> Value {
     let mut stream = TcpStream::connect(addr).expect("connect");
     stream.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");

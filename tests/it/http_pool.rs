@@ -1,8 +1,7 @@
 //! The HTTP layer answers every connection of a burst, even when the
 //! clients keep their connections open (keep-alive, as a reverse proxy or a
-//! load generator does). tiny_http 0.12's task pool could leave a connection
-//! of a burst unread until another connection closed; payonce vendors it with
-//! that fixed (vendor/tiny_http, `util/task_pool.rs`).
+//! load generator does). tiny_http 0.12, the first server payonce used, left
+//! a connection of such a burst unread until another connection closed.
 
 use payonce::api::Response;
 use payonce::http::Server;

@@ -1010,8 +1010,8 @@ fn over_http_replay_header_and_unstored_413_415() {
 /// must still get that answer (not a dropped connection).
 #[test]
 fn over_http_a_non_ascii_key_is_400() {
-    // tiny_http (vendored, vendor/README.md) hands a non-ASCII header byte
-    // over as DEL, which no valid key contains.
+    // The edge hands a non-ASCII header byte over as U+FFFD, which no valid
+    // key contains.
     let server = Server::start(&[]);
     let body = create_body("u-wire-utf8", 100);
     for key in ["caf\u{e9}", "\u{952e}"] {

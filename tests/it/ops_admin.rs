@@ -963,7 +963,7 @@ impl Exposition {
         self.types
             .iter()
             .filter(|(name, t)| t.as_str() == kind && name.contains(part))
-            .filter(|(name, _)| label.map_or(true, |l| self.family(name).iter().any(|s| s.labels.contains_key(l))))
+            .filter(|(name, _)| label.is_none_or(|l| self.family(name).iter().any(|s| s.labels.contains_key(l))))
             .map(|(name, _)| name.clone())
             .collect()
     }

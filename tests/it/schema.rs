@@ -57,6 +57,7 @@ fn seed(app: &App) {
         refund_no: "R-1".into(),
         order_no: "O-1".into(),
         status: PlatformStatus::Success,
+        settled_at: None,
     };
     assert_eq!(app.deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
     create(app, "O-2", 5000);
@@ -594,4 +595,213 @@ fn schema_applies_once_and_connections_are_configured() {
     let memory = memory_app();
     let mconn = memory.store.raw_connection().expect("conn");
     assert_eq!(mconn.query_row("PRAGMA foreign_keys", [], |r| r.get::<_, i64>(0)).expect("fk"), 1);
+}
+
+// ---- upgrades (PRODUCT.md version 2 preamble, "Upgrades") ----
+
+/// payonce's schema.sql as released in version 1 (commit 0aaa515).
+const SCHEMA_V1: &str = include_str!("../fixtures/schema_v1.sql");
+/// Rows in every state, written into a v1 database.
+const V1_ROWS: &str = include_str!("../fixtures/v1_rows.sql");
+
+/// A v1 database as a v1 payonce left it: v1's schema, user_version 1, rows.
+fn v1_database(path: &std::path::Path) {
+    let conn = Connection::open(path).expect("create the v1 file");
+    conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA journal_mode = WAL;").expect("v1 pragmas");
+    conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA_V1}; PRAGMA user_version = 1; COMMIT;")).expect("v1 schema");
+    conn.execute_batch(&format!("BEGIN; {V1_ROWS}; COMMIT;")).expect("v1 rows");
+}
+
+/// Every object of the schema, as SQLite stores it: (type, name, table, sql).
+fn schema_objects(conn: &Connection) -> Vec<(String, String, String, Option<String>)> {
+    let mut stmt =
+        conn.prepare("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").expect("master");
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows")
+}
+
+/// Each table's columns and each index's columns, as the pragmas describe them.
+fn schema_pragmas(conn: &Connection) -> Vec<String> {
+    let objects = schema_objects(conn);
+    let mut out = Vec::new();
+    for (kind, name, _, _) in &objects {
+        let pragmas: &[&str] = match kind.as_str() {
+            "table" => &["table_xinfo", "index_list", "foreign_key_list"],
+            "index" => &["index_xinfo"],
+            _ => &[],
+        };
+        for pragma in pragmas {
+            let mut stmt = conn.prepare(&format!("PRAGMA {pragma}(\"{name}\")")).expect("pragma");
+            let width = stmt.column_count();
+            let rows = stmt
+                .query_map([], |r| {
+                    (0..width)
+                        .map(|i| r.get::<_, rusqlite::types::Value>(i).map(|v| format!("{v:?}")))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .expect("query")
+                .collect::<Result<Vec<_>, _>>()
+                .expect("rows");
+            out.extend(rows.into_iter().map(|r| format!("{pragma}({name}): {}", r.join(", "))));
+        }
+    }
+    out
+}
+
+/// Every row of every table, by the columns `columns_of` names for it, in rowid order.
+fn all_rows(conn: &Connection, columns_of: &dyn Fn(&str) -> Vec<String>) -> Vec<(String, Vec<String>)> {
+    let tables: Vec<String> = schema_objects(conn).into_iter().filter(|o| o.0 == "table").map(|o| o.1).collect();
+    let mut out = Vec::new();
+    for table in tables {
+        let columns = columns_of(&table);
+        let sql = format!("SELECT {} FROM \"{table}\" ORDER BY rowid", columns.join(", "));
+        let mut stmt = conn.prepare(&sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let rows = stmt
+            .query_map([], |r| {
+                (0..columns.len())
+                    .map(|i| r.get::<_, rusqlite::types::Value>(i).map(|v| format!("{v:?}")))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .expect("query")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("rows");
+        out.extend(rows.into_iter().map(|r| (table.clone(), r)));
+    }
+    out
+}
+
+fn column_names(conn: &Connection, table: &str) -> Vec<String> {
+    let mut stmt = conn.prepare(&format!("PRAGMA table_info(\"{table}\")")).expect("table_info");
+    stmt.query_map([], |r| r.get(1)).expect("query").collect::<Result<_, _>>().expect("rows")
+}
+
+/// Equal lists, or a message naming only what differs.
+fn assert_same<T: PartialEq + std::fmt::Debug>(migrated: &[T], fresh: &[T], what: &str) {
+    let only_migrated: Vec<&T> = migrated.iter().filter(|x| !fresh.contains(x)).collect();
+    let only_fresh: Vec<&T> = fresh.iter().filter(|x| !migrated.contains(x)).collect();
+    assert!(
+        only_migrated.is_empty() && only_fresh.is_empty() && migrated.len() == fresh.len(),
+        "{what}\n  only in the migrated database: {only_migrated:#?}\n  only in a fresh one: {only_fresh:#?}"
+    );
+}
+
+#[test]
+fn migrations_are_numbered_in_order_up_to_the_schema_version() {
+    let versions: Vec<i64> = payonce::store::MIGRATIONS.iter().map(|m| m.version).collect();
+    let expected: Vec<i64> = (2..=payonce::store::SCHEMA_VERSION).collect();
+    assert_eq!(versions, expected, "one migration per version after 1, in order");
+}
+
+#[test]
+fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
+    let dir = TempDir::new("migrate");
+    let old = dir.path("v1.db");
+    v1_database(&old);
+    let (before, v1_columns) = {
+        let conn = Connection::open(&old).expect("open v1");
+        let v1_columns: std::collections::BTreeMap<String, Vec<String>> = schema_objects(&conn)
+            .into_iter()
+            .filter(|o| o.0 == "table")
+            .map(|o| (o.1.clone(), column_names(&conn, &o.1)))
+            .collect();
+        let before = all_rows(&conn, &|t| v1_columns[t].clone());
+        (before, v1_columns)
+    };
+    for table in v1_columns.keys() {
+        assert!(before.iter().any(|r| &r.0 == table), "the v1 database has rows in {table}");
+    }
+
+    let app = App::open(&old.display().to_string(), Clock::manual(T0), config()).expect("the new payonce opens v1");
+    let conn = app.store.raw_connection().expect("conn");
+    assert_eq!(conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"), 2);
+    // App::open records its reward settings; everything else is v1's, row for row.
+    let after = all_rows(&conn, &|t| v1_columns[t].clone());
+    let not_settings = |rows: &[(String, Vec<String>)]| -> Vec<(String, Vec<String>)> {
+        rows.iter().filter(|r| r.0 != "settings").cloned().collect()
+    };
+    assert_eq!(not_settings(&after), not_settings(&before), "every row survives the migration");
+    let mode: String =
+        conn.query_row("SELECT value FROM settings WHERE name = 'mode'", [], |r| r.get(0)).expect("mode");
+    assert_eq!(mode, "record_only", "the mode survives");
+    let platform_times: i64 = conn
+        .query_row("SELECT count(*) FROM refund WHERE platform_settled_at IS NOT NULL", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(platform_times, 0, "refunds settled before v2 have no platform time");
+    let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).expect("integrity_check");
+    assert_eq!(check, "ok");
+    let broken: Vec<String> = conn
+        .prepare("PRAGMA foreign_key_check")
+        .expect("foreign_key_check")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert!(broken.is_empty(), "foreign keys hold: {broken:?}");
+
+    // The schema is a fresh database's, text for text and column for column.
+    let fresh_path = dir.path("fresh.db");
+    let fresh = App::open(&fresh_path.display().to_string(), Clock::manual(T0), config()).expect("fresh");
+    let fresh_conn = fresh.store.raw_connection().expect("conn");
+    assert_same(&schema_objects(&conn), &schema_objects(&fresh_conn), "sqlite_master equals a fresh database's");
+    assert_same(&schema_pragmas(&conn), &schema_pragmas(&fresh_conn), "columns and indexes equal a fresh database's");
+    assert_eq!(
+        fresh_conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"),
+        payonce::store::SCHEMA_VERSION
+    );
+
+    // The migrated database works: the refund in flight settles with the
+    // platform's time, and the new rules hold on the old rows.
+    let refund = RefundCallback {
+        channel: "wechatpay".into(),
+        refund_no: "R-REQ".into(),
+        order_no: "O-REFUNDING".into(),
+        status: PlatformStatus::Success,
+        settled_at: Some("2024-01-01T00:59:00.000Z".into()),
+    };
+    assert_eq!(app.deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
+    let stored: Option<String> = conn
+        .query_row("SELECT platform_settled_at FROM refund WHERE refund_no = 'R-REQ'", [], |r| r.get(0))
+        .expect("R-REQ");
+    assert_eq!(stored.as_deref(), Some("2024-01-01T00:59:00.000Z"));
+    assert_refused(
+        &conn,
+        "UPDATE refund SET platform_settled_at = '2024-01-01T00:00:00.000Z' WHERE refund_no = 'R-REQ'",
+    );
+    assert_refused(
+        &conn,
+        "UPDATE refund SET platform_settled_at = '2024-01-01T00:00:00.000Z' WHERE refund_no = 'R-OK'",
+    );
+    assert_refused(&conn, "UPDATE refund SET settled_at = '2024-01-01T00:00:00.000Z' WHERE refund_no = 'R-FAIL'");
+    assert_refused(&conn, "DELETE FROM refund WHERE refund_no = 'R-OK'");
+    assert_refused(
+        &conn,
+        "INSERT INTO refund (refund_no, order_id, status, requested_at) VALUES ('R-OK', 1, 'REQUESTED', 't')",
+    );
+    drop((conn, app));
+
+    // Opening it again changes nothing.
+    let objects = schema_objects(&fresh_conn);
+    let again = App::open(&old.display().to_string(), Clock::manual(T0), config()).expect("reopen");
+    let conn = again.store.raw_connection().expect("conn");
+    assert_eq!(schema_objects(&conn), objects);
+    assert_eq!(conn.query_row("SELECT count(*) FROM refund", [], |r| r.get::<_, i64>(0)).expect("count"), 3);
+}
+
+#[test]
+fn a_database_newer_than_this_payonce_is_refused_untouched() {
+    let dir = TempDir::new("newer");
+    let path = dir.path("newer.db");
+    v1_database(&path);
+    let conn = Connection::open(&path).expect("open");
+    let newer = payonce::store::SCHEMA_VERSION + 1;
+    conn.execute_batch(&format!("PRAGMA user_version = {newer}")).expect("set version");
+    let objects = schema_objects(&conn);
+    drop(conn);
+    let err = App::open(&path.display().to_string(), Clock::manual(T0), config()).err().expect("refused");
+    assert!(err.message.contains("newer"), "{err:?}");
+    let conn = Connection::open(&path).expect("open");
+    assert_eq!(schema_objects(&conn), objects, "nothing migrated");
+    assert_eq!(conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"), newer);
 }

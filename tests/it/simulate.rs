@@ -196,8 +196,12 @@ fn a_server_that_applies_every_delivery_is_a_violation() {
             ("GET", "/v1/inspections") => Response::json(200, &json!({"ok": true, "findings": []})),
             ("POST", "/v1/orders") => Response::json(201, &json!({"status": "PENDING"})),
             ("POST", "/v1/callbacks/generic") => Response::json(200, &json!({"code": "SUCCESS", "outcome": "applied"})),
-            ("POST", "/v1/callbacks/wechatpay") => Response { status: 204, headers: vec![], body: vec![] },
-            ("POST", "/v1/callbacks/alipay") => Response { status: 200, headers: vec![], body: b"success".to_vec() },
+            ("POST", "/v1/callbacks/wechatpay") => {
+                Response { status: 204, headers: vec![], body: vec![], outcome: None }
+            }
+            ("POST", "/v1/callbacks/alipay") => {
+                Response { status: 200, headers: vec![], body: b"success".to_vec(), outcome: None }
+            }
             ("GET", _) if !order_no.is_empty() => Response::json(
                 200,
                 &json!({

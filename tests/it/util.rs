@@ -235,7 +235,7 @@ pub fn parse_response(bytes: &[u8]) -> Option<HttpResponse> {
     Some(HttpResponse { status, headers, body })
 }
 
-/// Decodes a chunked body (tiny_http chunks answers of 32 KiB and more).
+/// Decodes a chunked body (for answers a server sends chunked).
 fn dechunk(mut bytes: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::new();
     loop {
