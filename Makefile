@@ -32,7 +32,7 @@ example:
 	$(CARGO) run --locked --example incident_replay
 
 # The benchmark: bare SQLite vs payonce over HTTP vs a trivial handler, on
-# loopback (README, "Performance"). `make bench BENCH_ARGS=--quick` for a smoke run.
+# loopback (docs/performance.md). `make bench BENCH_ARGS=--quick` for a smoke run.
 bench:
 	$(CARGO) run --release --locked --example bench -- $(BENCH_ARGS)
 

@@ -209,7 +209,7 @@ impl Phase {
 fn main() {
     if std::env::var_os("PAYONCE_LOG").is_none() {
         // payonce logs one info line per request on stderr by default; the
-        // benchmark measures the service, not the terminal (README, Performance).
+        // benchmark measures the service, not the terminal (docs/performance.md).
         std::env::set_var("PAYONCE_LOG", "warn");
     }
     let options = match parse_options() {

@@ -45,7 +45,7 @@ impl Error {
         Error::new(
             503,
             "storage_lost",
-            format!("payonce refuses every write: {why}. Restart payonce to fix it (README, runbook: \"if payonce says storage_lost\")"),
+            format!("payonce refuses every write: {why}. Restart payonce to fix it (docs/operations.md, \"If payonce says storage_lost\")"),
         )
     }
 

@@ -9,8 +9,8 @@
 //! them with `stat` of the same paths later (after every commit, and about
 //! once a second). An inode number is only reused once its file is freed,
 //! and SQLite's open descriptors keep the old files alive, so a new file
-//! under an old name always has another identity. Three `stat` calls cost a few microseconds (README,
-//! "Decisions": the measurement), far below one commit's fsync.
+//! under an old name always has another identity. Three `stat` calls cost a few microseconds (docs/performance.md,
+//! "Watching the database files"), far below one commit's fsync.
 //!
 //! Pure file-system metadata; what to do about a change is `store.rs`'s
 //! business.

@@ -1,6 +1,6 @@
 //! Operator tools, on the same exactly-once paths as the API: record-only
 //! mode and drain, inspection, resolutions, compensation, reconciliation and
-//! backup. The incident runbook in the README walks through them.
+//! backup. The incident runbook in docs/operations.md walks through them.
 
 use crate::app::{
     refuse_transition, App, Delivery, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE,
