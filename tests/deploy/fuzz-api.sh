@@ -102,9 +102,12 @@ expect() { # WANT GOT WHAT
 for n in 1001 1002 1003 1004 1005 1006 1007 1008; do
     expect 201 "$(api POST /v1/orders "{\"order_no\":\"ORD-$n\",\"user_id\":\"u-42\",\"amount\":9900}")" "create ORD-$n"
 done
+# Platform paid times must lie within 72 h of payonce's clock (section 13): now.
+PAID_AT=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+PAID_AT_BEIJING=$(date -u -d '+8 hours' '+%Y-%m-%d %H:%M:%S')
 pay() { # PAY_NO ORDER_NO AMOUNT STATUS
     expect 200 "$(callback /v1/callbacks/generic \
-        "{\"pay_no\":\"$1\",\"order_no\":\"$2\",\"amount\":$3,\"status\":\"$4\",\"paid_at\":\"2026-01-01T08:00:00+08:00\"}")" "pay $1"
+        "{\"pay_no\":\"$1\",\"order_no\":\"$2\",\"amount\":$3,\"status\":\"$4\",\"paid_at\":\"$PAID_AT\"}")" "pay $1"
 }
 pay PAY-1001 ORD-1001 9900 SUCCESS          # applied
 pay PAY-1001 ORD-1001 9900 SUCCESS          # duplicate
@@ -122,7 +125,7 @@ expect 200 "$(callback /v1/callbacks/generic/refund '{"refund_no":"RF-1002","ord
 expect 200 "$(callback /v1/callbacks/generic/refund '{"refund_no":"RF-1002","order_no":"ORD-1006","status":"SUCCESS"}')" "unexpected RF-1002"
 expect 200 "$(api POST /v1/compensations '{"order_no":"ORD-1001","action":"freeze_coupon","coupon_template_id":"NEW10","reason":"seed"}')" "compensation"
 # An Alipay payment: RSA2 over the sorted parameters.
-ALIPAY_FORM=(app_id="$ALIPAY_APP_ID" charset=utf-8 "gmt_payment=2026-01-01 08:00:00" out_trade_no=ORD-1008
+ALIPAY_FORM=(app_id="$ALIPAY_APP_ID" charset=utf-8 "gmt_payment=$PAID_AT_BEIJING" out_trade_no=ORD-1008
     total_amount=99.00 trade_no=ALI-1008 trade_status=TRADE_SUCCESS)
 ALIPAY_SIGN=$(IFS='&'; printf '%s' "${ALIPAY_FORM[*]}" | openssl dgst -sha256 -sign "$WORK/alipay.key" | base64 | tr -d '\n')
 ALIPAY_ARGS=()
