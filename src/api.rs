@@ -4,7 +4,7 @@
 
 use crate::app::{sha256_hex, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
 use crate::domain::OrderStatus;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
@@ -75,7 +75,7 @@ impl Response {
 
     pub fn error(err: &Error) -> Response {
         let mut response = Response::json(err.status, &err.to_json()).with_outcome(err.code);
-        if err.status == 503 || err.code == "idempotency_key_in_use" {
+        if err.kind.retry_after() {
             response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
         }
         response
@@ -318,9 +318,11 @@ fn route(app: &App, req: &Request) -> Result<Response, Error> {
         Found::MethodNotAllowed(allowed) => {
             let allowed = allowed.join(", ");
             let message = format!("{} is not allowed on {}; allowed: {allowed}", req.method, req.path);
-            return Ok(Response::error(&Error::new(405, "method_not_allowed", message)).with_header("Allow", &allowed));
+            return Ok(
+                Response::error(&Error::new(ErrorKind::MethodNotAllowed, message)).with_header("Allow", &allowed)
+            );
         }
-        Found::Nothing => return Err(Error::new(404, "not_found", format!("no route for {}", req.path))),
+        Found::Nothing => return Err(Error::new(ErrorKind::NotFound, format!("no route for {}", req.path))),
     };
     let caller = if route.needs_token { authenticate(app, req)? } else { CALLER_ANONYMOUS.to_owned() };
     let call =
@@ -355,7 +357,7 @@ fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
         }
     }
     caller.ok_or_else(|| {
-        Error::new(401, "unauthorized", "send Authorization: Bearer <token> with a configured API token")
+        Error::new(ErrorKind::Unauthorized, "send Authorization: Bearer <token> with a configured API token")
     })
 }
 
@@ -383,7 +385,7 @@ fn with_idempotency_key(
     let slot = app.idempotency_slot(scope.clone(), key.clone(), fingerprint.clone());
     match run(Some(&slot)) {
         // Another process stored this key between our look-up and our commit.
-        Err(e) if e.code == "idempotency_key_in_use" => replay(app, &scope, &key, &fingerprint)?.ok_or(e),
+        Err(e) if e.kind == ErrorKind::IdempotencyKeyInUse => replay(app, &scope, &key, &fingerprint)?.ok_or(e),
         other => other,
     }
 }
@@ -394,8 +396,7 @@ fn replay(app: &App, scope: &str, key: &str, fingerprint: &str) -> Result<Option
     };
     if stored.fingerprint != fingerprint {
         return Err(Error::new(
-            422,
-            "idempotency_key_reused",
+            ErrorKind::IdempotencyKeyReused,
             "this Idempotency-Key was used with a different request body",
         ));
     }
@@ -413,8 +414,7 @@ fn replay(app: &App, scope: &str, key: &str, fingerprint: &str) -> Result<Option
 
 fn key_in_use() -> Error {
     Error::new(
-        409,
-        "idempotency_key_in_use",
+        ErrorKind::IdempotencyKeyInUse,
         format!("a request with this Idempotency-Key is still running after {IDEMPOTENCY_WAIT_MS_MAX} ms; retry later"),
     )
 }
@@ -432,8 +432,7 @@ pub fn parse_idempotency_key(raw: &str) -> Result<String, Error> {
     let escapes_needed = quoted && (key.contains('"') || key.contains('\\'));
     if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX || !printable || escapes_needed {
         return Err(Error::new(
-            400,
-            "invalid_idempotency_key",
+            ErrorKind::InvalidIdempotencyKey,
             format!("Idempotency-Key must be 1-{IDEMPOTENCY_KEY_BYTES_MAX} printable ASCII characters (optionally in double quotes)"),
         ));
     }
@@ -465,8 +464,7 @@ fn create_order(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Res
         (None, Some(_)) => app.generate_order_no()?,
         (None, None) => {
             return Err(Error::new(
-                400,
-                "idempotency_key_required",
+                ErrorKind::IdempotencyKeyRequired,
                 "send an order_no or an Idempotency-Key header: the back end never relies on the front end to stop a double click",
             ))
         }
@@ -651,8 +649,7 @@ fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> 
         let media_type = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
         if !media_type.starts_with("text/") && media_type != "application/csv" {
             return Err(Error::new(
-                415,
-                "unsupported_media_type",
+                ErrorKind::UnsupportedMediaType,
                 format!("a statement is sent as a text media type (text/csv), got {media_type:?}"),
             ));
         }
@@ -681,7 +678,7 @@ pub(crate) fn check_json_media_type(req: &Request) -> Result<(), Error> {
     if media_type.eq_ignore_ascii_case("application/json") {
         Ok(())
     } else {
-        Err(Error::new(415, "unsupported_media_type", format!("expected application/json, got {media_type:?}")))
+        Err(Error::new(ErrorKind::UnsupportedMediaType, format!("expected application/json, got {media_type:?}")))
     }
 }
 
@@ -700,7 +697,7 @@ pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(Error::invalid("the body must be a JSON object")),
-        Err(e) => Err(Error::new(400, "invalid_json", format!("the body is not valid JSON: {e}"))),
+        Err(e) => Err(Error::new(ErrorKind::InvalidJson, format!("the body is not valid JSON: {e}"))),
     }
 }
 

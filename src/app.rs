@@ -19,7 +19,7 @@ use crate::domain::{
     is_amount, is_currency, is_identifier, EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus,
     RefundOutcome, RefundStatus, Rewards,
 };
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::keylock::KeyedLocks;
 use crate::metrics::Metrics;
 use crate::store::{
@@ -340,8 +340,7 @@ impl App {
                 Ok((existing, false))
             }
             Err(_) => Err(Error::new(
-                409,
-                "order_no_conflict",
+                ErrorKind::OrderNoConflict,
                 format!("order_no {:?} already holds an order with other user_id, amount or currency", req.order_no),
             )),
         })
@@ -379,7 +378,7 @@ impl App {
                     Err(refusal) => (refusal.status, refusal.to_json()),
                 };
                 if !tx.store_response(slot, status, body.to_string().as_bytes())? {
-                    return Err(Error::new(409, "idempotency_key_in_use", "another request stored this key first"));
+                    return Err(Error::new(ErrorKind::IdempotencyKeyInUse, "another request stored this key first"));
                 }
             }
             self.maybe_fail_after_work()?;
@@ -818,7 +817,7 @@ impl App {
     pub fn health(&self) -> Result<(), Error> {
         self.store.check_health().map_err(|e| match e.status {
             503 => e,
-            _ => Error::new(503, "database_unavailable", format!("the database cannot be read: {}", e.message)),
+            _ => Error::new(ErrorKind::DatabaseUnavailable, format!("the database cannot be read: {}", e.message)),
         })
     }
 }

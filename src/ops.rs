@@ -9,7 +9,7 @@ use crate::app::{
 use crate::domain::{
     is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
 };
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::recon::{self, Format, RowKind, StatementRow};
 use crate::store::{Finding, IdempotencySlot};
 use serde_json::{json, Value};
@@ -224,7 +224,7 @@ impl App {
             |v: &Value| (200, v.clone()),
             |tx| {
                 let record = tx.callback_by_pay_no(pay_no)?.ok_or_else(|| {
-                    Error::new(404, "payment_not_found", format!("no payment with pay_no {pay_no:?}"))
+                    Error::new(ErrorKind::PaymentNotFound, format!("no payment with pay_no {pay_no:?}"))
                 })?;
                 let order = tx.order_by_id(record.order_id)?;
                 if !record.outcome.requires_refund() {
@@ -279,7 +279,10 @@ impl App {
                             "refund {refund_no} has no unexpected result to resolve"
                         )));
                     }
-                    return Err(Error::new(404, "refund_not_found", format!("no refund with refund_no {refund_no:?}")));
+                    return Err(Error::new(
+                        ErrorKind::RefundNotFound,
+                        format!("no refund with refund_no {refund_no:?}"),
+                    ));
                 };
                 let detail = json!({"refund_no": refund_no, "resolution": resolution, "reason": reason});
                 tx.audit(&now, actor, "unexpected_refund_resolved", first.order_no.as_deref(), &detail)?;
@@ -310,8 +313,7 @@ impl App {
                     CompensationAction::FreezeCoupon { coupon_template_id: tpl } => {
                         let coupon = tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| {
                             Error::new(
-                                404,
-                                "coupon_not_found",
+                                ErrorKind::CouponNotFound,
                                 format!("order {} has no coupon {tpl:?}", order.order_no),
                             )
                         })?;
@@ -340,8 +342,7 @@ impl App {
                     CompensationAction::ReversePoints => {
                         if tx.points_entry(order.id, POINT_TYPE_ORDER_PAID)?.is_none() {
                             return Err(Error::new(
-                                404,
-                                "points_not_found",
+                                ErrorKind::PointsNotFound,
                                 format!("order {} has no {POINT_TYPE_ORDER_PAID} points to reverse", order.order_no),
                             ));
                         }

@@ -29,7 +29,7 @@
 
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::{is_amount, is_identifier};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 
 /// Largest statement accepted (bytes).
 pub const STATEMENT_BYTES_MAX: usize = 16 * 1024 * 1024;
@@ -119,7 +119,7 @@ pub struct StatementRow {
 
 pub fn parse(format: Format, bytes: &[u8]) -> Result<Statement, Error> {
     if bytes.len() > STATEMENT_BYTES_MAX {
-        return Err(Error::new(413, "payload_too_large", "a statement is at most 16 MiB"));
+        return Err(Error::new(ErrorKind::PayloadTooLarge, "a statement is at most 16 MiB"));
     }
     let text = decode(format, bytes)?;
     match format {

@@ -20,7 +20,7 @@ use crate::api::{Request, Response};
 use crate::app::{App, PaymentCallback, RefundCallback};
 use crate::clock::format_ms;
 use crate::domain::PlatformStatus;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::recon::{local_time_ms, yuan_to_fen, UTC8_OFFSET_MS};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
@@ -73,8 +73,7 @@ impl<'a> Alipay<'a> {
             let media_type = content_type.split(';').next().unwrap_or("").trim();
             if !media_type.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
                 return Err(Error::new(
-                    415,
-                    "unsupported_media_type",
+                    ErrorKind::UnsupportedMediaType,
                     "Alipay notices are application/x-www-form-urlencoded",
                 ));
             }
@@ -94,7 +93,7 @@ impl<'a> Alipay<'a> {
                 return Err(Error::invalid(format!("parameter {key} appears twice")));
             }
         }
-        let unauthorized = |why: &str| Error::new(401, "invalid_signature", why.to_owned());
+        let unauthorized = |why: &str| Error::new(ErrorKind::InvalidSignature, why.to_owned());
         match form.get("sign_type").map(String::as_str) {
             None | Some("RSA2") => {}
             Some(_) => return Err(unauthorized("sign_type must be RSA2")),

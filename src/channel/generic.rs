@@ -5,7 +5,7 @@ use crate::api::{self, Request, Response};
 use crate::app::{App, PaymentCallback, RefundCallback};
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::PlatformStatus;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::signature::{self, SignatureError};
 use serde_json::{json, Map, Value};
 
@@ -66,13 +66,11 @@ fn verify(app: &App, req: &Request) -> Result<(), Error> {
     match signature::verify(req.header("Payonce-Signature"), &req.body, &app.config.callback_secrets, now_s) {
         Ok(()) => Ok(()),
         Err(SignatureError::Invalid) => Err(Error::new(
-            401,
-            "invalid_signature",
+            ErrorKind::InvalidSignature,
             "Payonce-Signature is missing, malformed or matches no configured secret",
         )),
         Err(SignatureError::Expired) => Err(Error::new(
-            401,
-            "signature_expired",
+            ErrorKind::SignatureExpired,
             format!("Payonce-Signature t is more than {} s from now", signature::SIGNATURE_TOLERANCE_S),
         )),
     }

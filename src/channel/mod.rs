@@ -13,7 +13,7 @@ pub mod wechatpay;
 use crate::api::{Request, Response};
 use crate::app::{App, PaymentCallback, PaymentReply, RefundCallback};
 use crate::domain::RefundOutcome;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 
 /// What a verified notification asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,8 +78,7 @@ fn with_channel(app: &App, channel: &str, f: impl FnOnce(&dyn Channel) -> Respon
     match chosen {
         Some(chosen) => f(chosen),
         None => Response::error(&Error::new(
-            404,
-            "channel_not_configured",
+            ErrorKind::ChannelNotConfigured,
             format!("payment channel {channel:?} is not configured"),
         )),
     }

@@ -17,7 +17,7 @@ use crate::api::{Request, Response};
 use crate::app::{App, PaymentCallback, RefundCallback};
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::PlatformStatus;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use base64::Engine;
@@ -84,7 +84,7 @@ impl<'a> Wechatpay<'a> {
 
     fn verify(&self, app: &App, req: &Request) -> Result<(), Error> {
         let header = |name: &str| req.header(name).map(str::trim).filter(|v| !v.is_empty());
-        let unauthorized = |why: &str| Error::new(401, "invalid_signature", why.to_owned());
+        let unauthorized = |why: &str| Error::new(ErrorKind::InvalidSignature, why.to_owned());
         let serial = header("Wechatpay-Serial").ok_or_else(|| unauthorized("Wechatpay-Serial is missing"))?;
         let timestamp = header("Wechatpay-Timestamp").ok_or_else(|| unauthorized("Wechatpay-Timestamp is missing"))?;
         let nonce = header("Wechatpay-Nonce").ok_or_else(|| unauthorized("Wechatpay-Nonce is missing"))?;
@@ -115,7 +115,7 @@ impl<'a> Wechatpay<'a> {
             .map_err(|_| unauthorized("Wechatpay-Signature does not verify"))?;
         let t: i64 = timestamp.parse().map_err(|_| unauthorized("Wechatpay-Timestamp is not unix seconds"))?;
         if (app.clock.now_ms().div_euclid(1000) - t).abs() > TIMESTAMP_TOLERANCE_S {
-            return Err(Error::new(401, "signature_expired", "Wechatpay-Timestamp is more than 5 minutes from now"));
+            return Err(Error::new(ErrorKind::SignatureExpired, "Wechatpay-Timestamp is more than 5 minutes from now"));
         }
         Ok(())
     }
@@ -148,8 +148,8 @@ impl<'a> Wechatpay<'a> {
 impl Channel for Wechatpay<'_> {
     fn parse(&self, app: &App, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
         self.verify(app, req)?;
-        let envelope: Value =
-            serde_json::from_slice(&req.body).map_err(|e| Error::new(400, "invalid_json", format!("not JSON: {e}")))?;
+        let envelope: Value = serde_json::from_slice(&req.body)
+            .map_err(|e| Error::new(ErrorKind::InvalidJson, format!("not JSON: {e}")))?;
         let event_type = envelope["event_type"].as_str().unwrap_or("").to_owned();
         let plain = self.decrypt(&envelope)?;
         let field = |name: &str| {
