@@ -3,13 +3,18 @@
 //! that), so every route is testable in process.
 
 use crate::app::{sha256_hex, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
+use crate::channel::{reply_outcome, Channel, Notice, Reply};
 use crate::domain::OrderStatus;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::store::IdempotencySlot;
-use serde_json::{json, Map, Value};
+use crate::wire::{
+    json_object, optional_i64, optional_str, parse_query, query_int, query_value, required_i64, required_str,
+};
+pub use crate::wire::{Request, Response, RETRY_AFTER_S};
+use serde_json::{json, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Largest request body accepted by the JSON endpoints.
@@ -25,8 +30,6 @@ pub fn body_bytes_max(path: &str) -> usize {
         BODY_BYTES_MAX
     }
 }
-/// How long a client is told to wait after a 503 or a 409 `idempotency_key_in_use`.
-pub const RETRY_AFTER_S: u32 = 1;
 /// How long a request waits for another request holding the same
 /// Idempotency-Key before it answers 409 `idempotency_key_in_use`.
 pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 5_000;
@@ -34,73 +37,6 @@ pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 5_000;
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
 /// The caller of requests when no API tokens are configured.
 pub const CALLER_ANONYMOUS: &str = "anonymous";
-
-#[derive(Clone, Debug, Default)]
-pub struct Request {
-    pub method: String,
-    /// The path without the query string, e.g. `/v1/orders/ORD-1`.
-    pub path: String,
-    /// The raw query string without `?`, possibly empty.
-    pub query: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Request {
-    /// The first header of that name, compared case-insensitively.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    /// The outcome or error code, for the request log (never re-parsed
-    /// from the body).
-    pub outcome: Option<&'static str>,
-}
-
-impl Response {
-    pub fn json(status: u16, value: &Value) -> Response {
-        Response {
-            status,
-            headers: vec![("Content-Type".into(), "application/json".into())],
-            body: value.to_string().into_bytes(),
-            outcome: None,
-        }
-    }
-
-    pub fn error(err: &Error) -> Response {
-        let mut response = Response::json(err.status, &err.to_json()).with_outcome(err.code);
-        if err.kind.retry_after() {
-            response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
-        }
-        response
-    }
-
-    pub fn with_outcome(mut self, outcome: &'static str) -> Response {
-        self.outcome = Some(outcome);
-        self
-    }
-
-    /// The connection is closed after this answer (its framing or body
-    /// cannot be trusted, or the server is stopping).
-    pub fn closing(self) -> Response {
-        self.with_header("Connection", "close")
-    }
-
-    pub fn with_header(mut self, name: &str, value: &str) -> Response {
-        self.headers.push((name.into(), value.into()));
-        self
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-}
 
 /// Serves one request on a worker thread: routes it, turns a panic into a
 /// 500, and counts and logs it. This is what the HTTP edge calls.
@@ -121,7 +57,7 @@ pub fn serve(app: &App, req: &Request) -> Response {
 pub fn refuse_at_edge(app: &App, req: &Request, err: &Error) -> Response {
     let response = match find_route(&req.method, &req.path) {
         Found::Route(route, params) if route.template.starts_with("/v1/callbacks/") => {
-            crate::channel::refuse(app, params.first().copied().unwrap_or(""), err)
+            with_channel(app, params.first().copied().unwrap_or(""), |chosen| chosen.refuse(err).with_outcome(err.code))
         }
         _ => Response::error(err),
     };
@@ -215,8 +151,8 @@ static ROUTE_TABLE: &[Route] = &[
     protected("GET", "/v1/users/{user_id}/coupons", |c| user_coupons(c.app, c.param(0))),
     protected("GET", "/v1/users/{user_id}/points", |c| user_points(c.app, c.param(0))),
     protected("GET", "/v1/events", |c| events(c.app, c.req)),
-    open("POST", "/v1/callbacks/{channel}", |c| Ok(crate::channel::handle(c.app, c.req, c.param(0), false))),
-    open("POST", "/v1/callbacks/{channel}/refund", |c| Ok(crate::channel::handle(c.app, c.req, c.param(0), true))),
+    open("POST", "/v1/callbacks/{channel}", |c| Ok(callback(c.app, c.req, c.param(0), false))),
+    open("POST", "/v1/callbacks/{channel}/refund", |c| Ok(callback(c.app, c.req, c.param(0), true))),
     protected("GET", "/v1/admin/mode", |c| get_mode(c.app)),
     protected("PUT", "/v1/admin/mode", |c| put_mode(c.app, c.req, c.caller, c.slot)),
     protected("POST", "/v1/admin/drain", |c| drain(c.app, c.req, c.slot)),
@@ -563,6 +499,46 @@ fn events(app: &App, req: &Request) -> Result<Response, Error> {
     Ok(Response::json(200, &json!({"events": events, "next_after": next_after})))
 }
 
+// ---- payment channels ----
+
+/// `POST /v1/callbacks/{channel}` and `/v1/callbacks/{channel}/refund`: the
+/// channel verifies and maps the notification, the app delivers it, the
+/// channel answers in its platform's protocol.
+fn callback(app: &App, req: &Request, channel: &str, refund_route: bool) -> Response {
+    with_channel(app, channel, |chosen| {
+        match chosen.parse(app.clock.now_ms(), req, refund_route).and_then(|notice| deliver(app, notice)) {
+            Ok(reply) => chosen.acknowledge(&reply).with_outcome(reply_outcome(&reply)),
+            Err(err) => {
+                if err.is_server_error() {
+                    crate::log::error("callback failed", &[("channel", &channel), ("error", &err)]);
+                }
+                chosen.refuse(&err).with_outcome(err.code)
+            }
+        }
+    })
+}
+
+/// Runs `f` with the configured channel of that name; 404
+/// `channel_not_configured` otherwise.
+fn with_channel(app: &App, channel: &str, f: impl FnOnce(&dyn Channel) -> Response) -> Response {
+    match app.channel(channel) {
+        Some(chosen) => f(chosen),
+        None => Response::error(&Error::new(
+            ErrorKind::ChannelNotConfigured,
+            format!("payment channel {channel:?} is not configured"),
+        )),
+    }
+}
+
+fn deliver(app: &App, notice: Notice) -> Result<Reply, Error> {
+    Ok(match notice {
+        Notice::Payment(cb) => Reply::Payment(app.deliver_payment(&cb)?),
+        Notice::Refund(cb) => Reply::Refund(app.deliver_refund(&cb)?),
+        Notice::RefundInFlight(cb) => Reply::Refund(app.deliver_refund_in_flight(&cb)?),
+        Notice::Ignored(_) => Reply::Ignored,
+    })
+}
+
 // ---- operations ----
 
 fn metrics(app: &App) -> Result<Response, Error> {
@@ -645,8 +621,8 @@ fn compensations(app: &App, req: &Request, caller: &str, slot: Option<&Idempoten
 }
 
 fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
-    if let Some(content_type) = req.header("Content-Type") {
-        let media_type = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if let Some(media_type) = crate::wire::media_type(req) {
+        let media_type = media_type.to_ascii_lowercase();
         if !media_type.starts_with("text/") && media_type != "application/csv" {
             return Err(Error::new(
                 ErrorKind::UnsupportedMediaType,
@@ -668,146 +644,15 @@ fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> 
     Ok(Response::json(200, &app.reconcile_keyed(format, &req.body, date, repair, slot)?))
 }
 
-// ---- body and query helpers ----
-
-pub(crate) fn check_json_media_type(req: &Request) -> Result<(), Error> {
-    let Some(content_type) = req.header("Content-Type") else {
-        return Ok(());
-    };
-    let media_type = content_type.split(';').next().unwrap_or("").trim();
-    if media_type.eq_ignore_ascii_case("application/json") {
-        Ok(())
-    } else {
-        Err(Error::new(ErrorKind::UnsupportedMediaType, format!("expected application/json, got {media_type:?}")))
-    }
-}
-
-/// The body as a JSON object with no fields outside `allowed`.
-fn json_object(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Error> {
-    check_json_media_type(req)?;
-    let body = parse_object(&req.body)?;
-    if let Some(unknown) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(Error::invalid(format!("unknown field {unknown:?}")));
-    }
-    Ok(body)
-}
-
-pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
-    // serde_json refuses nesting deeper than 128, so hostile depth is a 400, not a stack overflow.
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(Error::invalid("the body must be a JSON object")),
-        Err(e) => Err(Error::new(ErrorKind::InvalidJson, format!("the body is not valid JSON: {e}"))),
-    }
-}
-
-pub(crate) fn required_str(body: &Map<String, Value>, field: &str) -> Result<String, Error> {
-    optional_str(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
-}
-
-pub(crate) fn optional_str(body: &Map<String, Value>, field: &str) -> Result<Option<String>, Error> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(Error::invalid(format!("{field} must be a string"))),
-    }
-}
-
-pub(crate) fn required_i64(body: &Map<String, Value>, field: &str) -> Result<i64, Error> {
-    optional_i64(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
-}
-
-/// Integers only: `99.0`, `"99"`, `1e3` and out-of-range numbers are refused.
-pub(crate) fn optional_i64(body: &Map<String, Value>, field: &str) -> Result<Option<i64>, Error> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| Error::invalid(format!("{field} must be an integer (minor units for money)"))),
-        Some(_) => Err(Error::invalid(format!("{field} must be an integer (minor units for money)"))),
-    }
-}
-
-fn parse_query(query: &str) -> Result<Vec<(String, String)>, Error> {
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            Ok((percent_decode(key)?, percent_decode(value)?))
-        })
-        .collect()
-}
-
-fn query_value<'q>(query: &'q [(String, String)], name: &str) -> Option<&'q str> {
-    query.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
-}
-
-fn query_int(query: &[(String, String)], name: &str, min: i64, max: i64) -> Result<Option<i64>, Error> {
-    match query_value(query, name) {
-        None => Ok(None),
-        Some(text) => match text.parse::<i64>() {
-            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
-            _ => Err(Error::invalid(format!("{name} must be an integer from {min} to {max}"))),
-        },
-    }
-}
-
 /// `limit`: default 100; values above 1000 are served as 1000.
 fn page_limit(query: &[(String, String)]) -> Result<usize, Error> {
     let limit = query_int(query, "limit", 1, i64::MAX)?;
     Ok(limit.map_or(PAGE_LIMIT_DEFAULT, |n| usize::try_from(n).unwrap_or(PAGE_LIMIT_MAX).min(PAGE_LIMIT_MAX)))
 }
 
-fn percent_decode(text: &str) -> Result<String, Error> {
-    let bytes =
-        form_decode(text.as_bytes()).ok_or_else(|| Error::invalid("malformed percent-encoding in the query string"))?;
-    String::from_utf8(bytes).map_err(|_| Error::invalid("the query string is not UTF-8"))
-}
-
-/// `application/x-www-form-urlencoded` decoding to bytes: `%XX` (exactly two
-/// hex digits) and `+` for space; `None` on a malformed escape. Shared by
-/// query strings and Alipay's form bodies.
-pub(crate) fn form_decode(bytes: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
-                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn query_strings_decode() {
-        let q = parse_query("user_id=u%2D1&status=PAID&flag&x=a+b").unwrap_or_default();
-        assert_eq!(query_value(&q, "user_id"), Some("u-1"));
-        assert_eq!(query_value(&q, "status"), Some("PAID"));
-        assert_eq!(query_value(&q, "flag"), None);
-        assert_eq!(query_value(&q, "x"), Some("a b"));
-        assert!(parse_query("a=%zz").is_err());
-        assert!(parse_query("a=%ff").is_err());
-        assert!(parse_query("a=%4").is_err());
-        assert!(parse_query("a=%+f").is_err());
-    }
 
     #[test]
     fn idempotency_keys() {
@@ -827,19 +672,5 @@ mod tests {
         check("\"back\\slash\"", None);
         check("back\\slash", Some("back\\slash"));
         check("a\"b", Some("a\"b"));
-    }
-
-    #[test]
-    fn integers_are_strict() {
-        let check = |body: &str, ok: Option<i64>| {
-            let map = parse_object(body.as_bytes()).unwrap_or_default();
-            assert_eq!(optional_i64(&map, "amount").ok().flatten(), ok, "{body}");
-        };
-        check(r#"{"amount":9900}"#, Some(9900));
-        check(r#"{"amount":99.0}"#, None);
-        check(r#"{"amount":"9900"}"#, None);
-        check(r#"{"amount":1e3}"#, None);
-        check(r#"{"amount":18446744073709551615}"#, None);
-        check(r#"{"amount":true}"#, None);
     }
 }

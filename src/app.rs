@@ -14,11 +14,13 @@
 //! // 8. `_key` drops here: after the commit, by scope order
 //! ```
 
+use crate::channel::{self, Channel};
 use crate::clock::Clock;
 use crate::domain::{
     is_amount, is_currency, is_identifier, EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus,
     RefundOutcome, RefundStatus, Rewards,
 };
+pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
 use crate::error::{Error, ErrorKind};
 use crate::keylock::KeyedLocks;
 use crate::metrics::Metrics;
@@ -111,6 +113,8 @@ pub struct App {
     /// down), to prove that nothing of a failed request survives.
     pub fail_writes_after_work: AtomicU32,
     pub metrics: Metrics,
+    /// The configured payment channels, built from `config` at open.
+    channels: Vec<Box<dyn Channel>>,
 }
 
 /// An order to create (already shaped; [`App::create_order`] validates it).
@@ -121,64 +125,6 @@ pub struct CreateOrder {
     pub amount: i64,
     pub currency: String,
     pub expires_in_s: Option<i64>,
-}
-
-/// A payment notification, verified by its channel.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PaymentCallback {
-    pub channel: String,
-    pub pay_no: String,
-    pub order_no: String,
-    pub amount: i64,
-    pub status: PlatformStatus,
-    /// The platform's payment time, normalised to payonce's UTC text.
-    pub paid_at: Option<String>,
-    /// The exact bytes received, kept in `pay_callback_log.raw_body`.
-    pub raw_body: Vec<u8>,
-}
-
-/// A refund result, verified by its channel.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RefundCallback {
-    pub channel: String,
-    pub refund_no: String,
-    pub order_no: String,
-    pub status: PlatformStatus,
-    /// The platform's own time of a successful refund (WeChat Pay
-    /// `success_time`, Alipay `gmt_refund`), normalised to payonce's UTC
-    /// text; kept as `refund.platform_settled_at`.
-    pub settled_at: Option<String>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PaymentReply {
-    pub outcome: PaymentReplyOutcome,
-}
-
-/// What the platform is told: a fresh outcome, or `duplicate` with the
-/// outcome recorded first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PaymentReplyOutcome {
-    Decided(PaymentOutcome),
-    Duplicate { original: PaymentOutcome },
-}
-
-impl PaymentReply {
-    pub fn outcome_str(&self) -> &'static str {
-        match self.outcome {
-            PaymentReplyOutcome::Decided(o) => o.as_str(),
-            PaymentReplyOutcome::Duplicate { .. } => "duplicate",
-        }
-    }
-
-    pub fn to_json(&self) -> Value {
-        match self.outcome {
-            PaymentReplyOutcome::Decided(o) => json!({"code": "SUCCESS", "outcome": o.as_str()}),
-            PaymentReplyOutcome::Duplicate { original } => {
-                json!({"code": "SUCCESS", "outcome": "duplicate", "original": original.as_str()})
-            }
-        }
-    }
 }
 
 /// A recorded payment waiting to be decided: what the decision needs.
@@ -269,8 +215,16 @@ impl App {
     pub fn open_with(db: &str, clock: Clock, config: Config, options: &StoreOptions) -> Result<App, Error> {
         let store = Store::open(db, options)?;
         let metrics = Metrics::with_storage_flag(store.storage_flag());
-        let app =
-            App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics };
+        let channels = channel::configured(&config.callback_secrets, config.wechatpay.as_ref(), config.alipay.as_ref());
+        let app = App {
+            store,
+            locks: KeyedLocks::new(),
+            clock,
+            config,
+            fail_writes_after_work: AtomicU32::new(0),
+            metrics,
+            channels,
+        };
         app.record_reward_settings()?;
         Ok(app)
     }
@@ -290,7 +244,20 @@ impl App {
         let points_per_yuan = points.as_deref().and_then(|p| p.parse().ok()).unwrap_or(0);
         let config = Config { rewards: Rewards { coupon_templates, points_per_yuan }, ..Config::default() };
         let metrics = Metrics::with_storage_flag(store.storage_flag());
-        Ok(App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics })
+        Ok(App {
+            store,
+            locks: KeyedLocks::new(),
+            clock,
+            config,
+            fail_writes_after_work: AtomicU32::new(0),
+            metrics,
+            channels: Vec::new(),
+        })
+    }
+
+    /// The configured channel of that name (`generic` only with a secret).
+    pub fn channel(&self, name: &str) -> Option<&dyn Channel> {
+        self.channels.iter().find(|c| c.name() == name).map(|c| c.as_ref())
     }
 
     fn record_reward_settings(&self) -> Result<(), Error> {
@@ -736,7 +703,18 @@ impl App {
 
     /// Delivers a verified refund result, exactly once per refund_no.
     pub fn deliver_refund(&self, cb: &RefundCallback) -> Result<RefundOutcome, Error> {
-        let outcome = self.deliver_refund_once(cb)?;
+        self.deliver_refund_of(cb, RefundOf::Named)
+    }
+
+    /// Delivers a refund result that names no refund request: it settles
+    /// the order's refund in flight, read inside the refund's transaction,
+    /// or, when the order has none, is the refund `cb.refund_no`.
+    pub fn deliver_refund_in_flight(&self, cb: &RefundCallback) -> Result<RefundOutcome, Error> {
+        self.deliver_refund_of(cb, RefundOf::InFlight)
+    }
+
+    fn deliver_refund_of(&self, cb: &RefundCallback, of: RefundOf) -> Result<RefundOutcome, Error> {
+        let outcome = self.deliver_refund_once(cb, of)?;
         self.metrics.observe_callback("refund", outcome.as_str());
         if outcome == RefundOutcome::Duplicate {
             self.metrics.observe_duplicate("callback");
@@ -744,12 +722,23 @@ impl App {
         Ok(outcome)
     }
 
-    fn deliver_refund_once(&self, cb: &RefundCallback) -> Result<RefundOutcome, Error> {
+    fn deliver_refund_once(&self, cb: &RefundCallback, of: RefundOf) -> Result<RefundOutcome, Error> {
         validate_refund(cb)?;
+        // An in-flight refund's own refund_no is known only inside the
+        // transaction; its key is the notice's (the trade's), so re-deliveries
+        // of one notice still queue here, and the settle CAS decides the rest.
         let _refund_key = self.locks.lock(&format!("refund:{}", cb.refund_no));
         let now = self.clock.now_text();
         self.store.write(|tx| {
             let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
+            let in_flight;
+            let cb = match (of, &order.refund_no) {
+                (RefundOf::InFlight, Some(refund_no)) => {
+                    in_flight = RefundCallback { refund_no: refund_no.clone(), ..cb.clone() };
+                    &in_flight
+                }
+                _ => cb,
+            };
             let refund = tx.refund_by_no(&cb.refund_no)?.filter(|r| r.order_id == order.id);
             let Some(refund) = refund else {
                 return unexpected_refund(tx, &order, cb, None, &now);
@@ -820,6 +809,15 @@ impl App {
             _ => Error::new(ErrorKind::DatabaseUnavailable, format!("the database cannot be read: {}", e.message)),
         })
     }
+}
+
+/// Which refund a refund result settles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RefundOf {
+    /// The one its `refund_no` names.
+    Named,
+    /// The order's refund in flight, else its `refund_no`.
+    InFlight,
 }
 
 /// The API's answer to an order creation: 201 when created, 200 when the
@@ -902,7 +900,7 @@ fn check_platform_time(tx: &Tx, cb: &PaymentCallback, source: &str, now: &str) -
     if tx.callback_by_pay_no(&cb.pay_no)?.is_some() {
         return Ok(());
     }
-    let field = crate::channel::paid_time_field(&cb.channel);
+    let field = channel::paid_time_field(&cb.channel);
     Err(Error::invalid(format!(
         "{field} {paid_at} is not within {} h before and {} min after payonce received the notification ({now}), \
          or not in the years {}-{}",

@@ -33,11 +33,13 @@ pub mod http;
 pub mod keylock;
 pub mod log;
 pub mod metrics;
+pub mod money;
 pub mod ops;
 pub mod recon;
 pub mod signature;
 pub mod simulate;
 pub mod store;
+pub mod wire;
 
 pub use app::{App, Config, CreateOrder, PaymentCallback, PaymentReply, RefundCallback};
 pub use clock::Clock;
