@@ -2,19 +2,20 @@
 //! [`Request`] and returns a [`Response`]. No socket here (`http.rs` owns
 //! that), so every route is testable in process.
 
-use crate::app::{sha256_hex, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
+use crate::app::{sha256_hex, Answer, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
 use crate::channel::{reply_outcome, Channel, Notice, Reply};
 use crate::domain::OrderStatus;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
+use crate::render;
 use crate::store::IdempotencySlot;
 use crate::wire::{
     json_object, optional_i64, optional_str, parse_query, query_int, query_value, required_i64, required_str,
 };
 pub use crate::wire::{Request, Response, RETRY_AFTER_S};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Largest request body accepted by the JSON endpoints.
@@ -387,6 +388,13 @@ pub fn route_label(path: &str) -> &'static str {
 
 // ---- handlers ----
 
+/// An operation's result as the API answers it: the same [`Answer`] a keyed
+/// write stored with its work.
+fn answered(result: &impl Answer) -> Response {
+    let (status, body) = result.answer();
+    Response::json(status, &body)
+}
+
 fn healthz(app: &App) -> Result<Response, Error> {
     app.health()?;
     Ok(Response::json(200, &json!({"status": "ok"})))
@@ -412,9 +420,9 @@ fn create_order(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Res
         currency: optional_str(&body, "currency")?.unwrap_or_else(|| "CNY".to_owned()),
         expires_in_s: optional_i64(&body, "expires_in_s")?,
     };
-    let (order, created) = app.create_order_keyed(&create, slot)?;
-    let response = Response::json(if created { 201 } else { 200 }, &order.to_json());
-    Ok(if created { response } else { response.with_header("Idempotent-Replayed", "true") })
+    let result = app.create_order_keyed(&create, slot)?;
+    let response = answered(&result);
+    Ok(if result.1 { response } else { response.with_header("Idempotent-Replayed", "true") })
 }
 
 fn get_order(app: &App, order_no: &str) -> Result<Response, Error> {
@@ -434,21 +442,20 @@ fn list_orders(app: &App, req: &Request) -> Result<Response, Error> {
     let after = query_int(&query, "after", 0, i64::MAX)?;
     let limit = page_limit(&query)?;
     let (orders, next) = app.list_orders(user_id, status, after, limit)?;
-    let orders: Vec<Value> = orders.iter().map(|o| o.to_json()).collect();
-    Ok(Response::json(200, &json!({"orders": orders, "next_after": next.map(|n| n.to_string())})))
+    Ok(Response::json(200, &render::orders(&orders, next)))
 }
 
 fn close_order(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     if !req.body.is_empty() {
         json_object(req, &[])?;
     }
-    Ok(Response::json(200, &app.close_order_keyed(order_no, slot)?.to_json()))
+    Ok(answered(&app.close_order_keyed(order_no, slot)?))
 }
 
 fn request_refund(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let body = json_object(req, &["refund_no"])?;
     let refund_no = required_str(&body, "refund_no")?;
-    Ok(Response::json(200, &app.request_refund_keyed(order_no, &refund_no, slot)?.to_json()))
+    Ok(answered(&app.request_refund_keyed(order_no, &refund_no, slot)?))
 }
 
 /// A path segment that must be an identifier, e.g. `{user_id}`.
@@ -462,25 +469,13 @@ fn path_identifier<'a>(value: &'a str, name: &str) -> Result<&'a str, Error> {
 
 fn user_coupons(app: &App, user_id: &str) -> Result<Response, Error> {
     let user_id = path_identifier(user_id, "user_id")?;
-    let coupons: Vec<Value> = app
-        .user_coupons(user_id)?
-        .iter()
-        .map(|c| {
-            json!({"order_no": c.order_no, "coupon_template_id": c.coupon_template_id,
-                   "status": c.status, "created_at": c.created_at})
-        })
-        .collect();
-    Ok(Response::json(200, &json!({"coupons": coupons})))
+    Ok(Response::json(200, &render::user_coupons(&app.user_coupons(user_id)?)))
 }
 
 fn user_points(app: &App, user_id: &str) -> Result<Response, Error> {
     let user_id = path_identifier(user_id, "user_id")?;
     let (balance, entries) = app.user_points(user_id)?;
-    let entries: Vec<Value> = entries
-        .iter()
-        .map(|p| json!({"order_no": p.order_no, "point_type": p.point_type, "points": p.points, "created_at": p.created_at}))
-        .collect();
-    Ok(Response::json(200, &json!({"balance": balance, "entries": entries})))
+    Ok(Response::json(200, &render::user_points(balance, &entries)))
 }
 
 fn events(app: &App, req: &Request) -> Result<Response, Error> {
@@ -489,14 +484,7 @@ fn events(app: &App, req: &Request) -> Result<Response, Error> {
     let limit = page_limit(&query)?;
     let rows = app.events(after, limit)?;
     let next_after = rows.last().map_or(after, |e| e.seq);
-    let events: Vec<Value> = rows
-        .into_iter()
-        .map(|e| {
-            json!({"seq": e.seq, "event_id": e.event_id, "type": e.event_type,
-                   "order_no": e.order_no, "data": e.data, "created_at": e.created_at})
-        })
-        .collect();
-    Ok(Response::json(200, &json!({"events": events, "next_after": next_after})))
+    Ok(Response::json(200, &render::events(&rows, next_after)))
 }
 
 // ---- payment channels ----
@@ -556,26 +544,25 @@ fn metrics(app: &App) -> Result<Response, Error> {
 }
 
 fn get_mode(app: &App) -> Result<Response, Error> {
-    Ok(Response::json(200, &json!({"mode": app.mode()?.as_str()})))
+    Ok(Response::json(200, &render::mode(app.mode()?)))
 }
 
 fn put_mode(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let body = json_object(req, &["mode"])?;
     let mode = required_str(&body, "mode")?;
     let mode = Mode::parse(&mode).ok_or_else(|| Error::invalid("mode must be normal or record_only"))?;
-    let mode = app.set_mode(mode, caller, slot)?;
-    Ok(Response::json(200, &json!({"mode": mode.as_str()})))
+    Ok(answered(&app.set_mode(mode, caller, slot)?))
 }
 
 fn drain(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     if !req.body.is_empty() {
         json_object(req, &[])?;
     }
-    Ok(Response::json(200, &json!({"applied": app.drain_keyed(slot)?})))
+    Ok(answered(&app.drain_keyed(slot)?))
 }
 
 fn inspections(app: &App) -> Result<Response, Error> {
-    Ok(Response::json(200, &crate::ops::inspection_json(&app.inspect()?)))
+    Ok(Response::json(200, &render::inspection(&app.inspect()?)))
 }
 
 /// `{"resolution","reason"}` of both resolve endpoints.
@@ -592,7 +579,7 @@ fn resolve_payment(
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
     let (resolution, reason) = resolution_body(req)?;
-    Ok(Response::json(200, &app.resolve_payment(pay_no, &resolution, &reason, caller, slot)?))
+    Ok(answered(&app.resolve_payment(pay_no, &resolution, &reason, caller, slot)?))
 }
 
 fn resolve_refund(
@@ -603,7 +590,7 @@ fn resolve_refund(
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
     let (resolution, reason) = resolution_body(req)?;
-    Ok(Response::json(200, &app.resolve_refund(refund_no, &resolution, &reason, caller, slot)?))
+    Ok(answered(&app.resolve_refund(refund_no, &resolution, &reason, caller, slot)?))
 }
 
 fn compensations(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
@@ -617,7 +604,7 @@ fn compensations(app: &App, req: &Request, caller: &str, slot: Option<&Idempoten
     };
     let compensation =
         Compensation { order_no: required_str(&body, "order_no")?, action, reason: required_str(&body, "reason")? };
-    Ok(Response::json(200, &app.compensate(&compensation, caller, slot)?))
+    Ok(answered(&app.compensate(&compensation, caller, slot)?))
 }
 
 fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
@@ -641,7 +628,7 @@ fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> 
         Some(_) => return Err(Error::invalid("repair must be true or false")),
     };
     let date = query_value(&query, "date");
-    Ok(Response::json(200, &app.reconcile_keyed(format, &req.body, date, repair, slot)?))
+    Ok(answered(&app.reconcile_keyed(format, &req.body, date, repair, slot)?))
 }
 
 /// `limit`: default 100; values above 1000 are served as 1000.

@@ -102,6 +102,14 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What an operation's success answers over the API: status and JSON body.
+/// A keyed write stores exactly this with its work, so a replay is the
+/// same answer. Implemented in `render.rs`, the one place JSON is shaped;
+/// refusals answer [`Error::to_json`].
+pub trait Answer {
+    fn answer(&self) -> (u16, Value);
+}
+
 /// One payonce: a store, the key locks, a clock and the settings.
 pub struct App {
     pub store: Store,
@@ -160,41 +168,6 @@ pub struct OrderDetail {
     pub payments: Vec<CallbackRecord>,
     pub coupons: Vec<CouponRow>,
     pub points: Vec<PointRow>,
-}
-
-impl OrderDetail {
-    pub fn to_json(&self) -> Value {
-        let mut value = self.order.to_json();
-        let payments: Vec<Value> = self
-            .payments
-            .iter()
-            .map(|p| {
-                json!({
-                    "pay_no": p.pay_no, "channel": p.channel, "amount": p.amount,
-                    "outcome": p.outcome.as_str(), "state": if p.decided { "decided" } else { "received" },
-                    "source": p.source, "received_at": p.received_at,
-                })
-            })
-            .collect();
-        let coupons: Vec<Value> = self
-            .coupons
-            .iter()
-            .map(
-                |c| json!({"coupon_template_id": c.coupon_template_id, "status": c.status, "created_at": c.created_at}),
-            )
-            .collect();
-        let points: Vec<Value> = self
-            .points
-            .iter()
-            .map(|p| json!({"point_type": p.point_type, "points": p.points, "created_at": p.created_at}))
-            .collect();
-        if let Value::Object(map) = &mut value {
-            map.insert("payments".into(), Value::Array(payments));
-            map.insert("coupons".into(), Value::Array(coupons));
-            map.insert("points".into(), Value::Array(points));
-        }
-        value
-    }
 }
 
 /// Where a payment came from, for `pay_callback_log.source`.
@@ -297,7 +270,7 @@ impl App {
             created_at: crate::clock::format_ms(now_ms),
             expires_at: crate::clock::format_ms(now_ms.saturating_add(expires_in_s.saturating_mul(1000))),
         };
-        self.write_op(slot, render_created, |tx| match tx.insert_order(&new)? {
+        self.write_op(slot, |tx| match tx.insert_order(&new)? {
             Ok(order) => Ok((order, true)),
             Err(existing)
                 if existing.user_id == req.user_id
@@ -326,12 +299,11 @@ impl App {
 
     /// Runs `work` in one IMMEDIATE transaction as an API write: a business
     /// refusal commits (its audit row stays) and, with a `slot`, the answer —
-    /// success or refusal, as `render` shapes it — is stored in the same
+    /// success ([`Answer`]) or refusal — is stored in the same
     /// transaction. Any other error rolls everything back and stores nothing.
-    pub(crate) fn write_op<T>(
+    pub(crate) fn write_op<T: Answer>(
         &self,
         slot: Option<&IdempotencySlot>,
-        render: impl FnOnce(&T) -> (u16, Value),
         work: impl FnOnce(&Tx) -> Result<T, Error>,
     ) -> Result<T, Error> {
         self.store.write(|tx| {
@@ -341,7 +313,7 @@ impl App {
             };
             if let Some(slot) = slot {
                 let (status, body) = match &result {
-                    Ok(value) => render(value),
+                    Ok(value) => value.answer(),
                     Err(refusal) => (refusal.status, refusal.to_json()),
                 };
                 if !tx.store_response(slot, status, body.to_string().as_bytes())? {
@@ -430,7 +402,7 @@ impl App {
     pub fn close_order_keyed(&self, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Order, Error> {
         let _key = self.locks.lock(&format!("order:{order_no}"));
         let now = self.clock.now_text();
-        self.write_op(slot, render_order, |tx| {
+        self.write_op(slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
             if let Some(closed) = close_in_tx(tx, &order, &now)? {
                 return Ok(closed);
@@ -483,7 +455,7 @@ impl App {
         }
         let _key = self.locks.lock(&format!("refund:{refund_no}"));
         let now = self.clock.now_text();
-        self.write_op(slot, render_order, |tx| {
+        self.write_op(slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
             let detail = json!({"refund_no": refund_no});
             if let Some(existing) = tx.refund_by_no(refund_no)? {
@@ -818,17 +790,6 @@ enum RefundOf {
     Named,
     /// The order's refund in flight, else its `refund_no`.
     InFlight,
-}
-
-/// The API's answer to an order creation: 201 when created, 200 when the
-/// same order existed.
-pub fn render_created(result: &(Order, bool)) -> (u16, Value) {
-    (if result.1 { 201 } else { 200 }, result.0.to_json())
-}
-
-/// The API's answer to an order operation: 200 with the order.
-pub fn render_order(order: &Order) -> (u16, Value) {
-    (200, order.to_json())
 }
 
 /// CAS PENDING→CLOSED with its `order.closed` event; `None` when the CAS

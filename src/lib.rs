@@ -36,6 +36,7 @@ pub mod metrics;
 pub mod money;
 pub mod ops;
 pub mod recon;
+pub mod render;
 pub mod signature;
 pub mod simulate;
 pub mod store;

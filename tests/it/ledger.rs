@@ -760,7 +760,7 @@ fn the_refusal_names_each_channels_platform_time_field() {
 fn reconcile_day(app: &App, day: &str) -> Vec<String> {
     let header = b"pay_no,order_no,amount,status,paid_at\n";
     let result = app.reconcile(Format::Generic, header, Some(day), false, &mut |_, _| {}).expect("reconcile");
-    result.missing_remote.iter().filter_map(|r| r["pay_no"].as_str().map(str::to_owned)).collect()
+    result.missing_remote.iter().filter_map(|r| r.to_json()["pay_no"].as_str().map(str::to_owned)).collect()
 }
 
 #[test]
@@ -784,7 +784,7 @@ fn reconciliation_dates_by_decided_at_when_the_platform_time_is_out_of_window() 
     let statement = b"pay_no,order_no,amount,status,paid_at\nRDP-1,RD-1,100,SUCCESS,2000-01-01T00:00:00Z\n";
     let repaired = app.reconcile(Format::Generic, statement, None, true, &mut |_, _| {}).expect("repair");
     assert_eq!(
-        repaired.repaired.as_ref().map(|r| r[0]["outcome"].clone()),
+        repaired.repaired.as_ref().map(|r| r[0].to_json()["outcome"].clone()),
         Some(json!("applied")),
         "{:?}",
         repaired.repaired
