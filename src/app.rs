@@ -6,7 +6,7 @@
 //! ```text
 //! let _key = self.locks.lock(key);     // 1. process-local key lock, outside the transaction
 //! self.store.write(|tx| {              // 2. BEGIN IMMEDIATE (after the writer queue)
-//!     ...claim the idempotency key...  // 3. UNIQUE insert (pay_no, order_no, refund_no)
+//!     ...record the request...         // 3. under its UNIQUE key (uk_pay_no, uk_order_no, uk_refund_no)
 //!     ...CAS the order...              // 4. UPDATE .. WHERE status = ?; affected rows decide
 //!     ...each side effect...           // 5. its own UNIQUE key
 //!     ...outbox event...               // 6. uk_event_id
