@@ -351,7 +351,7 @@ fn list_orders_newest_first_paged_and_filtered() {
     for no in ["A-1", "A-4", "B-1"] {
         let amount = order(&server, no)["amount"].as_i64().unwrap_or_default();
         assert_eq!(
-            Pay { pay_no: &format!("P-{no}"), order_no: no, amount: amount, status: "SUCCESS" }.send(&server).status,
+            Pay { pay_no: &format!("P-{no}"), order_no: no, amount, status: "SUCCESS" }.send(&server).status,
             200
         );
     }
@@ -525,7 +525,7 @@ fn close_order_transitions_and_refusals() {
     // A PAID order: 409 invalid_transition and an audit_log row.
     create(&server, "C-2", "u1", 500);
     check_pay(&server, Pay { pay_no: "CP-2", order_no: "C-2", amount: 500, status: "SUCCESS" }, "applied", None);
-    let audits = |no: &str| count(&db(&server), "SELECT count(*) FROM audit_log WHERE order_no = ?1", &[&no]);
+    let audits = |no: &str| count(&db(&server), "SELECT count(*) FROM audit_log WHERE order_no = ?1", [&no]);
     let before = audits("C-2");
     expect_error(&close(&server, "C-2"), 409, "invalid_transition", "close PAID");
     assert_eq!(audits("C-2"), before + 1, "the refused close is written to audit_log");
@@ -1115,7 +1115,7 @@ fn callback_invalid_bodies_record_nothing() {
 #[test]
 fn refund_callback_every_outcome() {
     let server = Server::start(&REWARDS);
-    let audits = |no: &str| count(&db(&server), "SELECT count(*) FROM audit_log WHERE order_no = ?1", &[&no]);
+    let audits = |no: &str| count(&db(&server), "SELECT count(*) FROM audit_log WHERE order_no = ?1", [&no]);
 
     // applied
     create(&server, "F-1", "u1", 9999);

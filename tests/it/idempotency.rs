@@ -145,7 +145,7 @@ fn key_rows(app: &App, key: &str) -> i64 {
     count(
         &app.store.raw_connection().expect("raw connection"),
         "SELECT count(*) FROM idempotency_key WHERE key = ?1",
-        &[&key],
+        [&key],
     )
 }
 
@@ -168,7 +168,7 @@ fn orders_of(app: &App, user_id: &str) -> i64 {
     count(
         &app.store.raw_connection().expect("raw connection"),
         "SELECT count(*) FROM orders WHERE user_id = ?1",
-        &[&user_id],
+        [&user_id],
     )
 }
 
@@ -480,7 +480,7 @@ fn business_refusals_are_stored_and_replayed_without_running_again() {
         count(
             &app.store.raw_connection().expect("raw connection"),
             "SELECT count(*) FROM audit_log WHERE action = 'transition_refused' AND order_no = ?1",
-            &[&order_no],
+            [&order_no],
         )
     };
     // (key, path, body, status, code)

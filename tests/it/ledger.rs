@@ -410,7 +410,7 @@ fn pay_round(servers: &[&Server], payments: &[Payment]) -> (Vec<Payment>, Vec<Pa
     let (mut acked, mut refused) = (Vec::new(), Vec::new());
     for (i, (pay_no, order_no)) in payments.iter().enumerate() {
         let which = i % servers.len();
-        if acknowledged(servers[which], Pay { pay_no: pay_no, order_no: order_no, amount: 100, status: "SUCCESS" }) {
+        if acknowledged(servers[which], Pay { pay_no, order_no, amount: 100, status: "SUCCESS" }) {
             assert!(!lost[which], "{pay_no}: a server that refused with storage_lost acknowledged again");
             acked.push((pay_no.clone(), order_no.clone()));
         } else {

@@ -308,12 +308,12 @@ fn record_only_records_then_the_worker_decides_in_arrival_order_exactly_once() {
         ("ROP-3", "RO-3", 1003, "SUCCESS"),
     ];
     for (pay_no, order_no, amount, status) in deliveries {
-        let resp = Pay { pay_no: pay_no, order_no: order_no, amount: amount, status: status }.send(&server);
+        let resp = Pay { pay_no, order_no, amount, status }.send(&server);
         assert_eq!(resp.status, 200, "{pay_no}: {}", resp.text());
         assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "recorded"}), "{pay_no}");
     }
     for (pay_no, order_no, amount, status) in [deliveries[1], deliveries[3]] {
-        let resp = Pay { pay_no: pay_no, order_no: order_no, amount: amount, status: status }.send(&server);
+        let resp = Pay { pay_no, order_no, amount, status }.send(&server);
         assert_eq!(
             resp.json(),
             json!({"code": "SUCCESS", "outcome": "duplicate", "original": "recorded"}),
@@ -419,7 +419,7 @@ fn record_only_records_then_the_worker_decides_in_arrival_order_exactly_once() {
     for (pay_no, order_no, amount, original) in
         [("ROP-1", "RO-1", 1001, "applied"), ("ROP-X2", "RO-X", 500, "already_paid")]
     {
-        let resp = Pay { pay_no: pay_no, order_no: order_no, amount: amount, status: "SUCCESS" }.send(&server);
+        let resp = Pay { pay_no, order_no, amount, status: "SUCCESS" }.send(&server);
         assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "duplicate", "original": original}), "{pay_no}");
     }
     assert_eq!(count(&conn, "SELECT count(*) FROM user_coupon", []), 4);
@@ -490,7 +490,7 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
         order_nos.iter().take(SECOND_PAYMENTS).map(|o| (format!("{o}-b"), o.clone())).collect();
     for batch in [&firsts, &seconds] {
         let answers = parallel(8, batch, |(pay_no, order_no)| {
-            Pay { pay_no: pay_no, order_no: order_no, amount: 1000, status: "SUCCESS" }.send(&server)
+            Pay { pay_no, order_no, amount: 1000, status: "SUCCESS" }.send(&server)
         });
         for (answer, (pay_no, _)) in answers.iter().zip(batch.iter()) {
             assert_eq!(answer.json(), json!({"code": "SUCCESS", "outcome": "recorded"}), "{pay_no}");
@@ -842,8 +842,7 @@ fn compensation_twice_is_one_effect_answered_the_same_and_never_deletes() {
     for order_no in ["C-1", "C-2", "C-3"] {
         create(&app, order_no, 2500);
         assert_eq!(
-            pay(&app, Pay { pay_no: &format!("{order_no}-p"), order_no: order_no, amount: 2500, status: "SUCCESS" })
-                ["outcome"],
+            pay(&app, Pay { pay_no: &format!("{order_no}-p"), order_no, amount: 2500, status: "SUCCESS" })["outcome"],
             "applied"
         );
     }
@@ -1604,10 +1603,7 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
     // Two records waiting in record-only mode: a keyed drain.
     for (order_no, pay_no) in [("KA-2", "KAP-2"), ("KA-3", "KAP-3")] {
         create(&app, order_no, 500);
-        assert_eq!(
-            pay(&app, Pay { pay_no: pay_no, order_no: order_no, amount: 500, status: "SUCCESS" })["outcome"],
-            "recorded"
-        );
+        assert_eq!(pay(&app, Pay { pay_no, order_no, amount: 500, status: "SUCCESS" })["outcome"], "recorded");
     }
     violations.extend(keyed_failure_then_retry(&app, "POST", "/v1/admin/drain", "k-drain", json_type, b"{}"));
     assert_eq!(app.received_waiting().expect("waiting"), 0);
