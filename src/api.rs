@@ -2,14 +2,20 @@
 //! [`Request`] and returns a [`Response`]. No socket here (`http.rs` owns
 //! that), so every route is testable in process.
 
-use crate::app::{sha256_hex, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
+use crate::app::{sha256_hex, Answer, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
+use crate::channel::{reply_outcome, Channel, Notice, Reply};
 use crate::domain::OrderStatus;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
+use crate::render;
 use crate::store::IdempotencySlot;
-use serde_json::{json, Map, Value};
+use crate::wire::{
+    json_object, optional_i64, optional_str, parse_query, query_int, query_value, required_i64, required_str,
+};
+pub use crate::wire::{Request, Response, RETRY_AFTER_S};
+use serde_json::json;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Largest request body accepted by the JSON endpoints.
@@ -25,8 +31,6 @@ pub fn body_bytes_max(path: &str) -> usize {
         BODY_BYTES_MAX
     }
 }
-/// How long a client is told to wait after a 503 or a 409 `idempotency_key_in_use`.
-pub const RETRY_AFTER_S: u32 = 1;
 /// How long a request waits for another request holding the same
 /// Idempotency-Key before it answers 409 `idempotency_key_in_use`.
 pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 5_000;
@@ -34,73 +38,6 @@ pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 5_000;
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
 /// The caller of requests when no API tokens are configured.
 pub const CALLER_ANONYMOUS: &str = "anonymous";
-
-#[derive(Clone, Debug, Default)]
-pub struct Request {
-    pub method: String,
-    /// The path without the query string, e.g. `/v1/orders/ORD-1`.
-    pub path: String,
-    /// The raw query string without `?`, possibly empty.
-    pub query: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Request {
-    /// The first header of that name, compared case-insensitively.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-    /// The outcome or error code, for the request log (never re-parsed
-    /// from the body).
-    pub outcome: Option<&'static str>,
-}
-
-impl Response {
-    pub fn json(status: u16, value: &Value) -> Response {
-        Response {
-            status,
-            headers: vec![("Content-Type".into(), "application/json".into())],
-            body: value.to_string().into_bytes(),
-            outcome: None,
-        }
-    }
-
-    pub fn error(err: &Error) -> Response {
-        let mut response = Response::json(err.status, &err.to_json()).with_outcome(err.code);
-        if err.status == 503 || err.code == "idempotency_key_in_use" {
-            response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
-        }
-        response
-    }
-
-    pub fn with_outcome(mut self, outcome: &'static str) -> Response {
-        self.outcome = Some(outcome);
-        self
-    }
-
-    /// The connection is closed after this answer (its framing or body
-    /// cannot be trusted, or the server is stopping).
-    pub fn closing(self) -> Response {
-        self.with_header("Connection", "close")
-    }
-
-    pub fn with_header(mut self, name: &str, value: &str) -> Response {
-        self.headers.push((name.into(), value.into()));
-        self
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-}
 
 /// Serves one request on a worker thread: routes it, turns a panic into a
 /// 500, and counts and logs it. This is what the HTTP edge calls.
@@ -121,7 +58,7 @@ pub fn serve(app: &App, req: &Request) -> Response {
 pub fn refuse_at_edge(app: &App, req: &Request, err: &Error) -> Response {
     let response = match find_route(&req.method, &req.path) {
         Found::Route(route, params) if route.template.starts_with("/v1/callbacks/") => {
-            crate::channel::refuse(app, params.first().copied().unwrap_or(""), err)
+            with_channel(app, params.first().copied().unwrap_or(""), |chosen| chosen.refuse(err).with_outcome(err.code))
         }
         _ => Response::error(err),
     };
@@ -215,8 +152,8 @@ static ROUTE_TABLE: &[Route] = &[
     protected("GET", "/v1/users/{user_id}/coupons", |c| user_coupons(c.app, c.param(0))),
     protected("GET", "/v1/users/{user_id}/points", |c| user_points(c.app, c.param(0))),
     protected("GET", "/v1/events", |c| events(c.app, c.req)),
-    open("POST", "/v1/callbacks/{channel}", |c| Ok(crate::channel::handle(c.app, c.req, c.param(0), false))),
-    open("POST", "/v1/callbacks/{channel}/refund", |c| Ok(crate::channel::handle(c.app, c.req, c.param(0), true))),
+    open("POST", "/v1/callbacks/{channel}", |c| Ok(callback(c.app, c.req, c.param(0), false))),
+    open("POST", "/v1/callbacks/{channel}/refund", |c| Ok(callback(c.app, c.req, c.param(0), true))),
     protected("GET", "/v1/admin/mode", |c| get_mode(c.app)),
     protected("PUT", "/v1/admin/mode", |c| put_mode(c.app, c.req, c.caller, c.slot)),
     protected("POST", "/v1/admin/drain", |c| drain(c.app, c.req, c.slot)),
@@ -318,9 +255,11 @@ fn route(app: &App, req: &Request) -> Result<Response, Error> {
         Found::MethodNotAllowed(allowed) => {
             let allowed = allowed.join(", ");
             let message = format!("{} is not allowed on {}; allowed: {allowed}", req.method, req.path);
-            return Ok(Response::error(&Error::new(405, "method_not_allowed", message)).with_header("Allow", &allowed));
+            return Ok(
+                Response::error(&Error::new(ErrorKind::MethodNotAllowed, message)).with_header("Allow", &allowed)
+            );
         }
-        Found::Nothing => return Err(Error::new(404, "not_found", format!("no route for {}", req.path))),
+        Found::Nothing => return Err(Error::new(ErrorKind::NotFound, format!("no route for {}", req.path))),
     };
     let caller = if route.needs_token { authenticate(app, req)? } else { CALLER_ANONYMOUS.to_owned() };
     let call =
@@ -355,7 +294,7 @@ fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
         }
     }
     caller.ok_or_else(|| {
-        Error::new(401, "unauthorized", "send Authorization: Bearer <token> with a configured API token")
+        Error::new(ErrorKind::Unauthorized, "send Authorization: Bearer <token> with a configured API token")
     })
 }
 
@@ -383,7 +322,7 @@ fn with_idempotency_key(
     let slot = app.idempotency_slot(scope.clone(), key.clone(), fingerprint.clone());
     match run(Some(&slot)) {
         // Another process stored this key between our look-up and our commit.
-        Err(e) if e.code == "idempotency_key_in_use" => replay(app, &scope, &key, &fingerprint)?.ok_or(e),
+        Err(e) if e.kind == ErrorKind::IdempotencyKeyInUse => replay(app, &scope, &key, &fingerprint)?.ok_or(e),
         other => other,
     }
 }
@@ -394,8 +333,7 @@ fn replay(app: &App, scope: &str, key: &str, fingerprint: &str) -> Result<Option
     };
     if stored.fingerprint != fingerprint {
         return Err(Error::new(
-            422,
-            "idempotency_key_reused",
+            ErrorKind::IdempotencyKeyReused,
             "this Idempotency-Key was used with a different request body",
         ));
     }
@@ -413,8 +351,7 @@ fn replay(app: &App, scope: &str, key: &str, fingerprint: &str) -> Result<Option
 
 fn key_in_use() -> Error {
     Error::new(
-        409,
-        "idempotency_key_in_use",
+        ErrorKind::IdempotencyKeyInUse,
         format!("a request with this Idempotency-Key is still running after {IDEMPOTENCY_WAIT_MS_MAX} ms; retry later"),
     )
 }
@@ -432,8 +369,7 @@ pub fn parse_idempotency_key(raw: &str) -> Result<String, Error> {
     let escapes_needed = quoted && (key.contains('"') || key.contains('\\'));
     if key.is_empty() || key.len() > IDEMPOTENCY_KEY_BYTES_MAX || !printable || escapes_needed {
         return Err(Error::new(
-            400,
-            "invalid_idempotency_key",
+            ErrorKind::InvalidIdempotencyKey,
             format!("Idempotency-Key must be 1-{IDEMPOTENCY_KEY_BYTES_MAX} printable ASCII characters (optionally in double quotes)"),
         ));
     }
@@ -452,6 +388,13 @@ pub fn route_label(path: &str) -> &'static str {
 
 // ---- handlers ----
 
+/// An operation's result as the API answers it: the same [`Answer`] a keyed
+/// write stored with its work.
+fn answered(result: &impl Answer) -> Response {
+    let (status, body) = result.answer();
+    Response::json(status, &body)
+}
+
 fn healthz(app: &App) -> Result<Response, Error> {
     app.health()?;
     Ok(Response::json(200, &json!({"status": "ok"})))
@@ -465,8 +408,7 @@ fn create_order(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Res
         (None, Some(_)) => app.generate_order_no()?,
         (None, None) => {
             return Err(Error::new(
-                400,
-                "idempotency_key_required",
+                ErrorKind::IdempotencyKeyRequired,
                 "send an order_no or an Idempotency-Key header: the back end never relies on the front end to stop a double click",
             ))
         }
@@ -478,9 +420,9 @@ fn create_order(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Res
         currency: optional_str(&body, "currency")?.unwrap_or_else(|| "CNY".to_owned()),
         expires_in_s: optional_i64(&body, "expires_in_s")?,
     };
-    let (order, created) = app.create_order_keyed(&create, slot)?;
-    let response = Response::json(if created { 201 } else { 200 }, &order.to_json());
-    Ok(if created { response } else { response.with_header("Idempotent-Replayed", "true") })
+    let result = app.create_order_keyed(&create, slot)?;
+    let response = answered(&result);
+    Ok(if result.1 { response } else { response.with_header("Idempotent-Replayed", "true") })
 }
 
 fn get_order(app: &App, order_no: &str) -> Result<Response, Error> {
@@ -500,21 +442,20 @@ fn list_orders(app: &App, req: &Request) -> Result<Response, Error> {
     let after = query_int(&query, "after", 0, i64::MAX)?;
     let limit = page_limit(&query)?;
     let (orders, next) = app.list_orders(user_id, status, after, limit)?;
-    let orders: Vec<Value> = orders.iter().map(|o| o.to_json()).collect();
-    Ok(Response::json(200, &json!({"orders": orders, "next_after": next.map(|n| n.to_string())})))
+    Ok(Response::json(200, &render::orders(&orders, next)))
 }
 
 fn close_order(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     if !req.body.is_empty() {
         json_object(req, &[])?;
     }
-    Ok(Response::json(200, &app.close_order_keyed(order_no, slot)?.to_json()))
+    Ok(answered(&app.close_order_keyed(order_no, slot)?))
 }
 
 fn request_refund(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let body = json_object(req, &["refund_no"])?;
     let refund_no = required_str(&body, "refund_no")?;
-    Ok(Response::json(200, &app.request_refund_keyed(order_no, &refund_no, slot)?.to_json()))
+    Ok(answered(&app.request_refund_keyed(order_no, &refund_no, slot)?))
 }
 
 /// A path segment that must be an identifier, e.g. `{user_id}`.
@@ -528,25 +469,13 @@ fn path_identifier<'a>(value: &'a str, name: &str) -> Result<&'a str, Error> {
 
 fn user_coupons(app: &App, user_id: &str) -> Result<Response, Error> {
     let user_id = path_identifier(user_id, "user_id")?;
-    let coupons: Vec<Value> = app
-        .user_coupons(user_id)?
-        .iter()
-        .map(|c| {
-            json!({"order_no": c.order_no, "coupon_template_id": c.coupon_template_id,
-                   "status": c.status, "created_at": c.created_at})
-        })
-        .collect();
-    Ok(Response::json(200, &json!({"coupons": coupons})))
+    Ok(Response::json(200, &render::user_coupons(&app.user_coupons(user_id)?)))
 }
 
 fn user_points(app: &App, user_id: &str) -> Result<Response, Error> {
     let user_id = path_identifier(user_id, "user_id")?;
     let (balance, entries) = app.user_points(user_id)?;
-    let entries: Vec<Value> = entries
-        .iter()
-        .map(|p| json!({"order_no": p.order_no, "point_type": p.point_type, "points": p.points, "created_at": p.created_at}))
-        .collect();
-    Ok(Response::json(200, &json!({"balance": balance, "entries": entries})))
+    Ok(Response::json(200, &render::user_points(balance, &entries)))
 }
 
 fn events(app: &App, req: &Request) -> Result<Response, Error> {
@@ -555,14 +484,47 @@ fn events(app: &App, req: &Request) -> Result<Response, Error> {
     let limit = page_limit(&query)?;
     let rows = app.events(after, limit)?;
     let next_after = rows.last().map_or(after, |e| e.seq);
-    let events: Vec<Value> = rows
-        .into_iter()
-        .map(|e| {
-            json!({"seq": e.seq, "event_id": e.event_id, "type": e.event_type,
-                   "order_no": e.order_no, "data": e.data, "created_at": e.created_at})
-        })
-        .collect();
-    Ok(Response::json(200, &json!({"events": events, "next_after": next_after})))
+    Ok(Response::json(200, &render::events(&rows, next_after)))
+}
+
+// ---- payment channels ----
+
+/// `POST /v1/callbacks/{channel}` and `/v1/callbacks/{channel}/refund`: the
+/// channel verifies and maps the notification, the app delivers it, the
+/// channel answers in its platform's protocol.
+fn callback(app: &App, req: &Request, channel: &str, refund_route: bool) -> Response {
+    with_channel(app, channel, |chosen| {
+        match chosen.parse(app.clock.now_ms(), req, refund_route).and_then(|notice| deliver(app, notice)) {
+            Ok(reply) => chosen.acknowledge(&reply).with_outcome(reply_outcome(&reply)),
+            Err(err) => {
+                if err.is_server_error() {
+                    crate::log::error("callback failed", &[("channel", &channel), ("error", &err)]);
+                }
+                chosen.refuse(&err).with_outcome(err.code)
+            }
+        }
+    })
+}
+
+/// Runs `f` with the configured channel of that name; 404
+/// `channel_not_configured` otherwise.
+fn with_channel(app: &App, channel: &str, f: impl FnOnce(&dyn Channel) -> Response) -> Response {
+    match app.channel(channel) {
+        Some(chosen) => f(chosen),
+        None => Response::error(&Error::new(
+            ErrorKind::ChannelNotConfigured,
+            format!("payment channel {channel:?} is not configured"),
+        )),
+    }
+}
+
+fn deliver(app: &App, notice: Notice) -> Result<Reply, Error> {
+    Ok(match notice {
+        Notice::Payment(cb) => Reply::Payment(app.deliver_payment(&cb)?),
+        Notice::Refund(cb) => Reply::Refund(app.deliver_refund(&cb)?),
+        Notice::RefundInFlight(cb) => Reply::Refund(app.deliver_refund_in_flight(&cb)?),
+        Notice::Ignored(_) => Reply::Ignored,
+    })
 }
 
 // ---- operations ----
@@ -582,26 +544,25 @@ fn metrics(app: &App) -> Result<Response, Error> {
 }
 
 fn get_mode(app: &App) -> Result<Response, Error> {
-    Ok(Response::json(200, &json!({"mode": app.mode()?.as_str()})))
+    Ok(Response::json(200, &render::mode(app.mode()?)))
 }
 
 fn put_mode(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let body = json_object(req, &["mode"])?;
     let mode = required_str(&body, "mode")?;
     let mode = Mode::parse(&mode).ok_or_else(|| Error::invalid("mode must be normal or record_only"))?;
-    let mode = app.set_mode(mode, caller, slot)?;
-    Ok(Response::json(200, &json!({"mode": mode.as_str()})))
+    Ok(answered(&app.set_mode(mode, caller, slot)?))
 }
 
 fn drain(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     if !req.body.is_empty() {
         json_object(req, &[])?;
     }
-    Ok(Response::json(200, &json!({"applied": app.drain_keyed(slot)?})))
+    Ok(answered(&app.drain_keyed(slot)?))
 }
 
 fn inspections(app: &App) -> Result<Response, Error> {
-    Ok(Response::json(200, &crate::ops::inspection_json(&app.inspect()?)))
+    Ok(Response::json(200, &render::inspection(&app.inspect()?)))
 }
 
 /// `{"resolution","reason"}` of both resolve endpoints.
@@ -618,7 +579,7 @@ fn resolve_payment(
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
     let (resolution, reason) = resolution_body(req)?;
-    Ok(Response::json(200, &app.resolve_payment(pay_no, &resolution, &reason, caller, slot)?))
+    Ok(answered(&app.resolve_payment(pay_no, &resolution, &reason, caller, slot)?))
 }
 
 fn resolve_refund(
@@ -629,7 +590,7 @@ fn resolve_refund(
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
     let (resolution, reason) = resolution_body(req)?;
-    Ok(Response::json(200, &app.resolve_refund(refund_no, &resolution, &reason, caller, slot)?))
+    Ok(answered(&app.resolve_refund(refund_no, &resolution, &reason, caller, slot)?))
 }
 
 fn compensations(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
@@ -643,16 +604,15 @@ fn compensations(app: &App, req: &Request, caller: &str, slot: Option<&Idempoten
     };
     let compensation =
         Compensation { order_no: required_str(&body, "order_no")?, action, reason: required_str(&body, "reason")? };
-    Ok(Response::json(200, &app.compensate(&compensation, caller, slot)?))
+    Ok(answered(&app.compensate(&compensation, caller, slot)?))
 }
 
 fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
-    if let Some(content_type) = req.header("Content-Type") {
-        let media_type = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if let Some(media_type) = crate::wire::media_type(req) {
+        let media_type = media_type.to_ascii_lowercase();
         if !media_type.starts_with("text/") && media_type != "application/csv" {
             return Err(Error::new(
-                415,
-                "unsupported_media_type",
+                ErrorKind::UnsupportedMediaType,
                 format!("a statement is sent as a text media type (text/csv), got {media_type:?}"),
             ));
         }
@@ -668,93 +628,7 @@ fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> 
         Some(_) => return Err(Error::invalid("repair must be true or false")),
     };
     let date = query_value(&query, "date");
-    Ok(Response::json(200, &app.reconcile_keyed(format, &req.body, date, repair, slot)?))
-}
-
-// ---- body and query helpers ----
-
-pub(crate) fn check_json_media_type(req: &Request) -> Result<(), Error> {
-    let Some(content_type) = req.header("Content-Type") else {
-        return Ok(());
-    };
-    let media_type = content_type.split(';').next().unwrap_or("").trim();
-    if media_type.eq_ignore_ascii_case("application/json") {
-        Ok(())
-    } else {
-        Err(Error::new(415, "unsupported_media_type", format!("expected application/json, got {media_type:?}")))
-    }
-}
-
-/// The body as a JSON object with no fields outside `allowed`.
-fn json_object(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Error> {
-    check_json_media_type(req)?;
-    let body = parse_object(&req.body)?;
-    if let Some(unknown) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(Error::invalid(format!("unknown field {unknown:?}")));
-    }
-    Ok(body)
-}
-
-pub(crate) fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
-    // serde_json refuses nesting deeper than 128, so hostile depth is a 400, not a stack overflow.
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(Error::invalid("the body must be a JSON object")),
-        Err(e) => Err(Error::new(400, "invalid_json", format!("the body is not valid JSON: {e}"))),
-    }
-}
-
-pub(crate) fn required_str(body: &Map<String, Value>, field: &str) -> Result<String, Error> {
-    optional_str(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
-}
-
-pub(crate) fn optional_str(body: &Map<String, Value>, field: &str) -> Result<Option<String>, Error> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(Error::invalid(format!("{field} must be a string"))),
-    }
-}
-
-pub(crate) fn required_i64(body: &Map<String, Value>, field: &str) -> Result<i64, Error> {
-    optional_i64(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
-}
-
-/// Integers only: `99.0`, `"99"`, `1e3` and out-of-range numbers are refused.
-pub(crate) fn optional_i64(body: &Map<String, Value>, field: &str) -> Result<Option<i64>, Error> {
-    match body.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => n
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| Error::invalid(format!("{field} must be an integer (minor units for money)"))),
-        Some(_) => Err(Error::invalid(format!("{field} must be an integer (minor units for money)"))),
-    }
-}
-
-fn parse_query(query: &str) -> Result<Vec<(String, String)>, Error> {
-    query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            Ok((percent_decode(key)?, percent_decode(value)?))
-        })
-        .collect()
-}
-
-fn query_value<'q>(query: &'q [(String, String)], name: &str) -> Option<&'q str> {
-    query.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
-}
-
-fn query_int(query: &[(String, String)], name: &str, min: i64, max: i64) -> Result<Option<i64>, Error> {
-    match query_value(query, name) {
-        None => Ok(None),
-        Some(text) => match text.parse::<i64>() {
-            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
-            _ => Err(Error::invalid(format!("{name} must be an integer from {min} to {max}"))),
-        },
-    }
+    Ok(answered(&app.reconcile_keyed(format, &req.body, date, repair, slot)?))
 }
 
 /// `limit`: default 100; values above 1000 are served as 1000.
@@ -763,54 +637,9 @@ fn page_limit(query: &[(String, String)]) -> Result<usize, Error> {
     Ok(limit.map_or(PAGE_LIMIT_DEFAULT, |n| usize::try_from(n).unwrap_or(PAGE_LIMIT_MAX).min(PAGE_LIMIT_MAX)))
 }
 
-fn percent_decode(text: &str) -> Result<String, Error> {
-    let bytes =
-        form_decode(text.as_bytes()).ok_or_else(|| Error::invalid("malformed percent-encoding in the query string"))?;
-    String::from_utf8(bytes).map_err(|_| Error::invalid("the query string is not UTF-8"))
-}
-
-/// `application/x-www-form-urlencoded` decoding to bytes: `%XX` (exactly two
-/// hex digits) and `+` for space; `None` on a malformed escape. Shared by
-/// query strings and Alipay's form bodies.
-pub(crate) fn form_decode(bytes: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
-                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn query_strings_decode() {
-        let q = parse_query("user_id=u%2D1&status=PAID&flag&x=a+b").unwrap_or_default();
-        assert_eq!(query_value(&q, "user_id"), Some("u-1"));
-        assert_eq!(query_value(&q, "status"), Some("PAID"));
-        assert_eq!(query_value(&q, "flag"), None);
-        assert_eq!(query_value(&q, "x"), Some("a b"));
-        assert!(parse_query("a=%zz").is_err());
-        assert!(parse_query("a=%ff").is_err());
-        assert!(parse_query("a=%4").is_err());
-        assert!(parse_query("a=%+f").is_err());
-    }
 
     #[test]
     fn idempotency_keys() {
@@ -830,19 +659,5 @@ mod tests {
         check("\"back\\slash\"", None);
         check("back\\slash", Some("back\\slash"));
         check("a\"b", Some("a\"b"));
-    }
-
-    #[test]
-    fn integers_are_strict() {
-        let check = |body: &str, ok: Option<i64>| {
-            let map = parse_object(body.as_bytes()).unwrap_or_default();
-            assert_eq!(optional_i64(&map, "amount").ok().flatten(), ok, "{body}");
-        };
-        check(r#"{"amount":9900}"#, Some(9900));
-        check(r#"{"amount":99.0}"#, None);
-        check(r#"{"amount":"9900"}"#, None);
-        check(r#"{"amount":1e3}"#, None);
-        check(r#"{"amount":18446744073709551615}"#, None);
-        check(r#"{"amount":true}"#, None);
     }
 }

@@ -6,7 +6,7 @@
 //! ```text
 //! let _key = self.locks.lock(key);     // 1. process-local key lock, outside the transaction
 //! self.store.write(|tx| {              // 2. BEGIN IMMEDIATE (after the writer queue)
-//!     ...claim the idempotency key...  // 3. UNIQUE insert (pay_no, order_no, refund_no)
+//!     ...record the request...         // 3. under its UNIQUE key (uk_pay_no, uk_order_no, uk_refund_no)
 //!     ...CAS the order...              // 4. UPDATE .. WHERE status = ?; affected rows decide
 //!     ...each side effect...           // 5. its own UNIQUE key
 //!     ...outbox event...               // 6. uk_event_id
@@ -14,12 +14,14 @@
 //! // 8. `_key` drops here: after the commit, by scope order
 //! ```
 
+use crate::channel::{self, Channel};
 use crate::clock::Clock;
 use crate::domain::{
     is_amount, is_currency, is_identifier, EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus,
     RefundOutcome, RefundStatus, Rewards,
 };
-use crate::error::Error;
+pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
+use crate::error::{Error, ErrorKind};
 use crate::keylock::KeyedLocks;
 use crate::metrics::Metrics;
 use crate::store::{
@@ -100,6 +102,14 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// What an operation's success answers over the API: status and JSON body.
+/// A keyed write stores exactly this with its work, so a replay is the
+/// same answer. Implemented in `render.rs`, the one place JSON is shaped;
+/// refusals answer [`Error::to_json`].
+pub trait Answer {
+    fn answer(&self) -> (u16, Value);
+}
+
 /// One payonce: a store, the key locks, a clock and the settings.
 pub struct App {
     pub store: Store,
@@ -111,6 +121,8 @@ pub struct App {
     /// down), to prove that nothing of a failed request survives.
     pub fail_writes_after_work: AtomicU32,
     pub metrics: Metrics,
+    /// The configured payment channels, built from `config` at open.
+    channels: Vec<Box<dyn Channel>>,
 }
 
 /// An order to create (already shaped; [`App::create_order`] validates it).
@@ -121,64 +133,6 @@ pub struct CreateOrder {
     pub amount: i64,
     pub currency: String,
     pub expires_in_s: Option<i64>,
-}
-
-/// A payment notification, verified by its channel.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PaymentCallback {
-    pub channel: String,
-    pub pay_no: String,
-    pub order_no: String,
-    pub amount: i64,
-    pub status: PlatformStatus,
-    /// The platform's payment time, normalised to payonce's UTC text.
-    pub paid_at: Option<String>,
-    /// The exact bytes received, kept in `pay_callback_log.raw_body`.
-    pub raw_body: Vec<u8>,
-}
-
-/// A refund result, verified by its channel.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RefundCallback {
-    pub channel: String,
-    pub refund_no: String,
-    pub order_no: String,
-    pub status: PlatformStatus,
-    /// The platform's own time of a successful refund (WeChat Pay
-    /// `success_time`, Alipay `gmt_refund`), normalised to payonce's UTC
-    /// text; kept as `refund.platform_settled_at`.
-    pub settled_at: Option<String>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PaymentReply {
-    pub outcome: PaymentReplyOutcome,
-}
-
-/// What the platform is told: a fresh outcome, or `duplicate` with the
-/// outcome recorded first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PaymentReplyOutcome {
-    Decided(PaymentOutcome),
-    Duplicate { original: PaymentOutcome },
-}
-
-impl PaymentReply {
-    pub fn outcome_str(&self) -> &'static str {
-        match self.outcome {
-            PaymentReplyOutcome::Decided(o) => o.as_str(),
-            PaymentReplyOutcome::Duplicate { .. } => "duplicate",
-        }
-    }
-
-    pub fn to_json(&self) -> Value {
-        match self.outcome {
-            PaymentReplyOutcome::Decided(o) => json!({"code": "SUCCESS", "outcome": o.as_str()}),
-            PaymentReplyOutcome::Duplicate { original } => {
-                json!({"code": "SUCCESS", "outcome": "duplicate", "original": original.as_str()})
-            }
-        }
-    }
 }
 
 /// A recorded payment waiting to be decided: what the decision needs.
@@ -216,41 +170,6 @@ pub struct OrderDetail {
     pub points: Vec<PointRow>,
 }
 
-impl OrderDetail {
-    pub fn to_json(&self) -> Value {
-        let mut value = self.order.to_json();
-        let payments: Vec<Value> = self
-            .payments
-            .iter()
-            .map(|p| {
-                json!({
-                    "pay_no": p.pay_no, "channel": p.channel, "amount": p.amount,
-                    "outcome": p.outcome.as_str(), "state": if p.decided { "decided" } else { "received" },
-                    "source": p.source, "received_at": p.received_at,
-                })
-            })
-            .collect();
-        let coupons: Vec<Value> = self
-            .coupons
-            .iter()
-            .map(
-                |c| json!({"coupon_template_id": c.coupon_template_id, "status": c.status, "created_at": c.created_at}),
-            )
-            .collect();
-        let points: Vec<Value> = self
-            .points
-            .iter()
-            .map(|p| json!({"point_type": p.point_type, "points": p.points, "created_at": p.created_at}))
-            .collect();
-        if let Value::Object(map) = &mut value {
-            map.insert("payments".into(), Value::Array(payments));
-            map.insert("coupons".into(), Value::Array(coupons));
-            map.insert("points".into(), Value::Array(points));
-        }
-        value
-    }
-}
-
 /// Where a payment came from, for `pay_callback_log.source`.
 pub const SOURCE_CALLBACK: &str = "callback";
 pub const SOURCE_RECONCILIATION: &str = "reconciliation";
@@ -269,8 +188,16 @@ impl App {
     pub fn open_with(db: &str, clock: Clock, config: Config, options: &StoreOptions) -> Result<App, Error> {
         let store = Store::open(db, options)?;
         let metrics = Metrics::with_storage_flag(store.storage_flag());
-        let app =
-            App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics };
+        let channels = channel::configured(&config.callback_secrets, config.wechatpay.as_ref(), config.alipay.as_ref());
+        let app = App {
+            store,
+            locks: KeyedLocks::new(),
+            clock,
+            config,
+            fail_writes_after_work: AtomicU32::new(0),
+            metrics,
+            channels,
+        };
         app.record_reward_settings()?;
         Ok(app)
     }
@@ -290,7 +217,20 @@ impl App {
         let points_per_yuan = points.as_deref().and_then(|p| p.parse().ok()).unwrap_or(0);
         let config = Config { rewards: Rewards { coupon_templates, points_per_yuan }, ..Config::default() };
         let metrics = Metrics::with_storage_flag(store.storage_flag());
-        Ok(App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics })
+        Ok(App {
+            store,
+            locks: KeyedLocks::new(),
+            clock,
+            config,
+            fail_writes_after_work: AtomicU32::new(0),
+            metrics,
+            channels: Vec::new(),
+        })
+    }
+
+    /// The configured channel of that name (`generic` only with a secret).
+    pub fn channel(&self, name: &str) -> Option<&dyn Channel> {
+        self.channels.iter().find(|c| c.name() == name).map(|c| c.as_ref())
     }
 
     fn record_reward_settings(&self) -> Result<(), Error> {
@@ -330,7 +270,7 @@ impl App {
             created_at: crate::clock::format_ms(now_ms),
             expires_at: crate::clock::format_ms(now_ms.saturating_add(expires_in_s.saturating_mul(1000))),
         };
-        self.write_op(slot, render_created, |tx| match tx.insert_order(&new)? {
+        self.write_op(slot, |tx| match tx.insert_order(&new)? {
             Ok(order) => Ok((order, true)),
             Err(existing)
                 if existing.user_id == req.user_id
@@ -340,8 +280,7 @@ impl App {
                 Ok((existing, false))
             }
             Err(_) => Err(Error::new(
-                409,
-                "order_no_conflict",
+                ErrorKind::OrderNoConflict,
                 format!("order_no {:?} already holds an order with other user_id, amount or currency", req.order_no),
             )),
         })
@@ -360,12 +299,11 @@ impl App {
 
     /// Runs `work` in one IMMEDIATE transaction as an API write: a business
     /// refusal commits (its audit row stays) and, with a `slot`, the answer —
-    /// success or refusal, as `render` shapes it — is stored in the same
+    /// success ([`Answer`]) or refusal — is stored in the same
     /// transaction. Any other error rolls everything back and stores nothing.
-    pub(crate) fn write_op<T>(
+    pub(crate) fn write_op<T: Answer>(
         &self,
         slot: Option<&IdempotencySlot>,
-        render: impl FnOnce(&T) -> (u16, Value),
         work: impl FnOnce(&Tx) -> Result<T, Error>,
     ) -> Result<T, Error> {
         self.store.write(|tx| {
@@ -375,11 +313,11 @@ impl App {
             };
             if let Some(slot) = slot {
                 let (status, body) = match &result {
-                    Ok(value) => render(value),
+                    Ok(value) => value.answer(),
                     Err(refusal) => (refusal.status, refusal.to_json()),
                 };
                 if !tx.store_response(slot, status, body.to_string().as_bytes())? {
-                    return Err(Error::new(409, "idempotency_key_in_use", "another request stored this key first"));
+                    return Err(Error::new(ErrorKind::IdempotencyKeyInUse, "another request stored this key first"));
                 }
             }
             self.maybe_fail_after_work()?;
@@ -464,7 +402,7 @@ impl App {
     pub fn close_order_keyed(&self, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Order, Error> {
         let _key = self.locks.lock(&format!("order:{order_no}"));
         let now = self.clock.now_text();
-        self.write_op(slot, render_order, |tx| {
+        self.write_op(slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
             if let Some(closed) = close_in_tx(tx, &order, &now)? {
                 return Ok(closed);
@@ -517,7 +455,7 @@ impl App {
         }
         let _key = self.locks.lock(&format!("refund:{refund_no}"));
         let now = self.clock.now_text();
-        self.write_op(slot, render_order, |tx| {
+        self.write_op(slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
             let detail = json!({"refund_no": refund_no});
             if let Some(existing) = tx.refund_by_no(refund_no)? {
@@ -737,7 +675,18 @@ impl App {
 
     /// Delivers a verified refund result, exactly once per refund_no.
     pub fn deliver_refund(&self, cb: &RefundCallback) -> Result<RefundOutcome, Error> {
-        let outcome = self.deliver_refund_once(cb)?;
+        self.deliver_refund_of(cb, RefundOf::Named)
+    }
+
+    /// Delivers a refund result that names no refund request: it settles
+    /// the order's refund in flight, read inside the refund's transaction,
+    /// or, when the order has none, is the refund `cb.refund_no`.
+    pub fn deliver_refund_in_flight(&self, cb: &RefundCallback) -> Result<RefundOutcome, Error> {
+        self.deliver_refund_of(cb, RefundOf::InFlight)
+    }
+
+    fn deliver_refund_of(&self, cb: &RefundCallback, of: RefundOf) -> Result<RefundOutcome, Error> {
+        let outcome = self.deliver_refund_once(cb, of)?;
         self.metrics.observe_callback("refund", outcome.as_str());
         if outcome == RefundOutcome::Duplicate {
             self.metrics.observe_duplicate("callback");
@@ -745,12 +694,23 @@ impl App {
         Ok(outcome)
     }
 
-    fn deliver_refund_once(&self, cb: &RefundCallback) -> Result<RefundOutcome, Error> {
+    fn deliver_refund_once(&self, cb: &RefundCallback, of: RefundOf) -> Result<RefundOutcome, Error> {
         validate_refund(cb)?;
+        // An in-flight refund's own refund_no is known only inside the
+        // transaction; its key is the notice's (the trade's), so re-deliveries
+        // of one notice still queue here, and the settle CAS decides the rest.
         let _refund_key = self.locks.lock(&format!("refund:{}", cb.refund_no));
         let now = self.clock.now_text();
         self.store.write(|tx| {
             let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
+            let in_flight;
+            let cb = match (of, &order.refund_no) {
+                (RefundOf::InFlight, Some(refund_no)) => {
+                    in_flight = RefundCallback { refund_no: refund_no.clone(), ..cb.clone() };
+                    &in_flight
+                }
+                _ => cb,
+            };
             let refund = tx.refund_by_no(&cb.refund_no)?.filter(|r| r.order_id == order.id);
             let Some(refund) = refund else {
                 return unexpected_refund(tx, &order, cb, None, &now);
@@ -818,20 +778,18 @@ impl App {
     pub fn health(&self) -> Result<(), Error> {
         self.store.check_health().map_err(|e| match e.status {
             503 => e,
-            _ => Error::new(503, "database_unavailable", format!("the database cannot be read: {}", e.message)),
+            _ => Error::new(ErrorKind::DatabaseUnavailable, format!("the database cannot be read: {}", e.message)),
         })
     }
 }
 
-/// The API's answer to an order creation: 201 when created, 200 when the
-/// same order existed.
-pub fn render_created(result: &(Order, bool)) -> (u16, Value) {
-    (if result.1 { 201 } else { 200 }, result.0.to_json())
-}
-
-/// The API's answer to an order operation: 200 with the order.
-pub fn render_order(order: &Order) -> (u16, Value) {
-    (200, order.to_json())
+/// Which refund a refund result settles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RefundOf {
+    /// The one its `refund_no` names.
+    Named,
+    /// The order's refund in flight, else its `refund_no`.
+    InFlight,
 }
 
 /// CAS PENDING→CLOSED with its `order.closed` event; `None` when the CAS
@@ -903,7 +861,7 @@ fn check_platform_time(tx: &Tx, cb: &PaymentCallback, source: &str, now: &str) -
     if tx.callback_by_pay_no(&cb.pay_no)?.is_some() {
         return Ok(());
     }
-    let field = crate::channel::paid_time_field(&cb.channel);
+    let field = channel::paid_time_field(&cb.channel);
     Err(Error::invalid(format!(
         "{field} {paid_at} is not within {} h before and {} min after payonce received the notification ({now}), \
          or not in the years {}-{}",

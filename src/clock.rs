@@ -94,6 +94,15 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (y, m, d)
 }
 
+/// Beijing time, the zone of WeChat Pay's and Alipay's local times and statement days.
+pub const UTC8_OFFSET_MS: i64 = 8 * 3_600_000;
+
+/// `YYYY-MM-DD HH:MM:SS` at a UTC offset (a platform's local time) to Unix milliseconds.
+pub fn local_time_ms(text: &str, offset_ms: i64) -> Option<i64> {
+    let (date, time) = text.trim().split_once(' ')?;
+    Some(parse_rfc3339_ms(&format!("{date}T{time}Z"))? - offset_ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -370,3 +370,54 @@ mod tests {
         }
     }
 }
+
+// ---- the commands a channel maps a notification onto ----
+
+/// A payment notification, verified by its channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaymentCallback {
+    pub channel: String,
+    pub pay_no: String,
+    pub order_no: String,
+    pub amount: i64,
+    pub status: PlatformStatus,
+    /// The platform's payment time, normalised to payonce's UTC text.
+    pub paid_at: Option<String>,
+    /// The exact bytes received, kept in `pay_callback_log.raw_body`.
+    pub raw_body: Vec<u8>,
+}
+
+/// A refund result, verified by its channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundCallback {
+    pub channel: String,
+    pub refund_no: String,
+    pub order_no: String,
+    pub status: PlatformStatus,
+    /// The platform's own time of a successful refund (WeChat Pay
+    /// `success_time`, Alipay `gmt_refund`), normalised to payonce's UTC
+    /// text; kept as `refund.platform_settled_at`.
+    pub settled_at: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PaymentReply {
+    pub outcome: PaymentReplyOutcome,
+}
+
+/// What the platform is told: a fresh outcome, or `duplicate` with the
+/// outcome recorded first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PaymentReplyOutcome {
+    Decided(PaymentOutcome),
+    Duplicate { original: PaymentOutcome },
+}
+
+impl PaymentReply {
+    pub fn outcome_str(&self) -> &'static str {
+        match self.outcome {
+            PaymentReplyOutcome::Decided(o) => o.as_str(),
+            PaymentReplyOutcome::Duplicate { .. } => "duplicate",
+        }
+    }
+}

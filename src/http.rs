@@ -29,7 +29,7 @@
 
 use crate::api::{self, Request, Response};
 use crate::app::App;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::log;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -452,11 +452,11 @@ async fn answer(req: hyper::Request<Incoming>, edge: &Edge, ambiguous_framing: O
         return edge.handler.refuse(&request, &err).closing();
     }
     if edge.stopping() {
-        let err = Error::new(503, "shutting_down", "payonce is shutting down; retry on another instance or shortly");
+        let err = Error::new(ErrorKind::ShuttingDown, "payonce is shutting down; retry on another instance or shortly");
         return edge.handler.refuse(&request, &err).closing();
     }
     let body_bytes_max = edge.handler.body_bytes_max(&request.path);
-    let too_large = || Error::new(413, "payload_too_large", format!("the body exceeds {body_bytes_max} bytes"));
+    let too_large = || Error::new(ErrorKind::PayloadTooLarge, format!("the body exceeds {body_bytes_max} bytes"));
     let declared = head.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > body_bytes_max as u64) {
         // Refused before a byte of it is read or a byte allocated for it.
@@ -474,8 +474,7 @@ async fn answer(req: hyper::Request<Incoming>, edge: &Edge, ambiguous_framing: O
         }
         Err(_) => {
             let err = Error::new(
-                408,
-                "request_timeout",
+                ErrorKind::RequestTimeout,
                 format!("the body did not arrive within {} ms", edge.limits.body_read_timeout_ms),
             );
             return edge.handler.refuse(&request, &err).closing();
@@ -488,7 +487,7 @@ async fn run_on_worker(edge: &Edge, request: Request) -> Response {
     let (reply, answer) = oneshot::channel();
     let queued = edge.jobs.lock().as_ref().is_some_and(|jobs| jobs.send(Job { request, reply }).is_ok());
     let unavailable =
-        || Response::error(&Error::new(503, "shutting_down", "payonce is shutting down; retry shortly")).closing();
+        || Response::error(&Error::new(ErrorKind::ShuttingDown, "payonce is shutting down; retry shortly")).closing();
     if !queued {
         return unavailable();
     }
@@ -504,7 +503,7 @@ async fn run_on_worker(edge: &Edge, request: Request) -> Response {
 fn check_framing(headers: &hyper::HeaderMap, scanned: Option<&'static str>) -> Result<(), Error> {
     let lengths: Vec<&HeaderValue> = headers.get_all(CONTENT_LENGTH).iter().collect();
     let codings: Vec<&HeaderValue> = headers.get_all(TRANSFER_ENCODING).iter().collect();
-    let refuse = |why: &str| Err(Error::new(400, "invalid_request", format!("ambiguous message framing: {why}")));
+    let refuse = |why: &str| Err(Error::new(ErrorKind::InvalidRequest, format!("ambiguous message framing: {why}")));
     if let Some(why) = scanned {
         return refuse(why);
     }

@@ -476,7 +476,7 @@ fn inspect(parser: lexopt::Parser) -> Result<ExitCode, String> {
     let db = args.db.ok_or("inspect needs --db PATH")?;
     let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
     let findings = app.inspect().map_err(|e| e.message)?;
-    println!("{}", payonce::ops::inspection_json(&findings));
+    println!("{}", payonce::render::inspection(&findings));
     Ok(if findings.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 

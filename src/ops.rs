@@ -9,9 +9,9 @@ use crate::app::{
 use crate::domain::{
     is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
 };
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::recon::{self, Format, RowKind, StatementRow};
-use crate::store::{Finding, IdempotencySlot};
+use crate::store::{CouponRow, Finding, IdempotencySlot, PointRow};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -61,6 +61,47 @@ pub enum CompensationAction {
     ReversePoints,
 }
 
+/// What a compensation did (or had done): the coupon frozen or the points
+/// reversed, as they stand now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compensated {
+    pub order_no: String,
+    pub effect: CompensationEffect,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompensationEffect {
+    CouponFrozen(CouponRow),
+    PointsReversed(PointRow),
+}
+
+/// A refund-required payment's resolution (the first one, on a repeat).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaymentResolution {
+    pub pay_no: String,
+    pub order_no: String,
+    pub outcome: PaymentOutcome,
+    pub resolution: String,
+    pub reason: String,
+    pub resolved_at: String,
+}
+
+/// An unexpected refund's resolution (the first one, on a repeat); the
+/// resolution and reason as its audit row recorded them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundResolution {
+    pub refund_no: String,
+    pub resolution: Option<String>,
+    pub reason: Option<String>,
+    pub resolved_at: String,
+}
+
+/// What a keyed drain decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Drained {
+    pub applied: usize,
+}
+
 /// What a reconciliation found (and repaired).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Reconciliation {
@@ -68,26 +109,35 @@ pub struct Reconciliation {
     /// The kinds the statement declares it lists ("payment", "refund").
     pub compared: Vec<&'static str>,
     pub matched: usize,
-    pub missing_local: Vec<Value>,
-    pub missing_remote: Vec<Value>,
-    pub amount_mismatch: Vec<Value>,
+    pub missing_local: Vec<DiffRow>,
+    pub missing_remote: Vec<DiffRow>,
+    pub amount_mismatch: Vec<DiffRow>,
     /// With repair: what each missing_local payment became.
-    pub repaired: Option<Vec<Value>>,
+    pub repaired: Option<Vec<Repaired>>,
+}
+
+/// A payment or refund the platform and payonce disagree on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiffRow {
+    pub kind: RowKind,
+    /// The pay_no, or the refund_no of a refund.
+    pub pay_no: String,
+    pub order_no: String,
+    pub amount_platform: Option<i64>,
+    pub amount_local: Option<i64>,
+    /// A WeChat Pay payment's non-zero 代金券金额.
+    pub coupon_amount: Option<i64>,
+}
+
+/// What a repair made of a missing_local payment: its outcome, or the refusal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Repaired {
+    pub pay_no: String,
+    pub order_no: String,
+    pub outcome: Result<&'static str, Error>,
 }
 
 impl Reconciliation {
-    pub fn to_json(&self) -> Value {
-        let mut value = json!({
-            "period": self.period, "compared": self.compared, "matched": self.matched,
-            "missing_local": self.missing_local,
-            "missing_remote": self.missing_remote, "amount_mismatch": self.amount_mismatch,
-        });
-        if let (Some(repaired), Value::Object(map)) = (&self.repaired, &mut value) {
-            map.insert("repaired".into(), json!(repaired));
-        }
-        value
-    }
-
     pub fn is_clean(&self) -> bool {
         self.missing_local.is_empty() && self.missing_remote.is_empty() && self.amount_mismatch.is_empty()
     }
@@ -105,18 +155,14 @@ impl App {
     pub fn set_mode(&self, mode: Mode, actor: &str, slot: Option<&IdempotencySlot>) -> Result<Mode, Error> {
         let _key = self.locks.lock("admin:mode");
         let now = self.clock.now_text();
-        self.write_op(
-            slot,
-            |m: &Mode| (200, json!({"mode": m.as_str()})),
-            |tx| {
-                let before = tx.setting(SETTING_MODE)?;
-                if before.as_deref() != Some(mode.as_str()) {
-                    tx.put_setting(SETTING_MODE, mode.as_str())?;
-                    tx.audit(&now, actor, "mode_changed", None, &json!({"from": before, "to": mode.as_str()}))?;
-                }
-                Ok(mode)
-            },
-        )
+        self.write_op(slot, |tx| {
+            let before = tx.setting(SETTING_MODE)?;
+            if before.as_deref() != Some(mode.as_str()) {
+                tx.put_setting(SETTING_MODE, mode.as_str())?;
+                tx.audit(&now, actor, "mode_changed", None, &json!({"from": before, "to": mode.as_str()}))?;
+            }
+            Ok(mode)
+        })
     }
 
     /// Decides every record waiting in record-only mode, in arrival order,
@@ -144,27 +190,23 @@ impl App {
     /// every waiting record is decided in ONE transaction with the stored
     /// answer, so a crash leaves both or neither; the database (the CAS from
     /// `received`) keeps it exactly-once without the pay_no locks.
-    pub fn drain_keyed(&self, slot: Option<&IdempotencySlot>) -> Result<usize, Error> {
+    pub fn drain_keyed(&self, slot: Option<&IdempotencySlot>) -> Result<Drained, Error> {
         let Some(slot) = slot else {
-            return self.drain();
+            return Ok(Drained { applied: self.drain()? });
         };
         let now = self.clock.now_text();
         let mut outcomes = Vec::new();
-        let decided = self.write_op(
-            Some(slot),
-            |n: &usize| (200, json!({"applied": n})),
-            |tx| loop {
-                let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
-                for (id, _) in &batch {
-                    let record = tx.callback_by_id(*id)?;
-                    let order = tx.order_by_id(record.order_id)?;
-                    outcomes.push(self.decide_payment(tx, &Delivery::from_record(&record), &order, &now)?);
-                }
-                if batch.len() < DRAIN_BATCH_MAX {
-                    return Ok(outcomes.len());
-                }
-            },
-        )?;
+        let decided = self.write_op(Some(slot), |tx| loop {
+            let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
+            for (id, _) in &batch {
+                let record = tx.callback_by_id(*id)?;
+                let order = tx.order_by_id(record.order_id)?;
+                outcomes.push(self.decide_payment(tx, &Delivery::from_record(&record), &order, &now)?);
+            }
+            if batch.len() < DRAIN_BATCH_MAX {
+                return Ok(Drained { applied: outcomes.len() });
+            }
+        })?;
         for outcome in &outcomes {
             self.metrics.observe_callback("payment", outcome.as_str());
         }
@@ -215,37 +257,39 @@ impl App {
         reason: &str,
         actor: &str,
         slot: Option<&IdempotencySlot>,
-    ) -> Result<Value, Error> {
+    ) -> Result<PaymentResolution, Error> {
         validate_resolution(resolution, reason)?;
         let _key = self.locks.lock(&format!("pay:{pay_no}"));
         let now = self.clock.now_text();
-        self.write_op(
-            slot,
-            |v: &Value| (200, v.clone()),
-            |tx| {
-                let record = tx.callback_by_pay_no(pay_no)?.ok_or_else(|| {
-                    Error::new(404, "payment_not_found", format!("no payment with pay_no {pay_no:?}"))
-                })?;
-                let order = tx.order_by_id(record.order_id)?;
-                if !record.outcome.requires_refund() {
-                    let detail = json!({"pay_no": pay_no, "outcome": record.outcome.as_str()});
-                    tx.audit(&now, actor, "resolution_refused", Some(&order.order_no), &detail)?;
-                    return Err(Error::invalid_transition(format!(
-                        "payment {pay_no} is {}, not refund-required",
-                        record.outcome.as_str()
-                    )));
-                }
-                if tx.resolve_payment(record.id, resolution, reason, &now)? {
-                    let detail = json!({"pay_no": pay_no, "resolution": resolution, "reason": reason});
-                    tx.audit(&now, actor, "payment_resolved", Some(&order.order_no), &detail)?;
-                }
-                let (resolution, reason, resolved_at) = tx
-                    .payment_resolution(record.id)?
-                    .ok_or_else(|| Error::internal("a resolved payment has no resolution"))?;
-                Ok(json!({"pay_no": pay_no, "order_no": order.order_no, "outcome": record.outcome.as_str(),
-                      "resolution": resolution, "reason": reason, "resolved_at": resolved_at}))
-            },
-        )
+        self.write_op(slot, |tx| {
+            let record = tx
+                .callback_by_pay_no(pay_no)?
+                .ok_or_else(|| Error::new(ErrorKind::PaymentNotFound, format!("no payment with pay_no {pay_no:?}")))?;
+            let order = tx.order_by_id(record.order_id)?;
+            if !record.outcome.requires_refund() {
+                let detail = json!({"pay_no": pay_no, "outcome": record.outcome.as_str()});
+                tx.audit(&now, actor, "resolution_refused", Some(&order.order_no), &detail)?;
+                return Err(Error::invalid_transition(format!(
+                    "payment {pay_no} is {}, not refund-required",
+                    record.outcome.as_str()
+                )));
+            }
+            if tx.resolve_payment(record.id, resolution, reason, &now)? {
+                let detail = json!({"pay_no": pay_no, "resolution": resolution, "reason": reason});
+                tx.audit(&now, actor, "payment_resolved", Some(&order.order_no), &detail)?;
+            }
+            let (resolution, reason, resolved_at) = tx
+                .payment_resolution(record.id)?
+                .ok_or_else(|| Error::internal("a resolved payment has no resolution"))?;
+            Ok(PaymentResolution {
+                pay_no: pay_no.to_owned(),
+                order_no: order.order_no,
+                outcome: record.outcome,
+                resolution,
+                reason,
+                resolved_at,
+            })
+        })
     }
 
     /// Marks an `unexpected_refund` as handled, once.
@@ -256,43 +300,49 @@ impl App {
         reason: &str,
         actor: &str,
         slot: Option<&IdempotencySlot>,
-    ) -> Result<Value, Error> {
+    ) -> Result<RefundResolution, Error> {
         validate_resolution(resolution, reason)?;
         let _key = self.locks.lock(&format!("refund:{refund_no}"));
         let now = self.clock.now_text();
-        self.write_op(
-            slot,
-            |v: &Value| (200, v.clone()),
-            |tx| {
-                let answer = |at: &str, detail: &Value| {
-                    json!({"refund_no": refund_no, "resolution": detail["resolution"], "reason": detail["reason"],
-                       "resolved_at": at})
-                };
-                if let Some(first) = tx.refund_audit("unexpected_refund_resolved", refund_no)?.first() {
-                    let detail: Value = serde_json::from_str(&first.detail).unwrap_or(Value::Null);
-                    return Ok(answer(&first.at, &detail));
+        self.write_op(slot, |tx| {
+            let answer = |at: &str, detail: &Value| {
+                let text = |name: &str| detail[name].as_str().map(str::to_owned);
+                RefundResolution {
+                    refund_no: refund_no.to_owned(),
+                    resolution: text("resolution"),
+                    reason: text("reason"),
+                    resolved_at: at.to_owned(),
                 }
-                let unexpected = tx.refund_audit("unexpected_refund", refund_no)?;
-                let Some(first) = unexpected.first() else {
-                    if tx.refund_by_no(refund_no)?.is_some() {
-                        return Err(Error::invalid_transition(format!(
-                            "refund {refund_no} has no unexpected result to resolve"
-                        )));
-                    }
-                    return Err(Error::new(404, "refund_not_found", format!("no refund with refund_no {refund_no:?}")));
-                };
-                let detail = json!({"refund_no": refund_no, "resolution": resolution, "reason": reason});
-                tx.audit(&now, actor, "unexpected_refund_resolved", first.order_no.as_deref(), &detail)?;
-                Ok(answer(&now, &detail))
-            },
-        )
+            };
+            if let Some(first) = tx.refund_audit("unexpected_refund_resolved", refund_no)?.first() {
+                let detail: Value = serde_json::from_str(&first.detail).unwrap_or(Value::Null);
+                return Ok(answer(&first.at, &detail));
+            }
+            let unexpected = tx.refund_audit("unexpected_refund", refund_no)?;
+            let Some(first) = unexpected.first() else {
+                if tx.refund_by_no(refund_no)?.is_some() {
+                    return Err(Error::invalid_transition(format!(
+                        "refund {refund_no} has no unexpected result to resolve"
+                    )));
+                }
+                return Err(Error::new(ErrorKind::RefundNotFound, format!("no refund with refund_no {refund_no:?}")));
+            };
+            let detail = json!({"refund_no": refund_no, "resolution": resolution, "reason": reason});
+            tx.audit(&now, actor, "unexpected_refund_resolved", first.order_no.as_deref(), &detail)?;
+            Ok(answer(&now, &detail))
+        })
     }
 
     // ---- compensation: freeze and reverse, never delete ----
 
     /// Idempotent by (order, action, target): the effect and its one audit
     /// row happen once; every request answers the resulting state.
-    pub fn compensate(&self, req: &Compensation, actor: &str, slot: Option<&IdempotencySlot>) -> Result<Value, Error> {
+    pub fn compensate(
+        &self,
+        req: &Compensation,
+        actor: &str,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<Compensated, Error> {
         validate_reason(&req.reason)?;
         if let CompensationAction::FreezeCoupon { coupon_template_id } = &req.action {
             if !is_identifier(coupon_template_id) {
@@ -301,65 +351,52 @@ impl App {
         }
         let _key = self.locks.lock(&format!("order:{}", req.order_no));
         let now = self.clock.now_text();
-        self.write_op(
-            slot,
-            |v: &Value| (200, v.clone()),
-            |tx| {
-                let order = tx.order_by_no(&req.order_no)?.ok_or_else(|| Error::order_not_found(&req.order_no))?;
-                match &req.action {
-                    CompensationAction::FreezeCoupon { coupon_template_id: tpl } => {
-                        let coupon = tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| {
-                            Error::new(
-                                404,
-                                "coupon_not_found",
-                                format!("order {} has no coupon {tpl:?}", order.order_no),
-                            )
-                        })?;
-                        if coupon.status == "USED" {
-                            let detail = json!({"compensation": "freeze_coupon", "coupon_template_id": tpl});
-                            return Err(refuse_transition(
-                                tx,
-                                &order,
-                                order.status,
-                                "freeze a used coupon of",
-                                &now,
-                                detail,
-                            )?);
-                        }
-                        if tx.freeze_coupon(order.id, tpl)? {
-                            let detail =
-                                json!({"action": "freeze_coupon", "coupon_template_id": tpl, "reason": req.reason});
-                            tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
-                        }
-                        let coupon =
-                            tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| Error::internal("coupon vanished"))?;
-                        Ok(json!({"order_no": order.order_no, "action": "freeze_coupon", "coupon_template_id": tpl,
-                              "coupon": {"coupon_template_id": coupon.coupon_template_id, "status": coupon.status,
-                                         "created_at": coupon.created_at}}))
+        self.write_op(slot, |tx| {
+            let order = tx.order_by_no(&req.order_no)?.ok_or_else(|| Error::order_not_found(&req.order_no))?;
+            match &req.action {
+                CompensationAction::FreezeCoupon { coupon_template_id: tpl } => {
+                    let coupon = tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| {
+                        Error::new(ErrorKind::CouponNotFound, format!("order {} has no coupon {tpl:?}", order.order_no))
+                    })?;
+                    if coupon.status == "USED" {
+                        let detail = json!({"compensation": "freeze_coupon", "coupon_template_id": tpl});
+                        return Err(refuse_transition(
+                            tx,
+                            &order,
+                            order.status,
+                            "freeze a used coupon of",
+                            &now,
+                            detail,
+                        )?);
                     }
-                    CompensationAction::ReversePoints => {
-                        if tx.points_entry(order.id, POINT_TYPE_ORDER_PAID)?.is_none() {
-                            return Err(Error::new(
-                                404,
-                                "points_not_found",
-                                format!("order {} has no {POINT_TYPE_ORDER_PAID} points to reverse", order.order_no),
-                            ));
-                        }
-                        // Shares uk_order_type with the refund's reversal: whichever comes first reverses.
-                        if tx.reverse_order_points(order.id, &now)? {
-                            let detail = json!({"action": "reverse_points", "reason": req.reason});
-                            tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
-                        }
-                        let entry = tx
-                            .points_entry(order.id, POINT_TYPE_ORDER_PAID_REVERSAL)?
-                            .ok_or_else(|| Error::internal("reversal vanished"))?;
-                        Ok(json!({"order_no": order.order_no, "action": "reverse_points",
-                              "points": {"point_type": entry.point_type, "points": entry.points,
-                                         "created_at": entry.created_at}}))
+                    if tx.freeze_coupon(order.id, tpl)? {
+                        let detail =
+                            json!({"action": "freeze_coupon", "coupon_template_id": tpl, "reason": req.reason});
+                        tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
                     }
+                    let coupon =
+                        tx.coupon_of_order(order.id, tpl)?.ok_or_else(|| Error::internal("coupon vanished"))?;
+                    Ok(Compensated { order_no: order.order_no, effect: CompensationEffect::CouponFrozen(coupon) })
                 }
-            },
-        )
+                CompensationAction::ReversePoints => {
+                    if tx.points_entry(order.id, POINT_TYPE_ORDER_PAID)?.is_none() {
+                        return Err(Error::new(
+                            ErrorKind::PointsNotFound,
+                            format!("order {} has no {POINT_TYPE_ORDER_PAID} points to reverse", order.order_no),
+                        ));
+                    }
+                    // Shares uk_order_type with the refund's reversal: whichever comes first reverses.
+                    if tx.reverse_order_points(order.id, &now)? {
+                        let detail = json!({"action": "reverse_points", "reason": req.reason});
+                        tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
+                    }
+                    let entry = tx
+                        .points_entry(order.id, POINT_TYPE_ORDER_PAID_REVERSAL)?
+                        .ok_or_else(|| Error::internal("reversal vanished"))?;
+                    Ok(Compensated { order_no: order.order_no, effect: CompensationEffect::PointsReversed(entry) })
+                }
+            }
+        })
     }
 
     // ---- reconciliation ----
@@ -376,6 +413,22 @@ impl App {
         repair: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Reconciliation, Error> {
+        let (mut result, missing) = self.compare(format, statement, date, progress)?;
+        if repair {
+            result.repaired = Some(self.repair_missing(format, &missing));
+        }
+        Ok(result)
+    }
+
+    /// The comparison of [`App::reconcile`], reading only, and the statement
+    /// rows payonce has no record of (what a repair would apply).
+    fn compare(
+        &self,
+        format: Format,
+        statement: &[u8],
+        date: Option<&str>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(Reconciliation, Vec<StatementRow>), Error> {
         let offset = format.day_offset_ms();
         let statement = recon::parse(format, statement)?;
         let compares = |kind: RowKind| statement.compared.contains(&kind);
@@ -406,10 +459,10 @@ impl App {
             };
             match local {
                 Some(amount) if amount == row.amount => result.matched += 1,
-                Some(amount) => result.amount_mismatch.push(diff_row(row, Some(row.amount), Some(amount))),
+                Some(amount) => result.amount_mismatch.push(diff_row(row, Some(amount))),
                 None => {
-                    result.missing_local.push(diff_row(row, Some(row.amount), None));
-                    missing_rows.push(*row);
+                    result.missing_local.push(diff_row(row, None));
+                    missing_rows.push((*row).clone());
                 }
             }
             progress(done + 1, rows.len());
@@ -420,27 +473,24 @@ impl App {
             if compares(RowKind::Payment) {
                 for p in self.store.read(|tx| tx.applied_payments_between(&from, &to))? {
                     if !listed.contains(&(RowKind::Payment, p.pay_no.as_str())) {
-                        result.missing_remote.push(local_only_row(RowKind::Payment, &p.pay_no, &p.order_no, p.amount));
+                        result.missing_remote.push(local_only_row(RowKind::Payment, p.pay_no, p.order_no, p.amount));
                     }
                 }
             }
             if compares(RowKind::Refund) {
                 for (refund_no, order_no, amount) in self.store.read(|tx| tx.refunds_settled_between(&from, &to))? {
                     if !listed.contains(&(RowKind::Refund, refund_no.as_str())) {
-                        result.missing_remote.push(local_only_row(RowKind::Refund, &refund_no, &order_no, amount));
+                        result.missing_remote.push(local_only_row(RowKind::Refund, refund_no, order_no, amount));
                     }
                 }
             }
         }
-        if repair {
-            result.repaired = Some(self.repair_missing(format, &missing_rows));
-        }
-        Ok(result)
+        Ok((result, missing_rows))
     }
 
-    /// [`App::reconcile`] answering the API's body. With an Idempotency-Key
-    /// and `repair`, the repairs and the stored answer commit in ONE
-    /// transaction (the comparison before it only reads).
+    /// [`App::reconcile`] for the API. With an Idempotency-Key and `repair`,
+    /// the repairs and the stored answer commit in ONE transaction (the
+    /// comparison before it only reads).
     pub fn reconcile_keyed(
         &self,
         format: Format,
@@ -448,48 +498,35 @@ impl App {
         date: Option<&str>,
         repair: bool,
         slot: Option<&IdempotencySlot>,
-    ) -> Result<Value, Error> {
+    ) -> Result<Reconciliation, Error> {
         if slot.is_none() || !repair {
-            let result = self.reconcile(format, statement, date, repair, &mut |_, _| {})?.to_json();
-            return self.write_op(slot, |v: &Value| (200, v.clone()), |_| Ok(result));
+            let result = self.reconcile(format, statement, date, repair, &mut |_, _| {})?;
+            return self.write_op(slot, |_| Ok(result));
         }
-        let mut result = self.reconcile(format, statement, date, false, &mut |_, _| {})?;
-        let rows = recon::parse(format, statement)?.rows;
-        let missing: HashSet<&str> = result
-            .missing_local
-            .iter()
-            .filter(|r| r["kind"] == "payment")
-            .filter_map(|r| r["pay_no"].as_str())
-            .collect();
-        let to_repair: Vec<&StatementRow> =
-            rows.iter().filter(|r| r.kind == RowKind::Payment && missing.contains(r.id.as_str())).collect();
+        let (mut result, missing) = self.compare(format, statement, date, &mut |_, _| {})?;
         let now = self.clock.now_text();
-        self.write_op(
-            slot,
-            |v: &Value| (200, v.clone()),
-            |tx| {
-                let mut repaired = Vec::new();
-                for row in &to_repair {
-                    let callback = repair_callback(format, row);
-                    repaired.push(match self.record_and_decide(tx, &callback, SOURCE_RECONCILIATION, &now) {
-                        Ok(reply) => repaired_row(row, Ok(reply.outcome_str())),
-                        // A refusal (unknown order) wrote nothing; anything else rolls back every repair.
-                        Err(e) if e.is_refusal() => repaired_row(row, Err(&e)),
-                        Err(e) => return Err(e),
-                    });
-                }
-                result.repaired = Some(repaired);
-                Ok(result.to_json())
-            },
-        )
+        self.write_op(slot, |tx| {
+            let mut repaired = Vec::new();
+            for row in missing.iter().filter(|r| r.kind == RowKind::Payment) {
+                let callback = repair_callback(format, row);
+                repaired.push(match self.record_and_decide(tx, &callback, SOURCE_RECONCILIATION, &now) {
+                    Ok(reply) => repaired_row(row, Ok(reply.outcome_str())),
+                    // A refusal (unknown order) wrote nothing; anything else rolls back every repair.
+                    Err(e) if e.is_refusal() => repaired_row(row, Err(e)),
+                    Err(e) => return Err(e),
+                });
+            }
+            result.repaired = Some(repaired);
+            Ok(result)
+        })
     }
 
-    fn repair_missing(&self, format: Format, rows: &[&StatementRow]) -> Vec<Value> {
+    fn repair_missing(&self, format: Format, rows: &[StatementRow]) -> Vec<Repaired> {
         rows.iter()
             .filter(|r| r.kind == RowKind::Payment)
             .map(|row| match self.deliver_payment_from(&repair_callback(format, row), SOURCE_RECONCILIATION) {
                 Ok(reply) => repaired_row(row, Ok(reply.outcome_str())),
-                Err(e) => repaired_row(row, Err(&e)),
+                Err(e) => repaired_row(row, Err(e)),
             })
             .collect()
     }
@@ -651,33 +688,25 @@ fn repair_callback(format: Format, row: &StatementRow) -> PaymentCallback {
     }
 }
 
-fn repaired_row(row: &StatementRow, outcome: Result<&str, &Error>) -> Value {
-    match outcome {
-        Ok(outcome) => json!({"pay_no": row.id, "order_no": row.order_no, "outcome": outcome}),
-        Err(e) => json!({"pay_no": row.id, "order_no": row.order_no, "error": e.to_json()["error"]}),
-    }
-}
-
-/// The inspection's answer: `{"ok":bool,"findings":[{"kind","order_no","detail"}]}`
-/// (the API and `payonce inspect` print the same).
-pub fn inspection_json(findings: &[Finding]) -> Value {
-    let list: Vec<Value> =
-        findings.iter().map(|f| json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail})).collect();
-    json!({"ok": findings.is_empty(), "findings": list})
+fn repaired_row(row: &StatementRow, outcome: Result<&'static str, Error>) -> Repaired {
+    Repaired { pay_no: row.id.clone(), order_no: row.order_no.clone(), outcome }
 }
 
 /// A `missing_remote` row: payonce has it, the platform does not.
-fn local_only_row(kind: RowKind, id: &str, order_no: &str, amount: i64) -> Value {
-    json!({"kind": kind.as_str(), "pay_no": id, "order_no": order_no, "amount_platform": null, "amount_local": amount})
+fn local_only_row(kind: RowKind, id: String, order_no: String, amount: i64) -> DiffRow {
+    DiffRow { kind, pay_no: id, order_no, amount_platform: None, amount_local: Some(amount), coupon_amount: None }
 }
 
-fn diff_row(row: &StatementRow, platform: Option<i64>, local: Option<i64>) -> Value {
-    let mut value = json!({"kind": row.kind.as_str(), "pay_no": row.id, "order_no": row.order_no,
-                           "amount_platform": platform, "amount_local": local});
-    if let (Some(coupon), Value::Object(map)) = (row.coupon_amount, &mut value) {
-        map.insert("coupon_amount".into(), json!(coupon));
+/// A statement row against payonce's amount (`None`: payonce has no record).
+fn diff_row(row: &StatementRow, local: Option<i64>) -> DiffRow {
+    DiffRow {
+        kind: row.kind,
+        pay_no: row.id.clone(),
+        order_no: row.order_no.clone(),
+        amount_platform: Some(row.amount),
+        amount_local: local,
+        coupon_amount: row.coupon_amount,
     }
-    value
 }
 
 fn validate_reason(reason: &str) -> Result<(), Error> {

@@ -27,14 +27,15 @@
 //!   (退款批次号/请求号; negative amounts), dated by 完成时间. It declares no
 //!   kind, so it always compares both.
 
-use crate::clock::{format_ms, parse_rfc3339_ms};
+use crate::clock::{format_ms, local_time_ms, parse_rfc3339_ms};
 use crate::domain::{is_amount, is_identifier};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 
 /// Largest statement accepted (bytes).
 pub const STATEMENT_BYTES_MAX: usize = 16 * 1024 * 1024;
-/// Beijing time, the day boundary of WeChat Pay and Alipay statements.
-pub const UTC8_OFFSET_MS: i64 = 8 * 3_600_000;
+pub use crate::clock::UTC8_OFFSET_MS;
+/// Yuan to fen lives in `money`; re-exported for the library's callers.
+pub use crate::money::yuan_to_fen;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -119,7 +120,7 @@ pub struct StatementRow {
 
 pub fn parse(format: Format, bytes: &[u8]) -> Result<Statement, Error> {
     if bytes.len() > STATEMENT_BYTES_MAX {
-        return Err(Error::new(413, "payload_too_large", "a statement is at most 16 MiB"));
+        return Err(Error::new(ErrorKind::PayloadTooLarge, "a statement is at most 16 MiB"));
     }
     let text = decode(format, bytes)?;
     match format {
@@ -153,36 +154,6 @@ fn decode(format: Format, bytes: &[u8]) -> Result<String, Error> {
     }
 }
 
-/// Yuan text to fen, exactly: digits, optionally `.` and one or two digits.
-/// A leading `-` is accepted only when `allow_negative` (refund rows), and
-/// the result is the absolute value. Signs elsewhere, exponents, spaces
-/// inside and more than two decimals are refused.
-pub fn yuan_to_fen(text: &str, allow_negative: bool) -> Option<i64> {
-    let unsigned = match text.strip_prefix('-') {
-        Some(rest) if allow_negative => rest,
-        Some(_) => return None,
-        None => text,
-    };
-    let (whole, fraction) = match unsigned.split_once('.') {
-        Some((w, f)) => (w, f),
-        None => (unsigned, ""),
-    };
-    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if whole.is_empty() || whole.len() > 13 || !digits(whole) || fraction.len() > 2 || !digits(fraction) {
-        return None;
-    }
-    if unsigned.ends_with('.') {
-        return None;
-    }
-    let whole: i64 = whole.parse().ok()?;
-    let fraction: i64 = match fraction.len() {
-        0 => 0,
-        1 => fraction.parse::<i64>().ok()? * 10,
-        _ => fraction.parse().ok()?,
-    };
-    whole.checked_mul(100)?.checked_add(fraction)
-}
-
 /// The calendar day (`YYYY-MM-DD`) of an instant at a UTC offset.
 pub fn day_of(at_ms: i64, offset_ms: i64) -> String {
     format_ms(at_ms + offset_ms)[..10].to_owned()
@@ -196,12 +167,6 @@ pub fn day_bounds(day: &str, offset_ms: i64) -> Option<(String, String)> {
     }
     let start = midnight - offset_ms;
     Some((format_ms(start), format_ms(start + 86_400_000)))
-}
-
-/// `YYYY-MM-DD HH:MM:SS` in the statement's zone to Unix milliseconds.
-pub(crate) fn local_time_ms(text: &str, offset_ms: i64) -> Option<i64> {
-    let (date, time) = text.trim().split_once(' ')?;
-    Some(parse_rfc3339_ms(&format!("{date}T{time}Z"))? - offset_ms)
 }
 
 fn invalid_row(line: usize, what: &str) -> Error {
@@ -489,29 +454,6 @@ fn parse_alipay(text: &str) -> Result<Vec<StatementRow>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn yuan_converts_to_fen_exactly_or_not_at_all() {
-        let check = |text: &str, negative: bool, expected: Option<i64>| {
-            assert_eq!(yuan_to_fen(text, negative), expected, "{text:?}");
-        };
-        check("99.00", false, Some(9900));
-        check("99.9", false, Some(9990));
-        check("0.01", false, Some(1));
-        check("100", false, Some(10000));
-        check("0.29", false, Some(29)); // 0.29 * 100 is 28.999999999999996 in floating point
-        check("-99.00", true, Some(9900));
-        check("-99.00", false, None);
-        check("+99.00", false, None);
-        check("99.001", false, None);
-        check("1e3", false, None);
-        check("99.", false, None);
-        check(".5", false, None);
-        check("", false, None);
-        check("9 9", false, None);
-        check("１００", false, None);
-        check("99999999999999.00", false, None);
-    }
 
     #[test]
     fn days_in_beijing_time() {

@@ -1251,7 +1251,8 @@ impl Tx<'_> {
 
     // ---- inspection: every query is served by an index ----
 
-    /// Runs every inspection query; `now_minus_10m` bounds `received_not_applied`.
+    /// Runs every inspection query; `received_before` (now minus
+    /// `ops::RECEIVED_STALE_MS`) bounds `received_not_applied`.
     pub fn inspect(&self, received_before: &str) -> Result<Vec<Finding>, Error> {
         let mut findings = Vec::new();
         let mut collect = |kind: &'static str, sql: &str, args: &[&dyn rusqlite::ToSql]| -> Result<(), Error> {

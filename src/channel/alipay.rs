@@ -16,12 +16,11 @@
 //! answer is the plain text `success`, or `failure` with a 4xx/5xx.
 
 use super::{Channel, Notice, Reply};
-use crate::api::{Request, Response};
-use crate::app::{App, PaymentCallback, RefundCallback};
-use crate::clock::format_ms;
-use crate::domain::PlatformStatus;
-use crate::error::Error;
-use crate::recon::{local_time_ms, yuan_to_fen, UTC8_OFFSET_MS};
+use crate::clock::{format_ms, local_time_ms, UTC8_OFFSET_MS};
+use crate::domain::{PaymentCallback, PlatformStatus, RefundCallback};
+use crate::error::{Error, ErrorKind};
+use crate::money::yuan_to_fen;
+use crate::wire::{self, Request, Response};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
 use rsa::pkcs8::DecodePublicKey;
@@ -52,8 +51,8 @@ pub fn public_key_from_text(text: &str) -> Result<RsaPublicKey, String> {
     RsaPublicKey::from_public_key_der(&der).map_err(|e| format!("not an RSA public key: {e}"))
 }
 
-pub struct Alipay<'a> {
-    config: &'a AlipayConfig,
+pub struct Alipay {
+    config: AlipayConfig,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -62,24 +61,22 @@ enum Charset {
     Gbk,
 }
 
-impl<'a> Alipay<'a> {
-    pub fn new(config: &'a AlipayConfig) -> Alipay<'a> {
+impl Alipay {
+    pub fn new(config: AlipayConfig) -> Alipay {
         Alipay { config }
     }
 
     /// The decoded form, verified.
     fn verified_form(&self, req: &Request) -> Result<BTreeMap<String, String>, Error> {
-        if let Some(content_type) = req.header("Content-Type") {
-            let media_type = content_type.split(';').next().unwrap_or("").trim();
+        if let Some(media_type) = wire::media_type(req) {
             if !media_type.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
                 return Err(Error::new(
-                    415,
-                    "unsupported_media_type",
+                    ErrorKind::UnsupportedMediaType,
                     "Alipay notices are application/x-www-form-urlencoded",
                 ));
             }
         }
-        let raw = split_form(&req.body)?;
+        let raw = wire::split_form(&req.body, FORM_FIELDS_MAX)?;
         let charset = match raw.iter().find(|(k, _)| k == "charset").map(|(_, v)| v.to_ascii_lowercase()) {
             None => Charset::Utf8,
             Some(c) if c == b"utf-8" || c == b"utf8" => Charset::Utf8,
@@ -94,7 +91,7 @@ impl<'a> Alipay<'a> {
                 return Err(Error::invalid(format!("parameter {key} appears twice")));
             }
         }
-        let unauthorized = |why: &str| Error::new(401, "invalid_signature", why.to_owned());
+        let unauthorized = |why: &str| Error::new(ErrorKind::InvalidSignature, why.to_owned());
         match form.get("sign_type").map(String::as_str) {
             None | Some("RSA2") => {}
             Some(_) => return Err(unauthorized("sign_type must be RSA2")),
@@ -130,8 +127,12 @@ impl<'a> Alipay<'a> {
     }
 }
 
-impl Channel for Alipay<'_> {
-    fn parse(&self, app: &App, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
+impl Channel for Alipay {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn parse(&self, _now_ms: i64, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
         let form = self.verified_form(req)?;
         let get = |name: &str| form.get(name).map(String::as_str).filter(|v| !v.is_empty());
         let required =
@@ -143,12 +144,6 @@ impl Channel for Alipay<'_> {
         if let Some(refund_fee) = get("refund_fee") {
             yuan_to_fen(refund_fee, false)
                 .ok_or_else(|| Error::invalid("refund_fee must be yuan with at most two decimals"))?;
-            let refund_no = match get("out_biz_no") {
-                Some(out_biz_no) => out_biz_no.to_owned(),
-                // A full refund (TRADE_CLOSED + gmt_refund) may name no request:
-                // it settles the order's refund in flight, if there is one.
-                None => app.order(&order_no)?.order.refund_no.unwrap_or(trade_no),
-            };
             // gmt_refund: Beijing time, with milliseconds as Alipay sends it
             // (`2015-04-28 15:45:57.320`) or without.
             let settled_at = match get("gmt_refund") {
@@ -158,13 +153,26 @@ impl Channel for Alipay<'_> {
                 )),
                 None => None,
             };
-            return Ok(Notice::Refund(RefundCallback {
-                channel: NAME.to_owned(),
-                refund_no,
-                order_no,
-                status: PlatformStatus::Success,
-                settled_at,
-            }));
+            return Ok(match get("out_biz_no") {
+                Some(out_biz_no) => Notice::Refund(RefundCallback {
+                    channel: NAME.to_owned(),
+                    refund_no: out_biz_no.to_owned(),
+                    order_no,
+                    status: PlatformStatus::Success,
+                    settled_at,
+                }),
+                // A full refund (TRADE_CLOSED + gmt_refund) may name no
+                // request: it settles the order's refund in flight, if there
+                // is one, else it is the trade's own (unexpected) refund.
+                // The look-up happens inside the refund's transaction.
+                None => Notice::RefundInFlight(RefundCallback {
+                    channel: NAME.to_owned(),
+                    refund_no: trade_no,
+                    order_no,
+                    status: PlatformStatus::Success,
+                    settled_at,
+                }),
+            });
         }
         match get("trade_status") {
             Some("TRADE_SUCCESS") | Some("TRADE_FINISHED") => {}
@@ -224,32 +232,6 @@ fn plain_text(status: u16, text: &str) -> Response {
         body: text.as_bytes().to_vec(),
         outcome: None,
     }
-}
-
-/// `k=v&k=v` into (key, percent-decoded value bytes); keys are ASCII.
-fn split_form(body: &[u8]) -> Result<Vec<(String, Vec<u8>)>, Error> {
-    let pairs: Vec<&[u8]> = body.split(|b| *b == b'&').filter(|p| !p.is_empty()).collect();
-    if pairs.len() > FORM_FIELDS_MAX {
-        return Err(Error::invalid(format!("more than {FORM_FIELDS_MAX} parameters")));
-    }
-    pairs
-        .into_iter()
-        .map(|pair| {
-            let (key, value) = match pair.iter().position(|b| *b == b'=') {
-                Some(i) => (&pair[..i], &pair[i + 1..]),
-                None => (pair, &b""[..]),
-            };
-            let key = String::from_utf8(percent_decode(key)?)
-                .ok()
-                .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
-                .ok_or_else(|| Error::invalid("a form parameter name is not [A-Za-z0-9_]"))?;
-            Ok((key, percent_decode(value)?))
-        })
-        .collect()
-}
-
-fn percent_decode(bytes: &[u8]) -> Result<Vec<u8>, Error> {
-    crate::api::form_decode(bytes).ok_or_else(|| Error::invalid("malformed percent-encoding in the form"))
 }
 
 fn decode(bytes: &[u8], charset: Charset) -> Option<String> {

@@ -1,34 +1,47 @@
 //! payonce's own signed format: JSON bodies, `Payonce-Signature` HMAC.
 
 use super::{Channel, Notice, Reply};
-use crate::api::{self, Request, Response};
-use crate::app::{App, PaymentCallback, RefundCallback};
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::PlatformStatus;
-use crate::error::Error;
+use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
+use crate::error::{Error, ErrorKind};
 use crate::signature::{self, SignatureError};
+use crate::wire::{self, Request, Response};
 use serde_json::{json, Map, Value};
 
 pub const NAME: &str = "generic";
 
-pub struct Generic;
+/// The generic channel with its HMAC secrets (two during rotation).
+pub struct Generic {
+    secrets: Vec<Vec<u8>>,
+}
+
+impl Generic {
+    pub fn new(secrets: Vec<Vec<u8>>) -> Generic {
+        Generic { secrets }
+    }
+}
 
 impl Channel for Generic {
-    fn parse(&self, app: &App, req: &Request, refund_route: bool) -> Result<Notice, Error> {
-        verify(app, req)?;
-        api::check_json_media_type(req)?;
-        let body = api::parse_object(&req.body)?;
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn parse(&self, now_ms: i64, req: &Request, refund_route: bool) -> Result<Notice, Error> {
+        verify(&self.secrets, now_ms, req)?;
+        wire::check_json_media_type(req)?;
+        let body = wire::parse_object(&req.body)?;
         if refund_route {
             return Ok(Notice::Refund(RefundCallback {
                 channel: NAME.to_owned(),
-                refund_no: api::required_str(&body, "refund_no")?,
-                order_no: api::required_str(&body, "order_no")?,
+                refund_no: wire::required_str(&body, "refund_no")?,
+                order_no: wire::required_str(&body, "order_no")?,
                 status: platform_status(&body)?,
                 // The generic refund result carries no time of its own.
                 settled_at: None,
             }));
         }
-        let paid_at = match api::optional_str(&body, "paid_at")? {
+        let paid_at = match wire::optional_str(&body, "paid_at")? {
             None => None,
             Some(text) => Some(format_ms(
                 parse_rfc3339_ms(&text)
@@ -37,9 +50,9 @@ impl Channel for Generic {
         };
         Ok(Notice::Payment(PaymentCallback {
             channel: NAME.to_owned(),
-            pay_no: api::required_str(&body, "pay_no")?,
-            order_no: api::required_str(&body, "order_no")?,
-            amount: api::required_i64(&body, "amount")?,
+            pay_no: wire::required_str(&body, "pay_no")?,
+            order_no: wire::required_str(&body, "order_no")?,
+            amount: wire::required_i64(&body, "amount")?,
             status: platform_status(&body)?,
             paid_at,
             raw_body: req.body.clone(),
@@ -61,24 +74,35 @@ impl Channel for Generic {
 }
 
 /// Nothing is read from the body, let alone recorded, before this passes.
-fn verify(app: &App, req: &Request) -> Result<(), Error> {
-    let now_s = app.clock.now_ms().div_euclid(1000);
-    match signature::verify(req.header("Payonce-Signature"), &req.body, &app.config.callback_secrets, now_s) {
+fn verify(secrets: &[Vec<u8>], now_ms: i64, req: &Request) -> Result<(), Error> {
+    let now_s = now_ms.div_euclid(1000);
+    match signature::verify(req.header("Payonce-Signature"), &req.body, secrets, now_s) {
         Ok(()) => Ok(()),
         Err(SignatureError::Invalid) => Err(Error::new(
-            401,
-            "invalid_signature",
+            ErrorKind::InvalidSignature,
             "Payonce-Signature is missing, malformed or matches no configured secret",
         )),
         Err(SignatureError::Expired) => Err(Error::new(
-            401,
-            "signature_expired",
+            ErrorKind::SignatureExpired,
             format!("Payonce-Signature t is more than {} s from now", signature::SIGNATURE_TOLERANCE_S),
         )),
     }
 }
 
 fn platform_status(body: &Map<String, Value>) -> Result<PlatformStatus, Error> {
-    let status = api::required_str(body, "status")?;
+    let status = wire::required_str(body, "status")?;
     PlatformStatus::parse(&status).ok_or_else(|| Error::invalid("status must be SUCCESS or FAILED"))
+}
+
+impl PaymentReply {
+    /// The generic channel's answer to a payment: `{"code":"SUCCESS","outcome":..}`,
+    /// with `original` for a duplicate.
+    pub fn to_json(&self) -> Value {
+        match self.outcome {
+            PaymentReplyOutcome::Decided(o) => json!({"code": "SUCCESS", "outcome": o.as_str()}),
+            PaymentReplyOutcome::Duplicate { original } => {
+                json!({"code": "SUCCESS", "outcome": "duplicate", "original": original.as_str()})
+            }
+        }
+    }
 }

@@ -13,11 +13,10 @@
 //! Success is 204; a refusal is 4xx/5xx with `{"code":"FAIL","message":..}`.
 
 use super::{Channel, Notice, Reply};
-use crate::api::{Request, Response};
-use crate::app::{App, PaymentCallback, RefundCallback};
 use crate::clock::{format_ms, parse_rfc3339_ms};
-use crate::domain::PlatformStatus;
-use crate::error::Error;
+use crate::domain::{PaymentCallback, PlatformStatus, RefundCallback};
+use crate::error::{Error, ErrorKind};
+use crate::wire::{Request, Response, RETRY_AFTER_S};
 use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use base64::Engine;
@@ -73,18 +72,18 @@ pub fn public_key_from_pem(pem: &str) -> Result<RsaPublicKey, String> {
     RsaPublicKey::from_public_key_pem(pem.trim()).map_err(|e| format!("not an RSA public key PEM: {e}"))
 }
 
-pub struct Wechatpay<'a> {
-    config: &'a WechatpayConfig,
+pub struct Wechatpay {
+    config: WechatpayConfig,
 }
 
-impl<'a> Wechatpay<'a> {
-    pub fn new(config: &'a WechatpayConfig) -> Wechatpay<'a> {
+impl Wechatpay {
+    pub fn new(config: WechatpayConfig) -> Wechatpay {
         Wechatpay { config }
     }
 
-    fn verify(&self, app: &App, req: &Request) -> Result<(), Error> {
+    fn verify(&self, now_ms: i64, req: &Request) -> Result<(), Error> {
         let header = |name: &str| req.header(name).map(str::trim).filter(|v| !v.is_empty());
-        let unauthorized = |why: &str| Error::new(401, "invalid_signature", why.to_owned());
+        let unauthorized = |why: &str| Error::new(ErrorKind::InvalidSignature, why.to_owned());
         let serial = header("Wechatpay-Serial").ok_or_else(|| unauthorized("Wechatpay-Serial is missing"))?;
         let timestamp = header("Wechatpay-Timestamp").ok_or_else(|| unauthorized("Wechatpay-Timestamp is missing"))?;
         let nonce = header("Wechatpay-Nonce").ok_or_else(|| unauthorized("Wechatpay-Nonce is missing"))?;
@@ -114,8 +113,8 @@ impl<'a> Wechatpay<'a> {
             .verify(&message, &signature)
             .map_err(|_| unauthorized("Wechatpay-Signature does not verify"))?;
         let t: i64 = timestamp.parse().map_err(|_| unauthorized("Wechatpay-Timestamp is not unix seconds"))?;
-        if (app.clock.now_ms().div_euclid(1000) - t).abs() > TIMESTAMP_TOLERANCE_S {
-            return Err(Error::new(401, "signature_expired", "Wechatpay-Timestamp is more than 5 minutes from now"));
+        if (now_ms.div_euclid(1000) - t).abs() > TIMESTAMP_TOLERANCE_S {
+            return Err(Error::new(ErrorKind::SignatureExpired, "Wechatpay-Timestamp is more than 5 minutes from now"));
         }
         Ok(())
     }
@@ -145,11 +144,15 @@ impl<'a> Wechatpay<'a> {
     }
 }
 
-impl Channel for Wechatpay<'_> {
-    fn parse(&self, app: &App, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
-        self.verify(app, req)?;
-        let envelope: Value =
-            serde_json::from_slice(&req.body).map_err(|e| Error::new(400, "invalid_json", format!("not JSON: {e}")))?;
+impl Channel for Wechatpay {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn parse(&self, now_ms: i64, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
+        self.verify(now_ms, req)?;
+        let envelope: Value = serde_json::from_slice(&req.body)
+            .map_err(|e| Error::new(ErrorKind::InvalidJson, format!("not JSON: {e}")))?;
         let event_type = envelope["event_type"].as_str().unwrap_or("").to_owned();
         let plain = self.decrypt(&envelope)?;
         let field = |name: &str| {
@@ -211,7 +214,7 @@ impl Channel for Wechatpay<'_> {
     fn refuse(&self, err: &Error) -> Response {
         let mut response = Response::json(err.status, &json!({"code": "FAIL", "message": err.message}));
         if err.status == 503 {
-            response.headers.push(("Retry-After".into(), crate::api::RETRY_AFTER_S.to_string()));
+            response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
         }
         response
     }

@@ -3,8 +3,8 @@
 //! against the real binary. Database effects are read through a read-only
 //! connection to the server's file (section 6 names).
 
-use crate::util::{self, HttpResponse, Server, SECRET};
-use rusqlite::{Connection, OpenFlags};
+use crate::util::{self, count, footprint, read_only, HttpResponse, Pay, Server, SECRET};
+use rusqlite::Connection;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
@@ -98,24 +98,10 @@ fn status_of(server: &Server, order_no: &str) -> String {
     order(server, order_no)["status"].as_str().unwrap_or_default().to_owned()
 }
 
-fn pay(server: &Server, pay_no: &str, order_no: &str, amount: i64, status: &str) -> HttpResponse {
-    server.callback(
-        "/v1/callbacks/generic",
-        &json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": status}),
-    )
-}
-
 /// A payment callback answered 200 with `outcome` (and `original` for duplicates).
-fn check_pay(
-    server: &Server,
-    pay_no: &str,
-    order_no: &str,
-    amount: i64,
-    status: &str,
-    outcome: &str,
-    original: Option<&str>,
-) {
-    let resp = pay(server, pay_no, order_no, amount, status);
+fn check_pay(server: &Server, pay: Pay, outcome: &str, original: Option<&str>) {
+    let resp = pay.send(server);
+    let Pay { pay_no, order_no, amount, status } = pay;
     let context = format!("{pay_no} {status} {amount} for {order_no}");
     assert_eq!(resp.status, 200, "{context}: {}", resp.text());
     let body = resp.json();
@@ -153,20 +139,7 @@ fn close(server: &Server, order_no: &str) -> HttpResponse {
 
 /// A read-only connection to the server's database file.
 fn db(server: &Server) -> Connection {
-    Connection::open_with_flags(&server.db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db read-only")
-}
-
-fn count(conn: &Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> i64 {
-    conn.query_row(sql, params, |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-/// Row counts of every table a callback or a transition could touch.
-fn footprint(server: &Server) -> Vec<(String, i64)> {
-    let conn = db(server);
-    ["pay_callback_log", "refund", "user_coupon", "point_log", "outbox_event", "audit_log", "orders"]
-        .iter()
-        .map(|t| (t.to_string(), count(&conn, &format!("SELECT count(*) FROM {t}"), &[])))
-        .collect()
+    read_only(&server.db)
 }
 
 fn all_events(server: &Server) -> Vec<Value> {
@@ -272,7 +245,7 @@ fn create_order_new_replay_conflict_and_key_required() {
     let resp = server.post_json("/v1/orders", &json!({"order_no": "ORD-1", "user_id": "u1", "amount": 9900}));
     assert_eq!(resp.status, 200, "{}", resp.text());
     assert_eq!(resp.json()["status"], "CLOSED");
-    assert_eq!(count(&db(&server), "SELECT count(*) FROM orders", &[]), 3, "three orders created, no more");
+    assert_eq!(count(&db(&server), "SELECT count(*) FROM orders", []), 3, "three orders created, no more");
 }
 
 #[test]
@@ -338,7 +311,7 @@ fn create_order_validation() {
         let resp = server.post_json("/v1/orders", &body);
         assert_eq!(resp.status, 400, "{body}: {}", resp.text());
     }
-    assert_eq!(count(&db(&server), "SELECT count(*) FROM orders", &[]), 0, "no invalid order was stored");
+    assert_eq!(count(&db(&server), "SELECT count(*) FROM orders", []), 0, "no invalid order was stored");
 
     // The boundaries themselves are valid.
     let good = [
@@ -377,7 +350,10 @@ fn list_orders_newest_first_paged_and_filtered() {
     create(&server, "B-1", "ub", 1);
     for no in ["A-1", "A-4", "B-1"] {
         let amount = order(&server, no)["amount"].as_i64().unwrap_or_default();
-        assert_eq!(pay(&server, &format!("P-{no}"), no, amount, "SUCCESS").status, 200);
+        assert_eq!(
+            Pay { pay_no: &format!("P-{no}"), order_no: no, amount, status: "SUCCESS" }.send(&server).status,
+            200
+        );
     }
 
     let list = |query: &str| {
@@ -474,9 +450,9 @@ fn order_detail_lists_payments_coupons_points() {
     assert_eq!(detail["coupons"], json!([]));
     assert_eq!(detail["points"], json!([]));
 
-    check_pay(&server, "DP-0", "D-1", 9999, "FAILED", "payment_failed", None);
-    check_pay(&server, "DP-1", "D-1", 9999, "SUCCESS", "applied", None);
-    check_pay(&server, "DP-2", "D-1", 9999, "SUCCESS", "already_paid", None);
+    check_pay(&server, Pay { pay_no: "DP-0", order_no: "D-1", amount: 9999, status: "FAILED" }, "payment_failed", None);
+    check_pay(&server, Pay { pay_no: "DP-1", order_no: "D-1", amount: 9999, status: "SUCCESS" }, "applied", None);
+    check_pay(&server, Pay { pay_no: "DP-2", order_no: "D-1", amount: 9999, status: "SUCCESS" }, "already_paid", None);
 
     let detail = order(&server, "D-1");
     assert_order(&detail);
@@ -548,8 +524,8 @@ fn close_order_transitions_and_refusals() {
 
     // A PAID order: 409 invalid_transition and an audit_log row.
     create(&server, "C-2", "u1", 500);
-    check_pay(&server, "CP-2", "C-2", 500, "SUCCESS", "applied", None);
-    let audits = |no: &str| count(&db(&server), "SELECT count(*) FROM audit_log WHERE order_no = ?1", &[&no]);
+    check_pay(&server, Pay { pay_no: "CP-2", order_no: "C-2", amount: 500, status: "SUCCESS" }, "applied", None);
+    let audits = |no: &str| count(&db(&server), "SELECT count(*) FROM audit_log WHERE order_no = ?1", [&no]);
     let before = audits("C-2");
     expect_error(&close(&server, "C-2"), 409, "invalid_transition", "close PAID");
     assert_eq!(audits("C-2"), before + 1, "the refused close is written to audit_log");
@@ -588,7 +564,12 @@ fn expired_pending_orders_are_closed_by_the_sweeper() {
     let ev = event(&server, "order.closed:EXP-1");
     assert_eq!(ev["data"]["order"]["status"], "CLOSED");
     assert_eq!(status_of(&server, "KEEP"), "PENDING", "an order within its lifetime stays PENDING");
-    check_pay(&server, "EXP-P", "EXP-1", 100, "SUCCESS", "paid_after_close", None);
+    check_pay(
+        &server,
+        Pay { pay_no: "EXP-P", order_no: "EXP-1", amount: 100, status: "SUCCESS" },
+        "paid_after_close",
+        None,
+    );
     assert_eq!(event_ids(&server).iter().filter(|e| e.starts_with("order.closed:")).count(), 1);
 }
 
@@ -601,7 +582,7 @@ fn refund_request_lifecycle() {
 
     expect_error(&request_refund(&server, "R-1", "RF-0"), 409, "invalid_transition", "refund PENDING");
     expect_error(&request_refund(&server, "R-404", "RF-X"), 404, "order_not_found", "refund unknown order");
-    check_pay(&server, "RP-1", "R-1", 800, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "RP-1", order_no: "R-1", amount: 800, status: "SUCCESS" }, "applied", None);
 
     let resp = request_refund(&server, "R-1", "RF-1");
     assert_eq!(resp.status, 200, "{}", resp.text());
@@ -645,7 +626,7 @@ fn refund_request_lifecycle() {
 
     // A refund_no already used by another order.
     create(&server, "R-2", "u1", 800);
-    check_pay(&server, "RP-2", "R-2", 800, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "RP-2", order_no: "R-2", amount: 800, status: "SUCCESS" }, "applied", None);
     expect_error(&request_refund(&server, "R-2", "RF-2"), 409, "invalid_transition", "refund_no of another order");
     assert_eq!(status_of(&server, "R-2"), "PAID");
     // A closed order cannot be refunded.
@@ -668,7 +649,7 @@ fn refund_request_lifecycle() {
         assert!(message.contains(field), "the message names {field}: {message}");
     }
     assert_eq!(status_of(&server, "R-2"), "PAID");
-    assert_eq!(count(&db(&server), "SELECT count(*) FROM refund", &[]), 2);
+    assert_eq!(count(&db(&server), "SELECT count(*) FROM refund", []), 2);
 }
 
 // ---- payment callbacks ----
@@ -683,7 +664,7 @@ fn payment_callback_every_outcome() {
 
     // applied: PENDING→PAID, two ACTIVE coupons, floor(9999*2/100) points, order.paid.
     create(&server, "O-1", "u1", 9999);
-    check_pay(&server, "P-1", "O-1", 9999, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "P-1", order_no: "O-1", amount: 9999, status: "SUCCESS" }, "applied", None);
     let paid = order(&server, "O-1");
     assert_eq!(paid["status"], "PAID");
     assert_eq!(paid["pay_no"], "P-1");
@@ -701,23 +682,48 @@ fn payment_callback_every_outcome() {
     assert_eq!(ev["data"]["order"]["status"], "PAID");
 
     // duplicate, with the original outcome, whatever the re-delivery says.
-    let before = footprint(&server);
-    check_pay(&server, "P-1", "O-1", 9999, "SUCCESS", "duplicate", Some("applied"));
-    check_pay(&server, "P-1", "O-1", 9999, "FAILED", "duplicate", Some("applied"));
-    assert_eq!(footprint(&server), before, "a duplicate changes nothing");
+    let before = footprint(&db(&server));
+    check_pay(
+        &server,
+        Pay { pay_no: "P-1", order_no: "O-1", amount: 9999, status: "SUCCESS" },
+        "duplicate",
+        Some("applied"),
+    );
+    check_pay(
+        &server,
+        Pay { pay_no: "P-1", order_no: "O-1", amount: 9999, status: "FAILED" },
+        "duplicate",
+        Some("applied"),
+    );
+    assert_eq!(footprint(&db(&server)), before, "a duplicate changes nothing");
 
     // payment_failed: recorded, order unchanged; a later SUCCESS of the pay_no supersedes it once.
     create(&server, "O-2", "u2", 5000);
-    check_pay(&server, "P-2", "O-2", 5000, "FAILED", "payment_failed", None);
+    check_pay(&server, Pay { pay_no: "P-2", order_no: "O-2", amount: 5000, status: "FAILED" }, "payment_failed", None);
     assert_eq!(status_of(&server, "O-2"), "PENDING");
     assert!(coupons_of("u2").is_empty());
-    check_pay(&server, "P-2", "O-2", 5000, "FAILED", "duplicate", Some("payment_failed"));
-    check_pay(&server, "P-2", "O-2", 5000, "SUCCESS", "applied", None);
+    check_pay(
+        &server,
+        Pay { pay_no: "P-2", order_no: "O-2", amount: 5000, status: "FAILED" },
+        "duplicate",
+        Some("payment_failed"),
+    );
+    check_pay(&server, Pay { pay_no: "P-2", order_no: "O-2", amount: 5000, status: "SUCCESS" }, "applied", None);
     assert_eq!(status_of(&server, "O-2"), "PAID");
     assert_eq!(coupons_of("u2").len(), 2);
     assert_eq!(points_of("u2")["balance"], 100);
-    check_pay(&server, "P-2", "O-2", 5000, "SUCCESS", "duplicate", Some("applied"));
-    check_pay(&server, "P-2", "O-2", 5000, "FAILED", "duplicate", Some("applied"));
+    check_pay(
+        &server,
+        Pay { pay_no: "P-2", order_no: "O-2", amount: 5000, status: "SUCCESS" },
+        "duplicate",
+        Some("applied"),
+    );
+    check_pay(
+        &server,
+        Pay { pay_no: "P-2", order_no: "O-2", amount: 5000, status: "FAILED" },
+        "duplicate",
+        Some("applied"),
+    );
     assert_eq!(coupons_of("u2").len(), 2, "superseded once only");
     assert_eq!(event_ids(&server).iter().filter(|e| e.as_str() == "order.paid:O-2").count(), 1);
     let payments = order(&server, "O-2")["payments"].as_array().cloned().unwrap_or_default();
@@ -727,7 +733,12 @@ fn payment_callback_every_outcome() {
     // paid_after_close: recorded, order stays CLOSED, payment.refund_required:{pay_no}, no rewards.
     create(&server, "O-3", "u3", 3000);
     assert_eq!(close(&server, "O-3").status, 200);
-    check_pay(&server, "P-3", "O-3", 3000, "SUCCESS", "paid_after_close", None);
+    check_pay(
+        &server,
+        Pay { pay_no: "P-3", order_no: "O-3", amount: 3000, status: "SUCCESS" },
+        "paid_after_close",
+        None,
+    );
     assert_eq!(status_of(&server, "O-3"), "CLOSED");
     let ev = event(&server, "payment.refund_required:P-3");
     assert_eq!(ev["type"], "payment.refund_required");
@@ -735,10 +746,15 @@ fn payment_callback_every_outcome() {
     assert_eq!(ev["data"]["payment"]["outcome"], "paid_after_close");
     assert!(coupons_of("u3").is_empty());
     assert_eq!(points_of("u3")["balance"], 0);
-    check_pay(&server, "P-3", "O-3", 3000, "SUCCESS", "duplicate", Some("paid_after_close"));
+    check_pay(
+        &server,
+        Pay { pay_no: "P-3", order_no: "O-3", amount: 3000, status: "SUCCESS" },
+        "duplicate",
+        Some("paid_after_close"),
+    );
 
     // already_paid: a second pay_no on a paid order; no rewards; event.
-    check_pay(&server, "P-1b", "O-1", 9999, "SUCCESS", "already_paid", None);
+    check_pay(&server, Pay { pay_no: "P-1b", order_no: "O-1", amount: 9999, status: "SUCCESS" }, "already_paid", None);
     let still = order(&server, "O-1");
     assert_eq!(still["pay_no"], "P-1", "the paying payment stays");
     assert_eq!(still["coupons"].as_array().map(Vec::len), Some(2));
@@ -749,24 +765,39 @@ fn payment_callback_every_outcome() {
         ev["data"]["payment"],
         json!({"pay_no": "P-1b", "channel": "generic", "amount": 9999, "outcome": "already_paid"})
     );
-    check_pay(&server, "P-1b", "O-1", 9999, "SUCCESS", "duplicate", Some("already_paid"));
+    check_pay(
+        &server,
+        Pay { pay_no: "P-1b", order_no: "O-1", amount: 9999, status: "SUCCESS" },
+        "duplicate",
+        Some("already_paid"),
+    );
 
     // amount_mismatch: order stays PENDING; event; the right amount later applies.
     create(&server, "O-4", "u4", 2000);
-    check_pay(&server, "P-4", "O-4", 1999, "SUCCESS", "amount_mismatch", None);
+    check_pay(
+        &server,
+        Pay { pay_no: "P-4", order_no: "O-4", amount: 1999, status: "SUCCESS" },
+        "amount_mismatch",
+        None,
+    );
     assert_eq!(status_of(&server, "O-4"), "PENDING");
     assert!(coupons_of("u4").is_empty());
     let ev = event(&server, "payment.refund_required:P-4");
     assert_eq!(ev["data"]["payment"]["outcome"], "amount_mismatch");
     assert_eq!(ev["data"]["payment"]["amount"], 1999);
     assert_eq!(ev["data"]["order"]["status"], "PENDING");
-    check_pay(&server, "P-4", "O-4", 2000, "SUCCESS", "duplicate", Some("amount_mismatch"));
-    check_pay(&server, "P-4b", "O-4", 2000, "SUCCESS", "applied", None);
+    check_pay(
+        &server,
+        Pay { pay_no: "P-4", order_no: "O-4", amount: 2000, status: "SUCCESS" },
+        "duplicate",
+        Some("amount_mismatch"),
+    );
+    check_pay(&server, Pay { pay_no: "P-4b", order_no: "O-4", amount: 2000, status: "SUCCESS" }, "applied", None);
     assert_eq!(status_of(&server, "O-4"), "PAID");
 
     // Points: none when floor(amount * 2 / 100) is 0, coupons still.
     create(&server, "O-5", "u5", 49);
-    check_pay(&server, "P-5", "O-5", 49, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "P-5", order_no: "O-5", amount: 49, status: "SUCCESS" }, "applied", None);
     let small = order(&server, "O-5");
     assert_eq!(small["points"], json!([]), "no entry when the points are 0");
     assert_eq!(small["coupons"].as_array().map(Vec::len), Some(2));
@@ -784,7 +815,7 @@ fn payment_callback_every_outcome() {
     assert_eq!(raw, sent.as_bytes(), "raw_body is the first delivery's exact bytes");
     assert_eq!((outcome.as_str(), state.as_str(), source.as_str()), ("amount_mismatch", "decided", "callback"));
     assert!(decided_at.is_some());
-    assert_eq!(count(&conn, "SELECT count(*) FROM pay_callback_log", &[]), 7, "one row per pay_no");
+    assert_eq!(count(&conn, "SELECT count(*) FROM pay_callback_log", []), 7, "one row per pay_no");
 }
 
 #[test]
@@ -793,31 +824,36 @@ fn payment_outcome_precedence() {
     // FAILED beats CLOSED (row 3 before 4).
     create(&server, "Q-1", "u", 100);
     assert_eq!(close(&server, "Q-1").status, 200);
-    check_pay(&server, "QP-1", "Q-1", 100, "FAILED", "payment_failed", None);
+    check_pay(&server, Pay { pay_no: "QP-1", order_no: "Q-1", amount: 100, status: "FAILED" }, "payment_failed", None);
     // ...and a later SUCCESS of that pay_no is judged by the rows below it: paid_after_close.
-    check_pay(&server, "QP-1", "Q-1", 100, "SUCCESS", "paid_after_close", None);
+    check_pay(
+        &server,
+        Pay { pay_no: "QP-1", order_no: "Q-1", amount: 100, status: "SUCCESS" },
+        "paid_after_close",
+        None,
+    );
     assert!(event_ids(&server).contains(&"payment.refund_required:QP-1".to_owned()));
     // FAILED beats a wrong amount (row 3 before 6).
     create(&server, "Q-2", "u", 100);
-    check_pay(&server, "QP-2", "Q-2", 7, "FAILED", "payment_failed", None);
+    check_pay(&server, Pay { pay_no: "QP-2", order_no: "Q-2", amount: 7, status: "FAILED" }, "payment_failed", None);
     assert_eq!(status_of(&server, "Q-2"), "PENDING");
     // CLOSED beats a wrong amount (row 4 before 6).
-    check_pay(&server, "QP-3", "Q-1", 7, "SUCCESS", "paid_after_close", None);
+    check_pay(&server, Pay { pay_no: "QP-3", order_no: "Q-1", amount: 7, status: "SUCCESS" }, "paid_after_close", None);
     // Past PENDING beats a wrong amount (row 5 before 6), in every paid state.
     create(&server, "Q-3", "u", 100);
-    check_pay(&server, "QP-4", "Q-3", 100, "SUCCESS", "applied", None);
-    check_pay(&server, "QP-5", "Q-3", 7, "SUCCESS", "already_paid", None);
+    check_pay(&server, Pay { pay_no: "QP-4", order_no: "Q-3", amount: 100, status: "SUCCESS" }, "applied", None);
+    check_pay(&server, Pay { pay_no: "QP-5", order_no: "Q-3", amount: 7, status: "SUCCESS" }, "already_paid", None);
     assert_eq!(request_refund(&server, "Q-3", "QR-1").status, 200);
-    check_pay(&server, "QP-6", "Q-3", 100, "SUCCESS", "already_paid", None);
+    check_pay(&server, Pay { pay_no: "QP-6", order_no: "Q-3", amount: 100, status: "SUCCESS" }, "already_paid", None);
     assert_eq!(status_of(&server, "Q-3"), "REFUNDING");
     check_refund_cb(&server, "QR-1", "Q-3", "SUCCESS", "applied");
-    check_pay(&server, "QP-7", "Q-3", 100, "SUCCESS", "already_paid", None);
+    check_pay(&server, Pay { pay_no: "QP-7", order_no: "Q-3", amount: 100, status: "SUCCESS" }, "already_paid", None);
     assert_eq!(status_of(&server, "Q-3"), "REFUNDED");
     // No rewards for any of the refund-required payments.
     assert_eq!(order(&server, "Q-3")["coupons"].as_array().map(Vec::len), Some(2));
     assert_eq!(order(&server, "Q-1")["coupons"], json!([]));
     // FAILED on a paid order is payment_failed, not a refund.
-    check_pay(&server, "QP-8", "Q-3", 100, "FAILED", "payment_failed", None);
+    check_pay(&server, Pay { pay_no: "QP-8", order_no: "Q-3", amount: 100, status: "FAILED" }, "payment_failed", None);
     let ids = event_ids(&server);
     for pay_no in ["QP-3", "QP-5", "QP-6", "QP-7"] {
         assert!(ids.contains(&format!("payment.refund_required:{pay_no}")), "{pay_no}: {ids:?}");
@@ -830,13 +866,18 @@ fn payment_outcome_precedence() {
 #[test]
 fn payment_for_unknown_order_records_nothing_and_can_succeed_later() {
     let server = Server::start(&REWARDS);
-    let before = footprint(&server);
+    let before = footprint(&db(&server));
     for _ in 0..2 {
-        expect_error(&pay(&server, "PU-1", "LATE-1", 700, "SUCCESS"), 404, "order_not_found", "unknown order");
+        expect_error(
+            &Pay { pay_no: "PU-1", order_no: "LATE-1", amount: 700, status: "SUCCESS" }.send(&server),
+            404,
+            "order_not_found",
+            "unknown order",
+        );
     }
-    assert_eq!(footprint(&server), before, "nothing recorded for an unknown order");
+    assert_eq!(footprint(&db(&server)), before, "nothing recorded for an unknown order");
     create(&server, "LATE-1", "u1", 700);
-    check_pay(&server, "PU-1", "LATE-1", 700, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "PU-1", order_no: "LATE-1", amount: 700, status: "SUCCESS" }, "applied", None);
     assert_eq!(status_of(&server, "LATE-1"), "PAID");
     assert_eq!(order(&server, "LATE-1")["coupons"].as_array().map(Vec::len), Some(2));
 }
@@ -846,9 +887,9 @@ fn callback_authentication_failures_record_nothing() {
     let server = Server::start(&[]);
     create(&server, "S-1", "u1", 100);
     create(&server, "S-2", "u1", 100);
-    check_pay(&server, "SP-0", "S-2", 100, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "SP-0", order_no: "S-2", amount: 100, status: "SUCCESS" }, "applied", None);
     assert_eq!(request_refund(&server, "S-2", "SR-1").status, 200);
-    let before = footprint(&server);
+    let before = footprint(&db(&server));
 
     let body = json!({"pay_no": "SP-1", "order_no": "S-1", "amount": 100, "status": "SUCCESS"}).to_string();
     let other_body = json!({"pay_no": "SP-1", "order_no": "S-1", "amount": 1, "status": "SUCCESS"}).to_string();
@@ -914,7 +955,7 @@ fn callback_authentication_failures_record_nothing() {
             "refund callback",
         );
     }
-    assert_eq!(footprint(&server), before, "a request that fails authentication records nothing");
+    assert_eq!(footprint(&db(&server)), before, "a request that fails authentication records nothing");
     assert_eq!(status_of(&server, "S-1"), "PENDING");
     assert_eq!(status_of(&server, "S-2"), "REFUNDING");
 
@@ -934,7 +975,7 @@ fn callback_authentication_failures_record_nothing() {
 fn callback_unknown_channel_and_media_type() {
     let server = Server::start(&[]);
     create(&server, "K-1", "u1", 100);
-    let before = footprint(&server);
+    let before = footprint(&db(&server));
     let body = json!({"pay_no": "KP-1", "order_no": "K-1", "amount": 100, "status": "SUCCESS"});
     for path in [
         "/v1/callbacks/paypal",
@@ -956,7 +997,7 @@ fn callback_unknown_channel_and_media_type() {
         "unsupported_media_type",
         "text/plain",
     );
-    assert_eq!(footprint(&server), before, "nothing recorded");
+    assert_eq!(footprint(&db(&server)), before, "nothing recorded");
     // With parameters and in any case, application/json is JSON.
     let headers = [("Content-Type", "Application/JSON; charset=utf-8"), ("Payonce-Signature", sig.as_str())];
     let resp = post_raw(&server, "/v1/callbacks/generic", &headers, text.as_bytes());
@@ -969,9 +1010,9 @@ fn callback_invalid_bodies_record_nothing() {
     let server = Server::start(&REWARDS);
     create(&server, "I-1", "u1", 100);
     create(&server, "I-2", "u1", 100);
-    check_pay(&server, "IP-0", "I-2", 100, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "IP-0", order_no: "I-2", amount: 100, status: "SUCCESS" }, "applied", None);
     assert_eq!(request_refund(&server, "I-2", "IR-1").status, 200);
-    let before = footprint(&server);
+    let before = footprint(&db(&server));
 
     let base = json!({"pay_no": "IP-1", "order_no": "I-1", "amount": 100, "status": "SUCCESS"});
     let with = |field: &str, value: Value| {
@@ -1051,12 +1092,12 @@ fn callback_invalid_bodies_record_nothing() {
     for body in &refund_bad {
         expect_error(&server.callback("/v1/callbacks/generic/refund", body), 400, "invalid_request", &body.to_string());
     }
-    assert_eq!(footprint(&server), before, "invalid bodies record nothing");
+    assert_eq!(footprint(&db(&server)), before, "invalid bodies record nothing");
     assert_eq!(status_of(&server, "I-1"), "PENDING");
     assert_eq!(status_of(&server, "I-2"), "REFUNDING");
 
     // The valid bodies still work, and a paid_at with an offset is accepted.
-    check_pay(&server, "IP-1", "I-1", 100, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "IP-1", order_no: "I-1", amount: 100, status: "SUCCESS" }, "applied", None);
     let resp = server.callback("/v1/callbacks/generic/refund", &refund_base);
     assert_eq!(resp.json()["outcome"], "applied", "{}", resp.text());
     create(&server, "I-3", "u1", 100);
@@ -1074,11 +1115,11 @@ fn callback_invalid_bodies_record_nothing() {
 #[test]
 fn refund_callback_every_outcome() {
     let server = Server::start(&REWARDS);
-    let audits = |no: &str| count(&db(&server), "SELECT count(*) FROM audit_log WHERE order_no = ?1", &[&no]);
+    let audits = |no: &str| count(&db(&server), "SELECT count(*) FROM audit_log WHERE order_no = ?1", [&no]);
 
     // applied
     create(&server, "F-1", "u1", 9999);
-    check_pay(&server, "FP-1", "F-1", 9999, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "FP-1", order_no: "F-1", amount: 9999, status: "SUCCESS" }, "applied", None);
     assert_eq!(request_refund(&server, "F-1", "FR-1").status, 200);
     check_refund_cb(&server, "FR-1", "F-1", "SUCCESS", "applied");
     let refunded = order(&server, "F-1");
@@ -1133,9 +1174,9 @@ fn refund_callback_every_outcome() {
     assert_eq!(server.get("/v1/users/nobody/coupons").json(), json!({"coupons": []}));
 
     // duplicate
-    let before = footprint(&server);
+    let before = footprint(&db(&server));
     check_refund_cb(&server, "FR-1", "F-1", "SUCCESS", "duplicate");
-    assert_eq!(footprint(&server), before);
+    assert_eq!(footprint(&db(&server)), before);
     // FAILED after SUCCEEDED contradicts a settled refund.
     let a = audits("F-1");
     check_refund_cb(&server, "FR-1", "F-1", "FAILED", "unexpected_refund");
@@ -1144,7 +1185,7 @@ fn refund_callback_every_outcome() {
 
     // refund_failed
     create(&server, "F-2", "u2", 5000);
-    check_pay(&server, "FP-2", "F-2", 5000, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "FP-2", order_no: "F-2", amount: 5000, status: "SUCCESS" }, "applied", None);
     assert_eq!(request_refund(&server, "F-2", "FR-2").status, 200);
     check_refund_cb(&server, "FR-2", "F-2", "FAILED", "refund_failed");
     let failed = order(&server, "F-2");
@@ -1155,9 +1196,9 @@ fn refund_callback_every_outcome() {
     let ev = event(&server, "order.refund_failed:F-2/FR-2");
     assert_eq!(ev["data"]["refund"], json!({"refund_no": "FR-2", "status": "FAILED"}));
     assert_eq!(ev["data"]["order"]["status"], "PAID");
-    let before = footprint(&server);
+    let before = footprint(&db(&server));
     check_refund_cb(&server, "FR-2", "F-2", "FAILED", "duplicate");
-    assert_eq!(footprint(&server), before);
+    assert_eq!(footprint(&db(&server)), before);
 
     // unexpected_refund: SUCCESS after FAILED; an unknown refund_no; another order's refund_no.
     for (refund_no, status) in
@@ -1177,9 +1218,9 @@ fn refund_callback_every_outcome() {
     assert_eq!(status_of(&server, "F-3"), "PENDING");
 
     // Unknown order: 404 order_not_found, recorded nowhere.
-    let before = footprint(&server);
+    let before = footprint(&db(&server));
     expect_error(&refund_cb(&server, "FR-9", "F-404", "SUCCESS"), 404, "order_not_found", "refund for unknown order");
-    assert_eq!(footprint(&server), before);
+    assert_eq!(footprint(&db(&server)), before);
 }
 
 // ---- GET /v1/events ----
@@ -1190,15 +1231,20 @@ fn events_feed_order_ids_and_data() {
     create(&server, "E-1", "u1", 1000);
     create(&server, "E-2", "u1", 2000);
     create(&server, "E-3", "u1", 3000);
-    check_pay(&server, "EP-1", "E-1", 1000, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "EP-1", order_no: "E-1", amount: 1000, status: "SUCCESS" }, "applied", None);
     assert_eq!(close(&server, "E-2").status, 200);
-    check_pay(&server, "EP-2", "E-2", 2000, "SUCCESS", "paid_after_close", None);
+    check_pay(
+        &server,
+        Pay { pay_no: "EP-2", order_no: "E-2", amount: 2000, status: "SUCCESS" },
+        "paid_after_close",
+        None,
+    );
     assert_eq!(request_refund(&server, "E-1", "ER-1").status, 200);
     check_refund_cb(&server, "ER-1", "E-1", "FAILED", "refund_failed");
     assert_eq!(request_refund(&server, "E-1", "ER-2").status, 200);
     check_refund_cb(&server, "ER-2", "E-1", "SUCCESS", "applied");
-    check_pay(&server, "EP-3", "E-3", 1, "SUCCESS", "amount_mismatch", None);
-    check_pay(&server, "EP-4", "E-3", 3000, "FAILED", "payment_failed", None);
+    check_pay(&server, Pay { pay_no: "EP-3", order_no: "E-3", amount: 1, status: "SUCCESS" }, "amount_mismatch", None);
+    check_pay(&server, Pay { pay_no: "EP-4", order_no: "E-3", amount: 3000, status: "FAILED" }, "payment_failed", None);
 
     let expected: [(&str, &str, &str, &str); 8] = [
         ("order.paid", "order.paid:E-1", "E-1", "PAID"),
@@ -1327,7 +1373,7 @@ fn healthz_and_protocol_errors() {
     }
     let resp = post_raw(&server, "/v1/orders/M-1/refund", &[("Content-Type", "text/plain")], br#"{"refund_no":"x"}"#);
     expect_error(&resp, 415, "unsupported_media_type", "refund text/plain");
-    assert_eq!(count(&db(&server), "SELECT count(*) FROM orders", &[]), 0);
+    assert_eq!(count(&db(&server), "SELECT count(*) FROM orders", []), 0);
     let resp = post_raw(&server, "/v1/orders", &[("Content-Type", "application/json; charset=utf-8")], order);
     assert_eq!(resp.status, 201, "{}", resp.text());
     expect_error(
@@ -1350,13 +1396,13 @@ fn database_busy_is_503_and_shutdown_finishes_requests_in_flight() {
     other.execute_batch("BEGIN IMMEDIATE").expect("take the write lock");
     assert_eq!(server.get("/healthz").status, 200, "reads go on under a writer (WAL)");
     assert_eq!(status_of(&server, "BUSY-1"), "PENDING");
-    let resp = pay(&server, "BUSY-P", "BUSY-1", 100, "SUCCESS");
+    let resp = Pay { pay_no: "BUSY-P", order_no: "BUSY-1", amount: 100, status: "SUCCESS" }.send(&server);
     expect_error(&resp, 503, "database_busy", "payment while another process writes");
     assert!(resp.header("Retry-After").is_some_and(|v| v.parse::<u64>().is_ok()), "Retry-After: {:?}", resp.headers);
     other.execute_batch("ROLLBACK").expect("release");
-    assert_eq!(count(&db(&server), "SELECT count(*) FROM pay_callback_log", &[]), 0, "a 503 recorded nothing");
+    assert_eq!(count(&db(&server), "SELECT count(*) FROM pay_callback_log", []), 0, "a 503 recorded nothing");
     // The platform's retry succeeds once the database is free.
-    check_pay(&server, "BUSY-P", "BUSY-1", 100, "SUCCESS", "applied", None);
+    check_pay(&server, Pay { pay_no: "BUSY-P", order_no: "BUSY-1", amount: 100, status: "SUCCESS" }, "applied", None);
 
     // SIGTERM while a request waits on the database: it is answered, then payonce exits 0.
     create(&server, "BUSY-2", "u1", 100);

@@ -5,8 +5,7 @@
 //! Keys, and a raw token is never stored. Without tokens `serve` refuses a
 //! non-loopback listen address.
 
-use crate::util::{self, HttpResponse, Server, TempDir, SECRET};
-use rusqlite::{Connection, OpenFlags};
+use crate::util::{self, footprint, order_states, read_only, Footprint, HttpResponse, Server, TempDir, SECRET};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -62,23 +61,10 @@ fn expect_error(resp: &HttpResponse, status: u16, code: &str, context: &str) {
     assert_eq!(v.as_object().map(|o| o.len()), Some(1), "{context}: only `error`: {}", resp.text());
 }
 
-fn read_only(db: &Path) -> Connection {
-    Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db read-only")
-}
-
-/// Row counts and order states: what any request could have changed.
-fn footprint(db: &Path) -> Vec<String> {
+/// Every table's row count and every order's state: what any request could have changed.
+fn snapshot(db: &Path) -> (Footprint, Vec<String>) {
     let conn = read_only(db);
-    let mut out: Vec<String> = ["orders", "outbox_event", "audit_log", "idempotency_key", "refund", "pay_callback_log"]
-        .iter()
-        .map(|t| {
-            let n: i64 = conn.query_row(&format!("SELECT count(*) FROM {t}"), [], |r| r.get(0)).expect("count");
-            format!("{t}={n}")
-        })
-        .collect();
-    let mut stmt = conn.prepare("SELECT order_no || ':' || status FROM orders ORDER BY order_no").expect("prepare");
-    out.extend(stmt.query_map([], |r| r.get::<_, String>(0)).expect("query").map(|s| s.expect("row")));
-    out
+    (footprint(&conn), order_states(&conn))
 }
 
 fn scopes(db: &Path, key: &str) -> Vec<String> {
@@ -169,7 +155,7 @@ fn every_protected_route_needs_a_configured_token() {
     );
 
     // Refused: every protected route, every bad Authorization, keyed or not; nothing changes.
-    let before = footprint(&server.db);
+    let before = snapshot(&server.db);
     for t in &protected {
         for (name, auth) in REFUSED {
             let context = format!("{} {} with {name}", t.method, t.path);
@@ -179,7 +165,7 @@ fn every_protected_route_needs_a_configured_token() {
             assert!(keyed.header("Idempotent-Replayed").is_none(), "{context}");
         }
     }
-    assert_eq!(footprint(&server.db), before, "no refused request changed anything or stored a key");
+    assert_eq!(snapshot(&server.db), before, "no refused request changed anything or stored a key");
 
     // Accepted: the named token and the bare token, on every protected route.
     for (who, auth) in [("alice", ALICE), ("bare", BARE)] {

@@ -7,10 +7,10 @@
 //! clock (fast, and expiry is exact); the concurrency, crash and throughput
 //! cases also run against the real binary. Token scopes are in `auth.rs`.
 
-use crate::util::{self, HttpResponse, Server, TempDir, SECRET};
+use crate::util::{self, count, footprint, order_states, Footprint, HttpResponse, Pay, Server, TempDir, SECRET};
 use payonce::api::{self, Request, Response, IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_WAIT_MS_MAX};
 use payonce::store::StoreOptions;
-use payonce::{App, Clock, Config, CreateOrder, PaymentCallback, PlatformStatus};
+use payonce::{App, Clock, Config, CreateOrder};
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
@@ -141,13 +141,12 @@ fn create_body(user_id: &str, amount: i64) -> String {
     json!({"user_id": user_id, "amount": amount}).to_string()
 }
 
-fn count(app: &App, sql: &str, params: &[&dyn rusqlite::ToSql]) -> i64 {
-    let conn = app.store.raw_connection().expect("raw connection");
-    conn.query_row(sql, params, |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
 fn key_rows(app: &App, key: &str) -> i64 {
-    count(app, "SELECT count(*) FROM idempotency_key WHERE key = ?1", &[&key])
+    count(
+        &app.store.raw_connection().expect("raw connection"),
+        "SELECT count(*) FROM idempotency_key WHERE key = ?1",
+        [&key],
+    )
 }
 
 /// (scope, status, body) of every stored response of `key`.
@@ -166,24 +165,21 @@ fn stored(app: &App, key: &str) -> Vec<(String, u16, String)> {
 }
 
 fn orders_of(app: &App, user_id: &str) -> i64 {
-    count(app, "SELECT count(*) FROM orders WHERE user_id = ?1", &[&user_id])
+    count(
+        &app.store.raw_connection().expect("raw connection"),
+        "SELECT count(*) FROM orders WHERE user_id = ?1",
+        [&user_id],
+    )
 }
 
 fn status_of(app: &App, order_no: &str) -> String {
     app.order(order_no).expect("order").order.status.as_str().to_owned()
 }
 
-/// Row counts and order states: what any request could have changed.
-fn footprint(app: &App) -> Vec<String> {
-    let mut out: Vec<String> = ["orders", "outbox_event", "audit_log", "idempotency_key", "refund", "pay_callback_log"]
-        .iter()
-        .map(|t| format!("{t}={}", count(app, &format!("SELECT count(*) FROM {t}"), &[])))
-        .collect();
+/// Every table's row count and every order's state: what any request could have changed.
+fn snapshot(app: &App) -> (Footprint, Vec<String>) {
     let conn = app.store.raw_connection().expect("raw connection");
-    let mut stmt = conn.prepare("SELECT order_no || ':' || status FROM orders ORDER BY order_no").expect("prepare");
-    let states = stmt.query_map([], |r| r.get::<_, String>(0)).expect("query");
-    out.extend(states.map(|s| s.expect("row")));
-    out
+    (footprint(&conn), order_states(&conn))
 }
 
 fn create_plain(app: &App, order_no: &str, user_id: &str, amount: i64) {
@@ -196,19 +192,6 @@ fn create_plain(app: &App, order_no: &str, user_id: &str, amount: i64) {
     };
     let (_, created) = app.create_order(&req).expect("create order");
     assert!(created, "{order_no} is new");
-}
-
-fn pay(app: &App, order_no: &str, amount: i64) {
-    let cb = PaymentCallback {
-        channel: "generic".into(),
-        pay_no: format!("PAY-{order_no}"),
-        order_no: order_no.into(),
-        amount,
-        status: PlatformStatus::Success,
-        paid_at: None,
-        raw_body: b"{}".to_vec(),
-    };
-    assert_eq!(app.deliver_payment(&cb).expect("pay").outcome_str(), "applied");
 }
 
 fn signed(app: &App, body: &[u8]) -> String {
@@ -308,7 +291,11 @@ fn concurrent_identical_keyed_creations_run_once_in_process() {
         if let Some(explicit) = &explicit {
             assert_eq!(&order_no, explicit, "{context}");
         }
-        assert_eq!(count(&app, "SELECT count(*) FROM orders", &[]), 1, "{context}: one order");
+        assert_eq!(
+            count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
+            1,
+            "{context}: one order"
+        );
         let rows = stored(&app, &key);
         assert_eq!(rows.len(), 1, "{context}: one stored response");
         assert_eq!(
@@ -422,9 +409,19 @@ fn a_failed_write_stores_nothing_and_its_retry_runs() {
     let app = new_app();
     create_plain(&app, "ORD-OPEN", "u-open", 300);
     create_plain(&app, "ORD-PAID", "u-paid", 400);
-    pay(&app, "ORD-PAID", 400);
+    assert_eq!(
+        Pay { pay_no: "PAY-ORD-PAID", order_no: "ORD-PAID", amount: 400, status: "SUCCESS" }
+            .deliver(&app)
+            .outcome_str(),
+        "applied"
+    );
     create_plain(&app, "ORD-PAID2", "u-paid2", 500);
-    pay(&app, "ORD-PAID2", 500);
+    assert_eq!(
+        Pay { pay_no: "PAY-ORD-PAID2", order_no: "ORD-PAID2", amount: 500, status: "SUCCESS" }
+            .deliver(&app)
+            .outcome_str(),
+        "applied"
+    );
     // (key, path, body, the retry's status, its error code when a refusal)
     let cases: [(&str, &str, String, u16, Option<&str>); 5] = [
         ("f-gen", "/v1/orders", create_body("u-f-gen", 100), 201, None),
@@ -441,12 +438,12 @@ fn a_failed_write_stores_nothing_and_its_retry_runs() {
         ("f-refused", "/v1/orders/ORD-PAID2/close", "{}".into(), 409, Some("invalid_transition")),
     ];
     for (key, path, body, retry_status, retry_code) in &cases {
-        let before = footprint(&app);
+        let before = snapshot(&app);
         app.fail_writes_after_work.store(1, Ordering::SeqCst);
         let failed = post(&app, path, key, body);
         expect_error(&failed, 500, "internal_error", key);
         assert_eq!(app.fail_writes_after_work.load(Ordering::SeqCst), 0, "{key}: the hook fired");
-        assert_eq!(footprint(&app), before, "{key}: nothing of the failed request survives, no key row either");
+        assert_eq!(snapshot(&app), before, "{key}: nothing of the failed request survives, no key row either");
         assert_eq!(key_rows(&app, key), 0, "{key}: no idempotency_key row after a 5xx");
 
         let retry = post(&app, path, key, body);
@@ -472,13 +469,18 @@ fn a_failed_write_stores_nothing_and_its_retry_runs() {
 fn business_refusals_are_stored_and_replayed_without_running_again() {
     let app = new_app();
     create_plain(&app, "ORD-PAID", "u-paid", 400);
-    pay(&app, "ORD-PAID", 400);
+    assert_eq!(
+        Pay { pay_no: "PAY-ORD-PAID", order_no: "ORD-PAID", amount: 400, status: "SUCCESS" }
+            .deliver(&app)
+            .outcome_str(),
+        "applied"
+    );
     create_plain(&app, "ORD-PEND", "u-pend", 300);
     let refused = |order_no: &str| {
         count(
-            &app,
+            &app.store.raw_connection().expect("raw connection"),
             "SELECT count(*) FROM audit_log WHERE action = 'transition_refused' AND order_no = ?1",
-            &[&order_no],
+            [&order_no],
         )
     };
     // (key, path, body, status, code)
@@ -513,11 +515,11 @@ fn business_refusals_are_stored_and_replayed_without_running_again() {
         let rows = stored(&app, key);
         assert_eq!(rows.len(), 1, "{key}: the refusal is stored");
         assert_eq!((rows[0].1, rows[0].2.clone()), (*status, first.text()), "{key}: stored status and body");
-        let footprint_before = footprint(&app);
+        let footprint_before = snapshot(&app);
         for _ in 0..3 {
             expect_replay(&post(&app, path, key, body), &first, key);
         }
-        assert_eq!(footprint(&app), footprint_before, "{key}: the replays ran no work");
+        assert_eq!(snapshot(&app), footprint_before, "{key}: the replays ran no work");
     }
     assert_eq!(refused("ORD-PAID"), 1, "one audit row for the refused close, however often it was replayed");
     assert_eq!(refused("ORD-PEND"), 1, "one audit row for the refused refund");
@@ -543,7 +545,12 @@ fn business_refusals_are_stored_and_replayed_without_running_again() {
 fn validation_errors_are_not_stored_and_a_corrected_retry_runs() {
     let app = new_app();
     create_plain(&app, "ORD-PAID", "u-paid", 400);
-    pay(&app, "ORD-PAID", 400);
+    assert_eq!(
+        Pay { pay_no: "PAY-ORD-PAID", order_no: "ORD-PAID", amount: 400, status: "SUCCESS" }
+            .deliver(&app)
+            .outcome_str(),
+        "applied"
+    );
     struct Case {
         key: &'static str,
         path: &'static str,
@@ -639,7 +646,7 @@ fn validation_errors_are_not_stored_and_a_corrected_retry_runs() {
         ),
     ];
     for c in &cases {
-        let before = footprint(&app);
+        let before = snapshot(&app);
         let bad = call(
             &app,
             "POST",
@@ -649,7 +656,7 @@ fn validation_errors_are_not_stored_and_a_corrected_retry_runs() {
         );
         expect_error(&bad, c.status, c.code, c.key);
         assert_eq!(key_rows(&app, c.key), 0, "{}: a {} is not stored", c.key, c.status);
-        assert_eq!(footprint(&app), before, "{}: nothing changed", c.key);
+        assert_eq!(snapshot(&app), before, "{}: nothing changed", c.key);
         // The same bad request again is judged again, not replayed.
         let again = call(
             &app,
@@ -697,7 +704,11 @@ fn the_same_key_with_another_body_is_422_and_changes_nothing() {
         assert!(answer.retry_after.is_none(), "{context}: no Retry-After on 422");
         assert_eq!(stored(&app, "k-422"), stored_before, "{context}: the stored answer is untouched");
     }
-    assert_eq!(count(&app, "SELECT count(*) FROM orders", &[]), 1, "no order from the 422s");
+    assert_eq!(
+        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
+        1,
+        "no order from the 422s"
+    );
     expect_replay(&post(&app, "/v1/orders", "k-422", &body), &first, "the original body still replays");
 
     // The same for a stored refusal.
@@ -806,15 +817,18 @@ fn invalid_keys_are_400_and_store_nothing() {
     for (i, (name, key)) in invalid.iter().enumerate() {
         let order_no = format!("ORD-INV-{i}");
         let body = json!({"order_no": order_no, "user_id": "u-inv", "amount": 100}).to_string();
-        let before = footprint(&app);
+        let before = snapshot(&app);
         let answer = post(&app, "/v1/orders", key, &body);
         expect_error(&answer, 400, "invalid_idempotency_key", name);
-        assert_eq!(footprint(&app), before, "{name}: no order, no stored response");
+        assert_eq!(snapshot(&app), before, "{name}: no order, no stored response");
         // The same holds on the other keyed routes.
         let close = post(&app, "/v1/orders/ORD-NONE/close", key, "{}");
         expect_error(&close, 400, "invalid_idempotency_key", &format!("{name} on close"));
     }
-    assert_eq!(count(&app, "SELECT count(*) FROM idempotency_key", &[]), 0);
+    assert_eq!(
+        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []),
+        0
+    );
 
     // The bounds themselves are valid.
     for (i, key) in [
@@ -905,18 +919,27 @@ fn purge_removes_expired_results_only_in_bounded_batches() {
     create("live-1", "u-live-1");
     assert_eq!(app.purge_expired_responses(100).expect("purge"), 0, "nothing expired yet");
     app.clock.advance_ms(31_000); // old-* expired (t0+60 s), live-* not (t0+90 s)
-    let rows = || count(&app, "SELECT count(*) FROM idempotency_key", &[]);
+    let rows =
+        || count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []);
     assert_eq!(rows(), 7, "expired rows stay until purged (expiry is judged on read)");
     assert_eq!(app.purge_expired_responses(2).expect("purge"), 2, "a bounded batch");
     assert_eq!(app.purge_expired_responses(100).expect("purge"), 3);
     assert_eq!(app.purge_expired_responses(100).expect("purge"), 0);
     assert_eq!(rows(), 2);
     assert_eq!(
-        count(&app, "SELECT count(*) FROM idempotency_key WHERE key LIKE 'live-%'", &[]),
+        count(
+            &app.store.raw_connection().expect("raw connection"),
+            "SELECT count(*) FROM idempotency_key WHERE key LIKE 'live-%'",
+            []
+        ),
         2,
         "the live rows stay"
     );
-    assert_eq!(count(&app, "SELECT count(*) FROM orders", &[]), 7, "purging keys touches no order");
+    assert_eq!(
+        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
+        7,
+        "purging keys touches no order"
+    );
     expect_replay(&post(&app, "/v1/orders", "live-0", &live_body), &live, "a live key still replays");
     create("old-0", "u-old-0"); // a purged key is a new request
     assert_eq!(orders_of(&app, "u-old-0"), 2);
@@ -949,7 +972,11 @@ fn callbacks_and_reads_ignore_the_key() {
     let refunded = callback("cb-key", "/v1/callbacks/generic/refund", &refund_body);
     expect_fresh(&refunded, 200, "keyed refund callback");
     assert_eq!(refunded.json()["outcome"], "applied");
-    assert_eq!(count(&app, "SELECT count(*) FROM idempotency_key", &[]), 0, "callbacks store nothing");
+    assert_eq!(
+        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []),
+        0,
+        "callbacks store nothing"
+    );
 
     // GETs: answered live each time, never stored or replayed.
     for key in ["get-key", "caf\u{e9}"] {
@@ -962,7 +989,11 @@ fn callbacks_and_reads_ignore_the_key() {
     }
     let before = call(&app, "GET", "/v1/orders/ORD-CB", &[("Idempotency-Key", "get-2")], b"");
     assert_eq!(before.json()["status"], "REFUNDED");
-    assert_eq!(count(&app, "SELECT count(*) FROM idempotency_key", &[]), 0, "GETs store nothing");
+    assert_eq!(
+        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []),
+        0,
+        "GETs store nothing"
+    );
 }
 
 // ---- over HTTP: the header on the wire, 413 ----

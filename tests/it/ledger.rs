@@ -2,7 +2,7 @@
 //! and a forger, over the real binary: atomic backups, watched database
 //! files, time windows for platform times, signals, and health.
 
-use crate::util::{self, Rng, Server, TempDir, SECRET};
+use crate::util::{self, count, Pay, Rng, Server, TempDir, SECRET};
 use payonce::clock::format_ms;
 use payonce::domain::{PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX};
 use payonce::recon::Format;
@@ -28,10 +28,6 @@ fn payonce_cli(args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn count(conn: &Connection, sql: &str) -> i64 {
-    conn.query_row(sql, [], |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 fn integrity(conn: &Connection) -> String {
@@ -96,7 +92,7 @@ fn database_of(db: &Path, mib: u64) -> i64 {
          PRAGMA wal_checkpoint(TRUNCATE);"
     ))
     .expect("filler");
-    let audits = count(&conn, "SELECT count(*) FROM audit_log");
+    let audits = count(&conn, "SELECT count(*) FROM audit_log", []);
     drop(conn);
     drop(app);
     let size = std::fs::metadata(db).expect("db size").len();
@@ -112,8 +108,8 @@ fn assert_absent_or_complete(to: &Path, audits: i64, what: &str) -> bool {
     }
     let conn = Connection::open(to).unwrap_or_else(|e| panic!("{what}: open {}: {e}", to.display()));
     assert_eq!(integrity(&conn), "ok", "{what}: the copy at --to is checked");
-    assert_eq!(count(&conn, "SELECT count(*) FROM audit_log"), audits, "{what}: the copy is complete");
-    assert_eq!(count(&conn, "SELECT count(*) FROM pay_callback_log WHERE outcome = 'applied'"), 5, "{what}");
+    assert_eq!(count(&conn, "SELECT count(*) FROM audit_log", []), audits, "{what}: the copy is complete");
+    assert_eq!(count(&conn, "SELECT count(*) FROM pay_callback_log WHERE outcome = 'applied'", []), 5, "{what}");
     true
 }
 
@@ -172,7 +168,7 @@ fn backup_refuses_the_live_database_and_its_journals_in_any_spelling() {
     assert_eq!(std::fs::read(&db).expect("read db").len(), before.len());
     let conn = Connection::open(&db).expect("open");
     assert_eq!(integrity(&conn), "ok");
-    assert_eq!(count(&conn, "SELECT count(*) FROM audit_log"), audits);
+    assert_eq!(count(&conn, "SELECT count(*) FROM audit_log", []), audits);
 }
 
 #[test]
@@ -345,11 +341,9 @@ fn create(server: &Server, order_no: &str) {
 
 /// One payment callback: `Ok(true)` acknowledged as applied, `Ok(false)`
 /// refused with 503 storage_lost; anything else fails the test.
-fn pay(server: &Server, pay_no: &str, order_no: &str) -> bool {
-    let resp = server.callback(
-        "/v1/callbacks/generic",
-        &json!({"pay_no": pay_no, "order_no": order_no, "amount": 100, "status": "SUCCESS"}),
-    );
+fn acknowledged(server: &Server, pay: Pay) -> bool {
+    let resp = pay.send(server);
+    let pay_no = pay.pay_no;
     match resp.status {
         200 => {
             assert_eq!(resp.json()["outcome"], "applied", "{pay_no}: {}", resp.text());
@@ -416,7 +410,7 @@ fn pay_round(servers: &[&Server], payments: &[Payment]) -> (Vec<Payment>, Vec<Pa
     let (mut acked, mut refused) = (Vec::new(), Vec::new());
     for (i, (pay_no, order_no)) in payments.iter().enumerate() {
         let which = i % servers.len();
-        if pay(servers[which], pay_no, order_no) {
+        if acknowledged(servers[which], Pay { pay_no, order_no, amount: 100, status: "SUCCESS" }) {
             assert!(!lost[which], "{pay_no}: a server that refused with storage_lost acknowledged again");
             acked.push((pay_no.clone(), order_no.clone()));
         } else {
@@ -653,7 +647,7 @@ fn quit_stops_gracefully_and_hup_usr1_usr2_are_logged_not_obeyed() {
     assert_eq!(log_lines(&log, "signal=SIGQUIT"), 1);
     assert_eq!(log_lines(&log, "payonce: stopped"), 1);
     let conn = Connection::open(&db).expect("open");
-    assert_eq!(count(&conn, "SELECT count(*) FROM orders WHERE order_no LIKE 'SIG-%'"), 3);
+    assert_eq!(count(&conn, "SELECT count(*) FROM orders WHERE order_no LIKE 'SIG-%'", []), 3);
 }
 
 // ---------------------------------------------------------------- time windows
@@ -760,7 +754,7 @@ fn the_refusal_names_each_channels_platform_time_field() {
 fn reconcile_day(app: &App, day: &str) -> Vec<String> {
     let header = b"pay_no,order_no,amount,status,paid_at\n";
     let result = app.reconcile(Format::Generic, header, Some(day), false, &mut |_, _| {}).expect("reconcile");
-    result.missing_remote.iter().filter_map(|r| r["pay_no"].as_str().map(str::to_owned)).collect()
+    result.missing_remote.iter().filter_map(|r| r.to_json()["pay_no"].as_str().map(str::to_owned)).collect()
 }
 
 #[test]
@@ -784,7 +778,7 @@ fn reconciliation_dates_by_decided_at_when_the_platform_time_is_out_of_window() 
     let statement = b"pay_no,order_no,amount,status,paid_at\nRDP-1,RD-1,100,SUCCESS,2000-01-01T00:00:00Z\n";
     let repaired = app.reconcile(Format::Generic, statement, None, true, &mut |_, _| {}).expect("repair");
     assert_eq!(
-        repaired.repaired.as_ref().map(|r| r[0]["outcome"].clone()),
+        repaired.repaired.as_ref().map(|r| r[0].to_json()["outcome"].clone()),
         Some(json!("applied")),
         "{:?}",
         repaired.repaired

@@ -11,10 +11,10 @@
 //! manual clock; black-box cases run the real binary on a file database and
 //! read it back through a read-only connection with the contract's names.
 
-use crate::util::{self, HttpResponse, Server, TempDir, SECRET};
+use crate::util::{self, count, footprint, read_only, HttpResponse, Pay, Server, TempDir, SECRET};
 use payonce::api::{self, Request};
 use payonce::{App, Clock, Config, Rewards};
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::Connection;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
@@ -88,13 +88,10 @@ fn create(app: &App, order_no: &str, amount: i64) {
     assert_eq!(status, 201, "create {order_no}: {body}");
 }
 
-fn pay(app: &App, pay_no: &str, order_no: &str, amount: i64) -> Value {
-    let (status, body) = deliver(
-        app,
-        "/v1/callbacks/generic",
-        &json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": "SUCCESS"}),
-    );
-    assert_eq!(status, 200, "pay {pay_no}: {body}");
+/// A payment through the API in process, answered 200.
+fn pay(app: &App, pay: Pay) -> Value {
+    let (status, body) = deliver(app, "/v1/callbacks/generic", &pay.body());
+    assert_eq!(status, 200, "pay {}: {body}", pay.pay_no);
     body
 }
 
@@ -132,22 +129,10 @@ fn findings(report: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-fn count(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> i64 {
-    conn.query_row(sql, params, |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
 const LEDGER: [&str; 8] =
     ["orders", "pay_callback_log", "refund", "user_coupon", "point_log", "outbox_event", "audit_log", "settings"];
 
-fn footprint(conn: &Connection) -> BTreeMap<&'static str, i64> {
-    LEDGER.iter().map(|t| (*t, count(conn, &format!("SELECT count(*) FROM {t}"), []))).collect()
-}
-
 // ---- black-box helpers ----
-
-fn read_only(db: &Path) -> Connection {
-    Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db read-only")
-}
 
 fn put_mode_http(server: &Server, body: &[u8]) -> HttpResponse {
     util::request(server.addr, "PUT", "/v1/admin/mode", &[("Content-Type", "application/json")], body)
@@ -156,13 +141,6 @@ fn put_mode_http(server: &Server, body: &[u8]) -> HttpResponse {
 fn create_http(server: &Server, order_no: &str, amount: i64) {
     let resp = server.post_json("/v1/orders", &json!({"order_no": order_no, "user_id": USER, "amount": amount}));
     assert_eq!(resp.status, 201, "create {order_no}: {}", resp.text());
-}
-
-fn pay_http(server: &Server, pay_no: &str, order_no: &str, amount: i64, status: &str) -> HttpResponse {
-    server.callback(
-        "/v1/callbacks/generic",
-        &json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": status}),
-    )
 }
 
 fn order_http(server: &Server, order_no: &str) -> Value {
@@ -271,14 +249,14 @@ fn mode_shapes_validation_and_one_mode_for_every_process_across_restarts() {
     }
     assert_eq!(a.get("/v1/admin/mode").json(), json!({"mode": "record_only"}));
     create_http(&a, "MODE-A", 100);
-    let resp = pay_http(&a, "MODE-PA", "MODE-A", 100, "SUCCESS");
+    let resp = Pay { pay_no: "MODE-PA", order_no: "MODE-A", amount: 100, status: "SUCCESS" }.send(&a);
     assert_eq!((resp.status, resp.json()), (200, json!({"code": "SUCCESS", "outcome": "recorded"})));
 
     // A second process on the same file obeys the mode it finds there.
     let b = Server::start_on(&db, &["--sweep-interval-s", "3600"]);
     assert_eq!(b.get("/v1/admin/mode").json(), json!({"mode": "record_only"}), "second process");
     create_http(&b, "MODE-B", 100);
-    let resp = pay_http(&b, "MODE-PB", "MODE-B", 100, "SUCCESS");
+    let resp = Pay { pay_no: "MODE-PB", order_no: "MODE-B", amount: 100, status: "SUCCESS" }.send(&b);
     assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "recorded"}), "second process records");
 
     // The mode survives a SIGKILL and a restart.
@@ -291,13 +269,13 @@ fn mode_shapes_validation_and_one_mode_for_every_process_across_restarts() {
     assert_eq!((resp.status, resp.json()), (200, json!({"mode": "normal"})));
     assert_eq!(c.get("/v1/admin/mode").json(), json!({"mode": "normal"}));
     create_http(&c, "MODE-C", 100);
-    let resp = pay_http(&c, "MODE-PC", "MODE-C", 100, "SUCCESS");
+    let resp = Pay { pay_no: "MODE-PC", order_no: "MODE-C", amount: 100, status: "SUCCESS" }.send(&c);
     assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "applied"}), "normal again, set by another process");
 
     let resp = put_mode_http(&c, br#"{"mode":"record_only"}"#);
     assert_eq!(resp.status, 200);
     create_http(&b, "MODE-D", 100);
-    let resp = pay_http(&b, "MODE-PD", "MODE-D", 100, "SUCCESS");
+    let resp = Pay { pay_no: "MODE-PD", order_no: "MODE-D", amount: 100, status: "SUCCESS" }.send(&b);
     assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "recorded"}), "record-only set by another process");
 
     let conn = read_only(&db);
@@ -330,19 +308,19 @@ fn record_only_records_then_the_worker_decides_in_arrival_order_exactly_once() {
         ("ROP-3", "RO-3", 1003, "SUCCESS"),
     ];
     for (pay_no, order_no, amount, status) in deliveries {
-        let resp = pay_http(&server, pay_no, order_no, amount, status);
+        let resp = Pay { pay_no, order_no, amount, status }.send(&server);
         assert_eq!(resp.status, 200, "{pay_no}: {}", resp.text());
         assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "recorded"}), "{pay_no}");
     }
     for (pay_no, order_no, amount, status) in [deliveries[1], deliveries[3]] {
-        let resp = pay_http(&server, pay_no, order_no, amount, status);
+        let resp = Pay { pay_no, order_no, amount, status }.send(&server);
         assert_eq!(
             resp.json(),
             json!({"code": "SUCCESS", "outcome": "duplicate", "original": "recorded"}),
             "re-delivery of recorded {pay_no}"
         );
     }
-    let resp = pay_http(&server, "ROP-404", "RO-NOPE", 100, "SUCCESS");
+    let resp = Pay { pay_no: "ROP-404", order_no: "RO-NOPE", amount: 100, status: "SUCCESS" }.send(&server);
     assert_eq!((resp.status, resp.error_code()), (404, "order_not_found".to_owned()), "unknown order in record-only");
 
     let check_waiting = |context: &str| {
@@ -441,7 +419,7 @@ fn record_only_records_then_the_worker_decides_in_arrival_order_exactly_once() {
     for (pay_no, order_no, amount, original) in
         [("ROP-1", "RO-1", 1001, "applied"), ("ROP-X2", "RO-X", 500, "already_paid")]
     {
-        let resp = pay_http(&server, pay_no, order_no, amount, "SUCCESS");
+        let resp = Pay { pay_no, order_no, amount, status: "SUCCESS" }.send(&server);
         assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "duplicate", "original": original}), "{pay_no}");
     }
     assert_eq!(count(&conn, "SELECT count(*) FROM user_coupon", []), 4);
@@ -455,8 +433,14 @@ fn drain_decides_now_whatever_the_mode() {
         create(&app, order_no, 300);
     }
     set_mode(&app, "record_only");
-    assert_eq!(pay(&app, "DRP-1", "DR-1", 300), json!({"code": "SUCCESS", "outcome": "recorded"}));
-    assert_eq!(pay(&app, "DRP-2", "DR-2", 300), json!({"code": "SUCCESS", "outcome": "recorded"}));
+    assert_eq!(
+        pay(&app, Pay { pay_no: "DRP-1", order_no: "DR-1", amount: 300, status: "SUCCESS" }),
+        json!({"code": "SUCCESS", "outcome": "recorded"})
+    );
+    assert_eq!(
+        pay(&app, Pay { pay_no: "DRP-2", order_no: "DR-2", amount: 300, status: "SUCCESS" }),
+        json!({"code": "SUCCESS", "outcome": "recorded"})
+    );
 
     // In record-only mode.
     assert_eq!(call(&app, "POST", "/v1/admin/drain", None), (200, json!({"applied": 2})));
@@ -471,7 +455,10 @@ fn drain_decides_now_whatever_the_mode() {
     assert_eq!(call(&app, "POST", "/v1/admin/drain", None), (200, json!({"applied": 0})), "nothing left");
 
     // Recorded while degraded, then normal with no worker in process: drain decides it.
-    assert_eq!(pay(&app, "DRP-3", "DR-3", 300), json!({"code": "SUCCESS", "outcome": "recorded"}));
+    assert_eq!(
+        pay(&app, Pay { pay_no: "DRP-3", order_no: "DR-3", amount: 300, status: "SUCCESS" }),
+        json!({"code": "SUCCESS", "outcome": "recorded"})
+    );
     set_mode(&app, "normal");
     assert_eq!(app.order("DR-3").expect("order").order.status.as_str(), "PENDING");
     assert_eq!(call(&app, "POST", "/v1/admin/drain", Some(&json!({}))), (200, json!({"applied": 1})));
@@ -479,7 +466,7 @@ fn drain_decides_now_whatever_the_mode() {
     assert_eq!(detail.order.status.as_str(), "PAID");
     assert_eq!((detail.coupons.len(), detail.points.len()), (1, 1));
     assert_eq!(
-        pay(&app, "DRP-3", "DR-3", 300),
+        pay(&app, Pay { pay_no: "DRP-3", order_no: "DR-3", amount: 300, status: "SUCCESS" }),
         json!({"code": "SUCCESS", "outcome": "duplicate", "original": "applied"})
     );
     let ids: Vec<String> = app.events(0, 100).expect("events").into_iter().map(|e| e.event_id).collect();
@@ -502,7 +489,9 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
     let seconds: Vec<(String, String)> =
         order_nos.iter().take(SECOND_PAYMENTS).map(|o| (format!("{o}-b"), o.clone())).collect();
     for batch in [&firsts, &seconds] {
-        let answers = parallel(8, batch, |(pay_no, order_no)| pay_http(&server, pay_no, order_no, 1000, "SUCCESS"));
+        let answers = parallel(8, batch, |(pay_no, order_no)| {
+            Pay { pay_no, order_no, amount: 1000, status: "SUCCESS" }.send(&server)
+        });
         for (answer, (pay_no, _)) in answers.iter().zip(batch.iter()) {
             assert_eq!(answer.json(), json!({"code": "SUCCESS", "outcome": "recorded"}), "{pay_no}");
         }
@@ -594,10 +583,19 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
 fn inspection_of_a_clean_database_is_ok_over_http_and_cli() {
     let server = Server::start(&REWARDS);
     create_http(&server, "IC-1", 1000);
-    assert_eq!(pay_http(&server, "ICP-1", "IC-1", 1000, "SUCCESS").json()["outcome"], "applied");
-    assert_eq!(pay_http(&server, "ICP-1", "IC-1", 1000, "SUCCESS").json()["outcome"], "duplicate");
+    assert_eq!(
+        Pay { pay_no: "ICP-1", order_no: "IC-1", amount: 1000, status: "SUCCESS" }.send(&server).json()["outcome"],
+        "applied"
+    );
+    assert_eq!(
+        Pay { pay_no: "ICP-1", order_no: "IC-1", amount: 1000, status: "SUCCESS" }.send(&server).json()["outcome"],
+        "duplicate"
+    );
     create_http(&server, "IC-2", 2000);
-    assert_eq!(pay_http(&server, "ICP-2", "IC-2", 2000, "SUCCESS").json()["outcome"], "applied");
+    assert_eq!(
+        Pay { pay_no: "ICP-2", order_no: "IC-2", amount: 2000, status: "SUCCESS" }.send(&server).json()["outcome"],
+        "applied"
+    );
     let resp = server.post_json("/v1/orders/IC-2/refund", &json!({"refund_no": "ICR-2"}));
     assert_eq!(resp.status, 200, "{}", resp.text());
     let resp = server.callback(
@@ -626,7 +624,10 @@ fn inspection_finds_each_kind_on_edited_copies() {
     {
         let app = app_on(&base.display().to_string());
         create(&app, "K-1", 1000);
-        assert_eq!(pay(&app, "KP-1", "K-1", 1000)["outcome"], "applied");
+        assert_eq!(
+            pay(&app, Pay { pay_no: "KP-1", order_no: "K-1", amount: 1000, status: "SUCCESS" })["outcome"],
+            "applied"
+        );
         create(&app, "K-2", 500);
         assert!(app.inspect().expect("inspect").is_empty(), "the base is clean");
     }
@@ -729,11 +730,17 @@ fn inspection_findings_from_operations_and_their_resolutions() {
     let app = app_on(&db.display().to_string());
     let conn = app.store.raw_connection().expect("raw connection");
     create(&app, "L-1", 1000);
-    assert_eq!(pay(&app, "LP-1", "L-1", 1000)["outcome"], "applied");
+    assert_eq!(
+        pay(&app, Pay { pay_no: "LP-1", order_no: "L-1", amount: 1000, status: "SUCCESS" })["outcome"],
+        "applied"
+    );
     assert_eq!(findings(&inspections(&app)), []);
 
     // refund_required: a second pay_no for a paid order.
-    assert_eq!(pay(&app, "LP-1b", "L-1", 1000)["outcome"], "already_paid");
+    assert_eq!(
+        pay(&app, Pay { pay_no: "LP-1b", order_no: "L-1", amount: 1000, status: "SUCCESS" })["outcome"],
+        "already_paid"
+    );
     assert_eq!(findings(&inspections(&app)), [("refund_required".to_owned(), "L-1".to_owned())]);
     let (code, report) = inspect_cli(&db);
     assert_eq!(code, Some(1));
@@ -792,7 +799,10 @@ fn inspection_findings_from_operations_and_their_resolutions() {
     // received_not_applied: older than 10 minutes, and only while the mode is normal.
     create(&app, "L-3", 300);
     set_mode(&app, "record_only");
-    assert_eq!(pay(&app, "LP-3", "L-3", 300)["outcome"], "recorded");
+    assert_eq!(
+        pay(&app, Pay { pay_no: "LP-3", order_no: "L-3", amount: 300, status: "SUCCESS" })["outcome"],
+        "recorded"
+    );
     app.clock.advance_ms(3_600_000);
     assert_eq!(findings(&inspections(&app)), [], "waiting is expected while record-only");
     app.clock.advance_ms(-3_600_000);
@@ -831,7 +841,10 @@ fn compensation_twice_is_one_effect_answered_the_same_and_never_deletes() {
 
     for order_no in ["C-1", "C-2", "C-3"] {
         create(&app, order_no, 2500);
-        assert_eq!(pay(&app, &format!("{order_no}-p"), order_no, 2500)["outcome"], "applied");
+        assert_eq!(
+            pay(&app, Pay { pay_no: &format!("{order_no}-p"), order_no, amount: 2500, status: "SUCCESS" })["outcome"],
+            "applied"
+        );
     }
     footprints.push(footprint(&conn));
     assert_eq!(balance(), 75);
@@ -1256,14 +1269,26 @@ fn metrics_are_strict_prometheus_text_with_every_promised_series() {
     let mut counted = |n: usize| requests += n;
     create_http(&server, "MT-1", 1000);
     create_http(&server, "MT-2", 1000);
-    assert_eq!(pay_http(&server, "MTP-1", "MT-1", 1000, "SUCCESS").json()["outcome"], "applied");
-    assert_eq!(pay_http(&server, "MTP-1", "MT-1", 1000, "SUCCESS").json()["outcome"], "duplicate");
-    assert_eq!(pay_http(&server, "MTP-1b", "MT-1", 1000, "SUCCESS").json()["outcome"], "already_paid");
+    assert_eq!(
+        Pay { pay_no: "MTP-1", order_no: "MT-1", amount: 1000, status: "SUCCESS" }.send(&server).json()["outcome"],
+        "applied"
+    );
+    assert_eq!(
+        Pay { pay_no: "MTP-1", order_no: "MT-1", amount: 1000, status: "SUCCESS" }.send(&server).json()["outcome"],
+        "duplicate"
+    );
+    assert_eq!(
+        Pay { pay_no: "MTP-1b", order_no: "MT-1", amount: 1000, status: "SUCCESS" }.send(&server).json()["outcome"],
+        "already_paid"
+    );
     assert_eq!(server.get("/v1/no-such-route").status, 404);
     let report = server.get("/v1/inspections").json();
     assert_eq!(findings(&report), [("refund_required".to_owned(), "MT-1".to_owned())]);
     assert_eq!(put_mode_http(&server, br#"{"mode":"record_only"}"#).status, 200);
-    assert_eq!(pay_http(&server, "MTP-2", "MT-2", 1000, "SUCCESS").json()["outcome"], "recorded");
+    assert_eq!(
+        Pay { pay_no: "MTP-2", order_no: "MT-2", amount: 1000, status: "SUCCESS" }.send(&server).json()["outcome"],
+        "recorded"
+    );
     counted(9);
 
     let (m, text) = scrape(&server);
@@ -1474,7 +1499,7 @@ fn expired_orders_are_closed_over_http_by_the_sweeper_with_an_event() {
     for e in closes {
         assert_eq!(e["data"]["order"]["status"], "CLOSED", "{e}");
     }
-    let resp = pay_http(&server, "EXP-1", "EX-1", 100, "SUCCESS");
+    let resp = Pay { pay_no: "EXP-1", order_no: "EX-1", amount: 100, status: "SUCCESS" }.send(&server);
     assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "paid_after_close"}));
 }
 
@@ -1533,8 +1558,14 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
     let app = app_on(":memory:");
     let json_type = "application/json";
     create(&app, "KA-1", 1000);
-    assert_eq!(pay(&app, "KAP-1", "KA-1", 1000)["outcome"], "applied");
-    assert_eq!(pay(&app, "KAP-1b", "KA-1", 1000)["outcome"], "already_paid");
+    assert_eq!(
+        pay(&app, Pay { pay_no: "KAP-1", order_no: "KA-1", amount: 1000, status: "SUCCESS" })["outcome"],
+        "applied"
+    );
+    assert_eq!(
+        pay(&app, Pay { pay_no: "KAP-1b", order_no: "KA-1", amount: 1000, status: "SUCCESS" })["outcome"],
+        "already_paid"
+    );
     let mut violations = Vec::new();
 
     violations.extend(keyed_failure_then_retry(
@@ -1572,7 +1603,7 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
     // Two records waiting in record-only mode: a keyed drain.
     for (order_no, pay_no) in [("KA-2", "KAP-2"), ("KA-3", "KAP-3")] {
         create(&app, order_no, 500);
-        assert_eq!(pay(&app, pay_no, order_no, 500)["outcome"], "recorded");
+        assert_eq!(pay(&app, Pay { pay_no, order_no, amount: 500, status: "SUCCESS" })["outcome"], "recorded");
     }
     violations.extend(keyed_failure_then_retry(&app, "POST", "/v1/admin/drain", "k-drain", json_type, b"{}"));
     assert_eq!(app.received_waiting().expect("waiting"), 0);
@@ -1601,8 +1632,14 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
 fn the_timed_inspection_counts_findings_in_metrics() {
     let server = Server::start(&["--inspect-interval-s", "1"]);
     create_http(&server, "TI-1", 100);
-    assert_eq!(pay_http(&server, "TIP-1", "TI-1", 100, "SUCCESS").json()["outcome"], "applied");
-    assert_eq!(pay_http(&server, "TIP-1b", "TI-1", 100, "SUCCESS").json()["outcome"], "already_paid");
+    assert_eq!(
+        Pay { pay_no: "TIP-1", order_no: "TI-1", amount: 100, status: "SUCCESS" }.send(&server).json()["outcome"],
+        "applied"
+    );
+    assert_eq!(
+        Pay { pay_no: "TIP-1b", order_no: "TI-1", amount: 100, status: "SUCCESS" }.send(&server).json()["outcome"],
+        "already_paid"
+    );
     let counted = wait_for(Duration::from_secs(10), || {
         let (m, _) = scrape(&server);
         m.find("counter", "inspection", Some("kind")).iter().any(|family| {

@@ -2,9 +2,9 @@
 //! across orders; also while waiting in record-only mode), record-only
 //! freezing expiry, and `applied_at` as a real column.
 
-use crate::util::Server;
+use crate::util::{Pay, Server};
 use payonce::ops::Mode;
-use payonce::{App, Clock, Config, CreateOrder, PaymentCallback, PlatformStatus, Rewards};
+use payonce::{App, Clock, Config, CreateOrder, PaymentCallback, Rewards};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -27,16 +27,9 @@ fn order(app: &App, order_no: &str) {
     .expect("create order");
 }
 
-fn pay(app: &App, order_no: &str, pay_no: &str, status: PlatformStatus) -> String {
-    let cb = PaymentCallback {
-        channel: "generic".into(),
-        pay_no: pay_no.into(),
-        order_no: order_no.into(),
-        amount: 500,
-        status,
-        paid_at: None,
-        raw_body: format!("{pay_no}/{}", status.as_str()).into_bytes(),
-    };
+/// Delivered in process with `PAY_NO/STATUS` as its raw bytes (an audit row keeps them).
+fn pay(app: &App, pay: Pay) -> String {
+    let cb = PaymentCallback { raw_body: format!("{}/{}", pay.pay_no, pay.status).into_bytes(), ..pay.callback() };
     let reply = app.deliver_payment(&cb).expect("deliver");
     reply.to_json().to_string()
 }
@@ -47,31 +40,31 @@ fn a_failed_pay_no_is_never_superseded_for_another_order() {
     order(&app, "A");
     order(&app, "B");
     assert_eq!(
-        pay(&app, "A", "P1", PlatformStatus::Failed),
+        pay(&app, Pay { pay_no: "P1", order_no: "A", amount: 500, status: "FAILED" }),
         json!({"code":"SUCCESS","outcome":"payment_failed"}).to_string()
     );
     // The same pay_no, now SUCCESS but naming another order: a pay_no never moves.
     assert_eq!(
-        pay(&app, "B", "P1", PlatformStatus::Success),
+        pay(&app, Pay { pay_no: "P1", order_no: "B", amount: 500, status: "SUCCESS" }),
         json!({"code":"SUCCESS","outcome":"duplicate","original":"payment_failed"}).to_string()
     );
     assert_eq!(app.order("B").expect("B").order.status.as_str(), "PENDING");
     assert!(app.order("B").expect("B").coupons.is_empty());
     // A is still payable by another payment, and the inspection is clean.
     assert_eq!(
-        pay(&app, "A", "P2", PlatformStatus::Success),
+        pay(&app, Pay { pay_no: "P2", order_no: "A", amount: 500, status: "SUCCESS" }),
         json!({"code":"SUCCESS","outcome":"applied"}).to_string()
     );
     assert!(app.inspect().expect("inspect").is_empty());
     // And the SUCCESS for its own order still supersedes the FAILED once.
     order(&app, "C");
-    pay(&app, "C", "P3", PlatformStatus::Failed);
+    pay(&app, Pay { pay_no: "P3", order_no: "C", amount: 500, status: "FAILED" });
     assert_eq!(
-        pay(&app, "C", "P3", PlatformStatus::Success),
+        pay(&app, Pay { pay_no: "P3", order_no: "C", amount: 500, status: "SUCCESS" }),
         json!({"code":"SUCCESS","outcome":"applied"}).to_string()
     );
     assert_eq!(
-        pay(&app, "C", "P3", PlatformStatus::Success),
+        pay(&app, Pay { pay_no: "P3", order_no: "C", amount: 500, status: "SUCCESS" }),
         json!({"code":"SUCCESS","outcome":"duplicate","original":"applied"}).to_string()
     );
     // Nothing acknowledged is lost: the FAILED delivery's bytes are in the audit row.
@@ -94,16 +87,16 @@ fn in_record_only_mode_a_success_supersedes_a_waiting_failed() {
     order(&app, "R");
     app.set_mode(Mode::RecordOnly, "test", None).expect("record-only");
     assert_eq!(
-        pay(&app, "R", "PR", PlatformStatus::Failed),
+        pay(&app, Pay { pay_no: "PR", order_no: "R", amount: 500, status: "FAILED" }),
         json!({"code":"SUCCESS","outcome":"recorded"}).to_string()
     );
     // Not a duplicate: the SUCCESS replaces the waiting FAILED (once).
     assert_eq!(
-        pay(&app, "R", "PR", PlatformStatus::Success),
+        pay(&app, Pay { pay_no: "PR", order_no: "R", amount: 500, status: "SUCCESS" }),
         json!({"code":"SUCCESS","outcome":"recorded"}).to_string()
     );
     assert_eq!(
-        pay(&app, "R", "PR", PlatformStatus::Failed),
+        pay(&app, Pay { pay_no: "PR", order_no: "R", amount: 500, status: "FAILED" }),
         json!({"code":"SUCCESS","outcome":"duplicate","original":"recorded"}).to_string()
     );
     assert_eq!(app.drain().expect("drain"), 1);
@@ -117,8 +110,8 @@ fn applied_at_is_a_listed_column_set_only_for_applied_payments() {
     let app = app();
     order(&app, "X");
     order(&app, "Y");
-    pay(&app, "X", "PX", PlatformStatus::Success);
-    pay(&app, "Y", "PY", PlatformStatus::Failed);
+    pay(&app, Pay { pay_no: "PX", order_no: "X", amount: 500, status: "SUCCESS" });
+    pay(&app, Pay { pay_no: "PY", order_no: "Y", amount: 500, status: "FAILED" });
     let conn = app.store.raw_connection().expect("conn");
     let listed: bool = conn
         .query_row("SELECT count(*) FROM pragma_table_info('pay_callback_log') WHERE name = 'applied_at'", [], |r| {

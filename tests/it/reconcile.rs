@@ -17,14 +17,12 @@
 //! with a manual clock set a minute after each paid time, so every paid time
 //! is deterministic and inside section 13's window.
 
-use crate::util::{self, Server, TempDir, SECRET};
+use crate::util::{self, count, footprint, read_only, Footprint, Server, TempDir, SECRET};
 use payonce::api::{self, Request};
 use payonce::clock::{format_ms, parse_rfc3339_ms};
 use payonce::recon::Format;
 use payonce::{App, Clock, Config, Rewards};
-use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -69,23 +67,6 @@ fn signed(app: &App, path: &str, body: &Value) -> (u16, Value) {
     let bytes = body.to_string().into_bytes();
     let signature = payonce::signature::sign(SECRET.as_bytes(), app.clock.now_ms().div_euclid(1000), &bytes);
     handle(app, "POST", path, &[("Content-Type", "application/json"), ("Payonce-Signature", &signature)], bytes)
-}
-
-fn count(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> i64 {
-    conn.query_row(sql, params, |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-fn read_only(db: &Path) -> Connection {
-    Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db read-only")
-}
-
-/// Row counts of every table, to prove that a repair changed nothing.
-fn footprint(db: &Path) -> BTreeMap<String, i64> {
-    let conn = read_only(db);
-    ["orders", "pay_callback_log", "refund", "user_coupon", "point_log", "outbox_event", "audit_log", "idempotency_key"]
-        .iter()
-        .map(|t| (t.to_string(), count(&conn, &format!("SELECT count(*) FROM {t}"), [])))
-        .collect()
 }
 
 // ---- the local side ----
@@ -514,7 +495,7 @@ fn check_repaired(db: &Path, format: Format, context: &str) {
 }
 
 /// What the first repair adds: one record, one coupon, one points entry, one event; no order, no refund.
-fn check_first_repair_footprint(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>, context: &str) {
+fn check_first_repair_footprint(before: &Footprint, after: &Footprint, context: &str) {
     for (table, added) in [
         ("orders", 0),
         ("refund", 0),
@@ -588,13 +569,13 @@ fn generic_statement_in_process_over_http_repaired_twice_and_by_cli() {
 
     let server = Server::start_on(&db, &REWARDS);
     check(&reconcile_http(&server, format, &bytes, false), &expected_before_repair(format), "HTTP, no repair");
-    let before = footprint(&db);
+    let before = footprint(&read_only(&db));
     reconcile_http(&server, format, &bytes, true);
-    let after_first = footprint(&db);
+    let after_first = footprint(&read_only(&db));
     check_first_repair_footprint(&before, &after_first, "HTTP repair");
     check_repaired(&db, format, "HTTP repair");
     let second = reconcile_http(&server, format, &bytes, true);
-    assert_eq!(footprint(&db), after_first, "the second repair changes nothing");
+    assert_eq!(footprint(&read_only(&db)), after_first, "the second repair changes nothing");
     check(&second, &expected_after_repair(format), "HTTP, second repair");
 
     // The CLI: JSON on stdout; exit 1 with differences, 0 when clean.
@@ -659,17 +640,17 @@ fn wechatpay_trade_bill_over_http_and_repaired_twice_in_process() {
     }
 
     let app = open_app(&db);
-    let before = footprint(&db);
+    let before = footprint(&read_only(&db));
     let first = reconcile_in_process(&app, format, &bytes, None, true);
     assert!(
         diffs(&first["missing_local"]).iter().any(|d| d.0 == "P-L1"),
         "the first repair found P-L1 missing: {first}"
     );
-    let after_first = footprint(&db);
+    let after_first = footprint(&read_only(&db));
     check_first_repair_footprint(&before, &after_first, "in-process repair");
     check_repaired(&db, format, "in-process repair");
     let second = reconcile_in_process(&app, format, &bytes, None, true);
-    assert_eq!(footprint(&db), after_first, "the second repair changes nothing");
+    assert_eq!(footprint(&read_only(&db)), after_first, "the second repair changes nothing");
     check(&second, &expected_after_repair(format), "second repair");
 }
 
@@ -700,15 +681,15 @@ fn alipay_gbk_statement_over_http_and_repaired_twice_by_cli() {
     // Offline repair applies the rewards serve recorded in the database.
     let file = dir.path("alipay.csv");
     std::fs::write(&file, &bytes).expect("write statement");
-    let before = footprint(&db);
+    let before = footprint(&read_only(&db));
     let (code, first) = reconcile_cli(&db, &file, format, true);
     assert_eq!(code, Some(1), "differences: exit 1: {first}");
-    let after_first = footprint(&db);
+    let after_first = footprint(&read_only(&db));
     check_first_repair_footprint(&before, &after_first, "CLI repair");
     check_repaired(&db, format, "CLI repair");
     let (code, second) = reconcile_cli(&db, &file, format, true);
     assert_eq!(code, Some(1), "RF-GONE and the rest remain: {second}");
-    assert_eq!(footprint(&db), after_first, "the second repair changes nothing");
+    assert_eq!(footprint(&read_only(&db)), after_first, "the second repair changes nothing");
     check(&second, &expected_after_repair(format), "CLI, second repair");
 }
 
@@ -821,7 +802,7 @@ fn bad_statements_are_refused_naming_the_line_and_change_nothing() {
         ("impossible date", "format=generic&date=2024-02-30", generic_with(&[]), "date"),
         ("date without dashes", "format=generic&date=20240102", generic_with(&[]), "date"),
     ];
-    let before = footprint(&db);
+    let before = footprint(&read_only(&db));
     for (case, query, body, needle) in &cases {
         // repair=true wherever the case is not about repair: a refusal must repair nothing.
         let query = if query.contains("repair=") { query.to_string() } else { format!("{query}&repair=true") };
@@ -837,7 +818,7 @@ fn bad_statements_are_refused_naming_the_line_and_change_nothing() {
         let message = answer["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(needle), "{case}: the message names {needle:?}: {message:?}");
     }
-    assert_eq!(footprint(&db), before, "a refused statement repairs nothing");
+    assert_eq!(footprint(&read_only(&db)), before, "a refused statement repairs nothing");
 
     // Over 16 MiB: 413 in process and over the wire; a statement over 64 KiB is fine.
     let huge = vec![b'#'; 16 * 1024 * 1024 + 1];
@@ -889,7 +870,7 @@ fn bad_statements_are_refused_naming_the_line_and_change_nothing() {
             resp.text()
         );
     }
-    assert_eq!(footprint(&db), before, "nothing was written");
+    assert_eq!(footprint(&read_only(&db)), before, "nothing was written");
 }
 
 /// A pay_no payonce recorded as `payment_failed` that the platform lists as
@@ -919,7 +900,7 @@ fn a_payment_recorded_failed_but_successful_at_the_platform_is_missing_local_and
     check(&result, &expected, "a failed record is not money moved");
 
     reconcile_in_process(&app, Format::Generic, &bytes, None, true);
-    let after_first = footprint(&db);
+    let after_first = footprint(&read_only(&db));
     let conn = read_only(&db);
     let (outcome, source): (String, String) = conn
         .query_row("SELECT outcome, source FROM pay_callback_log WHERE pay_no = 'P-F1'", [], |r| {
@@ -930,7 +911,7 @@ fn a_payment_recorded_failed_but_successful_at_the_platform_is_missing_local_and
         conn.query_row("SELECT status FROM orders WHERE order_no = 'RC-F1'", [], |r| r.get(0)).expect("order");
     assert_eq!((outcome.as_str(), order_status.as_str()), ("applied", "PAID"), "the repair applied it");
     let second = reconcile_in_process(&app, Format::Generic, &bytes, None, true);
-    assert_eq!(footprint(&db), after_first, "the second repair changes nothing");
+    assert_eq!(footprint(&read_only(&db)), after_first, "the second repair changes nothing");
     let expected = Expected {
         period: vec![DAY],
         matched: 1,

@@ -4,8 +4,8 @@
 //! Rows are created through the App's own operations first, so every refusal
 //! below would otherwise have hit something real.
 
-use crate::util::TempDir;
-use payonce::{App, Clock, Config, CreateOrder, PaymentCallback, PlatformStatus, RefundCallback, Rewards};
+use crate::util::{count, Pay, TempDir};
+use payonce::{App, Clock, Config, CreateOrder, PlatformStatus, RefundCallback, Rewards};
 use rusqlite::{Connection, ErrorCode};
 
 const T0: i64 = 1_700_000_000_000;
@@ -34,23 +34,13 @@ fn create(app: &App, order_no: &str, amount: i64) {
     assert!(created, "{order_no} created");
 }
 
-fn pay(app: &App, pay_no: &str, order_no: &str, amount: i64) -> String {
-    let callback = PaymentCallback {
-        channel: "generic".into(),
-        pay_no: pay_no.into(),
-        order_no: order_no.into(),
-        amount,
-        status: PlatformStatus::Success,
-        paid_at: None,
-        raw_body: format!("{{\"pay_no\":\"{pay_no}\"}}").into_bytes(),
-    };
-    app.deliver_payment(&callback).expect("deliver payment").outcome_str().to_owned()
-}
-
 /// Real rows in every ledger table, made by the App's operations.
 fn seed(app: &App) {
     create(app, "O-1", 9999);
-    assert_eq!(pay(app, "P-1", "O-1", 9999), "applied");
+    assert_eq!(
+        Pay { pay_no: "P-1", order_no: "O-1", amount: 9999, status: "SUCCESS" }.deliver(app).outcome_str(),
+        "applied"
+    );
     app.request_refund("O-1", "R-1").expect("request refund");
     let refund = RefundCallback {
         channel: "generic".into(),
@@ -61,16 +51,18 @@ fn seed(app: &App) {
     };
     assert_eq!(app.deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
     create(app, "O-2", 5000);
-    assert_eq!(pay(app, "P-2", "O-2", 5000), "applied");
+    assert_eq!(
+        Pay { pay_no: "P-2", order_no: "O-2", amount: 5000, status: "SUCCESS" }.deliver(app).outcome_str(),
+        "applied"
+    );
     let refused = app.close_order("O-2").expect_err("closing a PAID order is refused");
     assert_eq!((refused.status, refused.code), (409, "invalid_transition"));
     create(app, "O-3", 100);
     app.close_order("O-3").expect("close");
-    assert_eq!(pay(app, "P-3", "O-3", 100), "paid_after_close");
-}
-
-fn count(conn: &Connection, table: &str) -> i64 {
-    conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0)).expect("count")
+    assert_eq!(
+        Pay { pay_no: "P-3", order_no: "O-3", amount: 100, status: "SUCCESS" }.deliver(app).outcome_str(),
+        "paid_after_close"
+    );
 }
 
 fn order_id(conn: &Connection, order_no: &str) -> i64 {
@@ -223,11 +215,11 @@ fn ledger_tables_refuse_delete() {
     seed(&app);
     let conn = app.store.raw_connection().expect("raw connection");
     for table in ["pay_callback_log", "refund", "user_coupon", "point_log", "outbox_event", "audit_log"] {
-        let before = count(&conn, table);
+        let before = count(&conn, &format!("SELECT count(*) FROM {table}"), []);
         assert!(before > 0, "{table} has rows from the App's operations");
         assert_refused(&conn, &format!("DELETE FROM {table}"));
         assert_refused(&conn, &format!("DELETE FROM {table} WHERE rowid = (SELECT min(rowid) FROM {table})"));
-        assert_eq!(count(&conn, table), before, "{table} keeps its rows");
+        assert_eq!(count(&conn, &format!("SELECT count(*) FROM {table}"), []), before, "{table} keeps its rows");
     }
     // What the seed wrote, as the spec describes it.
     let reversal: i64 = conn
@@ -518,8 +510,8 @@ fn memory_database_is_shared_by_every_pool_connection() {
     let second = app.store.raw_connection().expect("second");
     seed(&app);
     for conn in [&first, &second] {
-        assert_eq!(count(conn, "orders"), 3, "every connection sees the App's writes");
-        assert_eq!(count(conn, "pay_callback_log"), 3);
+        assert_eq!(count(conn, "SELECT count(*) FROM orders", []), 3, "every connection sees the App's writes");
+        assert_eq!(count(conn, "SELECT count(*) FROM pay_callback_log", []), 3);
     }
     // A raw write on one connection is seen by the other and by the App.
     first
@@ -539,13 +531,13 @@ fn memory_database_is_shared_by_every_pool_connection() {
     drop(second);
     let conns: Vec<_> = (0..8).map(|_| app.store.raw_connection().expect("conn")).collect();
     for conn in &conns {
-        assert_eq!(count(conn, "orders"), 3);
+        assert_eq!(count(conn, "SELECT count(*) FROM orders", []), 3);
     }
     drop(conns);
     // Each App on ":memory:" is a database of its own.
     let other = memory_app();
     assert!(other.order("O-1").is_err(), "a second :memory: App starts empty");
-    assert_eq!(count(&other.store.raw_connection().expect("conn"), "orders"), 0);
+    assert_eq!(count(&other.store.raw_connection().expect("conn"), "SELECT count(*) FROM orders", []), 0);
 }
 
 #[test]
@@ -569,8 +561,11 @@ fn schema_applies_once_and_connections_are_configured() {
     let conn2 = second.store.raw_connection().expect("conn");
     assert_eq!(objects(&conn2), before, "no object added or dropped");
     assert_eq!(conn2.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"), version);
-    assert_eq!(count(&conn2, "orders"), 3, "data kept");
-    assert_eq!(count(&conn2, "outbox_event"), count(&conn, "outbox_event"));
+    assert_eq!(count(&conn2, "SELECT count(*) FROM orders", []), 3, "data kept");
+    assert_eq!(
+        count(&conn2, "SELECT count(*) FROM outbox_event", []),
+        count(&conn, "SELECT count(*) FROM outbox_event", [])
+    );
     assert_eq!(
         conn2.query_row("SELECT value FROM settings WHERE name = 'mode'", [], |r| r.get::<_, String>(0)).expect("mode"),
         "record_only",
@@ -581,7 +576,7 @@ fn schema_applies_once_and_connections_are_configured() {
     let third = App::open(&path, Clock::manual(T0), config()).expect("third open");
     let conn3 = third.store.raw_connection().expect("conn");
     assert_eq!(objects(&conn3), before);
-    assert_eq!(count(&conn3, "pay_callback_log"), 3);
+    assert_eq!(count(&conn3, "SELECT count(*) FROM pay_callback_log", []), 3);
 
     // Connection settings of section 2 on a file database.
     let journal: String = conn3.query_row("PRAGMA journal_mode", [], |r| r.get(0)).expect("journal_mode");

@@ -1,10 +1,13 @@
-//! Shared test helpers: start the real binary on port 0 with a fresh
-//! database, talk HTTP to it with a tiny client that can also send hostile
-//! bytes, and sign generic-channel callbacks.
+//! Shared test helpers (the one test kit): start the real binary on port 0
+//! with a fresh database (its stderr kept in a file and printed when the
+//! test fails), talk HTTP to it with a tiny client that can also send
+//! hostile bytes, sign generic-channel callbacks, build payments with named
+//! fields ([`Pay`]), and read the database back ([`count`], [`footprint`]).
 
-#![allow(dead_code)]
-
-use serde_json::Value;
+use payonce::{App, PaymentCallback, PaymentReply, PlatformStatus};
+use rusqlite::{Connection, OpenFlags};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -42,11 +45,14 @@ impl Drop for TempDir {
     }
 }
 
-/// A running `payonce serve`, killed on drop.
+/// A running `payonce serve`, killed on drop. Its stderr (the logs) goes
+/// to a file beside the database, printed if the test is failing.
 pub struct Server {
     pub addr: SocketAddr,
     pub child: Child,
     pub db: PathBuf,
+    /// Where the server's stderr went, unless the caller took it.
+    stderr_log: Option<PathBuf>,
     /// Owns the database's directory when the server created it.
     _dir: Option<TempDir>,
 }
@@ -63,7 +69,14 @@ impl Server {
 
     /// A server on `db` (which the caller owns), e.g. a second process on one file.
     pub fn start_on(db: &Path, extra: &[&str]) -> Server {
-        Server::start_logged(db, extra, Stdio::null())
+        static N: AtomicU64 = AtomicU64::new(0);
+        let mut name = db.file_name().unwrap_or_default().to_owned();
+        name.push(format!(".stderr.{}.log", N.fetch_add(1, Ordering::SeqCst)));
+        let log = db.with_file_name(name);
+        let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
+        let mut server = Server::start_logged(db, extra, Stdio::from(file));
+        server.stderr_log = Some(log);
+        server
     }
 
     /// [`Server::start_on`] with its stderr (the logs) sent to `stderr`.
@@ -95,7 +108,7 @@ impl Server {
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .parse()
             .expect("socket address");
-        Server { addr, child, db: db.to_path_buf(), _dir: None }
+        Server { addr, child, db: db.to_path_buf(), stderr_log: None, _dir: None }
     }
 
     pub fn get(&self, path: &str) -> HttpResponse {
@@ -135,6 +148,82 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
+        if let (true, Some(log)) = (std::thread::panicking(), &self.stderr_log) {
+            let text = std::fs::read_to_string(log).unwrap_or_else(|e| format!("(unreadable: {e})"));
+            eprintln!("---- payonce serve stderr ({}) ----\n{text}---- end of stderr ----", log.display());
+        }
+    }
+}
+
+/// A read-only connection to a database file.
+pub fn read_only(db: &Path) -> Connection {
+    Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db read-only")
+}
+
+/// The one integer `sql` selects.
+pub fn count(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> i64 {
+    conn.query_row(sql, params, |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// Row counts of a database's tables, by name.
+pub type Footprint = BTreeMap<String, i64>;
+
+/// The row count of every table `sqlite_master` lists (SQLite's own
+/// `sqlite_*` tables aside), so a new table is counted without editing this.
+pub fn footprint(conn: &Connection) -> Footprint {
+    let mut stmt = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name")
+        .expect("list tables");
+    let tables: Vec<String> =
+        stmt.query_map([], |r| r.get(0)).expect("list tables").collect::<Result<_, _>>().expect("table names");
+    assert!(tables.iter().any(|t| t == "orders"), "no payonce schema: {tables:?}");
+    tables.into_iter().map(|t| (t.clone(), count(conn, &format!("SELECT count(*) FROM \"{t}\""), []))).collect()
+}
+
+/// `order_no:STATUS` of every order, by order_no.
+pub fn order_states(conn: &Connection) -> Vec<String> {
+    let mut stmt = conn.prepare("SELECT order_no || ':' || status FROM orders ORDER BY order_no").expect("prepare");
+    let states = stmt.query_map([], |r| r.get::<_, String>(0)).expect("query");
+    states.collect::<Result<_, _>>().expect("rows")
+}
+
+/// A generic-channel payment, with named fields: `status` is the
+/// platform's `SUCCESS` or `FAILED`.
+#[derive(Clone, Copy, Debug)]
+pub struct Pay<'a> {
+    pub pay_no: &'a str,
+    pub order_no: &'a str,
+    pub amount: i64,
+    pub status: &'a str,
+}
+
+impl Pay<'_> {
+    /// The generic channel's notification body.
+    pub fn body(&self) -> Value {
+        json!({"pay_no": self.pay_no, "order_no": self.order_no, "amount": self.amount, "status": self.status})
+    }
+
+    /// As the generic channel maps it, with the body as the raw bytes.
+    pub fn callback(&self) -> PaymentCallback {
+        PaymentCallback {
+            channel: "generic".into(),
+            pay_no: self.pay_no.into(),
+            order_no: self.order_no.into(),
+            amount: self.amount,
+            status: PlatformStatus::parse(self.status).unwrap_or_else(|| panic!("status {:?}", self.status)),
+            paid_at: None,
+            raw_body: self.body().to_string().into_bytes(),
+        }
+    }
+
+    /// Signed with the test secret and sent to `server` over HTTP.
+    pub fn send(&self, server: &Server) -> HttpResponse {
+        server.callback("/v1/callbacks/generic", &self.body())
+    }
+
+    /// Delivered in process.
+    pub fn deliver(&self, app: &App) -> PaymentReply {
+        app.deliver_payment(&self.callback()).unwrap_or_else(|e| panic!("deliver {}: {e}", self.pay_no))
     }
 }
 

@@ -1,0 +1,254 @@
+//! The wire formats payonce reads, and the plain HTTP messages they come
+//! in: [`Request`] and [`Response`] (no socket; `http.rs` owns that), JSON
+//! bodies, query strings and `application/x-www-form-urlencoded` forms.
+//! Used by `api` and the channels; knows nothing of routes or the store.
+
+use crate::error::{Error, ErrorKind};
+use serde_json::{Map, Value};
+
+/// How long a client is told to wait after a 503 or a 409 `idempotency_key_in_use`.
+pub const RETRY_AFTER_S: u32 = 1;
+#[derive(Clone, Debug, Default)]
+pub struct Request {
+    pub method: String,
+    /// The path without the query string, e.g. `/v1/orders/ORD-1`.
+    pub path: String,
+    /// The raw query string without `?`, possibly empty.
+    pub query: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Request {
+    /// The first header of that name, compared case-insensitively.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// The outcome or error code, for the request log (never re-parsed
+    /// from the body).
+    pub outcome: Option<&'static str>,
+}
+
+impl Response {
+    pub fn json(status: u16, value: &Value) -> Response {
+        Response {
+            status,
+            headers: vec![("Content-Type".into(), "application/json".into())],
+            body: value.to_string().into_bytes(),
+            outcome: None,
+        }
+    }
+
+    pub fn error(err: &Error) -> Response {
+        let mut response = Response::json(err.status, &err.to_json()).with_outcome(err.code);
+        if err.kind.retry_after() {
+            response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
+        }
+        response
+    }
+
+    pub fn with_outcome(mut self, outcome: &'static str) -> Response {
+        self.outcome = Some(outcome);
+        self
+    }
+
+    /// The connection is closed after this answer (its framing or body
+    /// cannot be trusted, or the server is stopping).
+    pub fn closing(self) -> Response {
+        self.with_header("Connection", "close")
+    }
+
+    pub fn with_header(mut self, name: &str, value: &str) -> Response {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+pub fn check_json_media_type(req: &Request) -> Result<(), Error> {
+    let Some(content_type) = req.header("Content-Type") else {
+        return Ok(());
+    };
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    if media_type.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(Error::new(ErrorKind::UnsupportedMediaType, format!("expected application/json, got {media_type:?}")))
+    }
+}
+
+/// The body as a JSON object with no fields outside `allowed`.
+pub fn json_object(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>, Error> {
+    check_json_media_type(req)?;
+    let body = parse_object(&req.body)?;
+    if let Some(unknown) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(Error::invalid(format!("unknown field {unknown:?}")));
+    }
+    Ok(body)
+}
+
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
+    // serde_json refuses nesting deeper than 128, so hostile depth is a 400, not a stack overflow.
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Error::invalid("the body must be a JSON object")),
+        Err(e) => Err(Error::new(ErrorKind::InvalidJson, format!("the body is not valid JSON: {e}"))),
+    }
+}
+
+pub fn required_str(body: &Map<String, Value>, field: &str) -> Result<String, Error> {
+    optional_str(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
+}
+
+pub fn optional_str(body: &Map<String, Value>, field: &str) -> Result<Option<String>, Error> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(Error::invalid(format!("{field} must be a string"))),
+    }
+}
+
+pub fn required_i64(body: &Map<String, Value>, field: &str) -> Result<i64, Error> {
+    optional_i64(body, field)?.ok_or_else(|| Error::invalid(format!("{field} is required")))
+}
+
+/// Integers only: `99.0`, `"99"`, `1e3` and out-of-range numbers are refused.
+pub fn optional_i64(body: &Map<String, Value>, field: &str) -> Result<Option<i64>, Error> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .map(Some)
+            .ok_or_else(|| Error::invalid(format!("{field} must be an integer (minor units for money)"))),
+        Some(_) => Err(Error::invalid(format!("{field} must be an integer (minor units for money)"))),
+    }
+}
+
+pub fn parse_query(query: &str) -> Result<Vec<(String, String)>, Error> {
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            Ok((percent_decode(key)?, percent_decode(value)?))
+        })
+        .collect()
+}
+
+pub fn query_value<'q>(query: &'q [(String, String)], name: &str) -> Option<&'q str> {
+    query.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
+}
+
+pub fn query_int(query: &[(String, String)], name: &str, min: i64, max: i64) -> Result<Option<i64>, Error> {
+    match query_value(query, name) {
+        None => Ok(None),
+        Some(text) => match text.parse::<i64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(Error::invalid(format!("{name} must be an integer from {min} to {max}"))),
+        },
+    }
+}
+
+fn percent_decode(text: &str) -> Result<String, Error> {
+    let bytes =
+        form_decode(text.as_bytes()).ok_or_else(|| Error::invalid("malformed percent-encoding in the query string"))?;
+    String::from_utf8(bytes).map_err(|_| Error::invalid("the query string is not UTF-8"))
+}
+
+/// `application/x-www-form-urlencoded` decoding to bytes: `%XX` (exactly two
+/// hex digits) and `+` for space; `None` on a malformed escape. Shared by
+/// query strings and Alipay's form bodies.
+pub fn form_decode(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3).filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
+                out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The media type of `Content-Type` (before any `;`), trimmed; `None` without the header.
+pub fn media_type(req: &Request) -> Option<&str> {
+    req.header("Content-Type").map(|content_type| content_type.split(';').next().unwrap_or("").trim())
+}
+
+/// `k=v&k=v` into (key, percent-decoded value bytes), at most `fields_max`
+/// pairs; keys are `[A-Za-z0-9_]`. Alipay's notices.
+pub fn split_form(body: &[u8], fields_max: usize) -> Result<Vec<(String, Vec<u8>)>, Error> {
+    let pairs: Vec<&[u8]> = body.split(|b| *b == b'&').filter(|p| !p.is_empty()).collect();
+    if pairs.len() > fields_max {
+        return Err(Error::invalid(format!("more than {fields_max} parameters")));
+    }
+    let decode =
+        |bytes: &[u8]| form_decode(bytes).ok_or_else(|| Error::invalid("malformed percent-encoding in the form"));
+    pairs
+        .into_iter()
+        .map(|pair| {
+            let (key, value) = match pair.iter().position(|b| *b == b'=') {
+                Some(i) => (&pair[..i], &pair[i + 1..]),
+                None => (pair, &b""[..]),
+            };
+            let key = String::from_utf8(decode(key)?)
+                .ok()
+                .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+                .ok_or_else(|| Error::invalid("a form parameter name is not [A-Za-z0-9_]"))?;
+            Ok((key, decode(value)?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_strings_decode() {
+        let q = parse_query("user_id=u%2D1&status=PAID&flag&x=a+b").unwrap_or_default();
+        assert_eq!(query_value(&q, "user_id"), Some("u-1"));
+        assert_eq!(query_value(&q, "status"), Some("PAID"));
+        assert_eq!(query_value(&q, "flag"), None);
+        assert_eq!(query_value(&q, "x"), Some("a b"));
+        assert!(parse_query("a=%zz").is_err());
+        assert!(parse_query("a=%ff").is_err());
+        assert!(parse_query("a=%4").is_err());
+        assert!(parse_query("a=%+f").is_err());
+    }
+
+    #[test]
+    fn integers_are_strict() {
+        let check = |body: &str, ok: Option<i64>| {
+            let map = parse_object(body.as_bytes()).unwrap_or_default();
+            assert_eq!(optional_i64(&map, "amount").ok().flatten(), ok, "{body}");
+        };
+        check(r#"{"amount":9900}"#, Some(9900));
+        check(r#"{"amount":99.0}"#, None);
+        check(r#"{"amount":"9900"}"#, None);
+        check(r#"{"amount":1e3}"#, None);
+        check(r#"{"amount":18446744073709551615}"#, None);
+        check(r#"{"amount":true}"#, None);
+    }
+}
