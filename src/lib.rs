@@ -36,7 +36,6 @@ pub mod metrics;
 pub mod ops;
 pub mod recon;
 pub mod signature;
-pub mod simulate;
 pub mod store;
 
 pub use app::{App, Config, CreateOrder, PaymentCallback, PaymentReply, RefundCallback};
