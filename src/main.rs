@@ -27,7 +27,7 @@ payonce: exactly-once orders and payment callbacks on SQLite
 Usage:
   payonce serve     [--db PATH|:memory:] [--listen ADDR:PORT] [settings]
   payonce simulate  [--target URL] [--channel generic|wechatpay|alipay|all] [--scenario NAME]... [--orders N]
-                    [--time-factor F]
+                    [--time-factor F] [--full-schedules]
                     (runs payonce-sim, the payment-platform simulator; exit 0 clean, 1 on any violation)
   payonce inspect   --db PATH             (findings as JSON on stdout; exit 0 clean, 1 findings)
   payonce reconcile --db PATH --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]

@@ -26,6 +26,13 @@ pub const WECHATPAY_RETRY_S: [u64; 15] =
 /// Alipay's asynchronous-notification retry intervals, in seconds.
 pub const ALIPAY_RETRY_S: [u64; 7] = [240, 600, 600, 3_600, 7_200, 21_600, 54_000];
 
+/// Without `--full-schedules`, a retry schedule is played up to this much
+/// platform time after the first delivery: the first hour, which holds
+/// WeChat Pay's first six retries (15s 15s 30s 3m 10m 20m) and Alipay's first
+/// three (4m 10m 10m). At the default --time-factor that is about 2 s per
+/// platform instead of about 90 s for the whole 24 hours.
+const SCHEDULE_S_DEFAULT: u64 = 3_600;
+
 /// The gap of the incident's re-delivery.
 const REDELIVERY_GAP: Duration = Duration::from_millis(40);
 /// Connections that run orders side by side (the server has 16 workers).
@@ -130,6 +137,8 @@ pub struct Sim {
     pub orders: usize,
     pub concurrency: usize,
     pub time_factor: f64,
+    /// Every retry of the platforms' schedules, not only the first hour's.
+    pub full_schedules: bool,
     pub replay_timeout_ms: u64,
     pub progress: Progress,
 }
@@ -156,6 +165,7 @@ impl Sim {
             orders: self.orders,
             concurrency: self.concurrency,
             time_factor: self.time_factor,
+            full_schedules: self.full_schedules,
             replay_timeout_ms: self.replay_timeout_ms,
             progress: Progress::new(self.progress.bar),
         }
@@ -500,15 +510,19 @@ impl Sim {
                 Platform::Generic => &ALIPAY_RETRY_S,
             }
         };
+        let played_s = if self.full_schedules { u64::MAX } else { SCHEDULE_S_DEFAULT };
         let offsets: Vec<Vec<Duration>> = (0..n)
             .map(|i| {
-                let mut at = 0u64;
-                std::iter::once(Ok(Duration::ZERO))
-                    .chain(schedule(i).iter().map(|interval| {
-                        at += interval;
+                std::iter::once(0)
+                    .chain(schedule(i).iter().scan(0u64, |at, interval| {
+                        *at += interval;
+                        Some(*at)
+                    }))
+                    .take_while(|at| *at <= played_s)
+                    .map(|at| {
                         Duration::try_from_secs_f64(at as f64 / self.time_factor)
                             .map_err(|e| format!("--time-factor {}: {e}", self.time_factor))
-                    }))
+                    })
                     .collect::<Result<Vec<Duration>, String>>()
             })
             .collect::<Result<_, _>>()?;
@@ -926,7 +940,7 @@ pub fn simulate(
     let first_seq = sim.last_event_seq(&mut conn)?;
     let names: Vec<&str> = channels.iter().map(|c| c.name()).collect();
     println!(
-        "payonce simulate: run {} against {}{}, {} channel{}, {} orders per scenario{}, time factor {}",
+        "payonce simulate: run {} against {}{}, {} channel{}, {} orders per scenario{}, time factor {}, {}",
         sim.run_id,
         sim.target.url,
         if in_process { " (in-process payonce, :memory:)" } else { "" },
@@ -934,8 +948,14 @@ pub fn simulate(
         if names.len() > 1 { "s" } else { "" },
         sim.orders,
         if names.len() > 1 { " and channel" } else { "" },
-        sim.time_factor
+        sim.time_factor,
+        if sim.full_schedules {
+            "full retry schedules"
+        } else {
+            "retry schedules' first hour (--full-schedules: 24 h)"
+        }
     );
+    let _ = std::io::stdout().flush();
     // One simulator per channel; each pays two_channels' second payment
     // through the next selected channel.
     let sims: Vec<Sim> = channels
@@ -950,14 +970,13 @@ pub fn simulate(
             let run = channel_sim.run_scenario(*scenario);
             channel_sim.progress.finish();
             runs.push(run?);
-            if channel_sim.progress.bar {
-                let channel = if sims.len() > 1 { format!(" ({})", channel_sim.channel.name()) } else { String::new() };
-                eprintln!(
-                    "{:<20} done in {:.1} s",
-                    format!("{}{channel}", scenario.name()),
-                    started.elapsed().as_secs_f64()
-                );
-            }
+            // Progress as it goes, one line a scenario (and the bar on a terminal).
+            let channel = if sims.len() > 1 { format!(" ({})", channel_sim.channel.name()) } else { String::new() };
+            eprintln!(
+                "{:<32} done in {:.1} s",
+                format!("{}{channel}", scenario.name()),
+                started.elapsed().as_secs_f64()
+            );
         }
     }
     let events = sim.events_since(&mut conn, first_seq)?;
