@@ -3,17 +3,24 @@
 
 CARGO ?= cargo
 
-.PHONY: run test test-slow fmt lint example clean test-deploy fuzz-api bench
+.PHONY: build run test test-slow fmt lint example clean test-deploy fuzz-api bench
+
+# The service and the simulator (`payonce simulate` runs payonce-sim from
+# the payonce binary's directory), release builds.
+build:
+	$(CARGO) build --release --locked --workspace --bins
 
 # Serve on 127.0.0.1:8080 with payonce.db in dev mode (a fixed, printed
 # callback secret) and print what to try next.
 run:
 	$(CARGO) run --release --locked -- serve --db payonce.db --listen 127.0.0.1:8080 --dev --coupon NEW10 --points-per-yuan 1
 
-# Unit, integration and doc tests, and the examples build.
+# Unit, integration and doc tests of every workspace member (the service,
+# sim/ with its tests in sim/tests, crates/testclient), and the examples build.
+# --workspace: at the root, cargo would test the root package only.
 test:
-	$(CARGO) test --locked --all-targets
-	$(CARGO) test --locked --doc
+	$(CARGO) test --locked --workspace --all-targets
+	$(CARGO) test --locked --workspace --doc
 
 # The tests too slow for `make test` (each is #[ignore]d with the reason):
 # the backup SIGKILLed at 20 seeded moments on a 50 MiB database.
@@ -25,7 +32,7 @@ fmt:
 
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 # Replays the 40 ms re-delivery incident in process and prints the effects.
 example:

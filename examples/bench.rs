@@ -34,10 +34,11 @@ use payonce::api::Response;
 use payonce::http::{Server, WORKERS_DEFAULT};
 use payonce::store::SCHEMA_SQL;
 use payonce::{App, Clock, Config, Rewards};
+use payonce_testclient as client;
 use rusqlite::{params, Connection, TransactionBehavior};
 use serde_json::json;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -50,9 +51,6 @@ const AMOUNT: i64 = 9900;
 const COUPON: &str = "NEW10";
 /// A client waits at most this long for one response.
 const CLIENT_IO_TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest response the client accepts (payonce's answers are < 2 KiB).
-const RESPONSE_BYTES_MAX: usize = 1 << 20;
-const RESPONSE_HEADERS_MAX: usize = 100;
 const MIB: f64 = 1024.0 * 1024.0;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -721,18 +719,12 @@ fn create_order_request(host: &str, i: usize) -> Vec<u8> {
     http_request("POST", host, "/v1/orders", &[], body.as_bytes())
 }
 
+/// A JSON request: `Content-Type` and `Content-Length` (payonce-testclient
+/// writes the length).
 fn http_request(method: &str, host: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n");
-    if !body.is_empty() {
-        head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
-    }
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut bytes = head.into_bytes();
-    bytes.extend_from_slice(body);
-    bytes
+    let mut all: Vec<(&str, &str)> = vec![("Content-Type", "application/json")];
+    all.extend_from_slice(headers);
+    client::encode_request(method, host, path, &all, body)
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -741,12 +733,9 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 // ---- (b), (c): keep-alive clients ----
 
-/// An HTTP/1.1 keep-alive client: one request at a time, responses framed
-/// by Content-Length.
+/// A keep-alive client (payonce-testclient's connection): one request at a time.
 struct Client {
-    writer: TcpStream,
-    reader: BufReader<TcpStream>,
-    line: String,
+    connection: client::Connection,
 }
 
 impl Client {
@@ -754,63 +743,16 @@ impl Client {
     /// connection is established and served by a server thread before the
     /// clock starts.
     fn connect(addr: SocketAddr) -> Result<Client, BoxError> {
-        let stream = TcpStream::connect_timeout(&addr, CLIENT_IO_TIMEOUT)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(CLIENT_IO_TIMEOUT))?;
-        stream.set_write_timeout(Some(CLIENT_IO_TIMEOUT))?;
-        let mut client = Client { reader: BufReader::new(stream.try_clone()?), writer: stream, line: String::new() };
-        client.exchange(&http_request("GET", &addr.to_string(), "/healthz", &[], b""))?;
+        let connection = client::Connection::connect(addr, CLIENT_IO_TIMEOUT, CLIENT_IO_TIMEOUT)?;
+        let mut client = Client { connection };
+        client.exchange(&client::encode_request("GET", &addr.to_string(), "/healthz", &[], b""))?;
         Ok(client)
     }
 
     /// Sends one request and reads its response: (status, body, keep-alive).
     fn exchange(&mut self, request: &[u8]) -> Result<(u16, Vec<u8>, bool), BoxError> {
-        self.writer.write_all(request)?;
-        self.line.clear();
-        if self.reader.read_line(&mut self.line)? == 0 {
-            return Err("the server closed the connection".into());
-        }
-        let status: u16 = self
-            .line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("bad status line {:?}", self.line))?;
-        let mut length = None;
-        let mut keep_alive = true;
-        let mut ended = false;
-        for _ in 0..RESPONSE_HEADERS_MAX {
-            self.line.clear();
-            if self.reader.read_line(&mut self.line)? == 0 {
-                return Err("the server closed the connection inside the headers".into());
-            }
-            let header = self.line.trim_end();
-            if header.is_empty() {
-                ended = true;
-                break;
-            }
-            let Some((name, value)) = header.split_once(':') else {
-                return Err(format!("bad header {header:?}").into());
-            };
-            let value = value.trim();
-            if name.eq_ignore_ascii_case("content-length") {
-                length = Some(value.parse::<usize>()?);
-            } else if name.eq_ignore_ascii_case("transfer-encoding") {
-                return Err(format!("unsupported Transfer-Encoding {value}").into());
-            } else if name.eq_ignore_ascii_case("connection") && value.eq_ignore_ascii_case("close") {
-                keep_alive = false;
-            }
-        }
-        if !ended {
-            return Err(format!("more than {RESPONSE_HEADERS_MAX} response headers").into());
-        }
-        let length = length.ok_or("a response without Content-Length")?;
-        if length > RESPONSE_BYTES_MAX {
-            return Err(format!("a response of {length} bytes").into());
-        }
-        let mut body = vec![0; length];
-        self.reader.read_exact(&mut body)?;
-        Ok((status, body, keep_alive))
+        let response = self.connection.exchange(request)?;
+        Ok((response.status, response.body, !response.close))
     }
 }
 

@@ -38,7 +38,6 @@ pub mod ops;
 pub mod recon;
 pub mod render;
 pub mod signature;
-pub mod simulate;
 pub mod store;
 pub mod wire;
 

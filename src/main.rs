@@ -27,7 +27,8 @@ payonce: exactly-once orders and payment callbacks on SQLite
 Usage:
   payonce serve     [--db PATH|:memory:] [--listen ADDR:PORT] [settings]
   payonce simulate  [--target URL] [--channel generic|wechatpay|alipay|all] [--scenario NAME]... [--orders N]
-                    [--time-factor F]   (payment-platform simulator; exit 0 clean, 1 on any violation)
+                    [--time-factor F] [--full-schedules]
+                    (runs payonce-sim, the payment-platform simulator; exit 0 clean, 1 on any violation)
   payonce inspect   --db PATH             (findings as JSON on stdout; exit 0 clean, 1 findings)
   payonce reconcile --db PATH --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
   payonce backup    --db PATH --to FILE [--force]   (an online, consistent, atomic copy)
@@ -162,14 +163,7 @@ fn run() -> Result<ExitCode, String> {
     match command.as_deref() {
         Some("serve") => serve(parse_serve(lexopt::Parser::from_args(args))?),
         Some("sign") => sign(lexopt::Parser::from_args(args)),
-        Some("simulate") => {
-            // The in-process payonce would log every request on stderr; the table is the output.
-            // Set before any thread exists.
-            if std::env::var_os("PAYONCE_LOG").is_none() {
-                std::env::set_var("PAYONCE_LOG", "warn");
-            }
-            payonce::simulate::run(args)
-        }
+        Some("simulate") => simulate(args),
         Some("inspect") => inspect(lexopt::Parser::from_args(args)),
         Some("reconcile") => reconcile(lexopt::Parser::from_args(args)),
         Some("backup") => backup(lexopt::Parser::from_args(args)),
@@ -178,6 +172,42 @@ fn run() -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+    }
+}
+
+/// The simulator's binary, which `payonce simulate` runs from this binary's directory.
+const SIM_BINARY: &str = "payonce-sim";
+
+/// `payonce simulate ARGS`: the simulator is its own crate (sim/, which
+/// depends on this library, so this binary cannot link it), so this runs
+/// `payonce-sim ARGS` from the directory this binary is in, passing its exit
+/// status through (on Unix it replaces this process).
+fn simulate(args: impl Iterator<Item = std::ffi::OsString>) -> Result<ExitCode, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the payonce binary's directory: {e}"))?;
+    let sim = exe.with_file_name(format!("{SIM_BINARY}{}", std::env::consts::EXE_SUFFIX));
+    if !sim.is_file() {
+        return Err(format!(
+            "{SIM_BINARY} not found next to payonce (looked for {}); build it with `cargo build --workspace` \
+             (or `cargo build --release -p payonce-sim`), which puts both binaries in one directory",
+            sim.display()
+        ));
+    }
+    let mut command = std::process::Command::new(&sim);
+    command.args(args);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // Only returns on failure.
+        let error = command.exec();
+        Err(format!("cannot run {}: {error}", sim.display()))
+    }
+    #[cfg(not(unix))]
+    {
+        let status = command.status().map_err(|e| format!("cannot run {}: {e}", sim.display()))?;
+        Ok(match status.code() {
+            Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(2)),
+            None => ExitCode::from(2),
+        })
     }
 }
 

@@ -5,11 +5,12 @@
 //! fields ([`Pay`]), and read the database back ([`count`], [`footprint`]).
 
 use payonce::{App, PaymentCallback, PaymentReply, PlatformStatus};
+use payonce_testclient as client;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -234,6 +235,12 @@ pub struct HttpResponse {
     pub body: Vec<u8>,
 }
 
+impl From<client::Response> for HttpResponse {
+    fn from(r: client::Response) -> HttpResponse {
+        HttpResponse { status: r.status, headers: r.headers, body: r.body }
+    }
+}
+
 impl HttpResponse {
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
@@ -279,65 +286,19 @@ pub fn sign_now(secret: &str, body: &[u8]) -> String {
 
 /// One HTTP/1.1 request on its own connection (`Connection: close`).
 pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
-    let mut bytes = head.into_bytes();
-    bytes.extend_from_slice(body);
-    parse_response(&raw(addr, &bytes)).unwrap_or_else(|| panic!("no HTTP response to {method} {path}"))
+    client::request(addr, method, path, headers, body, IO_TIMEOUT)
+        .map(HttpResponse::from)
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Sends raw bytes, half-closes, and returns everything the server answered.
 pub fn raw(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
-    stream.set_write_timeout(Some(IO_TIMEOUT)).expect("timeout");
-    let _ = stream.write_all(bytes);
-    let _ = stream.shutdown(std::net::Shutdown::Write);
-    let mut out = Vec::new();
-    let _ = stream.read_to_end(&mut out);
-    out
+    client::raw(addr, bytes, IO_TIMEOUT).expect("connect")
 }
 
-/// Parses one HTTP/1.1 response (Content-Length or read-to-close bodies).
+/// Parses one HTTP/1.1 response (Content-Length, chunked or read-to-close bodies).
 pub fn parse_response(bytes: &[u8]) -> Option<HttpResponse> {
-    let split = bytes.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&bytes[..split]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
-    let headers: Vec<(String, String)> =
-        lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned())).collect();
-    let mut body = bytes[split + 4..].to_vec();
-    let chunked =
-        headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("Transfer-Encoding") && v.eq_ignore_ascii_case("chunked"));
-    if chunked {
-        body = dechunk(&body)?;
-    } else if let Some(len) = headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case("Content-Length"))
-        .and_then(|(_, v)| v.parse::<usize>().ok())
-    {
-        body.truncate(len);
-    }
-    Some(HttpResponse { status, headers, body })
-}
-
-/// Decodes a chunked body (for answers a server sends chunked).
-fn dechunk(mut bytes: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = bytes.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = std::str::from_utf8(&bytes[..line_end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        bytes = &bytes[line_end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(bytes.get(..size)?);
-        bytes = bytes.get(size + 2..)?;
-    }
+    client::parse_response(bytes).map(HttpResponse::from)
 }
 
 /// A small seeded PRNG (xorshift64*), so a failing interleaving replays.

@@ -1,0 +1,72 @@
+//! The in-process payonce: the library's `App` on `:memory:` behind its own
+//! HTTP edge on loopback, configured with the public halves of the keys the
+//! simulator signs with.
+
+use crate::platform::Keys;
+use crate::s;
+use payonce::app::Config;
+use payonce::channel::alipay::AlipayConfig;
+use payonce::channel::wechatpay::WechatpayConfig;
+use payonce::domain::Rewards;
+use payonce::http::{Server, WORKERS_DEFAULT};
+use payonce::{App, Clock};
+use rsa::RsaPublicKey;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+/// The coupon template and points rate of the in-process payonce.
+pub const SIM_COUPON: &str = "SIM-COUPON";
+pub const SIM_POINTS_PER_YUAN: i64 = 1;
+
+pub struct LocalServer {
+    pub addr: SocketAddr,
+    shutdown: Arc<AtomicBool>,
+    handle: Option<thread::JoinHandle<bool>>,
+}
+
+impl LocalServer {
+    /// payonce on `:memory:` with the generic secret and the channels the
+    /// simulator holds keys for, configured with their public halves.
+    pub fn start(keys: &Keys) -> Result<LocalServer, String> {
+        let wechatpay = match &keys.wechatpay {
+            Some(wx) => {
+                let public = RsaPublicKey::from(wx.signing_key.as_ref());
+                let apiv3_key = std::str::from_utf8(&wx.apiv3_key).map_err(|_| s("the APIv3 key is not UTF-8"))?;
+                Some(WechatpayConfig::new(apiv3_key, vec![(wx.serial.clone(), public)])?)
+            }
+            None => None,
+        };
+        let alipay = keys.alipay.as_ref().map(|ali| AlipayConfig {
+            public_key: RsaPublicKey::from(ali.signing_key.as_ref()),
+            app_id: ali.app_id.clone(),
+        });
+        let config = Config {
+            callback_secrets: vec![keys.generic_secret.clone()],
+            rewards: Rewards { coupon_templates: vec![SIM_COUPON.into()], points_per_yuan: SIM_POINTS_PER_YUAN },
+            wechatpay,
+            alipay,
+            ..Config::default()
+        };
+        let app = App::open(":memory:", Clock::System, config).map_err(|e| e.message)?;
+        let server = Server::bind("127.0.0.1:0").map_err(|e| e.message)?;
+        let addr = server.local_addr();
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&shutdown);
+        let handle = thread::Builder::new()
+            .name("payonce-simulated-server".into())
+            .spawn(move || server.serve(Arc::new(app), flag, WORKERS_DEFAULT))
+            .map_err(|e| format!("cannot start the in-process payonce: {e}"))?;
+        Ok(LocalServer { addr, shutdown, handle: Some(handle) })
+    }
+}
+
+impl Drop for LocalServer {
+    fn drop(&mut self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
