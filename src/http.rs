@@ -45,7 +45,7 @@ use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -229,7 +229,7 @@ impl Server {
     fn serve_with(self, handler: Arc<dyn Handler>, shutdown: Arc<AtomicBool>, workers: usize) -> bool {
         let Server { runtime, listener, limits, .. } = self;
         let grace = Duration::from_millis(limits.shutdown_grace_ms);
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
         let pool = WorkerPool::start(Arc::clone(&handler), queue, workers);
         let (stop_tx, stop) = watch::channel(false);
         let edge = Arc::new(Edge { handler, jobs: Mutex::new(Some(jobs)), limits, stop: stop.clone() });
@@ -255,7 +255,7 @@ impl Server {
 struct Edge {
     handler: Arc<dyn Handler>,
     /// The workers' queue; `None` once shutdown has drained the connections.
-    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    jobs: Mutex<Option<crossbeam_channel::Sender<Job>>>,
     limits: Limits,
     stop: watch::Receiver<bool>,
 }
@@ -277,11 +277,10 @@ struct WorkerPool {
 }
 
 impl WorkerPool {
-    fn start(handler: Arc<dyn Handler>, queue: mpsc::Receiver<Job>, workers: usize) -> WorkerPool {
-        let queue = Arc::new(Mutex::new(queue));
+    fn start(handler: Arc<dyn Handler>, queue: crossbeam_channel::Receiver<Job>, workers: usize) -> WorkerPool {
         let handles = (0..workers.max(1))
             .filter_map(|i| {
-                let (handler, queue) = (Arc::clone(&handler), Arc::clone(&queue));
+                let (handler, queue) = (Arc::clone(&handler), queue.clone());
                 thread::Builder::new().name(format!("payonce-worker-{i}")).spawn(move || work(&*handler, &queue)).ok()
             })
             .collect();
@@ -297,10 +296,9 @@ impl WorkerPool {
     }
 }
 
-fn work(handler: &dyn Handler, queue: &Mutex<mpsc::Receiver<Job>>) {
+fn work(handler: &dyn Handler, queue: &crossbeam_channel::Receiver<Job>) {
     loop {
-        // One worker waits in recv at a time; the rest wait for the lock.
-        let job = queue.lock().recv();
+        let job = queue.recv();
         let Ok(Job { request, reply }) = job else {
             return;
         };
