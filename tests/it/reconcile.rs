@@ -922,3 +922,36 @@ fn a_payment_recorded_failed_but_successful_at_the_platform_is_missing_local_and
     check(&second, &expected, "after the repair");
     assert_eq!(source, "reconciliation", "section 4: a repaired payment is recorded with source = reconciliation");
 }
+
+/// A keyed repair applies exactly the `missing_local` rows of the period,
+/// like the unkeyed one and the CLI: a statement row outside `date=` is
+/// neither compared nor repaired.
+#[test]
+fn a_keyed_repair_applies_only_the_periods_missing_local_rows() {
+    let dir = TempDir::new("recon-keyed-period");
+    let db = dir.path("payonce.db");
+    let app = open_app(&db);
+    for (order_no, amount) in [("RK-IN", 100), ("RK-OUT", 200)] {
+        let (status, body) =
+            post_json(&app, "/v1/orders", &json!({"order_no": order_no, "user_id": "u-rk", "amount": amount}));
+        assert_eq!(status, 201, "{body}");
+    }
+    let statement = "pay_no,order_no,amount,status,paid_at\n\
+                     RKP-IN,RK-IN,100,SUCCESS,2024-01-02T10:00:00Z\n\
+                     RKP-OUT,RK-OUT,200,SUCCESS,2024-01-03T10:00:00Z\n";
+    let headers = [("Content-Type", "text/csv"), ("Idempotency-Key", "rk-period-1")];
+    let target = "/v1/reconciliations?format=generic&repair=true&date=2024-01-02";
+    let (status, result) = handle(&app, "POST", target, &headers, statement.as_bytes().to_vec());
+    assert_eq!(status, 200, "{result}");
+    let missing: Vec<&str> =
+        result["missing_local"].as_array().into_iter().flatten().filter_map(|r| r["pay_no"].as_str()).collect();
+    assert_eq!(missing, ["RKP-IN"], "{result}");
+    let conn = read_only(&db);
+    let applied =
+        count(&conn, "SELECT count(*) FROM pay_callback_log WHERE pay_no = 'RKP-IN' AND outcome = 'applied'", []);
+    let outside = count(&conn, "SELECT count(*) FROM pay_callback_log WHERE pay_no = 'RKP-OUT'", []);
+    assert_eq!((applied, outside), (1, 0), "only the period's missing payment is repaired");
+    let status_out: String =
+        conn.query_row("SELECT status FROM orders WHERE order_no = 'RK-OUT'", [], |r| r.get(0)).expect("order");
+    assert_eq!(status_out, "PENDING");
+}
