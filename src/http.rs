@@ -866,27 +866,38 @@ impl AsyncRead for TimedIo {
     }
 }
 
-impl AsyncWrite for TimedIo {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let deadline = this.write_deadline();
+impl TimedIo {
+    /// One write attempt under the write deadline: a write that finds the
+    /// socket full starts the clock, and one that makes progress stops it.
+    fn poll_timed_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        let deadline = self.write_deadline();
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "writing the response timed out")));
         }
-        match Pin::new(&mut this.stream).poll_write(cx, buf) {
+        match write(Pin::new(&mut self.stream), cx) {
             Poll::Pending => {
-                this.write_blocked_since.get_or_insert_with(Instant::now);
-                let deadline = this.write_deadline();
-                match this.poll_deadline(cx, deadline, "writing the response") {
+                self.write_blocked_since.get_or_insert_with(Instant::now);
+                let deadline = self.write_deadline();
+                match self.poll_deadline(cx, deadline, "writing the response") {
                     Poll::Ready(err) => Poll::Ready(Err(err)),
                     Poll::Pending => Poll::Pending,
                 }
             }
             ready => {
-                this.write_blocked_since = None;
+                self.write_blocked_since = None;
                 ready
             }
         }
+    }
+}
+
+impl AsyncWrite for TimedIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.get_mut().poll_timed_write(cx, |stream, cx| stream.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -894,25 +905,7 @@ impl AsyncWrite for TimedIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let deadline = this.write_deadline();
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "writing the response timed out")));
-        }
-        match Pin::new(&mut this.stream).poll_write_vectored(cx, bufs) {
-            Poll::Pending => {
-                this.write_blocked_since.get_or_insert_with(Instant::now);
-                let deadline = this.write_deadline();
-                match this.poll_deadline(cx, deadline, "writing the response") {
-                    Poll::Ready(err) => Poll::Ready(Err(err)),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-            ready => {
-                this.write_blocked_since = None;
-                ready
-            }
-        }
+        self.get_mut().poll_timed_write(cx, |stream, cx| stream.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
