@@ -2,7 +2,7 @@
 //! and a forger, over the real binary: atomic backups, watched database
 //! files, time windows for platform times, signals, and health.
 
-use crate::util::{self, count, Pay, Rng, Server, TempDir, SECRET};
+use crate::util::{self, count, payonce_cli, Pay, Rng, Server, TempDir, SECRET};
 use payonce::clock::format_ms;
 use payonce::domain::{PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX};
 use payonce::recon::Format;
@@ -15,20 +15,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const REWARDS: [&str; 4] = ["--coupon", "NEW10", "--points-per-yuan", "1"];
-
-fn payonce_cli(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_payonce"))
-        .args(args)
-        .env_remove("PAYONCE_CALLBACK_SECRET")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run payonce");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn integrity(conn: &Connection) -> String {
     conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).expect("integrity_check")

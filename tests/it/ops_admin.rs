@@ -11,14 +11,13 @@
 //! manual clock; black-box cases run the real binary on a file database and
 //! read it back through a read-only connection with the contract's names.
 
-use crate::util::{self, count, footprint, read_only, HttpResponse, Pay, Server, TempDir, SECRET};
+use crate::util::{self, count, footprint, payonce_cli, read_only, HttpResponse, Pay, Server, TempDir, SECRET};
 use payonce::api::{self, Request};
 use payonce::{App, Clock, Config, Rewards};
 use rusqlite::Connection;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -158,20 +157,6 @@ fn event_ids_http(server: &Server) -> Vec<String> {
         .iter()
         .map(|e| e["event_id"].as_str().unwrap_or_default().to_owned())
         .collect()
-}
-
-fn payonce_cli(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_payonce"))
-        .args(args)
-        .env_remove("PAYONCE_CALLBACK_SECRET")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run payonce");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// `payonce inspect --db PATH`: (exit code, the JSON it printed).

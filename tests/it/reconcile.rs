@@ -17,14 +17,13 @@
 //! with a manual clock set a minute after each paid time, so every paid time
 //! is deterministic and inside section 13's window.
 
-use crate::util::{self, count, footprint, read_only, Footprint, Server, TempDir, SECRET};
+use crate::util::{self, count, footprint, payonce_cli, read_only, Footprint, Server, TempDir, SECRET};
 use payonce::api::{self, Request};
 use payonce::clock::{format_ms, parse_rfc3339_ms};
 use payonce::recon::Format;
 use payonce::{App, Clock, Config, Rewards};
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 const REWARDS: [&str; 4] = ["--coupon", "NEW10", "--points-per-yuan", "1"];
 /// The statement's day.
@@ -506,20 +505,6 @@ fn check_first_repair_footprint(before: &Footprint, after: &Footprint, context: 
     ] {
         assert_eq!(after[table] - before[table], added, "{context}: rows added to {table}");
     }
-}
-
-fn payonce_cli(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_payonce"))
-        .args(args)
-        .env_remove("PAYONCE_CALLBACK_SECRET")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run payonce");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 fn reconcile_cli(db: &Path, statement: &Path, format: Format, repair: bool) -> (Option<i32>, Value) {

@@ -327,3 +327,19 @@ impl Rng {
         }
     }
 }
+
+/// Runs a `payonce` command to its end (offline commands: inspect,
+/// reconcile, backup ...): exit code, stdout, stderr.
+pub fn payonce_cli(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_payonce"))
+        .args(args)
+        .env_remove("PAYONCE_CALLBACK_SECRET")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run payonce");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
