@@ -118,6 +118,28 @@ pub struct OrderRun {
     pub deliveries: usize,
 }
 
+/// One run per order: its creation's answer first, then the answers and
+/// delivery count its scenario recorded; nothing lost.
+fn order_runs(
+    orders: Vec<SimOrder>,
+    created: Vec<String>,
+    runs: Vec<(Vec<String>, usize)>,
+    expect: &OrderExpect,
+) -> Vec<OrderRun> {
+    orders
+        .into_iter()
+        .zip(created)
+        .zip(runs)
+        .map(|((order, created), (answers, deliveries))| OrderRun {
+            order,
+            expect: expect.clone(),
+            answers: std::iter::once(created).chain(answers).collect(),
+            lost: 0,
+            deliveries,
+        })
+        .collect()
+}
+
 pub struct ScenarioRun {
     pub scenario: Scenario,
     pub channel: Platform,
@@ -438,18 +460,7 @@ impl Sim {
             Ok((answers, deliveries))
         })?;
         let expect = Sim::paid_expect(vec![Sim::created(), self.said("applied"), self.said("duplicate")]);
-        Ok(orders
-            .into_iter()
-            .zip(created)
-            .zip(runs)
-            .map(|((order, created), (answers, deliveries))| OrderRun {
-                order,
-                expect: expect.clone(),
-                answers: std::iter::once(created).chain(answers).collect(),
-                lost: 0,
-                deliveries,
-            })
-            .collect())
+        Ok(order_runs(orders, created, runs, &expect))
     }
 
     /// The first attempt of a gateway replay: a fresh connection, the
@@ -654,18 +665,7 @@ impl Sim {
             findings: vec![(s("refund_required"), 1)],
             ..OrderExpect::default()
         };
-        Ok(orders
-            .into_iter()
-            .zip(created)
-            .zip(runs)
-            .map(|((order, created), (answers, deliveries))| OrderRun {
-                order,
-                expect: expect.clone(),
-                answers: std::iter::once(created).chain(answers).collect(),
-                lost: 0,
-                deliveries,
-            })
-            .collect())
+        Ok(order_runs(orders, created, runs, &expect))
     }
 
     fn refund(&self, orders: Vec<SimOrder>) -> Result<Vec<OrderRun>, String> {
@@ -715,18 +715,7 @@ impl Sim {
             events: vec![(s("order.paid"), 1), (s("order.refunding"), 1), (s("order.refunded"), 1)],
             ..OrderExpect::default()
         };
-        Ok(orders
-            .into_iter()
-            .zip(created)
-            .zip(runs)
-            .map(|((order, created), (answers, deliveries))| OrderRun {
-                order,
-                expect: expect.clone(),
-                answers: std::iter::once(created).chain(answers).collect(),
-                lost: 0,
-                deliveries,
-            })
-            .collect())
+        Ok(order_runs(orders, created, runs, &expect))
     }
 
     fn triple_click(&self, orders: Vec<SimOrder>) -> Result<Vec<OrderRun>, String> {
