@@ -10,7 +10,7 @@ use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::render;
-use crate::store::IdempotencySlot;
+use crate::domain::IdempotencySlot;
 use crate::wire::{
     json_object, optional_i64, optional_str, parse_query, query_int, query_value, required_i64, required_str,
 };

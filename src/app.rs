@@ -24,10 +24,8 @@ pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, Refu
 use crate::error::{Error, ErrorKind};
 use crate::keylock::KeyedLocks;
 use crate::metrics::Metrics;
-use crate::store::{
-    CallbackRecord, Claim, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow, Store, StoreOptions,
-    StoredResponse, Tx,
-};
+use crate::domain::{CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow, StoredResponse};
+use crate::store::{Claim, Store, StoreOptions, WriteTx};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -206,7 +204,7 @@ impl App {
     /// `reconcile`), with the reward settings `serve` recorded in it, so a
     /// repair applies the same rewards. Never creates a file.
     pub fn open_existing(db: &str, clock: Clock) -> Result<App, Error> {
-        if db != ":memory:" && !std::path::Path::new(db).exists() {
+        if db != ":memory:" && !crate::store::is_postgres_url(db) && !std::path::Path::new(db).exists() {
             return Err(Error::invalid(format!("no database at {db:?}")));
         }
         let store = Store::open(db, &StoreOptions::default())?;
@@ -304,7 +302,7 @@ impl App {
     pub(crate) fn write_op<T: Answer>(
         &self,
         slot: Option<&IdempotencySlot>,
-        work: impl FnOnce(&Tx) -> Result<T, Error>,
+        mut work: impl FnMut(&WriteTx) -> Result<T, Error>,
     ) -> Result<T, Error> {
         self.store.write(|tx| {
             let result = match work(tx) {
@@ -534,7 +532,7 @@ impl App {
     /// unknown order) happens before the first write.
     pub(crate) fn record_and_decide(
         &self,
-        tx: &Tx,
+        tx: &WriteTx,
         cb: &PaymentCallback,
         source: &str,
         now: &str,
@@ -599,7 +597,7 @@ impl App {
     /// nothing is the order read to say why.
     pub(crate) fn decide_payment(
         &self,
-        tx: &Tx,
+        tx: &WriteTx,
         record: &Delivery,
         order: &Order,
         now: &str,
@@ -657,7 +655,7 @@ impl App {
 
     /// Issues the configured coupons and points, each under its own UNIQUE
     /// key, and returns the rewards due as recorded with the payment.
-    fn apply_rewards(&self, tx: &Tx, order: &Order, amount: i64, now: &str) -> Result<Value, Error> {
+    fn apply_rewards(&self, tx: &WriteTx, order: &Order, amount: i64, now: &str) -> Result<Value, Error> {
         let rewards = &self.config.rewards;
         for template in &rewards.coupon_templates {
             if !tx.issue_coupon(&order.user_id, order.id, template, now)? {
@@ -794,7 +792,7 @@ enum RefundOf {
 
 /// CAS PENDING→CLOSED with its `order.closed` event; `None` when the CAS
 /// changed nothing (the order is not PENDING).
-fn close_in_tx(tx: &Tx, order: &Order, now: &str) -> Result<Option<Order>, Error> {
+fn close_in_tx(tx: &WriteTx, order: &Order, now: &str) -> Result<Option<Order>, Error> {
     if !tx.cas_order_closed(order.id, now)? {
         return Ok(None);
     }
@@ -807,7 +805,7 @@ fn close_in_tx(tx: &Tx, order: &Order, now: &str) -> Result<Option<Order>, Error
 /// Writes the refusal to `audit_log` (committed with the transaction) and
 /// returns the 409 for the caller.
 pub(crate) fn refuse_transition(
-    tx: &Tx,
+    tx: &WriteTx,
     order: &Order,
     to: OrderStatus,
     action: &str,
@@ -826,7 +824,7 @@ pub(crate) fn refuse_transition(
 /// A refund result payonce did not ask for, or one contradicting a settled
 /// refund: recorded in `audit_log` for an operator.
 fn unexpected_refund(
-    tx: &Tx,
+    tx: &WriteTx,
     order: &Order,
     cb: &RefundCallback,
     settled: Option<RefundStatus>,
@@ -847,7 +845,7 @@ fn unexpected_refund(
 /// by uk_pay_no as always (`duplicate`); reconciliation repairs are the
 /// platform's own statement and are not windowed. Refund notices never
 /// reach here.
-fn check_platform_time(tx: &Tx, cb: &PaymentCallback, source: &str, now: &str) -> Result<(), Error> {
+fn check_platform_time(tx: &WriteTx, cb: &PaymentCallback, source: &str, now: &str) -> Result<(), Error> {
     let Some(paid_at) = cb.paid_at.as_deref().filter(|_| source == SOURCE_CALLBACK) else {
         return Ok(());
     };

@@ -421,3 +421,130 @@ impl PaymentReply {
         }
     }
 }
+
+// ---- the rows payonce reads and writes (the store fills them; nothing here knows an engine) ----
+
+/// A new order, validated.
+#[derive(Clone, Debug)]
+pub struct NewOrder {
+    pub order_no: String,
+    pub user_id: String,
+    pub amount: i64,
+    pub currency: String,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+/// A row of `pay_callback_log`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallbackRecord {
+    pub id: i64,
+    pub pay_no: String,
+    pub channel: String,
+    pub order_id: i64,
+    pub amount: i64,
+    pub status: PlatformStatus,
+    pub outcome: PaymentOutcome,
+    pub decided: bool,
+    pub source: String,
+    pub paid_at: Option<String>,
+    pub received_at: String,
+    pub decided_at: Option<String>,
+}
+
+/// A payment delivery to record: what the platform said, byte for byte.
+#[derive(Clone, Debug)]
+pub struct NewCallback<'a> {
+    pub pay_no: &'a str,
+    pub channel: &'a str,
+    pub order_id: i64,
+    pub amount: i64,
+    pub status: PlatformStatus,
+    pub source: &'a str,
+    pub raw_body: &'a [u8],
+    pub paid_at: Option<&'a str>,
+    pub received_at: &'a str,
+}
+
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundRecord {
+    pub id: i64,
+    pub refund_no: String,
+    pub order_id: i64,
+    pub status: RefundStatus,
+    pub requested_at: String,
+    pub settled_at: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CouponRow {
+    pub order_no: String,
+    pub coupon_template_id: String,
+    pub status: String,
+    pub created_at: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PointRow {
+    pub order_no: String,
+    pub point_type: String,
+    pub points: i64,
+    pub created_at: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EventRow {
+    pub seq: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub order_no: String,
+    pub data: Value,
+    pub created_at: String,
+}
+
+/// Where a keyed request's response is stored, with the work, in one transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdempotencySlot {
+    pub scope: String,
+    pub key: String,
+    /// Hex SHA-256 of the raw request body.
+    pub fingerprint: String,
+    pub created_at: String,
+    pub expires_at: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub fingerprint: String,
+    pub status_code: u16,
+    pub body: Vec<u8>,
+}
+
+/// One finding of the inspection.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finding {
+    pub kind: &'static str,
+    pub order_no: String,
+    pub detail: Value,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRow {
+    pub id: i64,
+    pub at: String,
+    pub actor: String,
+    pub action: String,
+    pub order_no: Option<String>,
+    pub detail: String,
+}
+
+/// A payment as reconciliation sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalPayment {
+    pub pay_no: String,
+    pub order_no: String,
+    pub amount: i64,
+    pub outcome: String,
+    pub paid_time: String,
+}

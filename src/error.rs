@@ -207,22 +207,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-impl From<rusqlite::Error> for Error {
-    fn from(err: rusqlite::Error) -> Error {
-        use rusqlite::ErrorCode::{DatabaseBusy, DatabaseLocked};
-        match err.sqlite_error_code() {
-            Some(DatabaseBusy) | Some(DatabaseLocked) => Error::database_busy(),
-            _ => Error::internal(format!("database error: {err}")),
-        }
-    }
-}
 
-impl From<r2d2::Error> for Error {
-    fn from(err: r2d2::Error) -> Error {
-        // The pool timed out waiting for a connection: the server is saturated.
-        Error::new(ErrorKind::DatabaseBusy, format!("no database connection available: {err}"))
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -9,8 +9,15 @@
 //! declares the guard *before* it opens the write transaction, so the guard
 //! drops *after* the commit, and the database (IMMEDIATE transaction, CAS,
 //! UNIQUE keys) still decides when two processes share one file.
+//!
+//! Each thread's held keys are also listed, in the order taken
+//! ([`held_keys`]): on PostgreSQL the store takes an advisory lock on each of
+//! them inside the write transaction, so the database holds the same keys
+//! across processes and releases them only at COMMIT or ROLLBACK. A guard
+//! cannot move to another thread (it is not `Send`), so the list is exact.
 
 use parking_lot::{Mutex, RawMutex};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +28,15 @@ struct Entry {
     mutex: Arc<Mutex<()>>,
     /// Holders plus waiters; guarded by the map lock.
     users: usize,
+}
+
+thread_local! {
+    static HELD: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The keys this thread holds right now, in the order it took them.
+pub fn held_keys() -> Vec<String> {
+    HELD.with(|held| held.borrow().clone())
 }
 
 #[derive(Default)]
@@ -46,6 +62,7 @@ impl KeyedLocks {
     pub fn lock(&self, key: &str) -> KeyGuard<'_> {
         let mutex = self.enter(key);
         let guard = mutex.lock_arc();
+        HELD.with(|held| held.borrow_mut().push(key.to_owned()));
         KeyGuard { locks: self, key: key.to_owned(), guard: Some(guard) }
     }
 
@@ -53,7 +70,10 @@ impl KeyedLocks {
     pub fn lock_for(&self, key: &str, wait: Duration) -> Option<KeyGuard<'_>> {
         let mutex = self.enter(key);
         match mutex.try_lock_arc_for(wait) {
-            Some(guard) => Some(KeyGuard { locks: self, key: key.to_owned(), guard: Some(guard) }),
+            Some(guard) => {
+                HELD.with(|held| held.borrow_mut().push(key.to_owned()));
+                Some(KeyGuard { locks: self, key: key.to_owned(), guard: Some(guard) })
+            }
             None => {
                 self.leave(key);
                 None
@@ -98,6 +118,12 @@ impl Drop for KeyGuard<'_> {
         // Release the key first, then account for it, so a waiter that
         // arrived meanwhile keeps the entry alive.
         drop(self.guard.take());
+        HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            if let Some(at) = held.iter().rposition(|k| *k == self.key) {
+                held.remove(at);
+            }
+        });
         self.locks.leave(&self.key);
     }
 }

@@ -22,16 +22,16 @@ use std::time::Duration;
 const DEV_CALLBACK_SECRET: &str = "payonce-dev-secret";
 
 const USAGE: &str = "\
-payonce: exactly-once orders and payment callbacks on SQLite
+payonce: exactly-once orders and payment callbacks on SQLite or PostgreSQL
 
 Usage:
-  payonce serve     [--db PATH|:memory:] [--listen ADDR:PORT] [settings]
+  payonce serve     [--db PATH|:memory:|URL] [--listen ADDR:PORT] [settings]
   payonce simulate  [--target URL] [--channel generic|wechatpay|alipay|all] [--scenario NAME]... [--orders N]
                     [--time-factor F] [--full-schedules]
                     (runs payonce-sim, the payment-platform simulator; exit 0 clean, 1 on any violation)
-  payonce inspect   --db PATH             (findings as JSON on stdout; exit 0 clean, 1 findings)
-  payonce reconcile --db PATH --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
-  payonce backup    --db PATH --to FILE [--force]   (an online, consistent, atomic copy)
+  payonce inspect   --db PATH|URL         (findings as JSON on stdout; exit 0 clean, 1 findings)
+  payonce reconcile --db PATH|URL --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
+  payonce backup    --db PATH --to FILE [--force]   (an online, consistent, atomic copy; SQLite)
   payonce sign      [--callback-secret S | --dev] < BODY
   payonce help
 
@@ -89,7 +89,8 @@ finishing requests in flight (bounded); SIGHUP, SIGUSR1 and SIGUSR2 are
 logged and ignored.
 
 Options:
-  --db PATH|:memory:        database file, or a shared in-memory database [default: payonce.db]
+  --db PATH|:memory:|URL    SQLite file, a shared in-memory SQLite database, or a
+                            postgres:// (postgresql://) URL; env PAYONCE_DB [default: payonce.db]
   --listen ADDR:PORT        address to bind; port 0 picks a free one [default: 127.0.0.1:8080]
   --callback-secret S,...   HMAC secrets of the generic channel, comma-separated (two during
                             rotation); env PAYONCE_CALLBACK_SECRET. Required unless --dev.
@@ -175,6 +176,12 @@ fn run() -> Result<ExitCode, String> {
     }
 }
 
+/// `PAYONCE_DB`: the database when `--db` is not given, so a PostgreSQL
+/// password need not appear on a command line.
+fn db_from_env() -> Option<String> {
+    std::env::var("PAYONCE_DB").ok().filter(|db| !db.is_empty())
+}
+
 /// The simulator's binary, which `payonce simulate` runs from this binary's directory.
 const SIM_BINARY: &str = "payonce-sim";
 
@@ -214,7 +221,7 @@ fn simulate(args: impl Iterator<Item = std::ffi::OsString>) -> Result<ExitCode, 
 fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
     use lexopt::prelude::*;
     let mut args = ServeArgs {
-        db: "payonce.db".into(),
+        db: db_from_env().unwrap_or_else(|| "payonce.db".into()),
         listen: "127.0.0.1:8080".into(),
         callback_secret: std::env::var("PAYONCE_CALLBACK_SECRET").ok().filter(|s| !s.is_empty()),
         dev: false,
@@ -503,7 +510,7 @@ fn inspect(parser: lexopt::Parser) -> Result<ExitCode, String> {
     let Some(args) = parse_offline(parser, INSPECT_USAGE, &["db"])? else {
         return Ok(ExitCode::SUCCESS);
     };
-    let db = args.db.ok_or("inspect needs --db PATH")?;
+    let db = args.db.or_else(db_from_env).ok_or("inspect needs --db PATH|URL (or PAYONCE_DB)")?;
     let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
     let findings = app.inspect().map_err(|e| e.message)?;
     println!("{}", payonce::render::inspection(&findings));
@@ -514,7 +521,7 @@ fn reconcile(parser: lexopt::Parser) -> Result<ExitCode, String> {
     let Some(args) = parse_offline(parser, RECONCILE_USAGE, &["db", "statement", "format", "date", "repair"])? else {
         return Ok(ExitCode::SUCCESS);
     };
-    let db = args.db.ok_or("reconcile needs --db PATH")?;
+    let db = args.db.or_else(db_from_env).ok_or("reconcile needs --db PATH|URL (or PAYONCE_DB)")?;
     let path = args.statement.ok_or("reconcile needs --statement FILE")?;
     let format = match args.format.as_deref() {
         None => Format::Generic,
@@ -535,7 +542,13 @@ fn backup(parser: lexopt::Parser) -> Result<ExitCode, String> {
     let Some(args) = parse_offline(parser, BACKUP_USAGE, &["db", "to", "force"])? else {
         return Ok(ExitCode::SUCCESS);
     };
-    let db = args.db.ok_or("backup needs --db PATH")?;
+    let db = args.db.or_else(db_from_env).ok_or("backup needs --db PATH (or PAYONCE_DB)")?;
+    if payonce::store::is_postgres_url(&db) {
+        return Err(format!(
+            "backup copies a SQLite file; {} is PostgreSQL: back it up with pg_dump (or the server's point-in-time recovery), see docs/postgres.md",
+            payonce::store::postgres::redact_url(&db)
+        ));
+    }
     let to = args.to.ok_or("backup needs --to FILE")?;
     let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
     app.backup(std::path::Path::new(&to), args.force).map_err(|e| e.message)?;

@@ -11,7 +11,7 @@ use crate::domain::{
 };
 use crate::error::{Error, ErrorKind};
 use crate::recon::{self, Format, RowKind, StatementRow};
-use crate::store::{CouponRow, Finding, IdempotencySlot, PointRow};
+use crate::domain::{CouponRow, Finding, IdempotencySlot, PointRow};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -501,9 +501,9 @@ impl App {
     ) -> Result<Reconciliation, Error> {
         if slot.is_none() || !repair {
             let result = self.reconcile(format, statement, date, repair, &mut |_, _| {})?;
-            return self.write_op(slot, |_| Ok(result));
+            return self.write_op(slot, |_| Ok(result.clone()));
         }
-        let (mut result, missing) = self.compare(format, statement, date, &mut |_, _| {})?;
+        let (result, missing) = self.compare(format, statement, date, &mut |_, _| {})?;
         let now = self.clock.now_text();
         self.write_op(slot, |tx| {
             let mut repaired = Vec::new();
@@ -516,8 +516,8 @@ impl App {
                     Err(e) => return Err(e),
                 });
             }
-            result.repaired = Some(repaired);
-            Ok(result)
+            // A clone per attempt: the body may run again (PostgreSQL).
+            Ok(Reconciliation { repaired: Some(repaired), ..result.clone() })
         })
     }
 

@@ -13,7 +13,7 @@ use crate::ops::{
     Compensated, CompensationEffect, DiffRow, Drained, Mode, PaymentResolution, Reconciliation, RefundResolution,
     Repaired,
 };
-use crate::store::{CallbackRecord, CouponRow, EventRow, Finding, PointRow};
+use crate::domain::{CallbackRecord, CouponRow, EventRow, Finding, PointRow};
 use serde_json::{json, Map, Value};
 
 // ---- objects ----

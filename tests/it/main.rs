@@ -1,6 +1,9 @@
 //! One integration-test binary, a module per area (ripgrep's layout).
 
 mod util;
+#[macro_use]
+mod engines;
+mod pg;
 
 mod api_http;
 mod auth;

@@ -710,7 +710,10 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
 
     let app = App::open(&old.display().to_string(), Clock::manual(T0), config()).expect("the new payonce opens v1");
     let conn = app.store.raw_connection().expect("conn");
-    assert_eq!(conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"), 2);
+    assert_eq!(
+        conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"),
+        payonce::store::SCHEMA_VERSION
+    );
     // App::open records its reward settings; everything else is v1's, row for row.
     let after = all_rows(&conn, &|t| v1_columns[t].clone());
     let not_settings = |rows: &[(String, Vec<String>)]| -> Vec<(String, Vec<String>)> {
@@ -724,6 +727,19 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
         .query_row("SELECT count(*) FROM refund WHERE platform_settled_at IS NOT NULL", [], |r| r.get(0))
         .expect("count");
     assert_eq!(platform_times, 0, "refunds settled before v2 have no platform time");
+    // Migration 3 copies each unexpected refund's refund_no into its own column.
+    let refund_nos: Vec<(String, Option<String>)> = conn
+        .prepare("SELECT action, refund_no FROM audit_log ORDER BY id")
+        .expect("audit_log")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert!(refund_nos.contains(&("unexpected_refund".into(), Some("R-NONE".into()))), "{refund_nos:?}");
+    for (action, refund_no) in &refund_nos {
+        let carries = action == "unexpected_refund" || action == "unexpected_refund_resolved";
+        assert_eq!(refund_no.is_some(), carries, "{action}: refund_no {refund_no:?}");
+    }
     let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).expect("integrity_check");
     assert_eq!(check, "ok");
     let broken: Vec<String> = conn

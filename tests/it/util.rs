@@ -112,6 +112,11 @@ impl Server {
         Server { addr, child, db: db.to_path_buf(), stderr_log: None, _dir: None }
     }
 
+    /// Names the file the caller sent this server's stderr to, printed if the test fails.
+    pub fn set_stderr_log(&mut self, log: PathBuf) {
+        self.stderr_log = Some(log);
+    }
+
     pub fn get(&self, path: &str) -> HttpResponse {
         request(self.addr, "GET", path, &[], b"")
     }

@@ -1,0 +1,171 @@
+//! Side effects, each under its own UNIQUE key: coupons (`uk_order_tpl`),
+//! points (`uk_order_type`) and outbox events (`uk_event_id`), with the
+//! compensation that freezes and reverses them.
+
+use super::{limit_param, one_row, params, ReadTx, Row, WriteTx};
+use crate::domain::{CouponRow, EventRow, EventType, PointRow, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL};
+use crate::error::Error;
+use serde_json::Value;
+
+macro_rules! coupons_where {
+    ($filter:literal) => {
+        concat!(
+            "SELECT o.order_no, c.coupon_template_id, c.status, c.created_at
+             FROM user_coupon c JOIN orders o ON o.id = c.order_id WHERE ",
+            $filter,
+            " ORDER BY c.id"
+        )
+    };
+}
+
+macro_rules! points_where {
+    ($filter:literal) => {
+        concat!(
+            "SELECT o.order_no, p.point_type, p.points, p.created_at
+             FROM point_log p JOIN orders o ON o.id = p.order_id WHERE ",
+            $filter,
+            " ORDER BY p.id"
+        )
+    };
+}
+
+fn coupon_from_row(row: &Row) -> Result<CouponRow, Error> {
+    Ok(CouponRow {
+        order_no: row.text(0)?,
+        coupon_template_id: row.text(1)?,
+        status: row.text(2)?,
+        created_at: row.text(3)?,
+    })
+}
+
+fn point_from_row(row: &Row) -> Result<PointRow, Error> {
+    Ok(PointRow { order_no: row.text(0)?, point_type: row.text(1)?, points: row.int(2)?, created_at: row.text(3)? })
+}
+
+impl ReadTx<'_> {
+    pub fn coupons_of_order(&self, order_id: i64) -> Result<Vec<CouponRow>, Error> {
+        self.all(coupons_where!("c.order_id = ?1"), params![order_id], coupon_from_row)
+    }
+
+    pub fn coupons_of_user(&self, user_id: &str) -> Result<Vec<CouponRow>, Error> {
+        self.all(coupons_where!("c.user_id = ?1"), params![user_id], coupon_from_row)
+    }
+
+    /// One coupon of an order, with its status (at most one: uk_order_tpl).
+    pub fn coupon_of_order(&self, order_id: i64, template: &str) -> Result<Option<CouponRow>, Error> {
+        self.optional(
+            coupons_where!("c.order_id = ?1 AND c.coupon_template_id = ?2"),
+            params![order_id, template],
+            coupon_from_row,
+        )
+    }
+
+    pub fn points_of_order(&self, order_id: i64) -> Result<Vec<PointRow>, Error> {
+        self.all(points_where!("p.order_id = ?1"), params![order_id], point_from_row)
+    }
+
+    pub fn points_of_user(&self, user_id: &str) -> Result<Vec<PointRow>, Error> {
+        self.all(points_where!("p.user_id = ?1"), params![user_id], point_from_row)
+    }
+
+    /// One points entry of an order by type (at most one: uk_order_type).
+    pub fn points_entry(&self, order_id: i64, point_type: &str) -> Result<Option<PointRow>, Error> {
+        self.optional(points_where!("p.order_id = ?1 AND p.point_type = ?2"), params![order_id, point_type], point_from_row)
+    }
+
+    pub fn events_after(&self, after_seq: i64, limit: usize) -> Result<Vec<EventRow>, Error> {
+        self.all(
+            "SELECT seq, event_id, type, order_no, data, created_at FROM outbox_event
+             WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+            params![after_seq, limit_param(limit)],
+            |row| {
+                let data = row.text(4)?;
+                Ok(EventRow {
+                    seq: row.int(0)?,
+                    event_id: row.text(1)?,
+                    event_type: row.text(2)?,
+                    order_no: row.text(3)?,
+                    data: serde_json::from_str(&data)
+                        .map_err(|e| Error::internal(format!("outbox_event.data is not JSON: {e}")))?,
+                    created_at: row.text(5)?,
+                })
+            },
+        )
+    }
+}
+
+impl WriteTx<'_> {
+    /// Issues a coupon under `uk_order_tpl`; `false` if it was issued before.
+    pub fn issue_coupon(&self, user_id: &str, order_id: i64, template: &str, now: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at)
+             VALUES (?1, ?2, ?3, 'ACTIVE', ?4)
+             ON CONFLICT (order_id, coupon_template_id) DO NOTHING",
+            params![user_id, order_id, template, now],
+        )?;
+        one_row(changed, "issue coupon")
+    }
+
+    /// Adds the order's points under `uk_order_type`; `false` if added before.
+    pub fn add_order_points(&self, user_id: &str, order_id: i64, points: i64, now: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (order_id, point_type) DO NOTHING",
+            params![user_id, order_id, POINT_TYPE_ORDER_PAID, points, now],
+        )?;
+        one_row(changed, "add points")
+    }
+
+    /// Reverses the order's `ORDER_PAID` points by one negative entry under
+    /// `uk_order_type`; `false` when there is nothing to reverse or it was
+    /// reversed before.
+    pub fn reverse_order_points(&self, order_id: i64, now: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
+             SELECT user_id, order_id, ?2, -points, ?3 FROM point_log
+             WHERE order_id = ?1 AND point_type = ?4
+             ON CONFLICT (order_id, point_type) DO NOTHING",
+            params![order_id, POINT_TYPE_ORDER_PAID_REVERSAL, now, POINT_TYPE_ORDER_PAID],
+        )?;
+        one_row(changed, "reverse points")
+    }
+
+    /// Freezes the order's ACTIVE coupons; returns how many.
+    pub fn freeze_active_coupons(&self, order_id: i64) -> Result<usize, Error> {
+        self.execute("UPDATE user_coupon SET status = 'FROZEN' WHERE order_id = ?1 AND status = 'ACTIVE'", params![order_id])
+    }
+
+    /// CAS ACTIVE→FROZEN for one coupon.
+    pub fn freeze_coupon(&self, order_id: i64, template: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE user_coupon SET status = 'FROZEN'
+             WHERE order_id = ?1 AND coupon_template_id = ?2 AND status = 'ACTIVE'",
+            params![order_id, template],
+        )?;
+        one_row(changed, "freeze coupon")
+    }
+
+    /// Writes an outbox event under `uk_event_id`; `false` if it exists.
+    /// The engine is told just before the insert: on PostgreSQL that is
+    /// where the outbox lock is taken, so commits of events happen in `seq`
+    /// order and a reader's cursor never skips one.
+    pub fn emit_event(
+        &self,
+        event_type: EventType,
+        subject: &str,
+        order_no: &str,
+        data: &Value,
+        now: &str,
+    ) -> Result<bool, Error> {
+        self.read.conn.before_event_insert()?;
+        let changed = self.execute(
+            "INSERT INTO outbox_event (event_id, type, order_no, data, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (event_id) DO NOTHING",
+            params![&event_type.event_id(subject), event_type.as_str(), order_no, &data.to_string(), now],
+        )?;
+        self.read.conn.after_event_insert();
+        one_row(changed, "emit event")
+    }
+}

@@ -1,0 +1,465 @@
+//! The storage seam: the only module that speaks SQL, and the only one that
+//! knows which engine holds the ledger.
+//!
+//! A [`Store`] is one of two engines:
+//! - [`sqlite`]: an `r2d2` pool of SQLite connections, a process-wide writer
+//!   queue, and `BEGIN IMMEDIATE` for every write;
+//! - [`postgres`]: an `r2d2` pool of PostgreSQL connections; every write is a
+//!   READ COMMITTED transaction that first takes `pg_advisory_xact_lock` on
+//!   each key the caller holds in its [`crate::keylock::KeyedLocks`].
+//!
+//! Above this module nothing names an engine. Callers get a [`ReadTx`] in
+//! [`Store::read`] and a [`WriteTx`] in [`Store::write`]; the query methods
+//! that change rows exist on `WriteTx` only, so a read cannot write. A
+//! `WriteTx` derefs to a `ReadTx` for the reads a write makes.
+//!
+//! The queries are written once, grouped by concern (`orders`, `payments`,
+//! `effects`, `idempotency`, `reports`), in the SQL both engines accept
+//! (`?N` placeholders, `ON CONFLICT .. DO NOTHING`, `RETURNING`,
+//! `IS DISTINCT FROM`), and run only through the engine's statement cache.
+//! No query uses JSON functions: JSON is built and read in Rust.
+//!
+//! A write's body is `FnMut`: PostgreSQL re-runs the whole transaction after
+//! a serialization failure or a deadlock (at most [`WRITE_ATTEMPTS_MAX`]
+//! times, then 503 `database_busy`), so a body must have no effect outside
+//! its transaction.
+
+mod effects;
+mod idempotency;
+mod orders;
+mod payments;
+pub use payments::Claim;
+pub mod postgres;
+mod reports;
+pub mod sqlite;
+
+pub use crate::store::sqlite::{Synchronous, WalRescue};
+use crate::error::{Error, ErrorKind};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// The whole current SQLite schema, applied to a new database.
+pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
+/// The whole current PostgreSQL schema (the same tables, columns, keys,
+/// CHECKs and triggers), applied to a new database.
+pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
+/// The schema version once `SCHEMA_SQL` is applied (or the last migration):
+/// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
+pub const SCHEMA_VERSION: i64 = 3;
+
+/// One numbered schema change: run on a database at `version - 1`, it leaves
+/// the database at `version`.
+pub struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Every SQLite schema change since version 1 (the first released schema),
+/// in order. The last one's version is [`SCHEMA_VERSION`], and a database
+/// migrated through all of them has exactly the schema of `SCHEMA_SQL`
+/// (tests/it/schema.rs builds a v1 database and checks it). PostgreSQL
+/// starts at version 3: there is no older PostgreSQL database to migrate,
+/// and its later changes get numbered migrations of their own.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 2,
+        name: "refund_platform_settled_at",
+        sql: include_str!("../../migrations/0002_refund_platform_settled_at.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "audit_log_refund_no",
+        sql: include_str!("../../migrations/0003_audit_log_refund_no.sql"),
+    },
+];
+
+/// How long a connection waits for another process's writer (SQLite's busy
+/// handler, PostgreSQL's `lock_timeout`) before the request fails with 503
+/// `database_busy`.
+pub const BUSY_TIMEOUT_MS: u64 = 5_000;
+/// How long a request waits for a pooled connection.
+pub const POOL_WAIT_MS: u64 = 10_000;
+/// One connection per HTTP worker (16) plus the background workers and a
+/// metrics scrape, so a background task never waits behind a full pool.
+pub const POOL_SIZE_DEFAULT: u32 = 20;
+/// How many times a PostgreSQL write transaction runs before a serialization
+/// failure or deadlock is answered 503 `database_busy`.
+pub const WRITE_ATTEMPTS_MAX: u32 = 5;
+
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub pool_size: u32,
+    pub busy_timeout_ms: u64,
+    /// SQLite only; PostgreSQL's durability is the server's configuration.
+    pub synchronous: Synchronous,
+    /// SQLite only: queue this process's writers on one mutex so SQLite's
+    /// busy handler (which sleeps in steps of up to 100 ms) only arbitrates
+    /// between processes. Off only to measure what it buys.
+    pub writer_queue: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            pool_size: POOL_SIZE_DEFAULT,
+            busy_timeout_ms: BUSY_TIMEOUT_MS,
+            synchronous: Synchronous::Full,
+            writer_queue: true,
+        }
+    }
+}
+
+/// Which engine a `--db` value names.
+pub fn is_postgres_url(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
+
+pub struct Store {
+    engine: Engine,
+    pub is_memory: bool,
+}
+
+enum Engine {
+    Sqlite(sqlite::SqliteEngine),
+    Postgres(postgres::PostgresEngine),
+}
+
+impl Store {
+    /// Opens a SQLite file, a fresh shared in-memory SQLite database for
+    /// `":memory:"`, or a PostgreSQL database for a `postgres://` URL; the
+    /// schema is applied or migrated before this returns.
+    pub fn open(db: &str, options: &StoreOptions) -> Result<Store, Error> {
+        if is_postgres_url(db) {
+            return Ok(Store { engine: Engine::Postgres(postgres::PostgresEngine::open(db, options)?), is_memory: false });
+        }
+        let engine = sqlite::SqliteEngine::open(db, options)?;
+        let is_memory = engine.is_memory();
+        Ok(Store { engine: Engine::Sqlite(engine), is_memory })
+    }
+
+    /// `sqlite` or `postgres`, for logs and `/metrics`.
+    pub fn engine_name(&self) -> &'static str {
+        match &self.engine {
+            Engine::Sqlite(_) => "sqlite",
+            Engine::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Runs `work` in one write transaction and commits it when `work`
+    /// returns `Ok`; rolls back otherwise. The caller takes its key locks
+    /// before calling and drops them after this returns, i.e. after commit.
+    ///
+    /// SQLite: the database's paths are checked before BEGIN and after the
+    /// transaction ends; a write into files no path names any more is
+    /// answered 503 `storage_lost`, never acknowledged, even though it
+    /// committed (a retry after the restart finds it, exactly once).
+    /// PostgreSQL: `work` may run again after a serialization failure or a
+    /// deadlock, on a new transaction.
+    pub fn write<T>(&self, mut work: impl FnMut(&WriteTx) -> Result<T, Error>) -> Result<T, Error> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.write(&mut |conn| work(&WriteTx { read: ReadTx { conn } })),
+            Engine::Postgres(engine) => engine.write(&mut |conn| work(&WriteTx { read: ReadTx { conn } })),
+        }
+    }
+
+    /// Runs `work` on one consistent read snapshot.
+    pub fn read<T>(&self, mut work: impl FnMut(&ReadTx) -> Result<T, Error>) -> Result<T, Error> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.read(&mut |conn| work(&ReadTx { conn })),
+            Engine::Postgres(engine) => engine.read(&mut |conn| work(&ReadTx { conn })),
+        }
+    }
+
+    /// SQLite: checks that the database, `-wal` and `-shm` paths still name
+    /// the files this process has open (see [`sqlite::SqliteEngine::check_storage`]).
+    /// PostgreSQL keeps its own files: always `Ok`.
+    pub fn check_storage(&self) -> Result<(), Error> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.check_storage(),
+            Engine::Postgres(_) => Ok(()),
+        }
+    }
+
+    /// Once storage is lost (SQLite only): why writing stopped and the
+    /// rescue checkpoint's state, retrying a pending one.
+    pub fn storage_lost_state(&self) -> Option<(String, WalRescue)> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.storage_lost_state(),
+            Engine::Postgres(_) => None,
+        }
+    }
+
+    /// Shared with `/metrics`: false once the storage is lost.
+    pub fn storage_flag(&self) -> Arc<AtomicBool> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.storage_flag(),
+            Engine::Postgres(engine) => engine.storage_flag(),
+        }
+    }
+
+    /// `/healthz`: a connection of its own reads the schema version and one
+    /// page of `orders`.
+    pub fn check_health(&self) -> Result<(), Error> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.check_health(),
+            Engine::Postgres(engine) => engine.check_health(),
+        }
+    }
+
+    /// The SQLite database file's path as SQLite opened it (`None` for
+    /// `:memory:` and for PostgreSQL).
+    pub fn database_path(&self) -> Option<&std::path::Path> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.database_path(),
+            Engine::Postgres(_) => None,
+        }
+    }
+
+    /// Copies a SQLite database into the new file `dest` (one consistent
+    /// snapshot, integrity-checked). PostgreSQL is backed up with its own
+    /// tools: refused, naming them.
+    pub fn backup_into(&self, dest: &std::path::Path) -> Result<(), Error> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.backup_into(dest),
+            Engine::Postgres(_) => Err(Error::new(
+                ErrorKind::InvalidRequest,
+                "payonce backup copies SQLite files; back a PostgreSQL database up with pg_dump or point-in-time recovery (docs/postgres.md)",
+            )),
+        }
+    }
+
+    /// Raw SQL for the schema contract tests, which prove the database
+    /// refuses what it must on either engine: runs `sql` (one statement,
+    /// no parameters) in a transaction of its own and returns the rows it
+    /// changed, or the engine's error message.
+    #[doc(hidden)]
+    pub fn execute_raw(&self, sql: &str) -> Result<u64, String> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.execute_raw(sql),
+            Engine::Postgres(engine) => engine.execute_raw(sql),
+        }
+    }
+
+    /// Raw SQL for the conformance tests' checks: the one integer that `sql`
+    /// (one statement, no parameters, one row of one column) returns.
+    #[doc(hidden)]
+    pub fn count_raw(&self, sql: &str) -> Result<i64, String> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.count_raw(sql),
+            Engine::Postgres(engine) => engine.count_raw(sql),
+        }
+    }
+
+    /// A pooled SQLite connection for the SQLite-only tests that need raw
+    /// SQL (file formats, PRAGMAs); `None` on PostgreSQL.
+    #[doc(hidden)]
+    pub fn raw_connection(&self) -> Result<r2d2::PooledConnection<r2d2_sqlite::SqliteConnectionManager>, Error> {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.raw_connection(),
+            Engine::Postgres(_) => Err(Error::internal("raw_connection is SQLite's; use execute_raw")),
+        }
+    }
+}
+
+// ---- what the query methods see of an engine ----
+
+/// A value bound to a `?N` placeholder.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Param<'a> {
+    Null,
+    Int(i64),
+    Text(&'a str),
+    Blob(&'a [u8]),
+}
+
+impl From<i64> for Param<'_> {
+    fn from(v: i64) -> Self {
+        Param::Int(v)
+    }
+}
+impl From<u16> for Param<'_> {
+    fn from(v: u16) -> Self {
+        Param::Int(i64::from(v))
+    }
+}
+impl<'a> From<&'a str> for Param<'a> {
+    fn from(v: &'a str) -> Self {
+        Param::Text(v)
+    }
+}
+impl<'a> From<&'a String> for Param<'a> {
+    fn from(v: &'a String) -> Self {
+        Param::Text(v)
+    }
+}
+impl<'a> From<&'a [u8]> for Param<'a> {
+    fn from(v: &'a [u8]) -> Self {
+        Param::Blob(v)
+    }
+}
+impl<'a> From<&'a Vec<u8>> for Param<'a> {
+    fn from(v: &'a Vec<u8>) -> Self {
+        Param::Blob(v)
+    }
+}
+impl<'a, T: Into<Param<'a>>> From<Option<T>> for Param<'a> {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Param::Null, Into::into)
+    }
+}
+
+/// `params![a, b]`: the values of one statement, in placeholder order.
+macro_rules! params {
+    ($($value:expr),* $(,)?) => { &[$($crate::store::Param::from($value)),*] as &[$crate::store::Param] };
+}
+pub(crate) use params;
+
+/// One column value read back, whatever the engine.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Cell {
+    Null,
+    Int(i64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+/// One row read back: typed accessors that fail loudly on a surprise, so a
+/// value the schema should have refused is an error, not a default.
+#[derive(Debug)]
+pub(crate) struct Row(pub(crate) Vec<Cell>);
+
+impl Row {
+    fn cell(&self, i: usize) -> Result<&Cell, Error> {
+        self.0.get(i).ok_or_else(|| Error::internal(format!("column {i} missing from a row")))
+    }
+    pub(crate) fn int(&self, i: usize) -> Result<i64, Error> {
+        self.opt_int(i)?.ok_or_else(|| Error::internal(format!("column {i} is NULL")))
+    }
+    pub(crate) fn opt_int(&self, i: usize) -> Result<Option<i64>, Error> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            Cell::Int(v) => Ok(Some(*v)),
+            other => Err(Error::internal(format!("column {i} is {other:?}, not an integer"))),
+        }
+    }
+    pub(crate) fn text(&self, i: usize) -> Result<String, Error> {
+        self.opt_text(i)?.ok_or_else(|| Error::internal(format!("column {i} is NULL")))
+    }
+    pub(crate) fn opt_text(&self, i: usize) -> Result<Option<String>, Error> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            Cell::Text(v) => Ok(Some(v.clone())),
+            other => Err(Error::internal(format!("column {i} is {other:?}, not text"))),
+        }
+    }
+    pub(crate) fn blob(&self, i: usize) -> Result<Vec<u8>, Error> {
+        match self.cell(i)? {
+            Cell::Blob(v) => Ok(v.clone()),
+            Cell::Text(v) => Ok(v.clone().into_bytes()),
+            other => Err(Error::internal(format!("column {i} is {other:?}, not bytes"))),
+        }
+    }
+    pub(crate) fn flag(&self, i: usize) -> Result<bool, Error> {
+        Ok(self.int(i)? != 0)
+    }
+}
+
+/// An engine's open transaction, as the query methods use it. Every
+/// statement goes through the engine's prepared-statement cache; `sql` is
+/// always a literal, so the cache is keyed by it.
+pub(crate) trait Conn {
+    fn execute(&self, sql: &'static str, params: &[Param]) -> Result<usize, Error>;
+    /// Calls `each` for every row, in order, without collecting them.
+    fn query_each(
+        &self,
+        sql: &'static str,
+        params: &[Param],
+        each: &mut dyn FnMut(Row) -> Result<(), Error>,
+    ) -> Result<(), Error>;
+    /// Called just before a row goes into `outbox_event`, inside the
+    /// transaction (PostgreSQL takes the outbox lock here).
+    fn before_event_insert(&self) -> Result<(), Error>;
+    /// Called right after that insert (a test hook may hold the transaction open).
+    fn after_event_insert(&self);
+}
+
+/// A read transaction: a consistent snapshot, and only the methods that read.
+pub struct ReadTx<'t> {
+    conn: &'t dyn Conn,
+}
+
+/// A write transaction: the reads of [`ReadTx`] (by `Deref`) and the
+/// methods that change rows.
+pub struct WriteTx<'t> {
+    read: ReadTx<'t>,
+}
+
+impl<'t> std::ops::Deref for WriteTx<'t> {
+    type Target = ReadTx<'t>;
+    fn deref(&self) -> &ReadTx<'t> {
+        &self.read
+    }
+}
+
+impl ReadTx<'_> {
+    fn rows(&self, sql: &'static str, params: &[Param]) -> Result<Vec<Row>, Error> {
+        let mut rows = Vec::new();
+        self.conn.query_each(sql, params, &mut |row| {
+            rows.push(row);
+            Ok(())
+        })?;
+        Ok(rows)
+    }
+
+    fn all<T>(&self, sql: &'static str, params: &[Param], f: impl Fn(&Row) -> Result<T, Error>) -> Result<Vec<T>, Error> {
+        let mut out = Vec::new();
+        self.conn.query_each(sql, params, &mut |row| {
+            out.push(f(&row)?);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    fn optional<T>(
+        &self,
+        sql: &'static str,
+        params: &[Param],
+        f: impl Fn(&Row) -> Result<T, Error>,
+    ) -> Result<Option<T>, Error> {
+        let rows = self.rows(sql, params)?;
+        match rows.as_slice() {
+            [] => Ok(None),
+            [row] => Ok(Some(f(row)?)),
+            _ => Err(Error::internal(format!("{} rows where at most one was expected", rows.len()))),
+        }
+    }
+
+    fn one<T>(&self, sql: &'static str, params: &[Param], f: impl Fn(&Row) -> Result<T, Error>) -> Result<T, Error> {
+        self.optional(sql, params, f)?.ok_or_else(|| Error::internal("no row where one was expected"))
+    }
+}
+
+impl WriteTx<'_> {
+    fn execute(&self, sql: &'static str, params: &[Param]) -> Result<usize, Error> {
+        self.read.conn.execute(sql, params)
+    }
+}
+
+/// Converts an affected-row count that must be 0 or 1 into a decision.
+fn one_row(changed: usize, what: &str) -> Result<bool, Error> {
+    match changed {
+        0 => Ok(false),
+        1 => Ok(true),
+        n => Err(Error::internal(format!("{what} changed {n} rows, expected at most one"))),
+    }
+}
+
+fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+/// A value the schema's CHECKs should have refused was read back.
+fn bad_value(what: &str, value: &str) -> Error {
+    Error::internal(format!("unexpected {what} {value:?} in the database"))
+}

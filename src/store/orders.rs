@@ -1,0 +1,189 @@
+//! Orders: creation under `uk_order_no`, lookups, and the CAS edges of the
+//! state machine. Refund rows live here too: they exist to move an order.
+
+use super::{bad_value, limit_param, one_row, params, ReadTx, Row, WriteTx};
+use crate::domain::{NewOrder, Order, OrderStatus, RefundRecord, RefundStatus};
+use crate::error::Error;
+
+/// The columns `order_from_row` reads, in its order.
+macro_rules! order_columns {
+    () => {
+        "id, order_no, user_id, amount, currency, status, pay_no, created_at, \
+         expires_at, paid_at, closed_at, refund_no, refunded_at"
+    };
+}
+pub(super) use order_columns;
+
+pub(super) fn order_from_row(row: &Row) -> Result<Order, Error> {
+    let status = row.text(5)?;
+    Ok(Order {
+        id: row.int(0)?,
+        order_no: row.text(1)?,
+        user_id: row.text(2)?,
+        amount: row.int(3)?,
+        currency: row.text(4)?,
+        status: OrderStatus::parse(&status).ok_or_else(|| bad_value("order status", &status))?,
+        pay_no: row.opt_text(6)?,
+        created_at: row.text(7)?,
+        expires_at: row.text(8)?,
+        paid_at: row.opt_text(9)?,
+        closed_at: row.opt_text(10)?,
+        refund_no: row.opt_text(11)?,
+        refunded_at: row.opt_text(12)?,
+    })
+}
+
+fn refund_from_row(row: &Row) -> Result<RefundRecord, Error> {
+    let status = row.text(3)?;
+    Ok(RefundRecord {
+        id: row.int(0)?,
+        refund_no: row.text(1)?,
+        order_id: row.int(2)?,
+        status: RefundStatus::parse(&status).ok_or_else(|| bad_value("refund status", &status))?,
+        requested_at: row.text(4)?,
+        settled_at: row.opt_text(5)?,
+    })
+}
+
+impl ReadTx<'_> {
+    pub fn order_by_no(&self, order_no: &str) -> Result<Option<Order>, Error> {
+        self.optional(concat!("SELECT ", order_columns!(), " FROM orders WHERE order_no = ?1"), params![order_no], order_from_row)
+    }
+
+    pub fn order_by_id(&self, id: i64) -> Result<Order, Error> {
+        self.one(concat!("SELECT ", order_columns!(), " FROM orders WHERE id = ?1"), params![id], order_from_row)
+    }
+
+    /// Newest first, filtered, after the cursor (an order id).
+    pub fn list_orders(
+        &self,
+        user_id: Option<&str>,
+        status: Option<OrderStatus>,
+        before_id: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<Order>, Error> {
+        self.all(
+            concat!(
+                "SELECT ",
+                order_columns!(),
+                " FROM orders
+                 WHERE (?1 IS NULL OR user_id = ?1) AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
+                 ORDER BY id DESC LIMIT ?4"
+            ),
+            params![user_id, status.map(OrderStatus::as_str), before_id, limit_param(limit)],
+            order_from_row,
+        )
+    }
+
+    /// PENDING orders whose `expires_at` is not after `now`, oldest first
+    /// (served by the partial index `ix_orders_pending_expiry`).
+    pub fn expired_pending_orders(&self, now: &str, limit: usize) -> Result<Vec<String>, Error> {
+        self.all(
+            "SELECT order_no FROM orders WHERE status = 'PENDING' AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2",
+            params![now, limit_param(limit)],
+            |r| r.text(0),
+        )
+    }
+
+    pub fn refund_by_no(&self, refund_no: &str) -> Result<Option<RefundRecord>, Error> {
+        self.optional(
+            "SELECT id, refund_no, order_id, status, requested_at, settled_at FROM refund WHERE refund_no = ?1",
+            params![refund_no],
+            refund_from_row,
+        )
+    }
+}
+
+impl WriteTx<'_> {
+    /// Inserts the order unless its order_no exists; `Err(existing)` then.
+    pub fn insert_order(&self, order: &NewOrder) -> Result<Result<Order, Order>, Error> {
+        let inserted = self.execute(
+            "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5, ?6)
+             ON CONFLICT (order_no) DO NOTHING",
+            params![&order.order_no, &order.user_id, order.amount, &order.currency, &order.created_at, &order.expires_at],
+        )?;
+        let stored = self
+            .order_by_no(&order.order_no)?
+            .ok_or_else(|| Error::internal(format!("order {} vanished inside its transaction", order.order_no)))?;
+        Ok(if one_row(inserted, "insert order")? { Ok(stored) } else { Err(stored) })
+    }
+
+    /// CAS PENDING→PAID, only at the order's own amount. `false` when the
+    /// order is not PENDING or the amount differs; the caller reads why.
+    pub fn cas_order_paid(&self, order_id: i64, amount: i64, pay_no: &str, paid_at: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE orders SET status = 'PAID', pay_no = ?3, paid_at = ?4
+             WHERE id = ?1 AND status = 'PENDING' AND amount = ?2",
+            params![order_id, amount, pay_no, paid_at],
+        )?;
+        one_row(changed, "pay order")
+    }
+
+    /// CAS PENDING→CLOSED.
+    pub fn cas_order_closed(&self, order_id: i64, closed_at: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE orders SET status = 'CLOSED', closed_at = ?2 WHERE id = ?1 AND status = 'PENDING'",
+            params![order_id, closed_at],
+        )?;
+        one_row(changed, "close order")
+    }
+
+    /// CAS PAID→REFUNDING.
+    pub fn cas_order_refunding(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE orders SET status = 'REFUNDING', refund_no = ?2 WHERE id = ?1 AND status = 'PAID'",
+            params![order_id, refund_no],
+        )?;
+        one_row(changed, "start refund")
+    }
+
+    /// CAS REFUNDING→REFUNDED for this refund_no.
+    pub fn cas_order_refunded(&self, order_id: i64, refund_no: &str, refunded_at: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE orders SET status = 'REFUNDED', refunded_at = ?3
+             WHERE id = ?1 AND status = 'REFUNDING' AND refund_no = ?2",
+            params![order_id, refund_no, refunded_at],
+        )?;
+        one_row(changed, "settle refund")
+    }
+
+    /// CAS REFUNDING→PAID for this refund_no (the refund failed; a new one may be asked).
+    pub fn cas_order_refund_failed(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE orders SET status = 'PAID', refund_no = NULL
+             WHERE id = ?1 AND status = 'REFUNDING' AND refund_no = ?2",
+            params![order_id, refund_no],
+        )?;
+        one_row(changed, "fail refund")
+    }
+
+    /// Inserts a REQUESTED refund under `uk_refund_no`; `false` if the refund_no exists.
+    pub fn insert_refund(&self, refund_no: &str, order_id: i64, now: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "INSERT INTO refund (refund_no, order_id, status, requested_at) VALUES (?1, ?2, 'REQUESTED', ?3)
+             ON CONFLICT (refund_no) DO NOTHING",
+            params![refund_no, order_id, now],
+        )?;
+        one_row(changed, "request refund")
+    }
+
+    /// CAS REQUESTED→`to`; `platform_settled_at` is the platform's own time
+    /// of a successful refund, when its notice carried one.
+    pub fn settle_refund(
+        &self,
+        id: i64,
+        to: RefundStatus,
+        now: &str,
+        platform_settled_at: Option<&str>,
+    ) -> Result<bool, Error> {
+        assert!(to != RefundStatus::Requested, "settling a refund as REQUESTED");
+        assert!(platform_settled_at.is_none() || to == RefundStatus::Succeeded, "a platform time on a failed refund");
+        let changed = self.execute(
+            "UPDATE refund SET status = ?2, settled_at = ?3, platform_settled_at = ?4
+             WHERE id = ?1 AND status = 'REQUESTED'",
+            params![id, to.as_str(), now, platform_settled_at],
+        )?;
+        one_row(changed, "settle refund")
+    }
+}

@@ -1,0 +1,185 @@
+//! Payment deliveries: one `pay_callback_log` row per pay_no (`uk_pay_no`),
+//! `received` → `decided` by CAS, and the operator's resolutions.
+
+use super::{bad_value, limit_param, one_row, params, ReadTx, Row, WriteTx};
+use crate::domain::{CallbackRecord, NewCallback, PaymentOutcome, PlatformStatus};
+use crate::error::Error;
+
+/// What claiming a pay_no found.
+pub enum Claim {
+    /// This delivery is the first of its pay_no; the row waits to be decided.
+    New(i64),
+    /// The pay_no was recorded before.
+    Existing(CallbackRecord),
+}
+
+macro_rules! callback_columns {
+    () => {
+        "id, pay_no, channel, order_id, amount, status, outcome, state, \
+         source, paid_at, received_at, decided_at"
+    };
+}
+
+fn callback_from_row(row: &Row) -> Result<CallbackRecord, Error> {
+    let status = row.text(5)?;
+    let outcome = row.text(6)?;
+    let state = row.text(7)?;
+    // Pair assertion with the CHECKs of the schema: read back what was written.
+    let outcome = PaymentOutcome::parse(&outcome).ok_or_else(|| bad_value("outcome", &outcome))?;
+    let decided = match state.as_str() {
+        "received" => false,
+        "decided" => true,
+        _ => return Err(bad_value("callback state", &state)),
+    };
+    assert_eq!(decided, outcome != PaymentOutcome::Recorded, "callback state/outcome disagree");
+    Ok(CallbackRecord {
+        id: row.int(0)?,
+        pay_no: row.text(1)?,
+        channel: row.text(2)?,
+        order_id: row.int(3)?,
+        amount: row.int(4)?,
+        status: PlatformStatus::parse(&status).ok_or_else(|| bad_value("platform status", &status))?,
+        outcome,
+        decided,
+        source: row.text(8)?,
+        paid_at: row.opt_text(9)?,
+        received_at: row.text(10)?,
+        decided_at: row.opt_text(11)?,
+    })
+}
+
+impl ReadTx<'_> {
+    pub fn callback_by_id(&self, id: i64) -> Result<CallbackRecord, Error> {
+        self.one(
+            concat!("SELECT ", callback_columns!(), " FROM pay_callback_log WHERE id = ?1"),
+            params![id],
+            callback_from_row,
+        )
+    }
+
+    pub fn callback_by_pay_no(&self, pay_no: &str) -> Result<Option<CallbackRecord>, Error> {
+        self.optional(
+            concat!("SELECT ", callback_columns!(), " FROM pay_callback_log WHERE pay_no = ?1"),
+            params![pay_no],
+            callback_from_row,
+        )
+    }
+
+    pub fn raw_body_of(&self, id: i64) -> Result<Vec<u8>, Error> {
+        self.one("SELECT raw_body FROM pay_callback_log WHERE id = ?1", params![id], |r| r.blob(0))
+    }
+
+    pub fn callbacks_of_order(&self, order_id: i64) -> Result<Vec<CallbackRecord>, Error> {
+        self.all(
+            concat!("SELECT ", callback_columns!(), " FROM pay_callback_log WHERE order_id = ?1 ORDER BY id"),
+            params![order_id],
+            callback_from_row,
+        )
+    }
+
+    /// Records waiting in record-only mode, in arrival order.
+    pub fn received_callbacks(&self, limit: usize) -> Result<Vec<(i64, String)>, Error> {
+        self.all(
+            "SELECT id, pay_no FROM pay_callback_log WHERE state = 'received' ORDER BY id LIMIT ?1",
+            params![limit_param(limit)],
+            |r| Ok((r.int(0)?, r.text(1)?)),
+        )
+    }
+
+    pub fn count_received(&self) -> Result<i64, Error> {
+        self.one("SELECT count(*) FROM pay_callback_log WHERE state = 'received'", params![], |r| r.int(0))
+    }
+
+    /// The resolution of a payment: (resolution, reason, resolved_at).
+    pub fn payment_resolution(&self, id: i64) -> Result<Option<(String, String, String)>, Error> {
+        self.one(
+            "SELECT resolution, resolution_reason, resolved_at FROM pay_callback_log WHERE id = ?1",
+            params![id],
+            |r| {
+                Ok(match r.opt_text(0)? {
+                    Some(resolution) => Some((resolution, r.text(1)?, r.text(2)?)),
+                    None => None,
+                })
+            },
+        )
+    }
+}
+
+impl WriteTx<'_> {
+    /// Claims the pay_no: inserts the delivery as `received`, or returns the
+    /// record that already holds it (`uk_pay_no`).
+    pub fn claim_pay_no(&self, cb: &NewCallback) -> Result<Claim, Error> {
+        let inserted = self.optional(
+            "INSERT INTO pay_callback_log
+                 (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'recorded', 'received', ?6, ?7, ?8, ?9)
+             ON CONFLICT (pay_no) DO NOTHING
+             RETURNING id",
+            params![
+                cb.pay_no,
+                cb.channel,
+                cb.order_id,
+                cb.amount,
+                cb.status.as_str(),
+                cb.source,
+                cb.raw_body,
+                cb.paid_at,
+                cb.received_at
+            ],
+            |r| r.int(0),
+        )?;
+        if let Some(id) = inserted {
+            return Ok(Claim::New(id));
+        }
+        let existing = self
+            .callback_by_pay_no(cb.pay_no)?
+            .ok_or_else(|| Error::internal(format!("pay_no {} conflicted but is not recorded", cb.pay_no)))?;
+        Ok(Claim::Existing(existing))
+    }
+
+    /// A SUCCESS of a pay_no recorded FAILED (decided `payment_failed`, or
+    /// still `received` in record-only mode) supersedes it, once: the row is
+    /// `received` again, carrying the new delivery. `false` when the row is
+    /// not (or no longer) a FAILED.
+    pub fn supersede_failed_payment(&self, id: i64, cb: &NewCallback) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE pay_callback_log
+             SET status = 'SUCCESS', outcome = 'recorded', state = 'received', decided_at = NULL,
+                 amount = ?2, raw_body = ?3, paid_at = ?4, source = ?5
+             WHERE id = ?1 AND status = 'FAILED' AND outcome IN ('payment_failed', 'recorded')",
+            params![id, cb.amount, cb.raw_body, cb.paid_at, cb.source],
+        )?;
+        one_row(changed, "supersede failed payment")
+    }
+
+    /// CAS received→decided. `rewards_due` is set exactly for `applied`.
+    pub fn decide_callback(
+        &self,
+        id: i64,
+        outcome: PaymentOutcome,
+        decided_at: &str,
+        rewards_due: Option<&str>,
+    ) -> Result<bool, Error> {
+        assert!(outcome != PaymentOutcome::Recorded, "deciding a callback as recorded");
+        assert_eq!(outcome == PaymentOutcome::Applied, rewards_due.is_some());
+        let applied_at = (outcome == PaymentOutcome::Applied).then_some(decided_at);
+        let changed = self.execute(
+            "UPDATE pay_callback_log SET outcome = ?2, state = 'decided', decided_at = ?3, rewards_due = ?4,
+                 applied_at = ?5
+             WHERE id = ?1 AND state = 'received'",
+            params![id, outcome.as_str(), decided_at, rewards_due, applied_at],
+        )?;
+        one_row(changed, "decide callback")
+    }
+
+    /// CAS unresolved → resolved, for refund-required payments only.
+    pub fn resolve_payment(&self, id: i64, resolution: &str, reason: &str, now: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE pay_callback_log SET resolution = ?2, resolution_reason = ?3, resolved_at = ?4
+             WHERE id = ?1 AND resolution IS NULL
+               AND outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch')",
+            params![id, resolution, reason, now],
+        )?;
+        one_row(changed, "resolve payment")
+    }
+}

@@ -1,0 +1,516 @@
+//! The PostgreSQL engine: several `payonce serve` processes, on any number of
+//! hosts, on one database (PRODUCT.md section 8).
+//!
+//! - A pool of connections (`r2d2_postgres`), each with its own statement
+//!   cache; the query methods reach a connection only through that cache.
+//! - Every write is one READ COMMITTED transaction whose first statements
+//!   take `pg_advisory_xact_lock` on each key this thread holds in the
+//!   process-local [`crate::keylock::KeyedLocks`], in the order it took
+//!   them. PostgreSQL itself releases them at COMMIT or ROLLBACK, so the
+//!   lock can never be dropped before the commit, and every read of the
+//!   body follows the lock and sees the previous holder's rows.
+//! - A serialization failure or deadlock (`40001`, `40P01`) runs the whole
+//!   body again on a new transaction, at most [`WRITE_ATTEMPTS_MAX`] times.
+//! - Inserting into `outbox_event` takes one more advisory lock, on the
+//!   outbox, held to the commit: transactions that emit events commit one
+//!   at a time, in `seq` order, so a reader's cursor never skips an event
+//!   that commits later with a smaller `seq`.
+//! - Reads run REPEATABLE READ, READ ONLY: one snapshot for the whole body.
+//! - The schema (`schema.postgres.sql`) is applied in one transaction under
+//!   an advisory lock and versioned in `payonce_schema_version`.
+
+use super::orders::{order_columns, order_from_row};
+use super::{
+    params, Cell, Conn, Param, Row, StoreOptions, POOL_WAIT_MS, SCHEMA_POSTGRES_SQL, SCHEMA_VERSION,
+    WRITE_ATTEMPTS_MAX,
+};
+use crate::error::{Error, ErrorKind};
+use bytes::BytesMut;
+use postgres::error::SqlState;
+use postgres::types::{IsNull, ToSql, Type};
+use postgres::{Client, IsolationLevel, NoTls, Statement, Transaction};
+use r2d2_postgres::PostgresConnectionManager;
+use std::cell::{Cell as Flag, RefCell};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Advisory-lock key of schema application: one process applies or checks
+/// the schema at a time.
+const SCHEMA_LOCK: &str = "payonce:schema";
+/// Advisory-lock key every event-emitting transaction takes just before its
+/// insert into `outbox_event`.
+const OUTBOX_LOCK: &str = "payonce:outbox";
+/// Rows of `orders` `/healthz` reads: one API page.
+const HEALTH_ORDERS_ROWS: i64 = 100;
+
+/// Test hooks, read from the environment when the store opens. Neither is
+/// documented for operators: they exist so a test can show the outbox lock
+/// matters.
+#[derive(Clone, Debug, Default)]
+struct Hooks {
+    /// `PAYONCE_TEST_HOLD_AFTER_EVENT_MS`: sleep this long right after an
+    /// insert into `outbox_event`, inside the transaction.
+    hold_after_event: Option<Duration>,
+    /// `PAYONCE_TEST_NAIVE_OUTBOX=1`: skip the outbox lock (a plain sequence).
+    naive_outbox: bool,
+}
+
+impl Hooks {
+    fn from_env() -> Hooks {
+        let hold_after_event = std::env::var("PAYONCE_TEST_HOLD_AFTER_EVENT_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis);
+        let naive_outbox = std::env::var("PAYONCE_TEST_NAIVE_OUTBOX").is_ok_and(|v| v == "1");
+        Hooks { hold_after_event, naive_outbox }
+    }
+}
+
+pub struct PostgresEngine {
+    pool: r2d2::Pool<Manager>,
+    storage_ok: Arc<AtomicBool>,
+    hooks: Hooks,
+}
+
+/// A pooled connection: the client and the statements prepared on it.
+pub(super) struct PgConnection {
+    client: Client,
+    statements: HashMap<&'static str, Statement>,
+}
+
+struct Manager {
+    inner: PostgresConnectionManager<NoTls>,
+    /// Session settings every new connection gets.
+    session: String,
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = PgConnection;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> Result<PgConnection, postgres::Error> {
+        let mut client = self.inner.connect()?;
+        client.batch_execute(&self.session)?;
+        Ok(PgConnection { client, statements: HashMap::new() })
+    }
+
+    fn is_valid(&self, conn: &mut PgConnection) -> Result<(), postgres::Error> {
+        conn.client.simple_query("").map(drop)
+    }
+
+    fn has_broken(&self, conn: &mut PgConnection) -> bool {
+        conn.client.is_closed()
+    }
+}
+
+/// `url` with its password replaced, for messages and logs: a password in
+/// a PostgreSQL URL is never printed.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rfind('@') {
+        Some(at) => match authority[..at].find(':') {
+            Some(colon) => format!("{}:***{}", &authority[..colon], &authority[at..]),
+            None => authority.to_owned(),
+        },
+        None => authority.to_owned(),
+    };
+    // A password may also come as a query parameter.
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|kv| if kv.starts_with("password=") { "password=***".to_owned() } else { kv.to_owned() })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{}{authority}{tail}", &url[..scheme_end])
+}
+
+/// A 64-bit advisory-lock key for `name`: the first 8 bytes of its SHA-256.
+/// Two names sharing a key would only serialise more than needed.
+fn lock_key(name: &str) -> i64 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(name.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// `?N` placeholders (the SQL both engines share) as PostgreSQL's `$N`.
+/// The shared SQL has no `?` inside string literals.
+fn postgres_sql(sql: &str) -> String {
+    sql.replace('?', "$")
+}
+
+impl PostgresEngine {
+    pub(super) fn open(url: &str, options: &StoreOptions) -> Result<PostgresEngine, Error> {
+        let shown = redact_url(url);
+        let config: postgres::Config =
+            url.parse().map_err(|e| Error::internal(format!("cannot parse the database URL {shown}: {e}")))?;
+        // lock_timeout bounds the advisory locks as busy_timeout bounds
+        // SQLite's writer lock: past it the request is 503 database_busy.
+        let session = format!(
+            "SET application_name = 'payonce'; SET lock_timeout = '{}ms'; SET TIME ZONE 'UTC'",
+            options.busy_timeout_ms
+        );
+        let manager = Manager { inner: PostgresConnectionManager::new(config, NoTls), session };
+        let pool = r2d2::Pool::builder()
+            .max_size(options.pool_size)
+            .min_idle(Some(1))
+            .connection_timeout(Duration::from_millis(POOL_WAIT_MS))
+            .build(manager)
+            .map_err(|e| Error::internal(format!("cannot open database {shown}: {e}")))?;
+        let engine = PostgresEngine { pool, storage_ok: Arc::new(AtomicBool::new(true)), hooks: Hooks::from_env() };
+        engine.apply_schema().map_err(|e| Error::new(e.kind, format!("database {shown}: {}", e.message)))?;
+        Ok(engine)
+    }
+
+    fn connection(&self) -> Result<r2d2::PooledConnection<Manager>, Error> {
+        Ok(self.pool.get()?)
+    }
+
+    /// Brings the database to [`SCHEMA_VERSION`] in one transaction under a
+    /// transaction-scoped advisory lock, so processes starting together
+    /// never both apply it: the second waits, then reads the version.
+    fn apply_schema(&self) -> Result<(), Error> {
+        let mut conn = self.connection()?;
+        let mut tx = conn.client.transaction().map_err(plain_error)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(SCHEMA_LOCK)]).map_err(plain_error)?;
+        let exists: bool = tx
+            .query_one("SELECT to_regclass('payonce_schema_version') IS NOT NULL", &[])
+            .map_err(plain_error)?
+            .get(0);
+        let version: i64 = if exists {
+            tx.query_one("SELECT coalesce(max(version), 0) FROM payonce_schema_version", &[]).map_err(plain_error)?.get(0)
+        } else {
+            tx.batch_execute("CREATE TABLE payonce_schema_version (version BIGINT NOT NULL PRIMARY KEY)")
+                .map_err(plain_error)?;
+            0
+        };
+        if version > SCHEMA_VERSION {
+            return Err(Error::internal(format!(
+                "database schema version {version} is newer than this payonce ({SCHEMA_VERSION})"
+            )));
+        }
+        if version == 0 {
+            tx.batch_execute(SCHEMA_POSTGRES_SQL)
+                .map_err(|e| Error::internal(format!("applying schema.postgres.sql failed: {}", message_of(&e))))?;
+            tx.execute("INSERT INTO payonce_schema_version (version) VALUES ($1)", &[&SCHEMA_VERSION])
+                .map_err(plain_error)?;
+        } else if version < SCHEMA_VERSION {
+            // PostgreSQL support began at version 3; a later schema change
+            // adds its numbered PostgreSQL migration here.
+            return Err(Error::internal(format!(
+                "database schema version {version} has no PostgreSQL migration to {SCHEMA_VERSION}"
+            )));
+        }
+        tx.commit().map_err(plain_error)?;
+        Ok(())
+    }
+
+    pub(super) fn write<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {
+        let keys: Vec<i64> = crate::keylock::held_keys().iter().map(|k| lock_key(k)).collect();
+        for attempt in 1..=WRITE_ATTEMPTS_MAX {
+            let mut conn = self.connection()?;
+            let PgConnection { client, statements } = &mut *conn;
+            let tx = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::ReadCommitted)
+                .start()
+                .map_err(plain_error)?;
+            let pg = PgTx::new(tx, statements, &self.hooks);
+            let result = keys
+                .iter()
+                .try_for_each(|key| pg.execute("SELECT pg_advisory_xact_lock(?1)", params![*key]).map(drop))
+                .and_then(|()| work(&pg));
+            let result = match result {
+                Ok(value) => pg.commit().map(|()| value),
+                Err(e) => Err(e), // dropping the transaction rolls it back
+            };
+            match result {
+                Err(_) if pg.conflict.get() && attempt < WRITE_ATTEMPTS_MAX => {
+                    crate::log::info(
+                        "write transaction re-run after a serialization failure or deadlock",
+                        &[("attempt", &attempt)],
+                    );
+                }
+                Err(_) if pg.conflict.get() => {
+                    return Err(Error::new(
+                        ErrorKind::DatabaseBusy,
+                        format!("the database kept refusing this write (serialization failure or deadlock, {WRITE_ATTEMPTS_MAX} attempts); retry shortly"),
+                    ));
+                }
+                other => return other,
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    pub(super) fn read<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {
+        let mut conn = self.connection()?;
+        let PgConnection { client, statements } = &mut *conn;
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(plain_error)?;
+        let pg = PgTx::new(tx, statements, &self.hooks);
+        let value = work(&pg)?;
+        pg.commit()?;
+        Ok(value)
+    }
+
+    pub(super) fn storage_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.storage_ok)
+    }
+
+    /// `/healthz`: the schema version and one page of `orders`, on a
+    /// pooled connection (the server's state, not a local file, is what
+    /// can go wrong here).
+    pub(super) fn check_health(&self) -> Result<(), Error> {
+        let unavailable = |e: Error| Error::new(ErrorKind::DatabaseUnavailable, e.message);
+        self.read(&mut |conn| {
+            let version = ReadRows(conn).one("SELECT coalesce(max(version), 0) FROM payonce_schema_version")?;
+            if version != SCHEMA_VERSION {
+                return Err(Error::internal(format!("the database's schema version is {version}, not {SCHEMA_VERSION}")));
+            }
+            conn.query_each(
+                concat!("SELECT ", order_columns!(), " FROM orders ORDER BY id DESC LIMIT ?1"),
+                params![HEALTH_ORDERS_ROWS],
+                &mut |row| order_from_row(&row).map(drop),
+            )
+        })
+        .map_err(|e| if e.kind == ErrorKind::Internal { unavailable(e) } else { e })
+    }
+
+    /// See [`crate::store::Store::count_raw`].
+    pub(super) fn count_raw(&self, sql: &str) -> Result<i64, String> {
+        let mut conn = self.pool.get().map_err(|e| e.to_string())?;
+        let row = conn.client.query_one(sql, &[]).map_err(|e| message_of(&e))?;
+        let cells = cells_of(&row).map_err(|e| e.message)?;
+        match cells.as_slice() {
+            [Cell::Int(v)] => Ok(*v),
+            other => Err(format!("expected one integer, got {other:?}")),
+        }
+    }
+
+    /// See [`crate::store::Store::execute_raw`].
+    pub(super) fn execute_raw(&self, sql: &str) -> Result<u64, String> {
+        let mut conn = self.pool.get().map_err(|e| e.to_string())?;
+        conn.client.execute(sql, &[]).map_err(|e| message_of(&e))
+    }
+}
+
+/// One integer from a one-row, one-column query.
+struct ReadRows<'a>(&'a dyn Conn);
+
+impl ReadRows<'_> {
+    fn one(&self, sql: &'static str) -> Result<i64, Error> {
+        let mut value = None;
+        self.0.query_each(sql, params![], &mut |row| {
+            value = Some(row.int(0)?);
+            Ok(())
+        })?;
+        value.ok_or_else(|| Error::internal("no row where one was expected"))
+    }
+}
+
+/// The query methods' view of one PostgreSQL transaction.
+struct PgTx<'a> {
+    tx: RefCell<Option<Transaction<'a>>>,
+    statements: RefCell<&'a mut HashMap<&'static str, Statement>>,
+    hooks: &'a Hooks,
+    /// Set when a statement failed with a serialization failure or a
+    /// deadlock: the whole transaction may be run again.
+    conflict: Flag<bool>,
+}
+
+impl<'a> PgTx<'a> {
+    fn new(tx: Transaction<'a>, statements: &'a mut HashMap<&'static str, Statement>, hooks: &'a Hooks) -> PgTx<'a> {
+        PgTx { tx: RefCell::new(Some(tx)), statements: RefCell::new(statements), hooks, conflict: Flag::new(false) }
+    }
+
+    fn commit(&self) -> Result<(), Error> {
+        let tx = self.tx.borrow_mut().take().ok_or_else(|| Error::internal("transaction already ended"))?;
+        tx.commit().map_err(|e| self.error(e))
+    }
+
+    fn statement(&self, tx: &mut Transaction<'a>, sql: &'static str) -> Result<Statement, Error> {
+        let mut statements = self.statements.borrow_mut();
+        if let Some(statement) = statements.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = tx.prepare(&postgres_sql(sql)).map_err(|e| self.error(e))?;
+        statements.insert(sql, statement.clone());
+        Ok(statement)
+    }
+
+    fn error(&self, err: postgres::Error) -> Error {
+        let code = err.code();
+        if code == Some(&SqlState::T_R_SERIALIZATION_FAILURE) || code == Some(&SqlState::T_R_DEADLOCK_DETECTED) {
+            self.conflict.set(true);
+            return Error::database_busy();
+        }
+        if code == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+            return Error::database_busy();
+        }
+        plain_error(err)
+    }
+}
+
+impl Conn for PgTx<'_> {
+    fn execute(&self, sql: &'static str, params: &[Param]) -> Result<usize, Error> {
+        let mut guard = self.tx.borrow_mut();
+        let tx = guard.as_mut().ok_or_else(|| Error::internal("transaction already ended"))?;
+        let statement = self.statement(tx, sql)?;
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        let changed = tx.execute(&statement, &values).map_err(|e| self.error(e))?;
+        usize::try_from(changed).map_err(|_| Error::internal("affected-row count out of range"))
+    }
+
+    fn query_each(
+        &self,
+        sql: &'static str,
+        params: &[Param],
+        each: &mut dyn FnMut(Row) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let rows = {
+            let mut guard = self.tx.borrow_mut();
+            let tx = guard.as_mut().ok_or_else(|| Error::internal("transaction already ended"))?;
+            let statement = self.statement(tx, sql)?;
+            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+            tx.query(&statement, &values).map_err(|e| self.error(e))?
+        };
+        for row in &rows {
+            each(Row(cells_of(row)?))?;
+        }
+        Ok(())
+    }
+
+    fn before_event_insert(&self) -> Result<(), Error> {
+        if self.hooks.naive_outbox {
+            return Ok(());
+        }
+        self.execute("SELECT pg_advisory_xact_lock(?1)", params![lock_key(OUTBOX_LOCK)]).map(drop)
+    }
+
+    fn after_event_insert(&self) {
+        if let Some(hold) = self.hooks.hold_after_event {
+            std::thread::sleep(hold);
+        }
+    }
+}
+
+fn cells_of(row: &postgres::Row) -> Result<Vec<Cell>, Error> {
+    let read = |e: postgres::Error| Error::internal(format!("cannot read a column: {e}"));
+    let mut cells = Vec::with_capacity(row.len());
+    for (i, column) in row.columns().iter().enumerate() {
+        let ty = column.type_();
+        let cell = if *ty == Type::INT8 {
+            row.try_get::<_, Option<i64>>(i).map_err(read)?.map_or(Cell::Null, Cell::Int)
+        } else if *ty == Type::INT4 {
+            row.try_get::<_, Option<i32>>(i).map_err(read)?.map_or(Cell::Null, |v| Cell::Int(i64::from(v)))
+        } else if *ty == Type::INT2 {
+            row.try_get::<_, Option<i16>>(i).map_err(read)?.map_or(Cell::Null, |v| Cell::Int(i64::from(v)))
+        } else if *ty == Type::BOOL {
+            row.try_get::<_, Option<bool>>(i).map_err(read)?.map_or(Cell::Null, |v| Cell::Int(i64::from(v)))
+        } else if [Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME].contains(ty) {
+            row.try_get::<_, Option<String>>(i).map_err(read)?.map_or(Cell::Null, Cell::Text)
+        } else if *ty == Type::BYTEA {
+            row.try_get::<_, Option<Vec<u8>>>(i).map_err(read)?.map_or(Cell::Null, Cell::Blob)
+        } else if *ty == Type::VOID {
+            Cell::Null
+        } else {
+            return Err(Error::internal(format!("column {} has the unexpected type {ty}", column.name())));
+        };
+        cells.push(cell);
+    }
+    Ok(cells)
+}
+
+impl ToSql for Param<'_> {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match *self {
+            Param::Null => Ok(IsNull::Yes),
+            Param::Int(v) if *ty == Type::INT8 => v.to_sql(ty, out),
+            Param::Int(v) if *ty == Type::INT4 => i32::try_from(v)?.to_sql(ty, out),
+            Param::Int(v) if *ty == Type::INT2 => i16::try_from(v)?.to_sql(ty, out),
+            Param::Text(v) if [Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME, Type::UNKNOWN].contains(ty) => {
+                v.to_sql(ty, out)
+            }
+            Param::Blob(v) if *ty == Type::BYTEA => v.to_sql(ty, out),
+            other => Err(format!("{other:?} cannot be bound to a {ty} parameter").into()),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        // Checked per value in to_sql: one parameter type for every column type.
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
+/// The server's message (a trigger's RAISE text, a constraint's name), else
+/// the client's error.
+fn message_of(err: &postgres::Error) -> String {
+    match err.as_db_error() {
+        Some(db) => db.message().to_owned(),
+        None => err.to_string(),
+    }
+}
+
+/// An error outside a write body: lost connections are `database_unavailable`.
+fn plain_error(err: postgres::Error) -> Error {
+    if err.is_closed() || err.as_db_error().is_none() && err.code().is_none() {
+        return Error::new(ErrorKind::DatabaseUnavailable, format!("database unavailable: {err}"));
+    }
+    Error::internal(format!("database error: {}", message_of(&err)))
+}
+
+impl From<r2d2::Error> for Error {
+    fn from(err: r2d2::Error) -> Error {
+        // The pool timed out waiting for a connection: the server is saturated
+        // (or, on PostgreSQL, unreachable).
+        Error::new(ErrorKind::DatabaseBusy, format!("no database connection available: {err}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_appear_in_a_shown_url() {
+        assert_eq!(redact_url("postgres://payonce:s3cret@db.example:5432/pay"), "postgres://payonce:***@db.example:5432/pay");
+        assert_eq!(redact_url("postgresql://payonce@db/pay"), "postgresql://payonce@db/pay");
+        assert_eq!(
+            redact_url("postgres://db/pay?user=payonce&password=s3cret&sslmode=disable"),
+            "postgres://db/pay?user=payonce&password=***&sslmode=disable"
+        );
+        assert_eq!(redact_url("postgres://u:p%40ss@h/d"), "postgres://u:***@h/d");
+    }
+
+    #[test]
+    fn placeholders_become_dollar_numbers() {
+        assert_eq!(postgres_sql("SELECT ?1, ?2 WHERE a = ?10"), "SELECT $1, $2 WHERE a = $10");
+    }
+
+    #[test]
+    fn lock_keys_are_stable_and_distinct() {
+        assert_eq!(lock_key("pay:P1"), lock_key("pay:P1"));
+        assert_ne!(lock_key("pay:P1"), lock_key("pay:P2"));
+        assert_ne!(lock_key(OUTBOX_LOCK), lock_key(SCHEMA_LOCK));
+    }
+}

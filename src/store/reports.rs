@@ -1,0 +1,362 @@
+//! What operators read: the inspection, reconciliation's view of payments
+//! and refunds, the audit trail, and the settings (mode, rewards).
+//!
+//! Every finding's JSON is built here in Rust from plain columns, so neither
+//! engine needs JSON functions in SQL.
+
+use super::{params, ReadTx, Row, WriteTx};
+use crate::domain::{
+    AuditRow, Finding, LocalPayment, PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX, POINT_TYPE_ORDER_PAID,
+};
+use crate::error::Error;
+use serde_json::{json, Value};
+
+/// The audit actions that carry a refund_no in their own column.
+const REFUND_AUDIT_ACTIONS: [&str; 2] = ["unexpected_refund", "unexpected_refund_resolved"];
+
+fn local_payment_from_row(r: &Row) -> Result<LocalPayment, Error> {
+    Ok(LocalPayment {
+        pay_no: r.text(0)?,
+        order_no: r.text(1)?,
+        amount: r.int(2)?,
+        outcome: r.text(3)?,
+        paid_time: r.text(4)?,
+    })
+}
+
+fn audit_from_row(r: &Row) -> Result<AuditRow, Error> {
+    Ok(AuditRow {
+        id: r.int(0)?,
+        at: r.text(1)?,
+        actor: r.text(2)?,
+        action: r.text(3)?,
+        order_no: r.opt_text(4)?,
+        detail: r.text(5)?,
+    })
+}
+
+/// `ms` milliseconds after (or, negative, before) the RFC 3339 time `at`.
+fn shifted(at: &str, ms: i64) -> Result<String, Error> {
+    let base = crate::clock::parse_rfc3339_ms(at).ok_or_else(|| Error::internal(format!("unparseable stored time {at:?}")))?;
+    Ok(crate::clock::format_ms(base.saturating_add(ms)))
+}
+
+impl ReadTx<'_> {
+    /// `audit_log` rows of one action about one refund_no, oldest first.
+    pub fn refund_audit(&self, action: &str, refund_no: &str) -> Result<Vec<AuditRow>, Error> {
+        self.all(
+            "SELECT id, at, actor, action, order_no, detail FROM audit_log
+             WHERE refund_no = ?2 AND action = ?1
+             ORDER BY id",
+            params![action, refund_no],
+            audit_from_row,
+        )
+    }
+
+    pub fn setting(&self, name: &str) -> Result<Option<String>, Error> {
+        self.optional("SELECT value FROM settings WHERE name = ?1", params![name], |r| r.text(0))
+    }
+
+    // ---- inspection: every query is served by an index ----
+
+    /// Runs every inspection query; `received_before` (now minus
+    /// `ops::RECEIVED_STALE_MS`) bounds `received_not_applied`.
+    pub fn inspect(&self, received_before: &str) -> Result<Vec<Finding>, Error> {
+        let mut findings = Vec::new();
+        for r in self.rows(
+            "SELECT o.order_no, d.coupon_template_id, d.n
+             FROM (SELECT order_id, coupon_template_id, count(*) AS n FROM user_coupon
+                   GROUP BY order_id, coupon_template_id HAVING count(*) > 1) d
+             JOIN orders o ON o.id = d.order_id",
+            params![],
+        )? {
+            findings.push(Finding {
+                kind: "duplicate_coupon",
+                order_no: r.text(0)?,
+                detail: json!({"coupon_template_id": r.text(1)?, "rows": r.int(2)?}),
+            });
+        }
+        for r in self.rows(
+            "SELECT o.order_no, d.point_type, d.n
+             FROM (SELECT order_id, point_type, count(*) AS n FROM point_log
+                   GROUP BY order_id, point_type HAVING count(*) > 1) d
+             JOIN orders o ON o.id = d.order_id",
+            params![],
+        )? {
+            findings.push(Finding {
+                kind: "duplicate_points",
+                order_no: r.text(0)?,
+                detail: json!({"point_type": r.text(1)?, "rows": r.int(2)?}),
+            });
+        }
+        self.paid_without_rewards(&mut findings)?;
+        for r in self.rows(
+            "SELECT o.order_no, p.pay_no, o.status, o.pay_no
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.outcome = 'applied'
+               AND (o.status NOT IN ('PAID', 'REFUNDING', 'REFUNDED') OR o.pay_no IS DISTINCT FROM p.pay_no)",
+            params![],
+        )? {
+            findings.push(Finding {
+                kind: "applied_callback_order_not_paid",
+                order_no: r.text(0)?,
+                detail: json!({"pay_no": r.text(1)?, "order_status": r.text(2)?, "order_pay_no": r.opt_text(3)?}),
+            });
+        }
+        for r in self.rows(
+            "SELECT o.order_no, p.pay_no, p.outcome, p.amount, p.channel, p.decided_at
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch') AND p.resolution IS NULL
+             ORDER BY p.id",
+            params![],
+        )? {
+            findings.push(Finding {
+                kind: "refund_required",
+                order_no: r.text(0)?,
+                detail: json!({
+                    "pay_no": r.text(1)?, "outcome": r.text(2)?, "amount": r.int(3)?,
+                    "channel": r.text(4)?, "decided_at": r.opt_text(5)?,
+                }),
+            });
+        }
+        self.unexpected_refunds(&mut findings)?;
+        for r in self.rows(
+            "SELECT o.order_no, p.pay_no, p.received_at
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.state = 'received' AND p.received_at < ?1
+               AND (SELECT value FROM settings WHERE name = 'mode') = 'normal'
+             ORDER BY p.id",
+            params![received_before],
+        )? {
+            findings.push(Finding {
+                kind: "received_not_applied",
+                order_no: r.text(0)?,
+                detail: json!({"pay_no": r.text(1)?, "received_at": r.text(2)?}),
+            });
+        }
+        Ok(findings)
+    }
+
+    /// Applied payments whose rewards (recorded in `rewards_due` when they
+    /// were applied) are not all in the ledgers. One pass over the applied
+    /// payments with their coupons beside them, grouped here by payment.
+    fn paid_without_rewards(&self, findings: &mut Vec<Finding>) -> Result<(), Error> {
+        struct Applied {
+            id: i64,
+            order_no: String,
+            pay_no: String,
+            rewards_due: String,
+            has_points: bool,
+            coupons: Vec<String>,
+        }
+        fn judge(p: Applied, findings: &mut Vec<Finding>) -> Result<(), Error> {
+            let due: Value = serde_json::from_str(&p.rewards_due)
+                .map_err(|e| Error::internal(format!("rewards_due of {} is not JSON: {e}", p.pay_no)))?;
+            let missing_coupons: Vec<Value> = due
+                .get("coupons")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|t| t.as_str().is_none_or(|t| !p.coupons.iter().any(|c| c == t)))
+                .cloned()
+                .collect();
+            let missing_points = due.get("points").and_then(Value::as_i64).unwrap_or(0) > 0 && !p.has_points;
+            if !missing_coupons.is_empty() || missing_points {
+                findings.push(Finding {
+                    kind: "paid_without_rewards",
+                    order_no: p.order_no,
+                    detail: json!({
+                        "pay_no": p.pay_no, "rewards_due": due,
+                        "missing_coupons": missing_coupons, "missing_points": missing_points,
+                    }),
+                });
+            }
+            Ok(())
+        }
+        let mut current: Option<Applied> = None;
+        self.conn.query_each(
+            "SELECT p.id, o.order_no, p.pay_no, p.rewards_due,
+                    EXISTS (SELECT 1 FROM point_log l WHERE l.order_id = p.order_id AND l.point_type = ?1),
+                    c.coupon_template_id
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             LEFT JOIN user_coupon c ON c.order_id = p.order_id
+             WHERE p.outcome = 'applied'
+             ORDER BY p.id",
+            params![POINT_TYPE_ORDER_PAID],
+            &mut |r| {
+                let id = r.int(0)?;
+                if current.as_ref().is_none_or(|c| c.id != id) {
+                    if let Some(done) = current.take() {
+                        judge(done, findings)?;
+                    }
+                    current = Some(Applied {
+                        id,
+                        order_no: r.text(1)?,
+                        pay_no: r.text(2)?,
+                        rewards_due: r.text(3)?,
+                        has_points: r.flag(4)?,
+                        coupons: Vec::new(),
+                    });
+                }
+                if let (Some(c), Some(template)) = (current.as_mut(), r.opt_text(5)?) {
+                    c.coupons.push(template);
+                }
+                Ok(())
+            },
+        )?;
+        match current {
+            Some(done) => judge(done, findings),
+            None => Ok(()),
+        }
+    }
+
+    /// Unexpected refund results not yet resolved, one finding per
+    /// (refund_no, order_no): how many deliveries, the first one's time and
+    /// the status it reported.
+    fn unexpected_refunds(&self, findings: &mut Vec<Finding>) -> Result<(), Error> {
+        let rows = self.rows(
+            "SELECT a.refund_no, a.order_no, a.at, a.detail
+             FROM audit_log a
+             WHERE a.action = 'unexpected_refund' AND a.refund_no IS NOT NULL
+               AND NOT EXISTS (SELECT 1 FROM audit_log r WHERE r.refund_no = a.refund_no
+                               AND r.action = 'unexpected_refund_resolved')
+             ORDER BY a.id",
+            params![],
+        )?;
+        // (refund_no, order_no) in order of first delivery.
+        let mut groups: Vec<(String, Option<String>, Value, i64, String)> = Vec::new();
+        for r in rows {
+            let (refund_no, order_no, at) = (r.text(0)?, r.opt_text(1)?, r.text(2)?);
+            match groups.iter_mut().find(|g| g.0 == refund_no && g.1 == order_no) {
+                Some(group) => {
+                    group.3 += 1;
+                    if at < group.4 {
+                        group.4 = at;
+                    }
+                }
+                None => {
+                    let detail: Value = serde_json::from_str(&r.text(3)?).unwrap_or(Value::Null);
+                    let status = detail.get("status").cloned().unwrap_or(Value::Null);
+                    groups.push((refund_no, order_no, status, 1, at));
+                }
+            }
+        }
+        for (refund_no, order_no, status, deliveries, first_at) in groups {
+            findings.push(Finding {
+                kind: "unexpected_refund",
+                order_no: order_no.unwrap_or_default(),
+                detail: json!({"refund_no": refund_no, "status": status, "deliveries": deliveries, "first_at": first_at}),
+            });
+        }
+        Ok(())
+    }
+
+    // ---- reconciliation ----
+
+    /// Payments whose money moved (or that wait, recorded, with a SUCCESS),
+    /// by pay_no, for matching a platform's SUCCESS row.
+    pub fn money_moved_payment(&self, pay_no: &str) -> Result<Option<LocalPayment>, Error> {
+        self.optional(
+            "SELECT p.pay_no, o.order_no, p.amount, p.outcome, coalesce(p.paid_at, p.decided_at, p.received_at)
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.pay_no = ?1 AND p.status = 'SUCCESS'
+               AND p.outcome IN ('recorded', 'applied', 'already_paid', 'paid_after_close', 'amount_mismatch')",
+            params![pay_no],
+            local_payment_from_row,
+        )
+    }
+
+    /// Applied payments whose paid time is in [from, to). The paid time is
+    /// the platform's when it lies within [decided_at − 72 h, decided_at +
+    /// 5 min], else `decided_at`: a platform time outside that window (one
+    /// recorded before payonce windowed notifications, or by a repair) must
+    /// not date an applied payment out of `missing_remote`'s reach. Either
+    /// way the paid time lies in that window, so the query reads only the
+    /// payments decided within [from − 5 min, to + 72 h) and the window is
+    /// applied here.
+    pub fn applied_payments_between(&self, from: &str, to: &str) -> Result<Vec<LocalPayment>, Error> {
+        let decided_from = shifted(from, -PLATFORM_TIME_AFTER_MS_MAX)?;
+        let decided_to = shifted(to, PLATFORM_TIME_BEFORE_MS_MAX)?;
+        let mut placed = Vec::new();
+        for r in self.rows(
+            "SELECT p.pay_no, o.order_no, p.amount, p.outcome, p.paid_at, p.decided_at
+             FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.outcome = 'applied' AND p.decided_at >= ?1 AND p.decided_at < ?2",
+            params![&decided_from, &decided_to],
+        )? {
+            let decided_at = r.text(5)?;
+            let earliest = shifted(&decided_at, -PLATFORM_TIME_BEFORE_MS_MAX)?;
+            let latest = shifted(&decided_at, PLATFORM_TIME_AFTER_MS_MAX)?;
+            let paid_time = match r.opt_text(4)? {
+                Some(paid_at) if paid_at >= earliest && paid_at <= latest => paid_at,
+                _ => decided_at,
+            };
+            if paid_time.as_str() >= from && paid_time.as_str() < to {
+                placed.push(LocalPayment {
+                    pay_no: r.text(0)?,
+                    order_no: r.text(1)?,
+                    amount: r.int(2)?,
+                    outcome: r.text(3)?,
+                    paid_time,
+                });
+            }
+        }
+        placed.sort_by(|a, b| a.paid_time.cmp(&b.paid_time));
+        Ok(placed)
+    }
+
+    /// A SUCCEEDED refund by refund_no: (order_no, amount refunded = the order's amount).
+    pub fn succeeded_refund(&self, refund_no: &str) -> Result<Option<(String, i64)>, Error> {
+        self.optional(
+            "SELECT o.order_no, o.amount FROM refund r JOIN orders o ON o.id = r.order_id
+             WHERE r.refund_no = ?1 AND r.status = 'SUCCEEDED'",
+            params![refund_no],
+            |r| Ok((r.text(0)?, r.int(1)?)),
+        )
+    }
+
+    /// SUCCEEDED refunds settled in [from, to), by the platform's refund time
+    /// when its notice carried one, else by when payonce settled them:
+    /// (refund_no, order_no, amount).
+    pub fn refunds_settled_between(&self, from: &str, to: &str) -> Result<Vec<(String, String, i64)>, Error> {
+        self.all(
+            "SELECT r.refund_no, o.order_no, o.amount FROM refund r JOIN orders o ON o.id = r.order_id
+             WHERE r.status = 'SUCCEEDED'
+               AND coalesce(r.platform_settled_at, r.settled_at) >= ?1
+               AND coalesce(r.platform_settled_at, r.settled_at) < ?2
+             ORDER BY coalesce(r.platform_settled_at, r.settled_at)",
+            params![from, to],
+            |r| Ok((r.text(0)?, r.text(1)?, r.int(2)?)),
+        )
+    }
+}
+
+impl WriteTx<'_> {
+    /// One `audit_log` row. The refund_no of an unexpected refund result (or
+    /// of its resolution) goes in its own column too, so it is found by index.
+    pub fn audit(
+        &self,
+        at: &str,
+        actor: &str,
+        action: &str,
+        order_no: Option<&str>,
+        detail: &Value,
+    ) -> Result<(), Error> {
+        let refund_no =
+            if REFUND_AUDIT_ACTIONS.contains(&action) { detail.get("refund_no").and_then(Value::as_str) } else { None };
+        self.execute(
+            "INSERT INTO audit_log (at, actor, action, order_no, refund_no, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![at, actor, action, order_no, refund_no, &detail.to_string()],
+        )?;
+        Ok(())
+    }
+
+    pub fn put_setting(&self, name: &str, value: &str) -> Result<(), Error> {
+        self.execute(
+            "INSERT INTO settings (name, value) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            params![name, value],
+        )?;
+        Ok(())
+    }
+}
