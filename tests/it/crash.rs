@@ -16,7 +16,8 @@
 //!
 //! Replay a run with PAYONCE_CRASH_SEED=<seed printed by the test>.
 
-use crate::util::{parse_response, sign_now, HttpResponse, Rng, Server, TempDir, SECRET};
+use crate::engines::Db;
+use crate::util::{parse_response, sign_now, HttpResponse, Rng, Server, SECRET};
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
@@ -198,7 +199,7 @@ fn judge(delivery: &Delivery, response: &HttpResponse) -> Result<Option<String>,
 
 fn client(
     storm: Arc<Mutex<Storm>>,
-    addr: Arc<Mutex<SocketAddr>>,
+    addrs: Arc<Mutex<Vec<SocketAddr>>>,
     kills_done: Arc<AtomicBool>,
     seed: u64,
     deadline: Instant,
@@ -229,7 +230,11 @@ fn client(
             thread::sleep(Duration::from_millis(2));
             continue;
         };
-        let target = *addr.lock().expect("addr lock");
+        // Any process may get any delivery, as behind a load balancer.
+        let target = {
+            let addrs = addrs.lock().expect("addr lock");
+            addrs[rng.below(addrs.len() as u64) as usize]
+        };
         let result = send(target, &delivery);
         let mut s = storm.lock().expect("storm lock");
         s.sends += 1;
@@ -287,22 +292,40 @@ fn client(
     }
 }
 
-fn start(db: &std::path::Path) -> Server {
+fn start(db: &Db) -> Server {
     let points = POINTS_PER_YUAN.to_string();
-    Server::start_on(db, &["--coupon", COUPONS[0], "--coupon", COUPONS[1], "--points-per-yuan", &points])
+    db.serve(&["--coupon", COUPONS[0], "--coupon", COUPONS[1], "--points-per-yuan", &points])
 }
 
 #[test]
 fn sigkill_during_a_callback_storm_loses_and_duplicates_nothing() {
+    crash_storm(&Db::sqlite("crash"), 1);
+}
+
+for_each_engine! {
+    /// Two processes on one database; one of them is SIGKILLed again and again.
+    fn sigkill_one_of_two_processes(db) {
+        crash_storm(db, 2);
+    }
+
+    /// Four processes on one database; one of them is SIGKILLed again and again.
+    fn sigkill_one_of_four_processes(db) {
+        crash_storm(db, 4);
+    }
+}
+
+/// The storm on `processes` servers on `db`; the first is SIGKILLed at
+/// random moments and restarted on the same database each time, the others
+/// keep serving. Then every acknowledged callback must be there exactly once.
+fn crash_storm(db: &Db, processes: usize) {
     let started = Instant::now();
     let deadline = started + DEADLINE;
     let seed = std::env::var("PAYONCE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x00C0_FFEE_u64);
-    println!("crash: seed {seed} (PAYONCE_CRASH_SEED to replay)");
+    let label = format!("crash ({}, {processes} processes)", db.label());
+    println!("{label}: seed {seed} (PAYONCE_CRASH_SEED to replay)");
     let mut rng = Rng::new(seed);
-    let dir = TempDir::new("crash");
-    let db = dir.path("crash.db");
-    let mut server = start(&db);
-    let addr = Arc::new(Mutex::new(server.addr));
+    let mut servers: Vec<Server> = (0..processes).map(|_| start(db)).collect();
+    let addrs = Arc::new(Mutex::new(servers.iter().map(|s| s.addr).collect::<Vec<_>>()));
 
     let mut storm = Storm { created: vec![false; ORDERS], first_paid: vec![false; ORDERS], ..Storm::default() };
     let mut creation_order: Vec<usize> = (0..ORDERS).collect();
@@ -314,24 +337,24 @@ fn sigkill_during_a_callback_storm_loses_and_duplicates_nothing() {
     let kills_done = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|c| {
-            let (storm, addr, kills_done) = (Arc::clone(&storm), Arc::clone(&addr), Arc::clone(&kills_done));
+            let (storm, addrs, kills_done) = (Arc::clone(&storm), Arc::clone(&addrs), Arc::clone(&kills_done));
             let client_seed = seed.wrapping_add(1 + c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            thread::spawn(move || client(storm, addr, kills_done, client_seed, deadline))
+            thread::spawn(move || client(storm, addrs, kills_done, client_seed, deadline))
         })
         .collect();
 
-    // SIGKILL at random moments, restart on the same file each time.
+    // SIGKILL the first process at random moments, restart it on the same database each time.
     let mut kills = 0;
     while kills < KILLS_MIN && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(50 + rng.below(350)));
-        server.kill();
+        servers[0].kill();
         kills += 1;
         if rng.below(2) == 0 {
             // Sometimes stay down a while: the platform's retries pile up.
             thread::sleep(Duration::from_millis(rng.below(200)));
         }
-        server = start(&db);
-        *addr.lock().expect("addr lock") = server.addr;
+        servers[0] = start(db);
+        addrs.lock().expect("addr lock")[0] = servers[0].addr;
     }
     kills_done.store(true, Ordering::SeqCst);
     for client in clients {
@@ -342,7 +365,7 @@ fn sigkill_during_a_callback_storm_loses_and_duplicates_nothing() {
     let s = storm.lock().expect("storm lock");
     let answers_lost = (0..ORDERS).filter(|i| !s.applied_answers.contains_key(&pay_no(*i, Channel::First))).count();
     println!(
-        "crash: {kills} SIGKILLs, {} sends, {} re-deliveries of unacknowledged requests ({} cut in flight, {} \
+        "{label}: {kills} SIGKILLs, {} sends, {} re-deliveries of unacknowledged requests ({} cut in flight, {} \
          refused while down, {} 503), {} extra re-deliveries of acknowledged payments, {answers_lost} payments \
          whose `applied` answer was lost (seen only as duplicate), storm {:.1}s",
         s.sends,
@@ -353,101 +376,115 @@ fn sigkill_during_a_callback_storm_loses_and_duplicates_nothing() {
         s.extra_duplicates,
         elapsed_storm.as_secs_f64()
     );
-    assert!(kills >= 10, "only {kills} kills happened before the deadline");
-    assert_eq!(s.outstanding, 0, "deliveries still unacknowledged at the deadline: {}", s.outstanding);
-    assert!(s.violations.is_empty(), "answers that break the contract:\n{}", s.violations.join("\n"));
-    assert!(s.cut_in_flight > 0, "no request was ever cut in flight: the kills hit nothing");
+    assert!(kills >= 10, "{label}: only {kills} kills happened before the deadline");
+    assert_eq!(s.outstanding, 0, "{label}: deliveries still unacknowledged at the deadline: {}", s.outstanding);
+    assert!(s.violations.is_empty(), "{label}: answers that break the contract:\n{}", s.violations.join("\n"));
+    assert!(s.cut_in_flight > 0, "{label}: no request was ever cut in flight: the kills hit nothing");
     let doubled: Vec<_> = s.applied_answers.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(doubled.is_empty(), "pay_nos answered `applied` more than once: {doubled:?}");
+    assert!(doubled.is_empty(), "{label}: pay_nos answered `applied` more than once: {doubled:?}");
     drop(s);
 
-    // One more SIGKILL, then read the file as the crash left it.
-    server.kill();
+    // One more SIGKILL of every process, then read the database as the crash left it.
+    for server in &mut servers {
+        server.kill();
+    }
     let nb = (0..ORDERS).filter(|i| has_second_channel(*i)).count() as i64;
-    {
-        let conn = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db read-only");
+    if let Some(file) = db.sqlite_file() {
+        let conn = Connection::open_with_flags(&file, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db read-only");
         let check: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).expect("integrity_check");
         assert_eq!(check, "ok", "PRAGMA integrity_check");
-        let count =
-            |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap_or_else(|e| panic!("{sql}: {e}")) };
-        assert_eq!(count("SELECT count(*) FROM orders"), ORDERS as i64, "orders");
-        assert_eq!(count("SELECT count(*) FROM pay_callback_log"), ORDERS as i64 + nb, "callback log rows");
-        assert_eq!(count("SELECT count(*) FROM user_coupon"), (ORDERS * COUPONS.len()) as i64, "coupons");
-        assert_eq!(count("SELECT count(*) FROM point_log"), ORDERS as i64, "points rows");
-        assert_eq!(count("SELECT count(*) FROM outbox_event"), ORDERS as i64 + nb, "events");
-        assert_eq!(count("SELECT count(*) FROM refund"), 0, "refunds");
+    }
+    {
+        let store = db.store();
+        let count = |sql: &str| -> i64 { db.count(&store, sql) };
+        assert_eq!(count("SELECT count(*) FROM orders"), ORDERS as i64, "{label}: orders");
+        assert_eq!(count("SELECT count(*) FROM pay_callback_log"), ORDERS as i64 + nb, "{label}: callback log rows");
+        assert_eq!(count("SELECT count(*) FROM user_coupon"), (ORDERS * COUPONS.len()) as i64, "{label}: coupons");
+        assert_eq!(count("SELECT count(*) FROM point_log"), ORDERS as i64, "{label}: points rows");
+        assert_eq!(count("SELECT count(*) FROM outbox_event"), ORDERS as i64 + nb, "{label}: events");
+        assert_eq!(count("SELECT count(*) FROM refund"), 0, "{label}: refunds");
 
         for i in 0..ORDERS {
             let no = order_no(i);
-            let (id, status, paid_by, user, stored_amount): (i64, String, Option<String>, String, i64) = conn
-                .query_row("SELECT id, status, pay_no, user_id, amount FROM orders WHERE order_no = ?1", [&no], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-                })
-                .unwrap_or_else(|e| panic!("order {no}: {e}"));
-            assert_eq!(status, "PAID", "{no}");
-            assert_eq!(paid_by.as_deref(), Some(pay_no(i, Channel::First).as_str()), "{no} paid by");
-            assert_eq!((user.as_str(), stored_amount), (user_id(i).as_str(), amount(i)), "{no}");
-
-            let outcome = |p: &str| -> (i64, String, String) {
-                conn.query_row("SELECT order_id, outcome, state FROM pay_callback_log WHERE pay_no = ?1", [p], |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                })
-                .unwrap_or_else(|e| panic!("callback {p}: {e}"))
-            };
             let first = pay_no(i, Channel::First);
-            assert_eq!(outcome(&first), (id, "applied".to_owned(), "decided".to_owned()), "{first}");
+            let exactly_one = |what: &str, sql: String| {
+                assert_eq!(count(&sql), 1, "{label}: {no}: {what} ({sql})");
+            };
+            exactly_one(
+                "PAID by its first payment, with its user and amount",
+                format!(
+                    "SELECT count(*) FROM orders WHERE order_no = '{no}' AND status = 'PAID' AND pay_no = '{first}' \
+                     AND user_id = '{}' AND amount = {}",
+                    user_id(i),
+                    amount(i)
+                ),
+            );
+            exactly_one(
+                "the first payment applied",
+                format!(
+                    "SELECT count(*) FROM pay_callback_log p JOIN orders o ON o.id = p.order_id \
+                     WHERE p.pay_no = '{first}' AND o.order_no = '{no}' AND p.outcome = 'applied' AND p.state = 'decided'"
+                ),
+            );
             if has_second_channel(i) {
                 let second = pay_no(i, Channel::Second);
-                assert_eq!(outcome(&second), (id, "already_paid".to_owned(), "decided".to_owned()), "{second}");
-                let refund_required: i64 = conn
-                    .query_row(
-                        "SELECT count(*) FROM outbox_event WHERE type = 'payment.refund_required' AND event_id = ?1",
-                        [format!("payment.refund_required:{second}")],
-                        |r| r.get(0),
-                    )
-                    .expect("refund_required events");
-                assert_eq!(refund_required, 1, "payment.refund_required for {second}");
+                exactly_one(
+                    "the second payment already_paid",
+                    format!(
+                        "SELECT count(*) FROM pay_callback_log p JOIN orders o ON o.id = p.order_id \
+                         WHERE p.pay_no = '{second}' AND o.order_no = '{no}' AND p.outcome = 'already_paid' \
+                         AND p.state = 'decided'"
+                    ),
+                );
+                exactly_one(
+                    "payment.refund_required",
+                    format!(
+                        "SELECT count(*) FROM outbox_event WHERE type = 'payment.refund_required' \
+                         AND event_id = 'payment.refund_required:{second}'"
+                    ),
+                );
             }
-
             for template in COUPONS {
-                let n: i64 = conn
-                    .query_row(
-                        "SELECT count(*) FROM user_coupon WHERE order_id = ?1 AND coupon_template_id = ?2 \
-                         AND status = 'ACTIVE' AND user_id = ?3",
-                        rusqlite::params![id, template, user_id(i)],
-                        |r| r.get(0),
-                    )
-                    .expect("coupons");
-                assert_eq!(n, 1, "{no}: coupon {template}");
+                exactly_one(
+                    "an ACTIVE coupon of each template",
+                    format!(
+                        "SELECT count(*) FROM user_coupon c JOIN orders o ON o.id = c.order_id \
+                         WHERE o.order_no = '{no}' AND c.coupon_template_id = '{template}' AND c.status = 'ACTIVE' \
+                         AND c.user_id = '{}'",
+                        user_id(i)
+                    ),
+                );
             }
-            let points: Vec<i64> = conn
-                .prepare("SELECT points FROM point_log WHERE order_id = ?1 AND point_type = 'ORDER_PAID'")
-                .and_then(|mut st| st.query_map([id], |r| r.get(0))?.collect())
-                .expect("points");
-            assert_eq!(points, vec![amount(i) * POINTS_PER_YUAN / 100], "{no}: ORDER_PAID points");
-            let paid_events: i64 = conn
-                .query_row(
-                    "SELECT count(*) FROM outbox_event WHERE type = 'order.paid' AND event_id = ?1 AND order_no = ?2",
-                    [format!("order.paid:{no}"), no.clone()],
-                    |r| r.get(0),
-                )
-                .expect("order.paid events");
-            assert_eq!(paid_events, 1, "{no}: order.paid events");
+            exactly_one(
+                "ORDER_PAID points",
+                format!(
+                    "SELECT count(*) FROM point_log p JOIN orders o ON o.id = p.order_id \
+                     WHERE o.order_no = '{no}' AND p.point_type = 'ORDER_PAID' AND p.points = {}",
+                    amount(i) * POINTS_PER_YUAN / 100
+                ),
+            );
+            exactly_one(
+                "order.paid",
+                format!(
+                    "SELECT count(*) FROM outbox_event WHERE type = 'order.paid' AND event_id = 'order.paid:{no}' \
+                     AND order_no = '{no}'"
+                ),
+            );
         }
     }
 
     // The restarted service agrees: its own inspection finds nothing but the
     // refund-required second-channel payments, which are expected.
-    let server = start(&db);
+    let server = start(db);
     let inspection = get_json_http10(server.addr, "/v1/inspections");
     let findings = inspection["findings"].as_array().cloned().unwrap_or_default();
     let unexpected: Vec<&Value> = findings.iter().filter(|f| f["kind"] != "refund_required").collect();
-    assert!(unexpected.is_empty(), "inspection findings after the storm: {unexpected:?}");
-    assert_eq!(findings.len() as i64, nb, "refund_required findings: one per second-channel payment");
+    assert!(unexpected.is_empty(), "{label}: inspection findings after the storm: {unexpected:?}");
+    assert_eq!(findings.len() as i64, nb, "{label}: refund_required findings: one per second-channel payment");
     assert_eq!(server.get("/healthz").status, 200);
     println!(
-        "crash: all {ORDERS} orders PAID once, {nb} refund-required, integrity ok, in {:.1}s",
+        "{label}: all {ORDERS} orders PAID once, {nb} refund-required, in {:.1}s",
         started.elapsed().as_secs_f64()
     );
-    assert!(started.elapsed() < Duration::from_secs(60), "the crash test took {:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(60), "{label}: the crash test took {:?}", started.elapsed());
 }
