@@ -816,3 +816,161 @@ fn a_database_newer_than_this_payonce_is_refused_untouched() {
     assert_eq!(schema_objects(&conn), objects, "nothing migrated");
     assert_eq!(conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"), newer);
 }
+
+// ---- the contract on each engine (the conformance suite) ----
+
+/// Runs `sql` with raw SQL of its own and expects the database to refuse it;
+/// `because` is a part of the message the engine must give (a trigger's
+/// text, or on PostgreSQL the unique index's `uk_` name).
+fn refused_by(db: &crate::engines::Db, store: &payonce::store::Store, sql: &str, because: &str) {
+    match store.execute_raw(sql) {
+        Ok(n) => panic!("{}: the database accepted ({n} rows): {sql}", db.label()),
+        Err(message) => assert!(message.contains(because), "{}: {sql}: refused with {message:?}, not {because:?}", db.label()),
+    }
+}
+
+/// The SQLite message of a UNIQUE violation names columns, PostgreSQL's the index.
+fn unique_message(db: &crate::engines::Db, index: &'static str) -> &'static str {
+    match db.engine {
+        crate::engines::Engine::Sqlite => "UNIQUE constraint failed",
+        crate::engines::Engine::Postgres => index,
+    }
+}
+
+fn seeded(db: &crate::engines::Db) -> (App, payonce::store::Store) {
+    let app = App::open(&db.spec, Clock::manual(T0), config()).unwrap_or_else(|e| panic!("{}: open: {e}", db.label()));
+    seed(&app);
+    (app, db.store())
+}
+
+for_each_engine! {
+    /// Every ledger refuses DELETE (and, on PostgreSQL, TRUNCATE) and keeps its rows.
+    fn ledgers_refuse_delete_and_truncate(db) {
+        let (_app, store) = seeded(db);
+        for table in ["orders", "pay_callback_log", "refund", "user_coupon", "point_log", "outbox_event", "audit_log"] {
+            let before = db.count(&store, &format!("SELECT count(*) FROM {table}"));
+            assert!(before > 0, "{}: {table} has rows from the App's operations", db.label());
+            refused_by(db, &store, &format!("DELETE FROM {table}"), "");
+            refused_by(db, &store, &format!("DELETE FROM {table} WHERE id = (SELECT min(id) FROM {table})").replace(
+                "WHERE id = (SELECT min(id) FROM outbox_event)", "WHERE seq = (SELECT min(seq) FROM outbox_event)"), "");
+            if db.engine == crate::engines::Engine::Postgres {
+                refused_by(db, &store, &format!("TRUNCATE {table} CASCADE"), "");
+            }
+            assert_eq!(db.count(&store, &format!("SELECT count(*) FROM {table}")), before, "{}: {table} keeps its rows", db.label());
+        }
+        // Not a ledger: expired idempotency results may be removed.
+        store.execute_raw("DELETE FROM idempotency_key WHERE expires_at < '2000'").expect("idempotency_key is not a ledger");
+    }
+
+    /// Each side effect's own UNIQUE key refuses a second row.
+    fn unique_keys_refuse_a_second_row(db) {
+        let (_app, store) = seeded(db);
+        let cases: [(&str, &'static str); 8] = [
+            ("INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+              SELECT order_no, user_id, amount, currency, 'PENDING', created_at, expires_at FROM orders WHERE order_no = 'O-1'",
+             "uk_order_no"),
+            ("INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at)
+              SELECT pay_no, channel, order_id, amount, status, 'recorded', 'received', source, raw_body, received_at
+              FROM pay_callback_log WHERE pay_no = 'P-1'",
+             "uk_pay_no"),
+            ("INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body,
+                                            paid_at, received_at, decided_at, applied_at, rewards_due)
+              SELECT 'P-1-TWICE', channel, order_id, amount, status, outcome, state, source, raw_body,
+                     paid_at, received_at, decided_at, applied_at, rewards_due
+              FROM pay_callback_log WHERE pay_no = 'P-1'",
+             "uk_applied_order"),
+            ("INSERT INTO refund (refund_no, order_id, status, requested_at)
+              SELECT refund_no, (SELECT id FROM orders WHERE order_no = 'O-2'), 'REQUESTED', requested_at
+              FROM refund WHERE refund_no = 'R-1'",
+             "uk_refund_no"),
+            ("INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at)
+              SELECT user_id, order_id, coupon_template_id, 'ACTIVE', created_at FROM user_coupon WHERE coupon_template_id = 'NEW10'
+              AND order_id = (SELECT id FROM orders WHERE order_no = 'O-2')",
+             "uk_order_tpl"),
+            ("INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
+              SELECT user_id, order_id, point_type, points, created_at FROM point_log
+              WHERE point_type = 'ORDER_PAID' AND order_id = (SELECT id FROM orders WHERE order_no = 'O-2')",
+             "uk_order_type"),
+            ("INSERT INTO outbox_event (event_id, type, order_no, data, created_at)
+              SELECT event_id, type, order_no, data, created_at FROM outbox_event WHERE event_id = 'order.paid:O-1'",
+             "uk_event_id"),
+            ("INSERT INTO idempotency_key (scope, key, fingerprint, status_code, response_body, created_at, expires_at)
+              SELECT scope, key, fingerprint, status_code, response_body, created_at, expires_at FROM idempotency_key",
+             "uk_scope_key"),
+        ];
+        store
+            .execute_raw(&format!(
+                "INSERT INTO idempotency_key (scope, key, fingerprint, status_code, response_body, created_at, expires_at)
+                 VALUES ('POST /v1/orders', 'k-1', '{}', 201, 'x', '2023-11-14T22:13:20.000Z', '2099-01-01T00:00:00.000Z')",
+                "0".repeat(64)
+            ))
+            .expect("a first stored response");
+        for (sql, index) in cases {
+            refused_by(db, &store, sql, unique_message(db, index));
+        }
+    }
+
+    /// The triggers and CHECKs refuse what the code must never do, with the
+    /// same words on both engines.
+    fn triggers_and_checks_refuse_illegal_rows(db) {
+        let (_app, store) = seeded(db);
+        let check = match db.engine {
+            crate::engines::Engine::Sqlite => "CHECK constraint failed",
+            crate::engines::Engine::Postgres => "check constraint",
+        };
+        let cases: Vec<(&str, &str)> = vec![
+            ("UPDATE orders SET status = 'PENDING' WHERE order_no = 'O-2'", "illegal order transition"),
+            ("UPDATE orders SET status = 'CLOSED', closed_at = '2023-11-14T22:13:20.000Z' WHERE order_no = 'O-2'", "illegal order transition"),
+            ("INSERT INTO orders (order_no, user_id, amount, currency, status, pay_no, created_at, expires_at, paid_at)
+              VALUES ('O-BORN-PAID', 'u1', 100, 'CNY', 'PAID', 'P-X', '2023-11-14T22:13:20.000Z', '2023-11-14T22:28:20.000Z',
+                      '2023-11-14T22:13:20.000Z')", "an order is created PENDING"),
+            ("UPDATE orders SET amount = amount + 1 WHERE order_no = 'O-2'", "never change"),
+            ("UPDATE orders SET paid_at = '2000-01-01T00:00:00.000Z' WHERE order_no = 'O-2'", "never change once set"),
+            ("UPDATE pay_callback_log SET outcome = 'paid_after_close' WHERE pay_no = 'P-2'", "a decided payment outcome is final"),
+            ("UPDATE pay_callback_log SET channel = 'alipay' WHERE pay_no = 'P-2'", "keeps its pay_no, channel"),
+            ("UPDATE refund SET status = 'FAILED' WHERE refund_no = 'R-1'", "a refund only settles once"),
+            ("UPDATE user_coupon SET status = 'ACTIVE' WHERE status = 'FROZEN'", "a coupon only moves"),
+            ("UPDATE point_log SET points = points + 1", "point_log is append-only"),
+            ("UPDATE outbox_event SET order_no = order_no", "outbox_event is append-only"),
+            ("UPDATE audit_log SET actor = actor", "audit_log is append-only"),
+            ("INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at)
+              SELECT 'u1', id, 'FRESH', 'FROZEN', created_at FROM orders WHERE order_no = 'O-2'", "a coupon is issued ACTIVE"),
+            ("INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+              VALUES ('O-ZERO', 'u1', 0, 'CNY', 'PENDING', '2023-11-14T22:13:20.000Z', '2023-11-14T22:28:20.000Z')", check),
+            ("INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+              VALUES ('O SPACE', 'u1', 10, 'CNY', 'PENDING', '2023-11-14T22:13:20.000Z', '2023-11-14T22:28:20.000Z')", check),
+            ("INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+              VALUES ('O-LOWER', 'u1', 10, 'cny', 'PENDING', '2023-11-14T22:13:20.000Z', '2023-11-14T22:28:20.000Z')", check),
+            ("INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
+              SELECT 'u1', id, 'ORDER_PAID_REVERSAL', 5, created_at FROM orders WHERE order_no = 'O-2'", check),
+            ("UPDATE settings SET value = 'sometimes' WHERE name = 'mode'", check),
+            ("INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at)
+              SELECT 'P-NO-ORDER', 'generic', 999999, 100, 'SUCCESS', 'recorded', 'received', 'callback', raw_body, received_at
+              FROM pay_callback_log WHERE pay_no = 'P-1'", match db.engine {
+                crate::engines::Engine::Sqlite => "FOREIGN KEY constraint failed",
+                crate::engines::Engine::Postgres => "foreign key constraint",
+            }),
+        ];
+        for (sql, because) in cases {
+            refused_by(db, &store, sql, because);
+        }
+        // What the refusals left: the seed's rows, unchanged.
+        assert_eq!(db.count(&store, "SELECT count(*) FROM orders"), 3, "{}", db.label());
+        assert_eq!(db.count(&store, "SELECT count(*) FROM orders WHERE status = 'PAID'"), 1, "{}", db.label());
+    }
+
+    /// The schema is applied once: a second store on the same database (a
+    /// second process starting) finds it current and changes nothing.
+    fn the_schema_is_applied_once_and_versioned(db) {
+        let (_app, store) = seeded(db);
+        let orders = db.count(&store, "SELECT count(*) FROM orders");
+        let again = db.store();
+        assert_eq!(db.count(&again, "SELECT count(*) FROM orders"), orders, "{}", db.label());
+        let version = match db.engine {
+            crate::engines::Engine::Sqlite => db.count(&store, "PRAGMA user_version"),
+            crate::engines::Engine::Postgres => db.count(&store, "SELECT max(version) FROM payonce_schema_version"),
+        };
+        assert_eq!(version, payonce::store::SCHEMA_VERSION, "{}", db.label());
+        again.check_health().unwrap_or_else(|e| panic!("{}: healthz: {e}", db.label()));
+    }
+}
