@@ -9,7 +9,9 @@
 //! outside the pool keeps `-wal` and `-shm` in place.
 
 use super::orders::{order_columns, order_from_row};
-use super::{params, Cell, Conn, Param, Row, StoreOptions, BUSY_TIMEOUT_MS, MIGRATIONS, POOL_WAIT_MS, SCHEMA_SQL, SCHEMA_VERSION};
+use super::{
+    params, Cell, Conn, Param, Row, StoreOptions, BUSY_TIMEOUT_MS, MIGRATIONS, POOL_WAIT_MS, SCHEMA_SQL, SCHEMA_VERSION,
+};
 use crate::error::Error;
 use crate::filewatch::{Verdict, WatchedFiles};
 use parking_lot::Mutex;
@@ -456,6 +458,18 @@ fn configure_connection(conn: &Connection, options: &StoreOptions, is_memory: bo
     Ok(())
 }
 
+/// `PAYONCE_TEST_HOLD_AFTER_EVENT_MS`, the test hook both engines share
+/// (see the PostgreSQL engine): read once per process.
+fn hold_after_event() -> Option<Duration> {
+    static HOLD: OnceLock<Option<Duration>> = OnceLock::new();
+    *HOLD.get_or_init(|| {
+        std::env::var("PAYONCE_TEST_HOLD_AFTER_EVENT_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis)
+    })
+}
 
 /// The query methods' view of one SQLite transaction: every statement
 /// through the connection's prepared-statement cache.
@@ -515,7 +529,11 @@ impl Conn for SqliteTx<'_> {
         Ok(())
     }
 
-    fn after_event_insert(&self) {}
+    fn after_event_insert(&self) {
+        if let Some(hold) = hold_after_event() {
+            std::thread::sleep(hold);
+        }
+    }
 }
 
 impl From<rusqlite::Error> for Error {

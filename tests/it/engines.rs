@@ -51,11 +51,16 @@ impl Db {
 
     /// A `payonce serve` on this database, its stderr in the database's directory.
     pub fn serve(&self, extra: &[&str]) -> Server {
+        self.serve_env(extra, &[])
+    }
+
+    /// [`Db::serve`] with extra environment variables (test hooks).
+    pub fn serve_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Server {
         use std::sync::atomic::{AtomicU64, Ordering};
         static N: AtomicU64 = AtomicU64::new(0);
         let log = self.dir.path(&format!("serve.{}.stderr.log", N.fetch_add(1, Ordering::SeqCst)));
         let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("create {}: {e}", log.display()));
-        let mut server = Server::start_logged(std::path::Path::new(&self.spec), extra, Stdio::from(file));
+        let mut server = Server::start_logged_env(std::path::Path::new(&self.spec), extra, Stdio::from(file), env);
         server.set_stderr_log(log);
         server
     }

@@ -10,6 +10,7 @@ mod auth;
 mod channels;
 mod crash;
 mod edge;
+mod event_feed;
 mod expiry;
 mod hostile;
 mod http_pool;

@@ -82,6 +82,11 @@ impl Server {
 
     /// [`Server::start_on`] with its stderr (the logs) sent to `stderr`.
     pub fn start_logged(db: &Path, extra: &[&str], stderr: Stdio) -> Server {
+        Server::start_logged_env(db, extra, stderr, &[])
+    }
+
+    /// [`Server::start_logged`] with extra environment variables (test hooks).
+    pub fn start_logged_env(db: &Path, extra: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Server {
         let mut args = vec![
             "serve".to_owned(),
             "--db".to_owned(),
@@ -95,6 +100,7 @@ impl Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_payonce"))
             .args(&args)
             .env_remove("PAYONCE_CALLBACK_SECRET")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
