@@ -4,13 +4,13 @@
 
 use crate::app::{sha256_hex, Answer, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
 use crate::channel::{reply_outcome, Channel, Notice, Reply};
+use crate::domain::IdempotencySlot;
 use crate::domain::OrderStatus;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::render;
-use crate::domain::IdempotencySlot;
 use crate::wire::{
     json_object, optional_i64, optional_str, parse_query, query_int, query_value, required_i64, required_str,
 };

@@ -20,11 +20,13 @@ use crate::domain::{
     is_amount, is_currency, is_identifier, EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus,
     RefundOutcome, RefundStatus, Rewards,
 };
+use crate::domain::{
+    CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow, StoredResponse,
+};
 pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
 use crate::error::{Error, ErrorKind};
 use crate::keylock::KeyedLocks;
 use crate::metrics::Metrics;
-use crate::domain::{CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow, StoredResponse};
 use crate::store::{Claim, Store, StoreOptions, WriteTx};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -466,7 +466,6 @@ pub struct NewCallback<'a> {
     pub received_at: &'a str,
 }
 
-
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefundRecord {
     pub id: i64,

@@ -207,8 +207,6 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-
-
 #[cfg(test)]
 mod tests {
     use super::*;

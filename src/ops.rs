@@ -9,9 +9,9 @@ use crate::app::{
 use crate::domain::{
     is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
 };
+use crate::domain::{CouponRow, Finding, IdempotencySlot, PointRow};
 use crate::error::{Error, ErrorKind};
 use crate::recon::{self, Format, RowKind, StatementRow};
-use crate::domain::{CouponRow, Finding, IdempotencySlot, PointRow};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashSet};
 use std::os::unix::fs::MetadataExt;

@@ -8,12 +8,12 @@
 
 use crate::app::{Answer, OrderDetail};
 use crate::domain::Order;
+use crate::domain::{CallbackRecord, CouponRow, EventRow, Finding, PointRow};
 use crate::error::Error;
 use crate::ops::{
     Compensated, CompensationEffect, DiffRow, Drained, Mode, PaymentResolution, Reconciliation, RefundResolution,
     Repaired,
 };
-use crate::domain::{CallbackRecord, CouponRow, EventRow, Finding, PointRow};
 use serde_json::{json, Map, Value};
 
 // ---- objects ----

@@ -70,7 +70,11 @@ impl ReadTx<'_> {
 
     /// One points entry of an order by type (at most one: uk_order_type).
     pub fn points_entry(&self, order_id: i64, point_type: &str) -> Result<Option<PointRow>, Error> {
-        self.optional(points_where!("p.order_id = ?1 AND p.point_type = ?2"), params![order_id, point_type], point_from_row)
+        self.optional(
+            points_where!("p.order_id = ?1 AND p.point_type = ?2"),
+            params![order_id, point_type],
+            point_from_row,
+        )
     }
 
     pub fn events_after(&self, after_seq: i64, limit: usize) -> Result<Vec<EventRow>, Error> {
@@ -133,7 +137,10 @@ impl WriteTx<'_> {
 
     /// Freezes the order's ACTIVE coupons; returns how many.
     pub fn freeze_active_coupons(&self, order_id: i64) -> Result<usize, Error> {
-        self.execute("UPDATE user_coupon SET status = 'FROZEN' WHERE order_id = ?1 AND status = 'ACTIVE'", params![order_id])
+        self.execute(
+            "UPDATE user_coupon SET status = 'FROZEN' WHERE order_id = ?1 AND status = 'ACTIVE'",
+            params![order_id],
+        )
     }
 
     /// CAS ACTIVE→FROZEN for one coupon.

@@ -33,8 +33,8 @@ pub mod postgres;
 mod reports;
 pub mod sqlite;
 
-pub use crate::store::sqlite::{Synchronous, WalRescue};
 use crate::error::{Error, ErrorKind};
+pub use crate::store::sqlite::{Synchronous, WalRescue};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -131,7 +131,10 @@ impl Store {
     /// schema is applied or migrated before this returns.
     pub fn open(db: &str, options: &StoreOptions) -> Result<Store, Error> {
         if is_postgres_url(db) {
-            return Ok(Store { engine: Engine::Postgres(postgres::PostgresEngine::open(db, options)?), is_memory: false });
+            return Ok(Store {
+                engine: Engine::Postgres(postgres::PostgresEngine::open(db, options)?),
+                is_memory: false,
+            });
         }
         let engine = sqlite::SqliteEngine::open(db, options)?;
         let is_memory = engine.is_memory();
@@ -412,7 +415,12 @@ impl ReadTx<'_> {
         Ok(rows)
     }
 
-    fn all<T>(&self, sql: &'static str, params: &[Param], f: impl Fn(&Row) -> Result<T, Error>) -> Result<Vec<T>, Error> {
+    fn all<T>(
+        &self,
+        sql: &'static str,
+        params: &[Param],
+        f: impl Fn(&Row) -> Result<T, Error>,
+    ) -> Result<Vec<T>, Error> {
         let mut out = Vec::new();
         self.conn.query_each(sql, params, &mut |row| {
             out.push(f(&row)?);

@@ -47,7 +47,11 @@ fn refund_from_row(row: &Row) -> Result<RefundRecord, Error> {
 
 impl ReadTx<'_> {
     pub fn order_by_no(&self, order_no: &str) -> Result<Option<Order>, Error> {
-        self.optional(concat!("SELECT ", order_columns!(), " FROM orders WHERE order_no = ?1"), params![order_no], order_from_row)
+        self.optional(
+            concat!("SELECT ", order_columns!(), " FROM orders WHERE order_no = ?1"),
+            params![order_no],
+            order_from_row,
+        )
     }
 
     pub fn order_by_id(&self, id: i64) -> Result<Order, Error> {
@@ -101,7 +105,14 @@ impl WriteTx<'_> {
             "INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
              VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5, ?6)
              ON CONFLICT (order_no) DO NOTHING",
-            params![&order.order_no, &order.user_id, order.amount, &order.currency, &order.created_at, &order.expires_at],
+            params![
+                &order.order_no,
+                &order.user_id,
+                order.amount,
+                &order.currency,
+                &order.created_at,
+                &order.expires_at
+            ],
         )?;
         let stored = self
             .order_by_no(&order.order_no)?

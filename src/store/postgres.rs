@@ -21,8 +21,7 @@
 
 use super::orders::{order_columns, order_from_row};
 use super::{
-    params, Cell, Conn, Param, Row, StoreOptions, POOL_WAIT_MS, SCHEMA_POSTGRES_SQL, SCHEMA_VERSION,
-    WRITE_ATTEMPTS_MAX,
+    params, Cell, Conn, Param, Row, StoreOptions, POOL_WAIT_MS, SCHEMA_POSTGRES_SQL, SCHEMA_VERSION, WRITE_ATTEMPTS_MAX,
 };
 use crate::error::{Error, ErrorKind};
 use bytes::BytesMut;
@@ -186,12 +185,12 @@ impl PostgresEngine {
         let mut conn = self.connection()?;
         let mut tx = conn.client.transaction().map_err(plain_error)?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(SCHEMA_LOCK)]).map_err(plain_error)?;
-        let exists: bool = tx
-            .query_one("SELECT to_regclass('payonce_schema_version') IS NOT NULL", &[])
-            .map_err(plain_error)?
-            .get(0);
+        let exists: bool =
+            tx.query_one("SELECT to_regclass('payonce_schema_version') IS NOT NULL", &[]).map_err(plain_error)?.get(0);
         let version: i64 = if exists {
-            tx.query_one("SELECT coalesce(max(version), 0) FROM payonce_schema_version", &[]).map_err(plain_error)?.get(0)
+            tx.query_one("SELECT coalesce(max(version), 0) FROM payonce_schema_version", &[])
+                .map_err(plain_error)?
+                .get(0)
         } else {
             tx.batch_execute("CREATE TABLE payonce_schema_version (version BIGINT NOT NULL PRIMARY KEY)")
                 .map_err(plain_error)?;
@@ -283,7 +282,9 @@ impl PostgresEngine {
         self.read(&mut |conn| {
             let version = ReadRows(conn).one("SELECT coalesce(max(version), 0) FROM payonce_schema_version")?;
             if version != SCHEMA_VERSION {
-                return Err(Error::internal(format!("the database's schema version is {version}, not {SCHEMA_VERSION}")));
+                return Err(Error::internal(format!(
+                    "the database's schema version is {version}, not {SCHEMA_VERSION}"
+                )));
             }
             conn.query_each(
                 concat!("SELECT ", order_columns!(), " FROM orders ORDER BY id DESC LIMIT ?1"),
@@ -493,7 +494,10 @@ mod tests {
 
     #[test]
     fn passwords_never_appear_in_a_shown_url() {
-        assert_eq!(redact_url("postgres://payonce:s3cret@db.example:5432/pay"), "postgres://payonce:***@db.example:5432/pay");
+        assert_eq!(
+            redact_url("postgres://payonce:s3cret@db.example:5432/pay"),
+            "postgres://payonce:***@db.example:5432/pay"
+        );
         assert_eq!(redact_url("postgresql://payonce@db/pay"), "postgresql://payonce@db/pay");
         assert_eq!(
             redact_url("postgres://db/pay?user=payonce&password=s3cret&sslmode=disable"),

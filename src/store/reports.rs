@@ -37,7 +37,8 @@ fn audit_from_row(r: &Row) -> Result<AuditRow, Error> {
 
 /// `ms` milliseconds after (or, negative, before) the RFC 3339 time `at`.
 fn shifted(at: &str, ms: i64) -> Result<String, Error> {
-    let base = crate::clock::parse_rfc3339_ms(at).ok_or_else(|| Error::internal(format!("unparseable stored time {at:?}")))?;
+    let base =
+        crate::clock::parse_rfc3339_ms(at).ok_or_else(|| Error::internal(format!("unparseable stored time {at:?}")))?;
     Ok(crate::clock::format_ms(base.saturating_add(ms)))
 }
 

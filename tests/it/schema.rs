@@ -825,7 +825,9 @@ fn a_database_newer_than_this_payonce_is_refused_untouched() {
 fn refused_by(db: &crate::engines::Db, store: &payonce::store::Store, sql: &str, because: &str) {
     match store.execute_raw(sql) {
         Ok(n) => panic!("{}: the database accepted ({n} rows): {sql}", db.label()),
-        Err(message) => assert!(message.contains(because), "{}: {sql}: refused with {message:?}, not {because:?}", db.label()),
+        Err(message) => {
+            assert!(message.contains(because), "{}: {sql}: refused with {message:?}, not {because:?}", db.label())
+        }
     }
 }
 
