@@ -1283,3 +1283,81 @@ fn replay_throughput_over_http() {
         n as f64 / s
     );
 }
+
+// ---- across processes, on each engine (the conformance suite) ----
+
+/// Keyed creations spread over `processes` servers on one database, every
+/// key sent to two of them at once; the first server is SIGKILLed mid-storm
+/// and restarted; then every key is sent again to another process. One order
+/// and one stored response per key, and every answer names the same order.
+fn keyed_storm_across_processes(db: &crate::engines::Db, processes: usize) {
+    let label = format!("{}, {processes} processes", db.label());
+    let mut servers: Vec<Server> = (0..processes).map(|_| db.serve(&[])).collect();
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr).collect();
+    let answered_before: Mutex<HashMap<usize, Answer>> = Mutex::new(HashMap::new());
+    let answered = AtomicUsize::new(0);
+    thread::scope(|s| {
+        for t in 0..CRASH_THREADS {
+            let (answered_before, answered, addrs) = (&answered_before, &answered, &addrs);
+            s.spawn(move || {
+                for i in (t..CRASH_KEYS).step_by(CRASH_THREADS) {
+                    // The same key to two processes at once: one runs it, the other replays or waits.
+                    let (a, b) = thread::scope(|pair| {
+                        let twin = pair.spawn(|| send_crash_key(addrs[(i + 1) % addrs.len()], i));
+                        (send_crash_key(addrs[i % addrs.len()], i), twin.join().expect("twin"))
+                    });
+                    if let (Some(a), Some(b)) = (&a, &b) {
+                        assert_eq!(a.order_no(), b.order_no(), "key {i}: two processes answered two orders");
+                    }
+                    if let Some(a) = a.or(b) {
+                        answered_before.lock().expect("lock").insert(i, a);
+                        answered.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while answered.load(Ordering::SeqCst) < CRASH_KILL_AFTER && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
+        servers[0].kill();
+    });
+    let answered_before = answered_before.into_inner().expect("lock");
+    assert!(answered_before.len() >= CRASH_KILL_AFTER, "{label}: answered before the kill: {}", answered_before.len());
+
+    servers[0] = db.serve(&[]);
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr).collect();
+    for i in 0..CRASH_KEYS {
+        let a = send_crash_key(addrs[(i + 1) % processes], i).unwrap_or_else(|| panic!("{label}: key {i}: no answer"));
+        if let Some(before) = answered_before.get(&i) {
+            expect_replay(&a, before, &format!("{label}: key {i} answered before the kill"));
+        }
+        // And once more on yet another process: the same order.
+        let again =
+            send_crash_key(addrs[(i + 2) % processes], i).unwrap_or_else(|| panic!("{label}: key {i}: no answer"));
+        assert!(again.replayed, "{label}: key {i}: the third answer is a replay");
+        assert_eq!(again.order_no(), a.order_no(), "{label}: key {i}");
+    }
+    let store = db.store();
+    let total = |sql: &str| db.count(&store, sql);
+    assert_eq!(total("SELECT count(*) FROM orders"), CRASH_KEYS as i64, "{label}: one order per key, no more");
+    assert_eq!(
+        total("SELECT count(*) FROM idempotency_key"),
+        CRASH_KEYS as i64,
+        "{label}: one stored response per key"
+    );
+    for i in 0..CRASH_KEYS {
+        let user = crash_user(i);
+        assert_eq!(total(&format!("SELECT count(*) FROM orders WHERE user_id = '{user}'")), 1, "{label}: key {i}");
+    }
+    println!(
+        "{label}: keyed storm: {} of {CRASH_KEYS} keys answered by some process; the first process was SIGKILLed after {CRASH_KILL_AFTER}",
+        answered_before.len()
+    );
+}
+
+for_each_engine! {
+    fn keyed_requests_run_once_across_two_processes(db) {
+        keyed_storm_across_processes(db, 2);
+    }
+}

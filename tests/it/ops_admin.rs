@@ -202,11 +202,10 @@ fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 
 // ---- mode ----
 
-#[test]
-fn mode_shapes_validation_and_one_mode_for_every_process_across_restarts() {
-    let dir = TempDir::new("mode");
-    let db = dir.path("mode.db");
-    let mut a = Server::start_on(&db, &[]);
+for_each_engine! {
+/// The mode lives in the database: every process on it obeys it, across restarts.
+fn mode_shapes_validation_and_one_mode_for_every_process_across_restarts(db) {
+    let mut a = db.serve(&[]);
 
     let resp = a.get("/v1/admin/mode");
     assert_eq!((resp.status, resp.json()), (200, json!({"mode": "normal"})), "a new database is normal");
@@ -238,7 +237,7 @@ fn mode_shapes_validation_and_one_mode_for_every_process_across_restarts() {
     assert_eq!((resp.status, resp.json()), (200, json!({"code": "SUCCESS", "outcome": "recorded"})));
 
     // A second process on the same file obeys the mode it finds there.
-    let b = Server::start_on(&db, &["--sweep-interval-s", "3600"]);
+    let b = db.serve(&["--sweep-interval-s", "3600"]);
     assert_eq!(b.get("/v1/admin/mode").json(), json!({"mode": "record_only"}), "second process");
     create_http(&b, "MODE-B", 100);
     let resp = Pay { pay_no: "MODE-PB", order_no: "MODE-B", amount: 100, status: "SUCCESS" }.send(&b);
@@ -246,7 +245,7 @@ fn mode_shapes_validation_and_one_mode_for_every_process_across_restarts() {
 
     // The mode survives a SIGKILL and a restart.
     a.kill();
-    let c = Server::start_on(&db, &["--sweep-interval-s", "3600"]);
+    let c = db.serve(&["--sweep-interval-s", "3600"]);
     assert_eq!(c.get("/v1/admin/mode").json(), json!({"mode": "record_only"}), "after a restart");
 
     // Switched by one process, obeyed at once by the other.
@@ -263,10 +262,10 @@ fn mode_shapes_validation_and_one_mode_for_every_process_across_restarts() {
     let resp = Pay { pay_no: "MODE-PD", order_no: "MODE-D", amount: 100, status: "SUCCESS" }.send(&b);
     assert_eq!(resp.json(), json!({"code": "SUCCESS", "outcome": "recorded"}), "record-only set by another process");
 
-    let conn = read_only(&db);
-    let stored: String =
-        conn.query_row("SELECT value FROM settings WHERE name = 'mode'", [], |r| r.get(0)).expect("mode row");
-    assert_eq!(stored, "record_only", "the mode lives in the settings table");
+    let store = db.store();
+    let stored = db.count(&store, "SELECT count(*) FROM settings WHERE name = 'mode' AND value = 'record_only'");
+    assert_eq!(stored, 1, "the mode lives in the settings table");
+}
 }
 
 // ---- record-only and drain ----
@@ -458,14 +457,13 @@ fn drain_decides_now_whatever_the_mode() {
     assert_eq!(ids, ["order.paid:DR-1", "order.paid:DR-2", "order.paid:DR-3"]);
 }
 
-#[test]
-fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
+for_each_engine! {
+/// A drain SIGKILLed midway, then two processes draining at once on the same database.
+fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice(db) {
     const ORDERS: usize = 270;
     const SECOND_PAYMENTS: usize = 30;
-    let dir = TempDir::new("drain-kill");
-    let db = dir.path("drain.db");
     // The worker never drains in record-only mode; only the explicit drains decide.
-    let mut server = Server::start_on(&db, &REWARDS);
+    let mut server = db.serve(&REWARDS);
     let order_nos: Vec<String> = (0..ORDERS).map(|i| format!("DK-{i:03}")).collect();
     parallel(8, &order_nos, |o| create_http(&server, o, 1000));
     assert_eq!(put_mode_http(&server, br#"{"mode":"record_only"}"#).status, 200);
@@ -482,9 +480,9 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
         }
     }
     let total = ORDERS + SECOND_PAYMENTS;
-    let watch = read_only(&db);
+    let watch = db.store();
     let received_sql = "SELECT count(*) FROM pay_callback_log WHERE state = 'received'";
-    assert_eq!(count(&watch, received_sql, []) as usize, total);
+    assert_eq!(db.count(&watch, received_sql) as usize, total);
 
     let addr = server.addr;
     let drainer = thread::spawn(move || {
@@ -497,12 +495,12 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
     // Kill as soon as the drain has visibly started (bounded).
     let decided_sql = "SELECT count(*) FROM pay_callback_log WHERE state = 'decided'";
     let deadline = Instant::now() + Duration::from_secs(10);
-    while count(&watch, decided_sql, []) < 5 && Instant::now() < deadline {
+    while db.count(&watch, decided_sql) < 5 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(1));
     }
     server.kill();
     let answered = drainer.join().expect("drain thread");
-    let decided_before_restart = count(&watch, decided_sql, []) as usize;
+    let decided_before_restart = db.count(&watch, decided_sql) as usize;
     eprintln!(
         "drain killed after deciding {decided_before_restart} of {total} records (answered: {})",
         answered.is_some()
@@ -516,7 +514,7 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
     }
 
     // Restart as two processes on the file, both draining at once.
-    let servers = [Server::start_on(&db, &REWARDS), Server::start_on(&db, &REWARDS)];
+    let servers = [db.serve(&REWARDS), db.serve(&REWARDS)];
     assert_eq!(servers[0].get("/v1/admin/mode").json(), json!({"mode": "record_only"}), "the mode survived the kill");
     let answers = parallel(2, &servers, |s| s.post_json("/v1/admin/drain", &json!({})));
     let mut applied = 0;
@@ -527,39 +525,36 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice() {
     assert_eq!(applied, total - decided_before_restart, "the rest, and only the rest, between the two processes");
     assert_eq!(servers[1].post_json("/v1/admin/drain", &json!({})).json(), json!({"applied": 0}));
 
-    let conn = read_only(&db);
-    assert_eq!(count(&conn, received_sql, []), 0, "no record left received");
-    assert_eq!(count(&conn, "SELECT count(*) FROM pay_callback_log", []) as usize, total, "nothing lost");
-    let per_order = |sql: &str| -> BTreeMap<String, i64> {
-        let mut stmt = conn.prepare(sql).expect("prepare");
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).expect("query");
-        rows.collect::<Result<_, _>>().expect("rows")
-    };
-    let all_once: BTreeMap<String, i64> = order_nos.iter().map(|o| (o.clone(), 1)).collect();
+    let conn = db.store();
+    let count = |sql: &str| db.count(&conn, sql);
+    assert_eq!(count(received_sql), 0, "no record left received");
+    assert_eq!(count("SELECT count(*) FROM pay_callback_log") as usize, total, "nothing lost");
     let checks = [
-        ("applied payments", "SELECT o.order_no, count(p.id) FROM orders o LEFT JOIN pay_callback_log p ON p.order_id = o.id AND p.outcome = 'applied' GROUP BY o.id"),
-        ("coupons", "SELECT o.order_no, count(c.id) FROM orders o LEFT JOIN user_coupon c ON c.order_id = o.id GROUP BY o.id"),
-        ("points", "SELECT o.order_no, count(l.id) FROM orders o LEFT JOIN point_log l ON l.order_id = o.id AND l.point_type = 'ORDER_PAID' GROUP BY o.id"),
-        ("order.paid events", "SELECT o.order_no, count(e.seq) FROM orders o LEFT JOIN outbox_event e ON e.order_no = o.order_no AND e.type = 'order.paid' GROUP BY o.id"),
+        ("applied payments", "SELECT o.id, count(p.id) AS n FROM orders o LEFT JOIN pay_callback_log p ON p.order_id = o.id AND p.outcome = 'applied' GROUP BY o.id"),
+        ("coupons", "SELECT o.id, count(c.id) AS n FROM orders o LEFT JOIN user_coupon c ON c.order_id = o.id GROUP BY o.id"),
+        ("points", "SELECT o.id, count(l.id) AS n FROM orders o LEFT JOIN point_log l ON l.order_id = o.id AND l.point_type = 'ORDER_PAID' GROUP BY o.id"),
+        ("order.paid events", "SELECT o.id, count(e.seq) AS n FROM orders o LEFT JOIN outbox_event e ON e.order_no = o.order_no AND e.type = 'order.paid' GROUP BY o.id"),
     ];
-    for (what, sql) in checks {
-        assert_eq!(per_order(sql), all_once, "exactly one of {what} per order");
+    for (what, per_order) in checks {
+        let not_once = count(&format!("SELECT count(*) FROM ({per_order}) t WHERE t.n <> 1"));
+        assert_eq!(not_once, 0, "{}: exactly one of {what} per order", db.label());
     }
-    assert_eq!(count(&conn, "SELECT count(*) FROM point_log", []) as usize, ORDERS);
+    assert_eq!(count("SELECT count(*) FROM orders") as usize, ORDERS);
+    assert_eq!(count("SELECT count(*) FROM point_log") as usize, ORDERS);
     assert_eq!(
-        count(&conn, "SELECT count(*) FROM orders WHERE status = 'PAID' AND pay_no = order_no || '-a'", []) as usize,
+        count("SELECT count(*) FROM orders WHERE status = 'PAID' AND pay_no = order_no || '-a'") as usize,
         ORDERS,
         "every order paid by its first-arrived payment"
     );
     assert_eq!(
-        count(&conn, "SELECT count(*) FROM pay_callback_log WHERE pay_no LIKE '%-b' AND outcome = 'already_paid'", [])
-            as usize,
+        count("SELECT count(*) FROM pay_callback_log WHERE pay_no LIKE '%-b' AND outcome = 'already_paid'") as usize,
         SECOND_PAYMENTS
     );
     assert_eq!(
-        count(&conn, "SELECT count(*) FROM outbox_event WHERE type = 'payment.refund_required'", []) as usize,
+        count("SELECT count(*) FROM outbox_event WHERE type = 'payment.refund_required'") as usize,
         SECOND_PAYMENTS
     );
+}
 }
 
 // ---- inspection ----
