@@ -577,9 +577,9 @@ fn payonce_config() -> Config {
     }
 }
 
-fn open_payonce(path: &Path, clock: &Clock) -> App {
+fn open_payonce(db: &str, clock: &Clock) -> App {
     let options = StoreOptions { synchronous: Synchronous::Normal, ..Default::default() };
-    App::open_with(&path.display().to_string(), clock.clone(), payonce_config(), &options).expect("open payonce")
+    App::open_with(db, clock.clone(), payonce_config(), &options).expect("open payonce")
 }
 
 /// Replays `form` against payonce, two threads released by a barrier.
@@ -590,12 +590,10 @@ fn open_payonce(path: &Path, clock: &Clock) -> App {
 /// file (the incident's "instance B"), whose key lock is a different map,
 /// so only the database stands between the two. `concurrent` uses one
 /// instance, as two worker threads of one process would.
-fn run_payonce(form: Form) -> PayonceRun {
-    let dir = TempDir::new("incident-payonce");
-    let path = dir.path("payonce.db");
+fn run_payonce(form: Form, db: &str) -> PayonceRun {
     let clock = Clock::manual(1_700_000_000_000);
-    let first = Arc::new(open_payonce(&path, &clock));
-    let second = if form == Form::Concurrent { Arc::clone(&first) } else { Arc::new(open_payonce(&path, &clock)) };
+    let first = Arc::new(open_payonce(db, &clock));
+    let second = if form == Form::Concurrent { Arc::clone(&first) } else { Arc::new(open_payonce(db, &clock)) };
     let mut run = PayonceRun {
         replies: Vec::new(),
         coupons: Vec::new(),
@@ -663,9 +661,10 @@ fn run_payonce(form: Form) -> PayonceRun {
 
 /// payonce must stop `form` in every round: one coupon, one points entry,
 /// one order.paid event, and the second delivery told why.
-fn check_payonce(form: Form) -> PayonceRun {
-    let what = format!("payonce deliver_payment, form: {}", form.name());
-    let run = within_deadline(&what, move || run_payonce(form));
+fn check_payonce(form: Form, db: &crate::engines::Db) -> PayonceRun {
+    let what = format!("payonce deliver_payment on {}, form: {}", db.label(), form.name());
+    let spec = db.spec.clone();
+    let run = within_deadline(&what, move || run_payonce(form, &spec));
     let rounds = vec![1; PAYONCE_ROUNDS];
     assert_eq!(run.coupons, rounds, "{what}: coupons per round; {run:?}");
     assert_eq!(run.points_entries, rounds, "{what}: points entries per round; {run:?}");
@@ -745,7 +744,7 @@ fn each_defense_alone_and_payonce_truth_table() {
     let cells: Vec<&str> = FORMS
         .iter()
         .map(|&form| {
-            let run = check_payonce(form);
+            let run = check_payonce(form, &crate::engines::Db::sqlite("incident-payonce"));
             verdict(run.coupons.iter().copied().max().unwrap_or(0) as i64)
         })
         .collect();
@@ -780,4 +779,21 @@ fn unique_index_defense_really_removes_the_indexes() {
     }
     assert!(without.iter().any(|n| n == "uk_order_no"), "only the side-effect keys are removed: {without:?}");
     assert_eq!(with.len() - without.len(), SIDE_EFFECT_INDEXES.len());
+}
+
+for_each_engine! {
+    /// The incident replay's payonce half: every form stopped, with two
+    /// App instances (two key-lock maps, as two processes) on one database
+    /// for the redelivery and the second channel.
+    fn payonce_stops_every_form_of_the_incident(db) {
+        for (k, &form) in FORMS.iter().enumerate() {
+            // Each form on a fresh database: the rounds reuse their order_nos.
+            let fresh = match (k, db.engine) {
+                (0, _) => None,
+                (_, crate::engines::Engine::Sqlite) => Some(crate::engines::Db::sqlite(form.name())),
+                (_, crate::engines::Engine::Postgres) => crate::engines::Db::postgres(form.name()),
+            };
+            check_payonce(form, fresh.as_ref().unwrap_or(db));
+        }
+    }
 }
