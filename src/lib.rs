@@ -1,5 +1,5 @@
 //! payonce: exactly-once orders and payment callbacks for a small merchant,
-//! on SQLite.
+//! on SQLite or PostgreSQL.
 //!
 //! Use it as a service (`payonce serve`) or as a library in a merchant's own
 //! tests: open an [`App`] on `":memory:"` with a [`Clock::manual`] clock and
@@ -63,7 +63,39 @@ mod layering {
         ("money", include_str!("money.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
         ("domain", include_str!("domain.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
         ("error", include_str!("error.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
+        ("keylock", include_str!("keylock.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
     ];
+
+    /// Every module above the store, whose source may name no engine.
+    const ABOVE_THE_STORE: &[(&str, &str)] = &[
+        ("api", include_str!("api.rs")),
+        ("app", include_str!("app.rs")),
+        ("background", include_str!("background.rs")),
+        ("channel", include_str!("channel/mod.rs")),
+        ("channel::generic", include_str!("channel/generic.rs")),
+        ("channel::wechatpay", include_str!("channel/wechatpay.rs")),
+        ("channel::alipay", include_str!("channel/alipay.rs")),
+        ("domain", include_str!("domain.rs")),
+        ("error", include_str!("error.rs")),
+        ("http", include_str!("http.rs")),
+        ("metrics", include_str!("metrics.rs")),
+        ("ops", include_str!("ops.rs")),
+        ("recon", include_str!("recon.rs")),
+        ("render", include_str!("render.rs")),
+        ("main", include_str!("main.rs")),
+    ];
+    /// What only src/store/ may name: the engines' crates and modules.
+    const ENGINE_NAMES: &[&str] =
+        &["rusqlite", "r2d2", "postgres::", "r2d2_postgres", "store::sqlite", "store::postgres::PostgresEngine"];
+
+    #[test]
+    fn no_engine_type_above_the_store() {
+        for (module, source) in ABOVE_THE_STORE {
+            for name in ENGINE_NAMES {
+                assert!(!source.contains(name), "{module} names {name}: only src/store/ knows the engines");
+            }
+        }
+    }
 
     #[test]
     fn no_module_names_a_layer_above_it() {

@@ -546,7 +546,7 @@ fn backup(parser: lexopt::Parser) -> Result<ExitCode, String> {
     if payonce::store::is_postgres_url(&db) {
         return Err(format!(
             "backup copies a SQLite file; {} is PostgreSQL: back it up with pg_dump (or the server's point-in-time recovery), see docs/postgres.md",
-            payonce::store::postgres::redact_url(&db)
+            payonce::store::shown_db(&db)
         ));
     }
     let to = args.to.ok_or("backup needs --to FILE")?;

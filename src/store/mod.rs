@@ -115,6 +115,15 @@ pub fn is_postgres_url(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
 
+/// `db` as payonce prints it: a PostgreSQL URL without its password.
+pub fn shown_db(db: &str) -> String {
+    if is_postgres_url(db) {
+        postgres::redact_url(db)
+    } else {
+        db.to_owned()
+    }
+}
+
 pub struct Store {
     engine: Engine,
     pub is_memory: bool,
@@ -388,6 +397,18 @@ pub(crate) trait Conn {
 }
 
 /// A read transaction: a consistent snapshot, and only the methods that read.
+///
+/// ```compile_fail
+/// // A read transaction has no write methods: this does not compile.
+/// let store = payonce::store::Store::open(":memory:", &Default::default()).unwrap();
+/// store.read(|tx| tx.cas_order_closed(1, "2026-01-01T00:00:00.000Z")).unwrap();
+/// ```
+///
+/// ```
+/// // The same call in a write transaction does.
+/// let store = payonce::store::Store::open(":memory:", &Default::default()).unwrap();
+/// assert!(!store.write(|tx| tx.cas_order_closed(1, "2026-01-01T00:00:00.000Z")).unwrap());
+/// ```
 pub struct ReadTx<'t> {
     conn: &'t dyn Conn,
 }
