@@ -1659,3 +1659,37 @@ fn request_metrics_stay_bounded_under_arbitrary_methods() {
         after - before
     );
 }
+
+for_each_engine! {
+    /// Three processes sweep one database at once: each expired order is
+    /// closed once, with one order.closed event. The claim
+    /// is the database's (the order's key lock, on PostgreSQL an advisory
+    /// lock, and the PENDING→CLOSED CAS), not one process being the sweeper.
+    fn three_sweepers_close_each_expired_order_once(db) {
+        const EXPIRING: usize = 40;
+        let flags = ["--sweep-interval-s", "1", "--order-ttl-s", "1"];
+        let servers: Vec<Server> = (0..3).map(|_| db.serve(&flags)).collect();
+        let order_nos: Vec<String> = (0..EXPIRING).map(|i| format!("SW-{i:02}")).collect();
+        parallel(4, &order_nos, |o| {
+            let resp = servers[o.len() % 3].post_json("/v1/orders", &json!({"order_no": o, "user_id": USER, "amount": 100}));
+            assert_eq!(resp.status, 201, "{}", resp.text());
+        });
+        let store = db.store();
+        let closed_sql = "SELECT count(*) FROM orders WHERE status = 'CLOSED'";
+        assert!(
+            wait_for(Duration::from_secs(20), || db.count(&store, closed_sql) == EXPIRING as i64),
+            "{}: every expired order is closed within seconds ({} closed)",
+            db.label(),
+            db.count(&store, closed_sql)
+        );
+        // Let every sweeper run again over the closed orders.
+        thread::sleep(Duration::from_millis(1500));
+        assert_eq!(db.count(&store, "SELECT count(*) FROM outbox_event WHERE type = 'order.closed'"), EXPIRING as i64);
+        assert_eq!(
+            db.count(&store, "SELECT count(*) FROM (SELECT order_no FROM outbox_event GROUP BY order_no HAVING count(*) > 1) t"),
+            0,
+            "{}: no order closed twice",
+            db.label()
+        );
+    }
+}
