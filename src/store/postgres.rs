@@ -163,6 +163,11 @@ impl PostgresEngine {
             options.busy_timeout_ms
         );
         let manager = Manager { inner: PostgresConnectionManager::new(config, NoTls), session };
+        // One connection first, directly: an unreachable server or a refused
+        // login fails here at once with its cause (the pool would retry for
+        // POOL_WAIT_MS and report a timeout).
+        r2d2::ManageConnection::connect(&manager)
+            .map_err(|e| Error::new(ErrorKind::DatabaseUnavailable, format!("cannot connect to {shown}: {e}")))?;
         let pool = r2d2::Pool::builder()
             .max_size(options.pool_size)
             .min_idle(Some(1))

@@ -20,6 +20,7 @@ mod ledger;
 mod openapi;
 mod ops_admin;
 mod payment_edges;
+mod postgres_cli;
 mod reconcile;
 mod reconcile_bills;
 mod schema;
