@@ -16,6 +16,7 @@ mod ledger;
 mod openapi;
 mod ops_admin;
 mod payment_edges;
+mod pg;
 mod reconcile;
 mod reconcile_bills;
 mod schema;
