@@ -130,7 +130,7 @@ pub struct Store {
 }
 
 enum Engine {
-    Sqlite(sqlite::SqliteEngine),
+    Sqlite(Box<sqlite::SqliteEngine>),
     Postgres(postgres::PostgresEngine),
 }
 
@@ -147,7 +147,7 @@ impl Store {
         }
         let engine = sqlite::SqliteEngine::open(db, options)?;
         let is_memory = engine.is_memory();
-        Ok(Store { engine: Engine::Sqlite(engine), is_memory })
+        Ok(Store { engine: Engine::Sqlite(Box::new(engine)), is_memory })
     }
 
     /// `sqlite` or `postgres`, for logs and `/metrics`.
