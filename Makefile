@@ -56,10 +56,15 @@ lint:
 example:
 	$(CARGO) run --locked --example incident_replay
 
-# The benchmark: bare SQLite vs payonce over HTTP vs a trivial handler, on
-# loopback (docs/performance.md). `make bench BENCH_ARGS=--quick` for a smoke run.
-bench:
+# The benchmark, in one run (docs/performance.md): bare SQLite vs payonce
+# over HTTP vs a trivial handler, on loopback; then 1, 2 and 4 payonce serve
+# processes on SQLite and on a throwaway durable PostgreSQL (when initdb is
+# found or PAYONCE_BENCH_PG is set), with the outbox lock's cost.
+# `make bench BENCH_ARGS=--quick` for a smoke run.
+bench: build
 	$(CARGO) run --release --locked --example bench -- $(BENCH_ARGS)
+	$(CARGO) build --release --locked --example bench_processes
+	bash scripts/bench-processes $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
 
 clean:
 	$(CARGO) clean
