@@ -102,6 +102,11 @@ Options:
   --points-per-yuan N       points = floor(amount x N / 100); no entry when 0 [default: 0]
   --order-ttl-s N           default PENDING lifetime in seconds [default: 900]
   --sweep-interval-s N      how often expired PENDING orders are closed [default: 1]
+  --db-pool-size N          database connections of this process (PostgreSQL: size
+                            max_connections for every process's pool) [default: 20]
+  --db-busy-timeout-ms N    how long a write waits for another process's lock (SQLite's
+                            busy handler, PostgreSQL's lock_timeout) before 503
+                            database_busy [default: 5000]
   --inspect-interval-s N    how often the inspection runs [default: 300]
   --wechatpay-apiv3-key KEY WeChat Pay APIv3 key (32 bytes); env PAYONCE_WECHATPAY_APIV3_KEY.
                             With --wechatpay-public-key, turns the wechatpay channel on.
@@ -137,6 +142,7 @@ struct ServeArgs {
     points_per_yuan: i64,
     order_ttl_s: i64,
     sweep_interval_s: u64,
+    store: payonce::store::StoreOptions,
     api_tokens: Option<String>,
     idempotency_ttl_s: i64,
     inspect_interval_s: u64,
@@ -229,6 +235,7 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
         points_per_yuan: 0,
         order_ttl_s: ORDER_TTL_S_DEFAULT,
         sweep_interval_s: SWEEP_INTERVAL_S_DEFAULT,
+        store: payonce::store::StoreOptions::default(),
         api_tokens: std::env::var("PAYONCE_API_TOKEN").ok().filter(|s| !s.is_empty()),
         idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
         inspect_interval_s: INSPECT_INTERVAL_S_DEFAULT,
@@ -266,6 +273,12 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
             Long("alipay-app-id") => args.alipay_app_id = Some(string_value(&mut parser)?),
             Long("inspect-interval-s") => {
                 args.inspect_interval_s = int_value(&mut parser, "--inspect-interval-s", 1, 86_400)?.unsigned_abs()
+            }
+            Long("db-pool-size") => {
+                args.store.pool_size = int_value(&mut parser, "--db-pool-size", 2, 1_000)?.unsigned_abs() as u32
+            }
+            Long("db-busy-timeout-ms") => {
+                args.store.busy_timeout_ms = int_value(&mut parser, "--db-busy-timeout-ms", 1, 600_000)?.unsigned_abs()
             }
             Long("sweep-interval-s") => {
                 args.sweep_interval_s = int_value(&mut parser, "--sweep-interval-s", 1, 86_400)?.unsigned_abs()
@@ -351,7 +364,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         );
     }
     // The database first: a refused start (a bad file) exits before the port is taken.
-    let app = App::open(&args.db, Clock::System, config).map_err(|e| e.message)?;
+    let app = App::open_with(&args.db, Clock::System, config, &args.store).map_err(|e| e.message)?;
     let server = Server::bind_with(&args.listen, args.limits.clone()).map_err(|e| e.message)?;
     let addr = server.local_addr();
     let shutdown = Arc::new(AtomicBool::new(false));
