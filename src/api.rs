@@ -534,6 +534,7 @@ fn metrics(app: &App) -> Result<Response, Error> {
         record_only: app.mode()? == Mode::RecordOnly,
         received_waiting: app.received_waiting()?,
         key_locks: app.locks.len(),
+        group_commit: app.store.group_commit_totals().unwrap_or((0, 0)),
     };
     Ok(Response {
         status: 200,

@@ -104,6 +104,10 @@ Options:
   --sweep-interval-s N      how often expired PENDING orders are closed [default: 1]
   --db-pool-size N          database connections of this process (PostgreSQL: size
                             max_connections for every process's pool) [default: 20]
+  --group-commit-max N      SQLite: write operations committed together in one transaction,
+                            one fsync; 1 turns batching off [default: 64]
+  --group-commit-wait-us N  SQLite: how long a committer holding operations waits for more;
+                            0 commits whatever is queued, never waits [default: 0]
   --db-busy-timeout-ms N    how long a write waits for another process's lock (SQLite's
                             busy handler, PostgreSQL's lock_timeout) before 503
                             database_busy [default: 5000]
@@ -276,6 +280,14 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
             }
             Long("db-pool-size") => {
                 args.store.pool_size = int_value(&mut parser, "--db-pool-size", 2, 1_000)?.unsigned_abs() as u32
+            }
+            Long("group-commit-max") => {
+                args.store.group_commit_max =
+                    int_value(&mut parser, "--group-commit-max", 1, 10_000)?.unsigned_abs() as usize
+            }
+            Long("group-commit-wait-us") => {
+                args.store.group_commit_wait_us =
+                    int_value(&mut parser, "--group-commit-wait-us", 0, 1_000_000)?.unsigned_abs()
             }
             Long("db-busy-timeout-ms") => {
                 args.store.busy_timeout_ms = int_value(&mut parser, "--db-busy-timeout-ms", 1, 600_000)?.unsigned_abs()

@@ -32,6 +32,8 @@ pub struct ScrapeGauges {
     pub record_only: bool,
     pub received_waiting: i64,
     pub key_locks: usize,
+    /// (batches, operations) the SQLite group committer committed; zeros on PostgreSQL.
+    pub group_commit: (u64, u64),
 }
 
 impl Metrics {
@@ -152,6 +154,20 @@ impl Metrics {
         );
         let storage_ok = self.storage_ok.as_ref().is_none_or(|f| f.load(Ordering::Acquire));
         let _ = writeln!(out, "payonce_storage_ok {}", u8::from(storage_ok));
+        header(
+            &mut out,
+            "payonce_group_commit_batches_total",
+            "counter",
+            "SQLite write transactions the group committer ended (committed or failed); each carried one or more operations.",
+        );
+        let _ = writeln!(out, "payonce_group_commit_batches_total {}", gauges.group_commit.0);
+        header(
+            &mut out,
+            "payonce_group_commit_operations_total",
+            "counter",
+            "Write operations in those transactions: operations / batches is the mean batch size.",
+        );
+        let _ = writeln!(out, "payonce_group_commit_operations_total {}", gauges.group_commit.1);
         out
     }
 }

@@ -25,6 +25,7 @@
 //! its transaction.
 
 mod effects;
+pub mod group_commit;
 mod idempotency;
 mod orders;
 mod payments;
@@ -97,6 +98,11 @@ pub struct StoreOptions {
     /// busy handler (which sleeps in steps of up to 100 ms) only arbitrates
     /// between processes. Off only to measure what it buys.
     pub writer_queue: bool,
+    /// SQLite only: operations per group-commit transaction (1: no batching).
+    pub group_commit_max: usize,
+    /// SQLite only: how long a committer holding operations waits for more
+    /// (0: commit whatever is queued, never wait).
+    pub group_commit_wait_us: u64,
 }
 
 impl Default for StoreOptions {
@@ -106,6 +112,8 @@ impl Default for StoreOptions {
             busy_timeout_ms: BUSY_TIMEOUT_MS,
             synchronous: Synchronous::Full,
             writer_queue: true,
+            group_commit_max: group_commit::GROUP_COMMIT_MAX_DEFAULT,
+            group_commit_wait_us: group_commit::GROUP_COMMIT_WAIT_US_DEFAULT,
         }
     }
 }
@@ -238,6 +246,37 @@ impl Store {
                 ErrorKind::InvalidRequest,
                 "payonce backup copies SQLite files; back a PostgreSQL database up with pg_dump or point-in-time recovery (docs/postgres.md)",
             )),
+        }
+    }
+
+    /// (batches, operations) group-committed so far; `None` on PostgreSQL,
+    /// whose concurrent commits share fsyncs by themselves.
+    pub fn group_commit_totals(&self) -> Option<(u64, u64)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        match &self.engine {
+            Engine::Sqlite(engine) => {
+                engine.group_commit().map(|c| (c.counters.batches.load(Relaxed), c.counters.operations.load(Relaxed)))
+            }
+            Engine::Postgres(_) => None,
+        }
+    }
+
+    /// Test hook: the next group COMMIT fails (and rolls back) on SQLite.
+    #[doc(hidden)]
+    pub fn fail_next_commit(&self) {
+        if let Engine::Sqlite(engine) = &self.engine {
+            if let Some(c) = engine.group_commit() {
+                c.fail_next_commit();
+            }
+        }
+    }
+
+    /// Test hook: write operations waiting for the SQLite writer right now.
+    #[doc(hidden)]
+    pub fn queued_writers(&self) -> usize {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.group_commit().map_or(0, |c| c.queued()),
+            Engine::Postgres(_) => 0,
         }
     }
 

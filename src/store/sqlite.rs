@@ -8,6 +8,7 @@
 //! process has open (`storage_lost` otherwise), and one anchor connection
 //! outside the pool keeps `-wal` and `-shm` in place.
 
+use super::group_commit::GroupCommitter;
 use super::orders::{order_columns, order_from_row};
 use super::{
     params, Cell, Conn, Param, Row, StoreOptions, BUSY_TIMEOUT_MS, MIGRATIONS, POOL_WAIT_MS, SCHEMA_SQL, SCHEMA_VERSION,
@@ -38,7 +39,7 @@ pub struct SqliteEngine {
     /// The writer queue holds the one connection every write of this
     /// process uses, so its page cache and prepared statements stay warm
     /// (in WAL mode another connection's commit would invalidate them).
-    writer_queue: Option<Mutex<Option<r2d2::PooledConnection<SqliteConnectionManager>>>>,
+    writer: Option<GroupCommitter>,
     /// One connection open for the store's life, outside the pool.
     /// For `:memory:`: a memdb database vanishes with its last connection,
     /// and the pool may close idle ones. For a file: SQLite deletes `-wal`
@@ -131,7 +132,9 @@ impl SqliteEngine {
             .map_err(|e| Error::internal(format!("cannot open database {path:?}: {e}")))?;
         let mut store = SqliteEngine {
             pool,
-            writer_queue: options.writer_queue.then(|| Mutex::new(None)),
+            writer: options
+                .writer_queue
+                .then(|| GroupCommitter::new(options.group_commit_max, options.group_commit_wait_us)),
             anchor: Mutex::new(anchor),
             watch: None,
             storage_ok: Arc::new(AtomicBool::new(true)),
@@ -334,23 +337,25 @@ impl SqliteEngine {
     }
 
     fn write_queued<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {
-        // Taken after the caller's key lock, released after commit (drop order).
-        let mut writer = self.writer_queue.as_ref().map(|m| m.lock());
-        let mut pooled;
-        let conn: &mut Connection = match writer.as_deref_mut() {
-            Some(slot) => match slot {
-                Some(conn) => conn,
-                None => slot.insert(self.pool.get()?),
-            },
+        match &self.writer {
+            // Queued behind this process's other writers, batched with them
+            // into one transaction and one COMMIT (group_commit.rs).
+            Some(committer) => committer.run(|| Ok(self.pool.get()?), work),
+            // Without the queue (measured only): a pooled connection, its own
+            // BEGIN IMMEDIATE and COMMIT, SQLite's busy handler between them.
             None => {
-                pooled = self.pool.get()?;
-                &mut pooled
+                let mut conn = self.pool.get()?;
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let value = work(&SqliteTx { conn: &tx })?;
+                tx.commit()?;
+                Ok(value)
             }
-        };
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let value = work(&SqliteTx { conn: &tx })?;
-        tx.commit()?;
-        Ok(value)
+        }
+    }
+
+    /// The group committer's counters (`None` without the writer queue).
+    pub(super) fn group_commit(&self) -> Option<&GroupCommitter> {
+        self.writer.as_ref()
     }
 
     /// Runs `work` on one read snapshot (a DEFERRED transaction that only reads).
@@ -473,8 +478,8 @@ fn hold_after_event() -> Option<Duration> {
 
 /// The query methods' view of one SQLite transaction: every statement
 /// through the connection's prepared-statement cache.
-struct SqliteTx<'c> {
-    conn: &'c Connection,
+pub(super) struct SqliteTx<'c> {
+    pub(super) conn: &'c Connection,
 }
 
 impl rusqlite::ToSql for Param<'_> {

@@ -536,7 +536,8 @@ fn an_in_memory_database_has_no_files_to_watch() {
         expires_in_s: None,
     })
     .expect("a write");
-    let gauges = payonce::metrics::ScrapeGauges { record_only: false, received_waiting: 0, key_locks: 0 };
+    let gauges =
+        payonce::metrics::ScrapeGauges { record_only: false, received_waiting: 0, key_locks: 0, group_commit: (0, 0) };
     assert!(app.metrics.render(&gauges).lines().any(|l| l == "payonce_storage_ok 1"));
 }
 

@@ -12,6 +12,7 @@ mod crash;
 mod edge;
 mod event_feed;
 mod expiry;
+mod group_commit;
 mod hostile;
 mod http_pool;
 mod idempotency;

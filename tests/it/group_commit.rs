@@ -1,0 +1,212 @@
+//! Group commit on SQLite (PRODUCT.md section 9): operations queued behind
+//! one writer share one transaction and one COMMIT, each in its own
+//! savepoint. A gate operation holds the writer while the others queue, so
+//! the batch below is certain, and the counters prove the operations shared
+//! one COMMIT (these tests cannot pass with batches of one).
+
+use crate::util::{Pay, TempDir};
+use payonce::domain::NewOrder;
+use payonce::store::{Store, StoreOptions};
+use payonce::{App, Clock, Config, Error};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+fn new_order(order_no: &str) -> NewOrder {
+    NewOrder {
+        order_no: order_no.into(),
+        user_id: "u1".into(),
+        amount: 100,
+        currency: "CNY".into(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        expires_at: "2026-01-01T00:15:00.000Z".into(),
+    }
+}
+
+fn totals(store: &Store) -> (u64, u64) {
+    store.group_commit_totals().expect("SQLite has a group committer")
+}
+
+fn wait_until_queued(store: &Store, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.queued_writers() < n {
+        assert!(Instant::now() < deadline, "only {} of {n} writers queued", store.queued_writers());
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn order_exists(store: &Store, order_no: &str) -> bool {
+    store.read(|tx| tx.order_by_no(order_no)).expect("read").is_some()
+}
+
+/// Runs `ops` as one batch: a gate operation takes the writer and waits
+/// until every op is queued behind it. Returns each op's result, in order.
+fn one_batch<'s, T: Send>(
+    store: &'s Store,
+    ops: Vec<Box<dyn FnOnce(&'s Store) -> Result<T, Error> + Send + 's>>,
+) -> (Result<(), Error>, Vec<Result<T, Error>>) {
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    thread::scope(|s| {
+        let gate = s.spawn(move || {
+            store.write(|tx| {
+                let _ = entered_tx.send(());
+                release_rx.recv().map_err(|_| Error::internal("gate released"))?;
+                tx.insert_order(&new_order("GATE")).map(drop)
+            })
+        });
+        entered_rx.recv().expect("the gate holds the writer");
+        let n = ops.len();
+        let handles: Vec<_> = ops.into_iter().map(|op| s.spawn(move || op(store))).collect();
+        wait_until_queued(store, n);
+        release_tx.send(()).expect("release the gate");
+        let results = handles.into_iter().map(|h| h.join().expect("op thread")).collect();
+        (gate.join().expect("gate thread"), results)
+    })
+}
+
+fn insert(order_no: &'static str) -> Box<dyn FnOnce(&Store) -> Result<bool, Error> + Send> {
+    Box::new(move |store: &Store| store.write(|tx| tx.insert_order(&new_order(order_no)).map(|r| r.is_ok())))
+}
+
+#[test]
+fn a_failing_and_a_panicking_operation_roll_back_alone_and_the_rest_commit_in_one_commit() {
+    let store = Store::open(":memory:", &StoreOptions::default()).expect("open");
+    let before = totals(&store);
+    let failing: Box<dyn FnOnce(&Store) -> Result<bool, Error> + Send> = Box::new(|store: &Store| {
+        store.write(|tx| {
+            let _inserted = tx.insert_order(&new_order("FAILS"))?;
+            Err(Error::internal("this operation fails after its insert"))
+        })
+    });
+    let panicking: Box<dyn FnOnce(&Store) -> Result<bool, Error> + Send> = Box::new(|store: &Store| {
+        store.write(|tx| {
+            let _inserted = tx.insert_order(&new_order("PANICS"))?;
+            panic!("this operation panics after its insert")
+        })
+    });
+    let (gate, results) = one_batch(&store, vec![insert("GOOD-1"), failing, panicking, insert("GOOD-2")]);
+    gate.expect("the gate commits");
+    assert!(matches!(results[0], Ok(true)), "{:?}", results[0]);
+    let failed = results[1].as_ref().expect_err("the failing op gets its own error");
+    assert!(failed.message.contains("fails after its insert"), "{failed}");
+    let panicked = results[2].as_ref().expect_err("the panicking op gets an error");
+    assert_eq!(panicked.status, 500, "{panicked}");
+    assert!(panicked.message.contains("panicked"), "{panicked}");
+    assert!(matches!(results[3], Ok(true)), "{:?}", results[3]);
+    for (order_no, kept) in [("GATE", true), ("GOOD-1", true), ("FAILS", false), ("PANICS", false), ("GOOD-2", true)] {
+        assert_eq!(order_exists(&store, order_no), kept, "{order_no}");
+    }
+    let after = totals(&store);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 5), "five operations, one COMMIT");
+}
+
+#[test]
+fn a_failed_commit_fails_every_operation_of_the_batch_and_leaves_nothing() {
+    let store = Store::open(":memory:", &StoreOptions::default()).expect("open");
+    store.fail_next_commit();
+    let before = totals(&store);
+    let (gate, results) = one_batch(&store, vec![insert("C-1"), insert("C-2"), insert("C-3")]);
+    let gate = gate.expect_err("the gate is not acknowledged");
+    assert!(gate.message.contains("did not commit"), "{gate}");
+    for (i, result) in results.iter().enumerate() {
+        let e = result.as_ref().expect_err("no operation of the batch is acknowledged");
+        assert!(e.message.contains("did not commit"), "op {i}: {e}");
+    }
+    for order_no in ["GATE", "C-1", "C-2", "C-3"] {
+        assert!(!order_exists(&store, order_no), "{order_no} is not visible");
+    }
+    let after = totals(&store);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 4));
+    // The writer recovers: the next operation commits on its own.
+    assert!(store.write(|tx| tx.insert_order(&new_order("AFTER")).map(|r| r.is_ok())).expect("next write"));
+    assert!(order_exists(&store, "AFTER"));
+}
+
+#[test]
+fn two_payments_of_one_order_in_one_batch_are_applied_and_already_paid() {
+    let dir = TempDir::new("group-commit-pay");
+    let config = Config {
+        rewards: payonce::Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
+        ..Config::default()
+    };
+    let app = App::open(&dir.path("payonce.db").display().to_string(), Clock::manual(1_700_000_000_000), config)
+        .expect("open");
+    let (_, created) = app
+        .create_order(&payonce::CreateOrder {
+            order_no: "O-1".into(),
+            user_id: "u1".into(),
+            amount: 100,
+            currency: "CNY".into(),
+            expires_in_s: None,
+        })
+        .expect("create");
+    assert!(created);
+    let before = totals(&app.store);
+    let app = &app;
+    let pay = |pay_no: &'static str| -> Box<dyn FnOnce(&Store) -> Result<String, Error> + Send + '_> {
+        Box::new(move |_: &Store| {
+            Ok(Pay { pay_no, order_no: "O-1", amount: 100, status: "SUCCESS" }.deliver(app).outcome_str().to_owned())
+        })
+    };
+    let (gate, results) = one_batch(&app.store, vec![pay("P-A"), pay("P-B")]);
+    gate.expect("gate");
+    let mut outcomes: Vec<String> = results.into_iter().map(|r| r.expect("delivered")).collect();
+    outcomes.sort();
+    assert_eq!(outcomes, ["already_paid", "applied"], "whichever ran first in the batch applied");
+    let after = totals(&app.store);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 3), "both payments and the gate in one COMMIT");
+    let detail = app.order("O-1").expect("order");
+    assert_eq!((detail.coupons.len(), detail.points.len()), (1, 1), "one coupon, one points entry");
+}
+
+#[test]
+fn concurrent_payments_over_one_writer_share_commits() {
+    let dir = TempDir::new("group-commit-storm");
+    let app =
+        App::open(&dir.path("payonce.db").display().to_string(), Clock::manual(1_700_000_000_000), Config::default())
+            .expect("open");
+    const ORDERS: usize = 200;
+    for i in 0..ORDERS {
+        app.create_order(&payonce::CreateOrder {
+            order_no: format!("S-{i}"),
+            user_id: "u1".into(),
+            amount: 100,
+            currency: "CNY".into(),
+            expires_in_s: None,
+        })
+        .expect("create");
+    }
+    let before = totals(&app.store);
+    thread::scope(|s| {
+        for t in 0..16 {
+            let app = &app;
+            s.spawn(move || {
+                for i in (t..ORDERS).step_by(16) {
+                    let pay_no = format!("SP-{i}");
+                    let order_no = format!("S-{i}");
+                    let outcome =
+                        Pay { pay_no: &pay_no, order_no: &order_no, amount: 100, status: "SUCCESS" }.deliver(app);
+                    assert_eq!(outcome.outcome_str(), "applied");
+                }
+            });
+        }
+    });
+    let after = totals(&app.store);
+    let (batches, ops) = (after.0 - before.0, after.1 - before.1);
+    println!("group commit: {ops} operations in {batches} batches ({:.2} per COMMIT)", ops as f64 / batches as f64);
+    assert_eq!(ops, ORDERS as u64, "one write per payment");
+    assert!(batches < ops, "16 writers at once shared commits: {ops} operations in {batches} batches");
+}
+
+#[test]
+fn group_commit_max_one_turns_batching_off() {
+    let options = StoreOptions { group_commit_max: 1, ..StoreOptions::default() };
+    let store = Store::open(":memory:", &options).expect("open");
+    let before = totals(&store);
+    let (gate, results) = one_batch(&store, vec![insert("M-1"), insert("M-2")]);
+    gate.expect("gate");
+    assert!(results.iter().all(|r| matches!(r, Ok(true))));
+    let after = totals(&store);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (3, 3), "one COMMIT per operation");
+}
