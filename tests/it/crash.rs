@@ -292,6 +292,13 @@ fn client(
     }
 }
 
+/// The group-commit counters of `server`, from its `/metrics`.
+fn group_commit_totals(server: &Server) -> Option<(u64, u64)> {
+    let text = server.get("/metrics").text();
+    let value = |name: &str| -> Option<u64> { text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()) };
+    Some((value("payonce_group_commit_batches_total ")?, value("payonce_group_commit_operations_total ")?))
+}
+
 fn start(db: &Db) -> Server {
     let points = POINTS_PER_YUAN.to_string();
     db.serve(&["--coupon", COUPONS[0], "--coupon", COUPONS[1], "--points-per-yuan", &points])
@@ -345,8 +352,13 @@ fn crash_storm(db: &Db, processes: usize) {
 
     // SIGKILL the first process at random moments, restart it on the same database each time.
     let mut kills = 0;
+    // (batches, operations) the killed process group-committed before each kill.
+    let mut batched = (0u64, 0u64);
     while kills < KILLS_MIN && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(50 + rng.below(350)));
+        if let Some((b, o)) = group_commit_totals(&servers[0]) {
+            batched = (batched.0 + b, batched.1 + o);
+        }
         servers[0].kill();
         kills += 1;
         if rng.below(2) == 0 {
@@ -377,6 +389,14 @@ fn crash_storm(db: &Db, processes: usize) {
         elapsed_storm.as_secs_f64()
     );
     assert!(kills >= 10, "{label}: only {kills} kills happened before the deadline");
+    if db.engine == crate::engines::Engine::Sqlite {
+        // The kills landed in a process that batched: operations shared COMMITs.
+        println!(
+            "{label}: before its kills the first process committed {} operations in {} batches",
+            batched.1, batched.0
+        );
+        assert!(batched.1 > batched.0, "{label}: no batch held more than one operation: {batched:?}");
+    }
     assert_eq!(s.outstanding, 0, "{label}: deliveries still unacknowledged at the deadline: {}", s.outstanding);
     assert!(s.violations.is_empty(), "{label}: answers that break the contract:\n{}", s.violations.join("\n"));
     assert!(s.cut_in_flight > 0, "{label}: no request was ever cut in flight: the kills hit nothing");
