@@ -57,14 +57,15 @@ example:
 	$(CARGO) run --locked --example incident_replay
 
 # The benchmark, in one run (docs/performance.md): bare SQLite vs payonce
-# over HTTP vs a trivial handler, on loopback; then 1, 2 and 4 payonce serve
-# processes on SQLite and on a throwaway durable PostgreSQL (when initdb is
-# found or PAYONCE_BENCH_PG is set), with the outbox lock's cost.
-# `make bench BENCH_ARGS=--quick` for a smoke run.
+# over HTTP vs a trivial handler; group commit on and off at 16 and 64
+# clients against the apply SQL on a minimal schema and pgbench -M prepared;
+# then 1, 2 and 4 payonce serve on SQLite and on PostgreSQL, with the outbox
+# lock's cost. PostgreSQL is a throwaway durable cluster (when initdb is found,
+# or PAYONCE_BENCH_PG names a server). `make bench BENCH_ARGS=--quick` for a smoke run.
 bench: build
 	$(CARGO) run --release --locked --example bench -- $(BENCH_ARGS)
-	$(CARGO) build --release --locked --example bench_processes
-	bash scripts/bench-processes $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
+	$(CARGO) build --release --locked --example bench_group_commit --example bench_processes
+	bash scripts/bench-with-pg $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
 
 clean:
 	$(CARGO) clean
