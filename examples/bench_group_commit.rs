@@ -87,12 +87,23 @@ struct Measured {
     seconds: f64,
     latencies_us: Vec<u64>,
     errors: usize,
+    /// CPU time of this whole process (server and clients) during the phase.
+    cpu_seconds: f64,
+}
+
+/// utime + stime of this process, from /proc/self/stat (clock ticks of 10 ms).
+fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok())).sum();
+    ticks as f64 / 100.0
 }
 
 impl Measured {
     fn merge(&mut self, other: Measured) {
         self.count += other.count;
         self.seconds += other.seconds;
+        self.cpu_seconds += other.cpu_seconds;
         self.latencies_us.extend(other.latencies_us);
         self.errors += other.errors;
     }
@@ -170,6 +181,7 @@ impl Bare {
         let n = range.len();
         let mut measured = Measured::default();
         let started = Instant::now();
+        let cpu = process_cpu_seconds();
         for i in range {
             let t = Instant::now();
             match self.apply_one(i) {
@@ -179,6 +191,7 @@ impl Bare {
             measured.count += 1;
         }
         measured.seconds = started.elapsed().as_secs_f64();
+        measured.cpu_seconds = process_cpu_seconds() - cpu;
         let wal_after = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
         let bytes = wal_after.saturating_sub(wal_before) as f64 / n.max(1) as f64;
         let frames = bytes / (page_size as f64 + 24.0);
@@ -279,7 +292,12 @@ impl Drop for Service {
 }
 
 /// `clients` keep-alive connections send `requests` (already encoded), one at a time each.
-fn http_round(addr: SocketAddr, clients: usize, requests: Vec<Vec<u8>>, expect: &'static [u8]) -> Result<Measured, BoxError> {
+fn http_round(
+    addr: SocketAddr,
+    clients: usize,
+    requests: Vec<Vec<u8>>,
+    expect: &'static [u8],
+) -> Result<Measured, BoxError> {
     let requests = Arc::new(requests);
     let next = Arc::new(AtomicUsize::new(0));
     let mut connections = Vec::new();
@@ -287,6 +305,7 @@ fn http_round(addr: SocketAddr, clients: usize, requests: Vec<Vec<u8>>, expect: 
         connections.push(client::Connection::connect(addr, IO_TIMEOUT, IO_TIMEOUT)?);
     }
     let started = Instant::now();
+    let cpu = process_cpu_seconds();
     let handles: Vec<_> = connections
         .into_iter()
         .map(|mut connection| {
@@ -314,6 +333,7 @@ fn http_round(addr: SocketAddr, clients: usize, requests: Vec<Vec<u8>>, expect: 
         all.merge(handle.join().map_err(|_| "client panicked")?);
     }
     all.seconds = started.elapsed().as_secs_f64();
+    all.cpu_seconds = process_cpu_seconds() - cpu;
     Ok(all)
 }
 
@@ -324,7 +344,11 @@ fn encode(path: &str, headers: &[(&str, &str)], body: &str) -> Vec<u8> {
 }
 
 /// Creates `range`'s orders, then sends their callbacks, pre-signed just before.
-fn applied_round(service: &Service, clients: usize, range: std::ops::Range<usize>) -> Result<(Measured, f64), BoxError> {
+fn applied_round(
+    service: &Service,
+    clients: usize,
+    range: std::ops::Range<usize>,
+) -> Result<(Measured, f64), BoxError> {
     let creations = range
         .clone()
         .map(|i| {
@@ -430,7 +454,9 @@ fn run(options: &Options) -> Result<(), BoxError> {
     let (mut min_wal, mut full_wal) = ((0.0, 0.0), (0.0, 0.0));
     let mut rows: Vec<(String, Measured, Option<f64>)> = Vec::new();
     let mut services: Vec<(String, usize, Service, Measured, f64)> = Vec::new();
-    for (label, max, clients) in [("on (max 64)", 64, 16), ("off (max 1)", 1, 16), ("on (max 64)", 64, 64), ("off (max 1)", 1, 64)] {
+    for (label, max, clients) in
+        [("on (max 64)", 64, 16), ("off (max 1)", 1, 16), ("on (max 64)", 64, 64), ("off (max 1)", 1, 64)]
+    {
         let service = Service::start(&dir, &format!("payonce-{max}-{clients}.db"), max)?;
         services.push((label.to_owned(), clients, service, Measured::default(), 0.0));
     }
@@ -473,19 +499,24 @@ fn run(options: &Options) -> Result<(), BoxError> {
     let _ = std::fs::remove_dir_all(&dir);
 
     println!();
-    println!("{:<58} {:>8} {:>10} {:>9} {:>9} {:>11}", "what", "count", "per s", "p50 ms", "p99 ms", "mean batch");
+    println!(
+        "{:<58} {:>8} {:>10} {:>9} {:>9} {:>11} {:>10}",
+        "what", "count", "per s", "p50 ms", "p99 ms", "mean batch", "CPU cores"
+    );
     let mut errors = 0;
     for (what, m, batch) in &rows {
         println!(
-            "{what:<58} {:>8} {:>10.0} {:>9.2} {:>9.2} {:>11}",
+            "{what:<58} {:>8} {:>10.0} {:>9.2} {:>9.2} {:>11} {:>10.2}",
             m.count,
             m.rate(),
             m.percentile_ms(0.5),
             m.percentile_ms(0.99),
-            batch.map_or("-".into(), |b| format!("{b:.1}"))
+            batch.map_or("-".into(), |b| format!("{b:.1}")),
+            m.cpu_seconds / m.seconds.max(1e-9)
         );
         errors += m.errors;
     }
+    println!("(CPU cores: this process's CPU time / wall time during the phase; the machine has {} cores)", cores());
     let l_min_rate = rows[0].1.rate();
     applied_16.1 = l_min_rate;
     println!();
@@ -495,7 +526,9 @@ fn run(options: &Options) -> Result<(), BoxError> {
     );
     let pg_tps = match pg_result {
         Some(Ok((tps, latency))) => {
-            println!("pgbench -M prepared, 16 clients, the same apply SQL on schema.postgres.sql: {tps:.0} tps ({latency})");
+            println!(
+                "pgbench -M prepared, 16 clients, the same apply SQL on schema.postgres.sql: {tps:.0} tps ({latency})"
+            );
             Some(tps)
         }
         Some(Err(e)) => {
@@ -513,7 +546,13 @@ fn run(options: &Options) -> Result<(), BoxError> {
     println!();
     println!("{:<58} {:>10} {:>10}  verdict", "target", "measured", "target");
     let ratio = applied_16.0 / applied_16.1;
-    println!("{:<58} {:>10.2} {:>10}  {}", "applied at 16 clients, batching on / L_min", ratio, ">= 2.00", verdict(ratio >= 2.0));
+    println!(
+        "{:<58} {:>10.2} {:>10}  {}",
+        "applied at 16 clients, batching on / L_min",
+        ratio,
+        ">= 2.00",
+        verdict(ratio >= 2.0)
+    );
     if let Some(tps) = pg_tps {
         println!(
             "{:<58} {:>10.0} {:>10.0}  {}",
@@ -537,4 +576,8 @@ fn run(options: &Options) -> Result<(), BoxError> {
         return Err(format!("{errors} unexpected answers: the figures above are not valid").into());
     }
     Ok(())
+}
+
+fn cores() -> usize {
+    thread::available_parallelism().map_or(1, |n| n.get())
 }
