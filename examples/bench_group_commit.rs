@@ -492,10 +492,7 @@ fn run(options: &Options) -> Result<(), BoxError> {
         rows.push((format!("payonce HTTP, group commit {label}, {clients} clients"), measured, Some(batch)));
     }
     let pg = std::env::var("PAYONCE_BENCH_PG").ok().filter(|s| !s.is_empty());
-    let pg_result = match &pg {
-        Some(server) => Some(pgbench(server, 100_000, if options.rounds > 1 { 15 } else { 5 })),
-        None => None,
-    };
+    let pg_result = pg.as_ref().map(|server| pgbench(server, 100_000, if options.rounds > 1 { 15 } else { 5 }));
     let _ = std::fs::remove_dir_all(&dir);
 
     println!();

@@ -35,6 +35,9 @@ fn wait_until_queued(store: &Store, n: usize) {
     }
 }
 
+/// One write operation of a batch, run on its own thread.
+type Op<'s, T> = Box<dyn FnOnce(&'s Store) -> Result<T, Error> + Send + 's>;
+
 fn order_exists(store: &Store, order_no: &str) -> bool {
     store.read(|tx| tx.order_by_no(order_no)).expect("read").is_some()
 }
@@ -43,7 +46,7 @@ fn order_exists(store: &Store, order_no: &str) -> bool {
 /// until every op is queued behind it. Returns each op's result, in order.
 fn one_batch<'s, T: Send>(
     store: &'s Store,
-    ops: Vec<Box<dyn FnOnce(&'s Store) -> Result<T, Error> + Send + 's>>,
+    ops: Vec<Op<'s, T>>,
 ) -> (Result<(), Error>, Vec<Result<T, Error>>) {
     let (entered_tx, entered_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
@@ -65,7 +68,7 @@ fn one_batch<'s, T: Send>(
     })
 }
 
-fn insert(order_no: &'static str) -> Box<dyn FnOnce(&Store) -> Result<bool, Error> + Send> {
+fn insert<'s>(order_no: &'static str) -> Op<'s, bool> {
     Box::new(move |store: &Store| store.write(|tx| tx.insert_order(&new_order(order_no)).map(|r| r.is_ok())))
 }
 
@@ -73,13 +76,13 @@ fn insert(order_no: &'static str) -> Box<dyn FnOnce(&Store) -> Result<bool, Erro
 fn a_failing_and_a_panicking_operation_roll_back_alone_and_the_rest_commit_in_one_commit() {
     let store = Store::open(":memory:", &StoreOptions::default()).expect("open");
     let before = totals(&store);
-    let failing: Box<dyn FnOnce(&Store) -> Result<bool, Error> + Send> = Box::new(|store: &Store| {
+    let failing: Op<bool> = Box::new(|store: &Store| {
         store.write(|tx| {
             let _inserted = tx.insert_order(&new_order("FAILS"))?;
             Err(Error::internal("this operation fails after its insert"))
         })
     });
-    let panicking: Box<dyn FnOnce(&Store) -> Result<bool, Error> + Send> = Box::new(|store: &Store| {
+    let panicking: Op<bool> = Box::new(|store: &Store| {
         store.write(|tx| {
             let _inserted = tx.insert_order(&new_order("PANICS"))?;
             panic!("this operation panics after its insert")
@@ -144,7 +147,7 @@ fn two_payments_of_one_order_in_one_batch_are_applied_and_already_paid() {
     assert!(created);
     let before = totals(&app.store);
     let app = &app;
-    let pay = |pay_no: &'static str| -> Box<dyn FnOnce(&Store) -> Result<String, Error> + Send + '_> {
+    let pay = |pay_no: &'static str| -> Op<String> {
         Box::new(move |_: &Store| {
             Ok(Pay { pay_no, order_no: "O-1", amount: 100, status: "SUCCESS" }.deliver(app).outcome_str().to_owned())
         })
