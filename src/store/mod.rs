@@ -514,6 +514,20 @@ impl WriteTx<'_> {
     }
 }
 
+/// The test hook `PAYONCE_TEST_HOLD_AFTER_EVENT_MS`, both engines': hold the
+/// transaction this long right after an insert into `outbox_event`
+/// (tests/it/event_feed.rs). Read once per process.
+fn hold_after_event() -> Option<std::time::Duration> {
+    static HOLD: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *HOLD.get_or_init(|| {
+        std::env::var("PAYONCE_TEST_HOLD_AFTER_EVENT_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+            .map(std::time::Duration::from_millis)
+    })
+}
+
 /// Converts an affected-row count that must be 0 or 1 into a decision.
 fn one_row(changed: usize, what: &str) -> Result<bool, Error> {
     match changed {

@@ -58,11 +58,7 @@ struct Hooks {
 
 impl Hooks {
     fn from_env() -> Hooks {
-        let hold_after_event = std::env::var("PAYONCE_TEST_HOLD_AFTER_EVENT_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|ms| *ms > 0)
-            .map(Duration::from_millis);
+        let hold_after_event = super::hold_after_event();
         let naive_outbox = std::env::var("PAYONCE_TEST_NAIVE_OUTBOX").is_ok_and(|v| v == "1");
         Hooks { hold_after_event, naive_outbox }
     }

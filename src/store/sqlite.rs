@@ -463,19 +463,6 @@ fn configure_connection(conn: &Connection, options: &StoreOptions, is_memory: bo
     Ok(())
 }
 
-/// `PAYONCE_TEST_HOLD_AFTER_EVENT_MS`, the test hook both engines share
-/// (see the PostgreSQL engine): read once per process.
-fn hold_after_event() -> Option<Duration> {
-    static HOLD: OnceLock<Option<Duration>> = OnceLock::new();
-    *HOLD.get_or_init(|| {
-        std::env::var("PAYONCE_TEST_HOLD_AFTER_EVENT_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|ms| *ms > 0)
-            .map(Duration::from_millis)
-    })
-}
-
 /// The query methods' view of one SQLite transaction: every statement
 /// through the connection's prepared-statement cache.
 pub(super) struct SqliteTx<'c> {
@@ -535,7 +522,7 @@ impl Conn for SqliteTx<'_> {
     }
 
     fn after_event_insert(&self) {
-        if let Some(hold) = hold_after_event() {
+        if let Some(hold) = super::hold_after_event() {
             std::thread::sleep(hold);
         }
     }
