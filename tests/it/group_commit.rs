@@ -44,10 +44,7 @@ fn order_exists(store: &Store, order_no: &str) -> bool {
 
 /// Runs `ops` as one batch: a gate operation takes the writer and waits
 /// until every op is queued behind it. Returns each op's result, in order.
-fn one_batch<'s, T: Send>(
-    store: &'s Store,
-    ops: Vec<Op<'s, T>>,
-) -> (Result<(), Error>, Vec<Result<T, Error>>) {
+fn one_batch<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (Result<(), Error>, Vec<Result<T, Error>>) {
     let (entered_tx, entered_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     thread::scope(|s| {
