@@ -248,7 +248,8 @@ fn run_in_savepoint<T>(conn: &Connection, work: &mut dyn FnMut(&dyn Conn) -> Res
     if conn.is_autocommit() {
         return Ran::Poisoned(Error::internal("no open transaction for the savepoint"));
     }
-    if let Err(e) = conn.execute_batch("SAVEPOINT op") {
+    // Through the statement cache: these run once per operation, on the writer.
+    if let Err(e) = conn.prepare_cached("SAVEPOINT op").and_then(|mut s| s.execute([])) {
         return Ran::Poisoned(e.into());
     }
     let result = match catch_unwind(AssertUnwindSafe(|| work(&SqliteTx { conn }))) {
@@ -268,7 +269,7 @@ fn run_in_savepoint<T>(conn: &Connection, work: &mut dyn FnMut(&dyn Conn) -> Res
         return Ran::Poisoned(Error::internal(format!("the batch's transaction was rolled back: {why}")));
     }
     let end = match &result {
-        Ok(_) => conn.execute_batch("RELEASE op"),
+        Ok(_) => conn.prepare_cached("RELEASE op").and_then(|mut s| s.execute([])).map(drop),
         Err(_) => conn.execute_batch("ROLLBACK TO op; RELEASE op"),
     };
     match end {
