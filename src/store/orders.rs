@@ -58,7 +58,8 @@ impl ReadTx<'_> {
         self.one(concat!("SELECT ", order_columns!(), " FROM orders WHERE id = ?1"), params![id], order_from_row)
     }
 
-    /// Newest first, filtered, after the cursor (an order id).
+    /// Newest first, filtered, after the cursor (an order id). The CASTs
+    /// give PostgreSQL each optional parameter's type where it is first used.
     pub fn list_orders(
         &self,
         user_id: Option<&str>,
@@ -71,7 +72,8 @@ impl ReadTx<'_> {
                 "SELECT ",
                 order_columns!(),
                 " FROM orders
-                 WHERE (?1 IS NULL OR user_id = ?1) AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR id < ?3)
+                 WHERE (CAST(?1 AS TEXT) IS NULL OR user_id = ?1) AND (CAST(?2 AS TEXT) IS NULL OR status = ?2)
+                   AND (CAST(?3 AS BIGINT) IS NULL OR id < ?3)
                  ORDER BY id DESC LIMIT ?4"
             ),
             params![user_id, status.map(OrderStatus::as_str), before_id, limit_param(limit)],

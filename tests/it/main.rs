@@ -22,6 +22,7 @@ mod openapi;
 mod ops_admin;
 mod payment_edges;
 mod postgres_cli;
+mod reads;
 mod reconcile;
 mod reconcile_bills;
 mod schema;
