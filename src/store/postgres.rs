@@ -77,9 +77,64 @@ pub(super) struct PgConnection {
 }
 
 struct Manager {
-    inner: PostgresConnectionManager<NoTls>,
+    inner: Connector,
     /// Session settings every new connection gets.
     session: String,
+}
+
+/// Plain TCP, or TLS when the URL says `sslmode=require`.
+enum Connector {
+    Plain(PostgresConnectionManager<NoTls>),
+    Tls(PostgresConnectionManager<tokio_postgres_rustls::MakeRustlsConnect>),
+}
+
+impl Connector {
+    fn new(config: postgres::Config, shown: &str) -> Result<Connector, Error> {
+        use postgres::config::SslMode;
+        Ok(match config.get_ssl_mode() {
+            // prefer (the default) and disable: plain TCP, as before. libpq's
+            // prefer would encrypt without checking the certificate; payonce
+            // does not pretend that is protection.
+            SslMode::Disable | SslMode::Prefer => Connector::Plain(PostgresConnectionManager::new(config, NoTls)),
+            _ => Connector::Tls(PostgresConnectionManager::new(config, tls_connector(shown)?)),
+        })
+    }
+
+    fn connect(&self) -> Result<Client, postgres::Error> {
+        match self {
+            Connector::Plain(m) => r2d2::ManageConnection::connect(m),
+            Connector::Tls(m) => r2d2::ManageConnection::connect(m),
+        }
+    }
+}
+
+/// TLS that checks the server's certificate and host name (libpq's
+/// `verify-full`) against the Mozilla roots and, if `PAYONCE_DB_CA_FILE`
+/// names a PEM file, its certificates (a private CA).
+fn tls_connector(shown: &str) -> Result<tokio_postgres_rustls::MakeRustlsConnect, Error> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = std::env::var_os("PAYONCE_DB_CA_FILE").filter(|p| !p.is_empty()) {
+        let shown_path = std::path::Path::new(&path).display().to_string();
+        let file =
+            std::fs::File::open(&path).map_err(|e| Error::internal(format!("PAYONCE_DB_CA_FILE {shown_path}: {e}")))?;
+        let mut added = 0;
+        for cert in rustls_pemfile::certs(&mut std::io::BufReader::new(file)) {
+            let cert = cert.map_err(|e| Error::internal(format!("PAYONCE_DB_CA_FILE {shown_path}: {e}")))?;
+            roots.add(cert).map_err(|e| Error::internal(format!("PAYONCE_DB_CA_FILE {shown_path}: {e}")))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(Error::internal(format!("PAYONCE_DB_CA_FILE {shown_path} holds no PEM certificate")));
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::internal(format!("TLS for {shown}: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
 impl r2d2::ManageConnection for Manager {
@@ -158,12 +213,13 @@ impl PostgresEngine {
             "SET application_name = 'payonce'; SET lock_timeout = '{}ms'; SET TIME ZONE 'UTC'",
             options.busy_timeout_ms
         );
-        let manager = Manager { inner: PostgresConnectionManager::new(config, NoTls), session };
+        let manager = Manager { inner: Connector::new(config, &shown)?, session };
         // One connection first, directly: an unreachable server or a refused
         // login fails here at once with its cause (the pool would retry for
         // POOL_WAIT_MS and report a timeout).
-        r2d2::ManageConnection::connect(&manager)
-            .map_err(|e| Error::new(ErrorKind::DatabaseUnavailable, format!("cannot connect to {shown}: {e}")))?;
+        r2d2::ManageConnection::connect(&manager).map_err(|e| {
+            Error::new(ErrorKind::DatabaseUnavailable, format!("cannot connect to {shown}: {}", with_causes(&e)))
+        })?;
         let pool = r2d2::Pool::builder()
             .max_size(options.pool_size)
             .min_idle(Some(1))
@@ -471,6 +527,22 @@ fn message_of(err: &postgres::Error) -> String {
         Some(db) => db.message().to_owned(),
         None => err.to_string(),
     }
+}
+
+/// `err` and every error under it ("error performing TLS handshake: invalid
+/// peer certificate: UnknownIssuer"), so a refused start says why.
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut cause = err.source();
+    while let Some(e) = cause {
+        let more = e.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = e.source();
+    }
+    text
 }
 
 /// An error outside a write body: lost connections are `database_unavailable`.

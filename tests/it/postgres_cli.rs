@@ -64,3 +64,100 @@ for_each_engine! {
         assert_eq!(code, Some(0), "{}: reconcile: {stdout} {stderr}", db.label());
     }
 }
+
+/// A throwaway cluster with TLS on (`scripts/pg-cluster start --ssl`), stopped on drop.
+struct TlsCluster {
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl TlsCluster {
+    /// `None` when PostgreSQL's server binaries are not on this machine
+    /// (then a `PAYONCE_REQUIRE_PG=1` run fails instead).
+    fn start() -> Option<TlsCluster> {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pg-cluster");
+        let found = std::process::Command::new(&script).arg("bindir").output().is_ok_and(|o| o.status.success());
+        if !found {
+            assert!(
+                std::env::var("PAYONCE_REQUIRE_PG").as_deref() != Ok("1"),
+                "PAYONCE_REQUIRE_PG=1 but initdb is not on this machine: the TLS test cannot start its cluster"
+            );
+            eprintln!("=== initdb not found: the PostgreSQL TLS test is SKIPPED ===");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+        let dir = std::env::temp_dir().join(format!("payonce-pg-tls-{}-{port}", std::process::id()));
+        let out = std::process::Command::new(&script)
+            .args(["start", &dir.display().to_string(), &port.to_string(), "--ssl"])
+            .output()
+            .expect("run pg-cluster");
+        assert!(out.status.success(), "pg-cluster start --ssl: {}", String::from_utf8_lossy(&out.stderr));
+        Some(TlsCluster { dir, port })
+    }
+
+    fn url(&self, database: &str, query: &str) -> String {
+        format!("postgres://payonce_test@127.0.0.1:{}/{database}{query}", self.port)
+    }
+}
+
+impl Drop for TlsCluster {
+    fn drop(&mut self) {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pg-cluster");
+        let _ = std::process::Command::new(script).args(["stop", &self.dir.display().to_string()]).output();
+    }
+}
+
+#[test]
+fn sslmode_require_encrypts_and_verifies_the_server_certificate() {
+    let Some(cluster) = TlsCluster::start() else { return };
+    let mut admin = postgres::Client::connect(&cluster.url("postgres", ""), postgres::NoTls).expect("admin");
+    admin.batch_execute("CREATE DATABASE tls").expect("create database");
+    let ca = cluster.dir.join("ca.crt").display().to_string();
+    let url = cluster.url("tls", "?sslmode=require");
+
+    // Without the cluster's CA the certificate does not verify: refused, saying why.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_payonce"))
+        .args(["inspect", "--db", &url])
+        .env_remove("PAYONCE_DB_CA_FILE")
+        .output()
+        .expect("run inspect");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid peer certificate"), "{stderr}");
+
+    // With it, payonce serves over TLS: every connection it holds is encrypted.
+    let dir = crate::util::TempDir::new("pg-tls");
+    let log = std::fs::File::create(dir.path("serve.log")).expect("log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_payonce"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--dev"])
+        .env("PAYONCE_DB", &url)
+        .env("PAYONCE_DB_CA_FILE", &ca)
+        .stdout(std::process::Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("spawn serve");
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("stdout")), &mut line)
+        .expect("first line");
+    let addr: std::net::SocketAddr =
+        line.trim().strip_prefix("listening on http://").expect(&line).parse().expect("addr");
+    let resp = crate::util::request(
+        addr,
+        "POST",
+        "/v1/orders",
+        &[("Content-Type", "application/json")],
+        br#"{"order_no":"TLS-1","user_id":"u1","amount":100}"#,
+    );
+    assert_eq!(resp.status, 201, "{}", resp.text());
+    let rows = admin
+        .query(
+            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+             WHERE a.application_name = 'payonce' AND a.datname = 'tls'",
+            &[],
+        )
+        .expect("pg_stat_ssl");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!rows.is_empty(), "payonce holds connections to the database");
+    assert!(rows.iter().all(|r| r.get::<_, bool>(0)), "every payonce connection is TLS");
+}
