@@ -271,6 +271,16 @@ impl Store {
         }
     }
 
+    /// Test hook (PostgreSQL): the next `attempts` write attempts end, after
+    /// their body ran, with a real `40001` from the server, so the retry of
+    /// the whole body is seen.
+    #[doc(hidden)]
+    pub fn fail_next_writes_serializing(&self, attempts: u32) {
+        if let Engine::Postgres(engine) = &self.engine {
+            engine.fail_next_writes_serializing(attempts);
+        }
+    }
+
     /// Test hook: write operations waiting for the SQLite writer right now.
     #[doc(hidden)]
     pub fn queued_writers(&self) -> usize {

@@ -68,6 +68,9 @@ pub struct PostgresEngine {
     pool: r2d2::Pool<Manager>,
     storage_ok: Arc<AtomicBool>,
     hooks: Hooks,
+    /// Test hook: this many coming write attempts end, after their body ran,
+    /// with a real serialization failure raised by the server.
+    serialization_failures: std::sync::atomic::AtomicU32,
 }
 
 /// A pooled connection: the client and the statements prepared on it.
@@ -226,7 +229,12 @@ impl PostgresEngine {
             .connection_timeout(Duration::from_millis(POOL_WAIT_MS))
             .build(manager)
             .map_err(|e| Error::internal(format!("cannot open database {shown}: {e}")))?;
-        let engine = PostgresEngine { pool, storage_ok: Arc::new(AtomicBool::new(true)), hooks: Hooks::from_env() };
+        let engine = PostgresEngine {
+            pool,
+            storage_ok: Arc::new(AtomicBool::new(true)),
+            hooks: Hooks::from_env(),
+            serialization_failures: std::sync::atomic::AtomicU32::new(0),
+        };
         engine.apply_schema().map_err(|e| Error::new(e.kind, format!("database {shown}: {}", e.message)))?;
         Ok(engine)
     }
@@ -288,7 +296,8 @@ impl PostgresEngine {
             let result = keys
                 .iter()
                 .try_for_each(|key| pg.execute("SELECT pg_advisory_xact_lock(?1)", params![*key]).map(drop))
-                .and_then(|()| work(&pg));
+                .and_then(|()| work(&pg))
+                .and_then(|value| self.maybe_fail_serialization(&pg).map(|()| value));
             let result = match result {
                 Ok(value) => pg.commit().map(|()| value),
                 Err(e) => Err(e), // dropping the transaction rolls it back
@@ -310,6 +319,23 @@ impl PostgresEngine {
             }
         }
         unreachable!("the last attempt returns")
+    }
+
+    /// See [`crate::store::Store::fail_next_writes_serializing`].
+    pub(super) fn fail_next_writes_serializing(&self, attempts: u32) {
+        self.serialization_failures.store(attempts, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn maybe_fail_serialization(&self, pg: &PgTx) -> Result<(), Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.serialization_failures.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_err() {
+            return Ok(());
+        }
+        pg.execute(
+            "DO $$ BEGIN RAISE EXCEPTION 'injected serialization failure (test hook)' USING ERRCODE = '40001'; END $$",
+            params![],
+        )
+        .map(drop)
     }
 
     pub(super) fn read<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {

@@ -161,3 +161,43 @@ fn sslmode_require_encrypts_and_verifies_the_server_certificate() {
     assert!(!rows.is_empty(), "payonce holds connections to the database");
     assert!(rows.iter().all(|r| r.get::<_, bool>(0)), "every payonce connection is TLS");
 }
+
+/// PostgreSQL re-runs a whole write body after a serialization failure (a
+/// real `40001` raised by the server after the body ran), at most 5 times,
+/// then answers 503 `database_busy` with nothing written.
+#[test]
+fn a_serialization_failure_reruns_the_whole_body_at_most_five_times() {
+    let Some(db) = crate::engines::Db::postgres("retry") else { return };
+    let store = db.store();
+    let order = |order_no: &str| payonce::domain::NewOrder {
+        order_no: order_no.into(),
+        user_id: "u1".into(),
+        amount: 100,
+        currency: "CNY".into(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        expires_at: "2026-01-01T00:15:00.000Z".into(),
+    };
+    store.fail_next_writes_serializing(2);
+    let mut runs = 0;
+    let created = store
+        .write(|tx| {
+            runs += 1;
+            tx.insert_order(&order("RETRY-1")).map(|r| r.is_ok())
+        })
+        .expect("the third attempt commits");
+    assert!(created, "each attempt starts from nothing: the first two were rolled back");
+    assert_eq!(runs, 3, "the body ran once per attempt");
+
+    store.fail_next_writes_serializing(5);
+    let mut runs = 0;
+    let err = store
+        .write(|tx| {
+            runs += 1;
+            tx.insert_order(&order("RETRY-2")).map(|r| r.is_ok())
+        })
+        .expect_err("five failures in a row");
+    assert_eq!(runs, 5, "at most 5 attempts");
+    assert_eq!((err.status, err.code), (503, "database_busy"), "{err}");
+    assert_eq!(db.count(&store, "SELECT count(*) FROM orders WHERE order_no = 'RETRY-1'"), 1);
+    assert_eq!(db.count(&store, "SELECT count(*) FROM orders WHERE order_no = 'RETRY-2'"), 0, "nothing written");
+}
