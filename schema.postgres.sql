@@ -1,4 +1,4 @@
--- payonce schema for PostgreSQL 15+, version 3: the whole current schema.
+-- payonce schema for PostgreSQL 15+, version 4: the whole current schema.
 --
 -- The twin of schema.sql: the same tables, columns in the same order, the
 -- same value formats and the same names, so the queries of an incident
@@ -9,9 +9,10 @@
 -- exactly as on SQLite: fixed-width, so they sort as text in any collation.
 -- Money, points and ids are BIGINT (SQLite's INTEGER is 64-bit).
 --
--- Version 3 is schema.sql's version 2 plus one change: audit_log.refund_no is
--- a plain column, so no engine needs JSON functions in SQL and the refund
--- index is an ordinary partial index.
+-- PostgreSQL support began at version 3 (schema.sql's version 2 with
+-- audit_log.refund_no a plain column, so no engine needs JSON functions in
+-- SQL). Later versions come with numbered migrations in migrations/postgres/,
+-- beside SQLite's in migrations/, with the same numbers.
 --
 -- Applied by payonce's PostgreSQL engine to a database without
 -- payonce_schema_version, in one transaction under a transaction-scoped
@@ -182,12 +183,15 @@ CREATE UNIQUE INDEX uk_pay_no ON pay_callback_log (pay_no);
 CREATE INDEX ix_pay_callback_log_order ON pay_callback_log (order_id);
 CREATE INDEX ix_pay_callback_log_received ON pay_callback_log (id) WHERE state = 'received';
 CREATE INDEX ix_pay_callback_log_outcome ON pay_callback_log (outcome, id);
--- Reconciliation compares payments by their paid time: the platform's, else the decision's.
-CREATE INDEX ix_pay_callback_log_paid_time ON pay_callback_log ((coalesce(paid_at, decided_at)));
 
 -- At most one applied payment per order: the database's own answer to two
 -- channels (or two payonce processes) paying one order.
 CREATE UNIQUE INDEX uk_applied_order ON pay_callback_log (order_id) WHERE outcome = 'applied';
+-- Created after uk_applied_order, as migration 4 creates it.
+-- Reconciliation reads the applied payments decided in a period (it places
+-- each by the platform's time when that lies within 72 h before to 5 min
+-- after the decision, else by the decision: src/store/reports.rs).
+CREATE INDEX ix_pay_callback_log_decided ON pay_callback_log (outcome, decided_at);
 
 CREATE FUNCTION pay_callback_log_identity_immutable() RETURNS trigger
 LANGUAGE plpgsql AS $$

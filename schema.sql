@@ -1,4 +1,4 @@
--- payonce schema, version 3: the whole current schema.
+-- payonce schema, version 4: the whole current schema.
 --
 -- Every uniqueness and every allowed value is a constraint here, so the
 -- database refuses what the code must never do, even if the code is wrong.
@@ -132,12 +132,15 @@ CREATE UNIQUE INDEX uk_pay_no ON pay_callback_log (pay_no);
 CREATE INDEX ix_pay_callback_log_order ON pay_callback_log (order_id);
 CREATE INDEX ix_pay_callback_log_received ON pay_callback_log (id) WHERE state = 'received';
 CREATE INDEX ix_pay_callback_log_outcome ON pay_callback_log (outcome, id);
--- Reconciliation compares payments by their paid time: the platform's, else the decision's.
-CREATE INDEX ix_pay_callback_log_paid_time ON pay_callback_log (coalesce(paid_at, decided_at));
 
 -- At most one applied payment per order: the database's own answer to two
 -- channels paying one order.
 CREATE UNIQUE INDEX uk_applied_order ON pay_callback_log (order_id) WHERE outcome = 'applied';
+-- Created after uk_applied_order, as migration 4 creates it.
+-- Reconciliation reads the applied payments decided in a period (it places
+-- each by the platform's time when that lies within 72 h before to 5 min
+-- after the decision, else by the decision: src/store/reports.rs).
+CREATE INDEX ix_pay_callback_log_decided ON pay_callback_log (outcome, decided_at);
 
 CREATE TRIGGER pay_callback_log_identity_immutable
 BEFORE UPDATE ON pay_callback_log

@@ -46,7 +46,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -60,8 +60,7 @@ pub struct Migration {
 /// in order. The last one's version is [`SCHEMA_VERSION`], and a database
 /// migrated through all of them has exactly the schema of `SCHEMA_SQL`
 /// (tests/it/schema.rs builds a v1 database and checks it). PostgreSQL
-/// starts at version 3: there is no older PostgreSQL database to migrate,
-/// and its later changes get numbered migrations of their own.
+/// starts at version 3 and has [`POSTGRES_MIGRATIONS`] of its own.
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 2,
@@ -73,7 +72,25 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "audit_log_refund_no",
         sql: include_str!("../../migrations/0003_audit_log_refund_no.sql"),
     },
+    Migration {
+        version: 4,
+        name: "pay_callback_log_decided_index",
+        sql: include_str!("../../migrations/0004_pay_callback_log_decided_index.sql"),
+    },
 ];
+
+/// The oldest schema version a PostgreSQL database can have: PostgreSQL
+/// support began there.
+pub const POSTGRES_SCHEMA_VERSION_FIRST: i64 = 3;
+
+/// Every PostgreSQL schema change since [`POSTGRES_SCHEMA_VERSION_FIRST`], in
+/// order, numbered as SQLite's: a database migrated through them has exactly
+/// the schema of `SCHEMA_POSTGRES_SQL` (tests/it/schema.rs checks it).
+pub const POSTGRES_MIGRATIONS: &[Migration] = &[Migration {
+    version: 4,
+    name: "pay_callback_log_decided_index",
+    sql: include_str!("../../migrations/postgres/0004_pay_callback_log_decided_index.sql"),
+}];
 
 /// How long a connection waits for another process's writer (SQLite's busy
 /// handler, PostgreSQL's `lock_timeout`) before the request fails with 503

@@ -21,7 +21,8 @@
 
 use super::orders::{order_columns, order_from_row};
 use super::{
-    params, Cell, Conn, Param, Row, StoreOptions, POOL_WAIT_MS, SCHEMA_POSTGRES_SQL, SCHEMA_VERSION, WRITE_ATTEMPTS_MAX,
+    params, Cell, Conn, Param, Row, StoreOptions, POOL_WAIT_MS, POSTGRES_MIGRATIONS, POSTGRES_SCHEMA_VERSION_FIRST,
+    SCHEMA_POSTGRES_SQL, SCHEMA_VERSION, WRITE_ATTEMPTS_MAX,
 };
 use crate::error::{Error, ErrorKind};
 use bytes::BytesMut;
@@ -271,12 +272,25 @@ impl PostgresEngine {
                 .map_err(|e| Error::internal(format!("applying schema.postgres.sql failed: {}", message_of(&e))))?;
             tx.execute("INSERT INTO payonce_schema_version (version) VALUES ($1)", &[&SCHEMA_VERSION])
                 .map_err(plain_error)?;
-        } else if version < SCHEMA_VERSION {
-            // PostgreSQL support began at version 3; a later schema change
-            // adds its numbered PostgreSQL migration here.
+        } else if version < POSTGRES_SCHEMA_VERSION_FIRST {
             return Err(Error::internal(format!(
-                "database schema version {version} has no PostgreSQL migration to {SCHEMA_VERSION}"
+                "database schema version {version} is older than any payonce PostgreSQL schema ({POSTGRES_SCHEMA_VERSION_FIRST})"
             )));
+        } else if version < SCHEMA_VERSION {
+            // Each numbered migration above the database's version, in
+            // order, in this one transaction: any failure leaves it as it was.
+            for migration in POSTGRES_MIGRATIONS.iter().filter(|m| m.version > version) {
+                tx.batch_execute(migration.sql).map_err(|e| {
+                    Error::internal(format!(
+                        "migration {} ({}) failed: {}",
+                        migration.version,
+                        migration.name,
+                        message_of(&e)
+                    ))
+                })?;
+            }
+            tx.execute("INSERT INTO payonce_schema_version (version) VALUES ($1)", &[&SCHEMA_VERSION])
+                .map_err(plain_error)?;
         }
         tx.commit().map_err(plain_error)?;
         Ok(())

@@ -273,8 +273,8 @@ impl ReadTx<'_> {
     /// recorded before payonce windowed notifications, or by a repair) must
     /// not date an applied payment out of `missing_remote`'s reach. Either
     /// way the paid time lies in that window, so the query reads only the
-    /// payments decided within [from − 5 min, to + 72 h) and the window is
-    /// applied here.
+    /// payments decided within [from − 5 min, to + 72 h) (the index
+    /// `ix_pay_callback_log_decided`) and the window is applied here.
     pub fn applied_payments_between(&self, from: &str, to: &str) -> Result<Vec<LocalPayment>, Error> {
         let decided_from = shifted(from, -PLATFORM_TIME_AFTER_MS_MAX)?;
         let decided_to = shifted(to, PLATFORM_TIME_BEFORE_MS_MAX)?;

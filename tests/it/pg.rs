@@ -250,12 +250,7 @@ fn schema_postgres_sql_is_schema_sql_on_postgres() {
         lite_names("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name");
     assert_eq!(tables, pg_names("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"));
     for table in &tables {
-        let mut columns = lite_names(&format!("SELECT name FROM pragma_table_info('{table}')"));
-        // Version 3's one change, until schema.sql has it too.
-        if table == "audit_log" && !columns.iter().any(|c| c == "refund_no") {
-            let at = columns.iter().position(|c| c == "order_no").unwrap() + 1;
-            columns.insert(at, "refund_no".into());
-        }
+        let columns = lite_names(&format!("SELECT name FROM pragma_table_info('{table}')"));
         let pg_columns = pg_names(&format!(
             "SELECT column_name::text FROM information_schema.columns
               WHERE table_schema = 'public' AND table_name = '{table}' ORDER BY ordinal_position"

@@ -687,6 +687,10 @@ fn migrations_are_numbered_in_order_up_to_the_schema_version() {
     let versions: Vec<i64> = payonce::store::MIGRATIONS.iter().map(|m| m.version).collect();
     let expected: Vec<i64> = (2..=payonce::store::SCHEMA_VERSION).collect();
     assert_eq!(versions, expected, "one migration per version after 1, in order");
+    let versions: Vec<i64> = payonce::store::POSTGRES_MIGRATIONS.iter().map(|m| m.version).collect();
+    let expected: Vec<i64> =
+        (payonce::store::POSTGRES_SCHEMA_VERSION_FIRST + 1..=payonce::store::SCHEMA_VERSION).collect();
+    assert_eq!(versions, expected, "PostgreSQL: one migration per version after its first, numbered as SQLite's");
 }
 
 #[test]
@@ -974,5 +978,97 @@ for_each_engine! {
         };
         assert_eq!(version, payonce::store::SCHEMA_VERSION, "{}", db.label());
         again.check_health().unwrap_or_else(|e| panic!("{}: healthz: {e}", db.label()));
+    }
+}
+
+/// The catalog of a PostgreSQL database, as comparable text: indexes,
+/// columns, constraints, triggers and functions of the public schema.
+fn postgres_catalog(client: &mut postgres::Client) -> Vec<(String, Vec<String>)> {
+    let queries = [
+        ("indexes", "SELECT indexname || ' ' || indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1"),
+        (
+            "columns",
+            "SELECT table_name || '.' || column_name || ' ' || data_type || ' ' || is_nullable || ' ' ||
+                    coalesce(column_default, '') || ' ' || is_identity
+             FROM information_schema.columns WHERE table_schema = 'public' ORDER BY table_name, ordinal_position",
+        ),
+        (
+            "constraints",
+            "SELECT conrelid::regclass::text || ' ' || conname || ' ' || pg_get_constraintdef(oid)
+             FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1",
+        ),
+        ("triggers", "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1"),
+        (
+            "functions",
+            "SELECT pg_get_functiondef(oid) FROM pg_proc WHERE pronamespace = 'public'::regnamespace ORDER BY 1",
+        ),
+    ];
+    queries
+        .iter()
+        .map(|(what, sql)| {
+            let rows = client.query(*sql, &[]).unwrap_or_else(|e| panic!("{what}: {e}"));
+            (what.to_string(), rows.iter().map(|r| r.get::<_, String>(0)).collect())
+        })
+        .collect()
+}
+
+/// A PostgreSQL database made by the first PostgreSQL schema (version 3),
+/// with rows, opened by this payonce: it migrates in place, every row
+/// survives, and its catalog equals a fresh database's.
+#[test]
+fn a_postgres_v3_database_migrates_in_place_to_the_fresh_schema() {
+    let Some(old) = crate::pg::fresh_database("pg_v3") else { return };
+    let Some(fresh) = crate::pg::fresh_database("pg_fresh") else { return };
+    let mut client = postgres::Client::connect(&old, postgres::NoTls).expect("connect");
+    {
+        let mut tx = client.transaction().expect("begin");
+        tx.batch_execute(include_str!("../fixtures/schema_postgres_v3.sql")).expect("the v3 schema");
+        tx.batch_execute(
+            "CREATE TABLE payonce_schema_version (version BIGINT NOT NULL PRIMARY KEY);
+             INSERT INTO payonce_schema_version (version) VALUES (3);
+             INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+             VALUES ('V3-1', 'u1', 100, 'CNY', 'PENDING', '2026-01-01T00:00:00.000Z', '2026-01-01T00:15:00.000Z');
+             UPDATE orders SET status = 'PAID', pay_no = 'V3P-1', paid_at = '2026-01-01T00:01:00.000Z' WHERE order_no = 'V3-1';
+             INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body,
+                                           received_at, decided_at, applied_at, rewards_due)
+             SELECT 'V3P-1', 'generic', id, 100, 'SUCCESS', 'applied', 'decided', 'callback', '\\x7b7d',
+                    '2026-01-01T00:01:00.000Z', '2026-01-01T00:01:00.000Z', '2026-01-01T00:01:00.000Z',
+                    '{\"coupons\":[],\"points\":0}'
+             FROM orders WHERE order_no = 'V3-1';
+             INSERT INTO audit_log (at, actor, action, order_no, refund_no, detail)
+             VALUES ('2026-01-01T00:02:00.000Z', 'payonce', 'unexpected_refund', 'V3-1', 'R-X', '{\"refund_no\":\"R-X\"}');",
+        )
+        .expect("v3 rows");
+        tx.commit().expect("commit");
+    }
+    let rows = |client: &mut postgres::Client| -> Vec<String> {
+        ["orders", "pay_callback_log", "audit_log", "settings"]
+            .iter()
+            .flat_map(|t| {
+                client
+                    .query(&format!("SELECT row_to_json(t)::text FROM {t} t ORDER BY 1"), &[])
+                    .expect("rows")
+                    .iter()
+                    .map(|r| r.get::<_, String>(0))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let before = rows(&mut client);
+
+    let migrated = App::open(&old, Clock::manual(T0), Config::default()).expect("this payonce opens a v3 database");
+    let after = rows(&mut client);
+    // App::open records its reward settings; every other row is v3's.
+    let not_settings = |r: &[String]| -> Vec<String> { r.iter().filter(|l| !l.contains("reward_")).cloned().collect() };
+    assert_eq!(not_settings(&after), not_settings(&before), "every row survives the migration");
+    let version: i64 = client.query_one("SELECT max(version) FROM payonce_schema_version", &[]).expect("v").get(0);
+    assert_eq!(version, payonce::store::SCHEMA_VERSION);
+    migrated.store.check_health().expect("healthz on the migrated database");
+
+    let _fresh_app = App::open(&fresh, Clock::manual(T0), Config::default()).expect("a fresh database");
+    let mut fresh_client = postgres::Client::connect(&fresh, postgres::NoTls).expect("connect");
+    let (migrated_catalog, fresh_catalog) = (postgres_catalog(&mut client), postgres_catalog(&mut fresh_client));
+    for ((what, got), (_, want)) in migrated_catalog.iter().zip(&fresh_catalog) {
+        assert_same(got, want, &format!("PostgreSQL {what} equal a fresh database's"));
     }
 }
