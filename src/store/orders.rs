@@ -12,9 +12,8 @@ macro_rules! order_columns {
          expires_at, paid_at, closed_at, refund_no, refunded_at"
     };
 }
-pub(super) use order_columns;
 
-pub(super) fn order_from_row(row: &Row) -> Result<Order, Error> {
+fn order_from_row(row: &Row) -> Result<Order, Error> {
     let status = row.text(5)?;
     Ok(Order {
         id: row.int(0)?,
@@ -52,6 +51,19 @@ impl ReadTx<'_> {
             params![order_no],
             order_from_row,
         )
+    }
+
+    /// `/healthz`'s read: one API page of the newest orders, every row
+    /// parsed, so a damaged page or a value the CHECKs should have refused
+    /// fails the check.
+    pub(super) fn read_health_page(&self) -> Result<(), Error> {
+        const HEALTH_ORDERS_ROWS: i64 = 100;
+        self.all(
+            concat!("SELECT ", order_columns!(), " FROM orders ORDER BY id DESC LIMIT ?1"),
+            params![HEALTH_ORDERS_ROWS],
+            order_from_row,
+        )
+        .map(drop)
     }
 
     pub fn order_by_id(&self, id: i64) -> Result<Order, Error> {

@@ -19,10 +19,9 @@
 //! - The schema (`schema.postgres.sql`) is applied in one transaction under
 //!   an advisory lock and versioned in `payonce_schema_version`.
 
-use super::orders::{order_columns, order_from_row};
 use super::{
-    params, Cell, Conn, Param, Row, StoreOptions, POOL_WAIT_MS, POSTGRES_MIGRATIONS, POSTGRES_SCHEMA_VERSION_FIRST,
-    SCHEMA_POSTGRES_SQL, SCHEMA_VERSION, WRITE_ATTEMPTS_MAX,
+    params, Cell, Conn, Param, ReadTx, Row, StoreOptions, POOL_WAIT_MS, POSTGRES_MIGRATIONS,
+    POSTGRES_SCHEMA_VERSION_FIRST, SCHEMA_POSTGRES_SQL, SCHEMA_VERSION, WRITE_ATTEMPTS_MAX,
 };
 use crate::error::{Error, ErrorKind};
 use bytes::BytesMut;
@@ -42,8 +41,6 @@ const SCHEMA_LOCK: &str = "payonce:schema";
 /// Advisory-lock key every event-emitting transaction takes just before its
 /// insert into `outbox_event`.
 const OUTBOX_LOCK: &str = "payonce:outbox";
-/// Rows of `orders` `/healthz` reads: one API page.
-const HEALTH_ORDERS_ROWS: i64 = 100;
 
 /// Test hooks, read from the environment when the store opens. Neither is
 /// documented for operators: they exist so a test can show the outbox lock
@@ -377,17 +374,15 @@ impl PostgresEngine {
     pub(super) fn check_health(&self) -> Result<(), Error> {
         let unavailable = |e: Error| Error::new(ErrorKind::DatabaseUnavailable, e.message);
         self.read(&mut |conn| {
-            let version = ReadRows(conn).one("SELECT coalesce(max(version), 0) FROM payonce_schema_version")?;
+            let tx = ReadTx { conn };
+            let version =
+                tx.one("SELECT coalesce(max(version), 0) FROM payonce_schema_version", params![], |r| r.int(0))?;
             if version != SCHEMA_VERSION {
                 return Err(Error::internal(format!(
                     "the database's schema version is {version}, not {SCHEMA_VERSION}"
                 )));
             }
-            conn.query_each(
-                concat!("SELECT ", order_columns!(), " FROM orders ORDER BY id DESC LIMIT ?1"),
-                params![HEALTH_ORDERS_ROWS],
-                &mut |row| order_from_row(&row).map(drop),
-            )
+            tx.read_health_page()
         })
         .map_err(|e| if e.kind == ErrorKind::Internal { unavailable(e) } else { e })
     }
@@ -407,20 +402,6 @@ impl PostgresEngine {
     pub(super) fn execute_raw(&self, sql: &str) -> Result<u64, String> {
         let mut conn = self.pool.get().map_err(|e| e.to_string())?;
         conn.client.execute(sql, &[]).map_err(|e| message_of(&e))
-    }
-}
-
-/// One integer from a one-row, one-column query.
-struct ReadRows<'a>(&'a dyn Conn);
-
-impl ReadRows<'_> {
-    fn one(&self, sql: &'static str) -> Result<i64, Error> {
-        let mut value = None;
-        self.0.query_each(sql, params![], &mut |row| {
-            value = Some(row.int(0)?);
-            Ok(())
-        })?;
-        value.ok_or_else(|| Error::internal("no row where one was expected"))
     }
 }
 
@@ -587,7 +568,7 @@ fn with_causes(err: &dyn std::error::Error) -> String {
 
 /// An error outside a write body: lost connections are `database_unavailable`.
 fn plain_error(err: postgres::Error) -> Error {
-    if err.is_closed() || err.as_db_error().is_none() && err.code().is_none() {
+    if err.is_closed() || err.as_db_error().is_none() {
         return Error::new(ErrorKind::DatabaseUnavailable, format!("database unavailable: {err}"));
     }
     Error::internal(format!("database error: {}", message_of(&err)))

@@ -215,38 +215,27 @@ impl ReadTx<'_> {
     /// (refund_no, order_no): how many deliveries, the first one's time and
     /// the status it reported.
     fn unexpected_refunds(&self, findings: &mut Vec<Finding>) -> Result<(), Error> {
-        let rows = self.rows(
-            "SELECT a.refund_no, a.order_no, a.at, a.detail
-             FROM audit_log a
-             WHERE a.action = 'unexpected_refund' AND a.refund_no IS NOT NULL
-               AND NOT EXISTS (SELECT 1 FROM audit_log r WHERE r.refund_no = a.refund_no
-                               AND r.action = 'unexpected_refund_resolved')
-             ORDER BY a.id",
+        for r in self.rows(
+            "SELECT g.refund_no, g.order_no, g.deliveries, g.first_at, f.detail
+             FROM (SELECT a.refund_no, a.order_no, count(*) AS deliveries, min(a.at) AS first_at,
+                          min(a.id) AS first_id
+                   FROM audit_log a
+                   WHERE a.action = 'unexpected_refund' AND a.refund_no IS NOT NULL
+                     AND NOT EXISTS (SELECT 1 FROM audit_log r WHERE r.refund_no = a.refund_no
+                                     AND r.action = 'unexpected_refund_resolved')
+                   GROUP BY a.refund_no, a.order_no) g
+             JOIN audit_log f ON f.id = g.first_id
+             ORDER BY g.first_id",
             params![],
-        )?;
-        // (refund_no, order_no) in order of first delivery.
-        let mut groups: Vec<(String, Option<String>, Value, i64, String)> = Vec::new();
-        for r in rows {
-            let (refund_no, order_no, at) = (r.text(0)?, r.opt_text(1)?, r.text(2)?);
-            match groups.iter_mut().find(|g| g.0 == refund_no && g.1 == order_no) {
-                Some(group) => {
-                    group.3 += 1;
-                    if at < group.4 {
-                        group.4 = at;
-                    }
-                }
-                None => {
-                    let detail: Value = serde_json::from_str(&r.text(3)?).unwrap_or(Value::Null);
-                    let status = detail.get("status").cloned().unwrap_or(Value::Null);
-                    groups.push((refund_no, order_no, status, 1, at));
-                }
-            }
-        }
-        for (refund_no, order_no, status, deliveries, first_at) in groups {
+        )? {
+            // The status the first delivery reported.
+            let detail: Value = serde_json::from_str(&r.text(4)?).unwrap_or(Value::Null);
+            let status = detail.get("status").cloned().unwrap_or(Value::Null);
             findings.push(Finding {
                 kind: "unexpected_refund",
-                order_no: order_no.unwrap_or_default(),
-                detail: json!({"refund_no": refund_no, "status": status, "deliveries": deliveries, "first_at": first_at}),
+                order_no: r.opt_text(1)?.unwrap_or_default(),
+                detail: json!({"refund_no": r.text(0)?, "status": status, "deliveries": r.int(2)?,
+                               "first_at": r.text(3)?}),
             });
         }
         Ok(())

@@ -9,9 +9,8 @@
 //! outside the pool keeps `-wal` and `-shm` in place.
 
 use super::group_commit::GroupCommitter;
-use super::orders::{order_columns, order_from_row};
 use super::{
-    params, Cell, Conn, Param, Row, StoreOptions, BUSY_TIMEOUT_MS, MIGRATIONS, POOL_WAIT_MS, SCHEMA_SQL, SCHEMA_VERSION,
+    Cell, Conn, Param, ReadTx, Row, StoreOptions, BUSY_TIMEOUT_MS, MIGRATIONS, POOL_WAIT_MS, SCHEMA_SQL, SCHEMA_VERSION,
 };
 use crate::error::Error;
 use crate::filewatch::{Verdict, WatchedFiles};
@@ -22,9 +21,6 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-
-/// Rows of `orders` `/healthz` reads: one API page.
-const HEALTH_ORDERS_ROWS: i64 = 100;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Synchronous {
@@ -277,13 +273,7 @@ impl SqliteEngine {
         if version != SCHEMA_VERSION {
             return Err(Error::internal(format!("the database's schema version is {version}, not {SCHEMA_VERSION}")));
         }
-        let tx = SqliteTx { conn };
-        tx.query_each(
-            concat!("SELECT ", order_columns!(), " FROM orders ORDER BY id DESC LIMIT ?1"),
-            params![HEALTH_ORDERS_ROWS],
-            &mut |row| order_from_row(&row).map(drop),
-        )?;
-        Ok(())
+        ReadTx { conn: &SqliteTx { conn } }.read_health_page()
     }
 
     /// Brings the database to [`SCHEMA_VERSION`] in ONE IMMEDIATE
