@@ -4,24 +4,12 @@
 //! the batch below is certain, and the counters prove the operations shared
 //! one COMMIT (these tests cannot pass with batches of one).
 
-use crate::util::{Pay, TempDir};
-use payonce::domain::NewOrder;
+use crate::util::{new_order, Pay, TempDir};
 use payonce::store::{Store, StoreOptions};
 use payonce::{App, Clock, Config, Error};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
-
-fn new_order(order_no: &str) -> NewOrder {
-    NewOrder {
-        order_no: order_no.into(),
-        user_id: "u1".into(),
-        amount: 100,
-        currency: "CNY".into(),
-        created_at: "2026-01-01T00:00:00.000Z".into(),
-        expires_at: "2026-01-01T00:15:00.000Z".into(),
-    }
-}
 
 fn totals(store: &Store) -> (u64, u64) {
     store.group_commit_totals().expect("SQLite has a group committer")

@@ -169,20 +169,12 @@ fn sslmode_require_encrypts_and_verifies_the_server_certificate() {
 fn a_serialization_failure_reruns_the_whole_body_at_most_five_times() {
     let Some(db) = crate::engines::Db::postgres("retry") else { return };
     let store = db.store();
-    let order = |order_no: &str| payonce::domain::NewOrder {
-        order_no: order_no.into(),
-        user_id: "u1".into(),
-        amount: 100,
-        currency: "CNY".into(),
-        created_at: "2026-01-01T00:00:00.000Z".into(),
-        expires_at: "2026-01-01T00:15:00.000Z".into(),
-    };
     store.fail_next_writes_serializing(2);
     let mut runs = 0;
     let created = store
         .write(|tx| {
             runs += 1;
-            tx.insert_order(&order("RETRY-1")).map(|r| r.is_ok())
+            tx.insert_order(&crate::util::new_order("RETRY-1")).map(|r| r.is_ok())
         })
         .expect("the third attempt commits");
     assert!(created, "each attempt starts from nothing: the first two were rolled back");
@@ -193,7 +185,7 @@ fn a_serialization_failure_reruns_the_whole_body_at_most_five_times() {
     let err = store
         .write(|tx| {
             runs += 1;
-            tx.insert_order(&order("RETRY-2")).map(|r| r.is_ok())
+            tx.insert_order(&crate::util::new_order("RETRY-2")).map(|r| r.is_ok())
         })
         .expect_err("five failures in a row");
     assert_eq!(runs, 5, "at most 5 attempts");

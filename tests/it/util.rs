@@ -167,6 +167,19 @@ impl Drop for Server {
     }
 }
 
+/// A new PENDING order of 100 minor units for user `u1`, for the tests that
+/// write through `Store` directly.
+pub fn new_order(order_no: &str) -> payonce::domain::NewOrder {
+    payonce::domain::NewOrder {
+        order_no: order_no.into(),
+        user_id: "u1".into(),
+        amount: 100,
+        currency: "CNY".into(),
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        expires_at: "2026-01-01T00:15:00.000Z".into(),
+    }
+}
+
 /// A read-only connection to a database file.
 pub fn read_only(db: &Path) -> Connection {
     Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db read-only")
