@@ -21,6 +21,9 @@
 //!
 //! Run: `cargo run --release --example bench_group_commit -- [--quick]`.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use payonce::http::Server;
 use payonce::store::StoreOptions;
 use payonce::{App, Clock, Config, Rewards};
@@ -32,6 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+use support::{fresh_postgres_database, process_cpu_seconds, Measured};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -78,47 +82,6 @@ fn parse_options() -> Result<Options, String> {
         }
     }
     Ok(options)
-}
-
-/// Latencies and a wall time: throughput and percentiles.
-#[derive(Default)]
-struct Measured {
-    count: usize,
-    seconds: f64,
-    latencies_us: Vec<u64>,
-    errors: usize,
-    /// CPU time of this whole process (server and clients) during the phase.
-    cpu_seconds: f64,
-}
-
-/// utime + stime of this process, from /proc/self/stat (clock ticks of 10 ms).
-fn process_cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok())).sum();
-    ticks as f64 / 100.0
-}
-
-impl Measured {
-    fn merge(&mut self, other: Measured) {
-        self.count += other.count;
-        self.seconds += other.seconds;
-        self.cpu_seconds += other.cpu_seconds;
-        self.latencies_us.extend(other.latencies_us);
-        self.errors += other.errors;
-    }
-    fn rate(&self) -> f64 {
-        self.count as f64 / self.seconds.max(1e-9)
-    }
-    fn percentile_ms(&self, p: f64) -> f64 {
-        if self.latencies_us.is_empty() {
-            return f64::NAN;
-        }
-        let mut sorted = self.latencies_us.clone();
-        sorted.sort_unstable();
-        let at = ((sorted.len() as f64 * p) as usize).min(sorted.len() - 1);
-        sorted[at] as f64 / 1000.0
-    }
 }
 
 fn order_no(i: usize) -> String {
@@ -387,15 +350,7 @@ fn pgbench(server: &str, orders: usize, seconds: u64) -> Result<(f64, String), B
     let bindir = String::from_utf8(bindir.stdout)?.trim().to_owned();
     let pgbench = if bindir.is_empty() { PathBuf::from("pgbench") } else { Path::new(&bindir).join("pgbench") };
     let name = format!("bench_gc_{}", std::process::id());
-    let mut admin = postgres::Client::connect(server, postgres::NoTls)?;
-    // One statement per call: CREATE DATABASE cannot run in the implicit
-    // transaction of a multi-statement query.
-    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))?;
-    admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
-    let url = match server.rfind('/') {
-        Some(slash) => format!("{}/{name}", &server[..slash]),
-        None => return Err("PAYONCE_BENCH_PG has no database path".into()),
-    };
+    let url = fresh_postgres_database(server, &name)?;
     let mut db = postgres::Client::connect(&url, postgres::NoTls)?;
     db.batch_execute(include_str!("../schema.postgres.sql"))?;
     db.batch_execute(&format!(
@@ -424,7 +379,7 @@ fn pgbench(server: &str, orders: usize, seconds: u64) -> Result<(f64, String), B
         .ok_or_else(|| format!("no tps in pgbench's report: {text}"))?;
     let latency = text.lines().find(|l| l.starts_with("latency average")).unwrap_or("").to_owned();
     drop(db);
-    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))?;
+    postgres::Client::connect(server, postgres::NoTls)?.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))?;
     Ok((tps, latency))
 }
 

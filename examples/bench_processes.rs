@@ -16,6 +16,9 @@
 //! Run: `cargo run --release --example bench_processes -- [--quick]
 //! [--orders N] [--duplicates N] [--clients N]` after `cargo build --release`.
 
+#[path = "support/mod.rs"]
+mod support;
+
 use payonce::Clock;
 use payonce_testclient as client;
 use std::io::{BufRead, BufReader};
@@ -26,6 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+use support::{fresh_postgres_database, Measured};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -123,28 +127,6 @@ fn callback_request(i: usize) -> Vec<u8> {
     )
 }
 
-/// One measured phase: how many requests, how long, and each one's latency.
-struct Measured {
-    count: usize,
-    seconds: f64,
-    latencies_us: Vec<u64>,
-    errors: usize,
-}
-
-impl Measured {
-    fn rate(&self) -> f64 {
-        self.count as f64 / self.seconds.max(1e-9)
-    }
-    fn p99_ms(&self) -> f64 {
-        if self.latencies_us.is_empty() {
-            return f64::NAN;
-        }
-        let mut sorted = self.latencies_us.clone();
-        sorted.sort_unstable();
-        sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)] as f64 / 1000.0
-    }
-}
-
 /// `clients` threads, each with a keep-alive connection to every process,
 /// send requests `0..total` (request `i` to process `i % N`).
 fn round(
@@ -190,7 +172,7 @@ fn round(
             })
         })
         .collect();
-    let mut measured = Measured { count: 0, seconds: 0.0, latencies_us: Vec::new(), errors: 0 };
+    let mut measured = Measured::default();
     for handle in handles {
         let (latencies, errors) = handle.join().map_err(|_| "client thread panicked")?;
         measured.count += latencies.len();
@@ -236,21 +218,6 @@ fn run_one(
     Ok(Row { engine: engine.to_owned(), processes, applied, duplicates })
 }
 
-fn fresh_postgres_database(server: &str, n: usize) -> Result<String, BoxError> {
-    let name = format!("bench_{}_{n}", std::process::id());
-    let mut admin = postgres::Client::connect(server, postgres::NoTls)?;
-    admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
-    let (base, query) = match server.split_once('?') {
-        Some((base, query)) => (base, format!("?{query}")),
-        None => (server, String::new()),
-    };
-    let base = match base.rfind('/') {
-        Some(slash) if slash > base.find("://").map_or(0, |i| i + 2) => &base[..slash],
-        _ => base,
-    };
-    Ok(format!("{base}/{name}{query}"))
-}
-
 fn main() {
     let options = match parse_options() {
         Ok(options) => options,
@@ -279,10 +246,10 @@ fn run(options: &Options) -> Result<(), BoxError> {
     match &pg {
         Some(server) => {
             for (n, processes) in [1, 2, 4].into_iter().enumerate() {
-                let db = fresh_postgres_database(server, n)?;
+                let db = fresh_postgres_database(server, &format!("bench_{}_{n}", std::process::id()))?;
                 rows.push(run_one(options, &binary, "postgres", &db, processes, &[])?);
             }
-            let db = fresh_postgres_database(server, 9)?;
+            let db = fresh_postgres_database(server, &format!("bench_{}_naive", std::process::id()))?;
             naive = Some(run_one(
                 options,
                 &binary,
@@ -312,9 +279,9 @@ fn run(options: &Options) -> Result<(), BoxError> {
             row.engine,
             row.processes,
             row.applied.rate(),
-            row.applied.p99_ms(),
+            row.applied.percentile_ms(0.99),
             row.duplicates.rate(),
-            row.duplicates.p99_ms()
+            row.duplicates.percentile_ms(0.99)
         );
         errors += row.applied.errors + row.duplicates.errors;
     }
@@ -324,8 +291,8 @@ fn run(options: &Options) -> Result<(), BoxError> {
             locked.applied.rate(),
             naive.applied.rate(),
             (locked.applied.rate() / naive.applied.rate() - 1.0) * 100.0,
-            locked.applied.p99_ms(),
-            naive.applied.p99_ms()
+            locked.applied.percentile_ms(0.99),
+            naive.applied.percentile_ms(0.99)
         );
     }
     if errors > 0 {

@@ -1,0 +1,68 @@
+//! What `bench_group_commit` and `bench_processes` share (included with
+//! `#[path]`; a directory without `main.rs` is not an example of its own).
+//! Each uses only part of it.
+#![allow(dead_code)]
+
+/// Latencies and a wall time: throughput and percentiles.
+#[derive(Default)]
+pub struct Measured {
+    pub count: usize,
+    pub seconds: f64,
+    pub latencies_us: Vec<u64>,
+    pub errors: usize,
+    /// CPU time of this whole process (server and clients) during the phase.
+    pub cpu_seconds: f64,
+}
+
+impl Measured {
+    pub fn merge(&mut self, other: Measured) {
+        self.count += other.count;
+        self.seconds += other.seconds;
+        self.cpu_seconds += other.cpu_seconds;
+        self.latencies_us.extend(other.latencies_us);
+        self.errors += other.errors;
+    }
+
+    pub fn rate(&self) -> f64 {
+        self.count as f64 / self.seconds.max(1e-9)
+    }
+
+    /// The latency below which `p` of the requests finished, in ms.
+    pub fn percentile_ms(&self, p: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return f64::NAN;
+        }
+        let mut sorted = self.latencies_us.clone();
+        sorted.sort_unstable();
+        let at = ((sorted.len() as f64 * p) as usize).min(sorted.len() - 1);
+        sorted[at] as f64 / 1000.0
+    }
+}
+
+/// utime + stime of this process, from /proc/self/stat (clock ticks of 10 ms).
+pub fn process_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    let ticks: u64 = [11, 12].iter().filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok())).sum();
+    ticks as f64 / 100.0
+}
+
+/// Creates the empty database `name` on the PostgreSQL server `server` (a
+/// URL, as `PAYONCE_BENCH_PG`) and returns its URL: `server`'s with the
+/// database path replaced, its query kept.
+pub fn fresh_postgres_database(server: &str, name: &str) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    let mut admin = postgres::Client::connect(server, postgres::NoTls)?;
+    // One statement per call: CREATE DATABASE cannot run in the implicit
+    // transaction of a multi-statement query.
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))?;
+    admin.batch_execute(&format!("CREATE DATABASE {name}"))?;
+    let (base, query) = match server.split_once('?') {
+        Some((base, query)) => (base, format!("?{query}")),
+        None => (server, String::new()),
+    };
+    let base = match base.rfind('/') {
+        Some(slash) if slash > base.find("://").map_or(0, |i| i + 2) => &base[..slash],
+        _ => base,
+    };
+    Ok(format!("{base}/{name}{query}"))
+}
