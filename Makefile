@@ -10,7 +10,15 @@ PG_SKIP_BANNER = if [ -z "$$PAYONCE_TEST_PG" ] && ! scripts/pg-cluster bindir >/
 	echo "==================================================================================="; \
 	fi
 
-.PHONY: build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
+WEBHOOK_SKIP_BANNER = if [ -z "$$PAYONCE_WEBHOOK_PYTHON" ] && ! target/webhook-venv/bin/python -c 'import standardwebhooks' >/dev/null 2>&1; then \
+	echo "==================================================================================="; \
+	echo "=== standardwebhooks (PyPI) is not installed in target/webhook-venv: the webhook ==="; \
+	echo "=== tests run, but deliveries are NOT verified with the third-party library.     ==="; \
+	echo "=== SKIPPED: that verification. Install it with: make webhook-venv              ==="; \
+	echo "==================================================================================="; \
+	fi
+
+.PHONY: webhook-venv build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
 
 # The service and the simulator (`payonce simulate` runs payonce-sim from
 # the payonce binary's directory), release builds.
@@ -31,14 +39,23 @@ run-pg: build
 # Unit, integration and doc tests of every workspace member (the service,
 # sim/ with its tests in sim/tests, crates/testclient), and the examples build.
 # --workspace: at the root, cargo would test the root package only.
+# The webhook tests verify with standardwebhooks from target/webhook-venv
+# (`make webhook-venv`); without it the banner says that part is skipped.
 # The PostgreSQL half of the conformance suite runs on PAYONCE_TEST_PG, else
 # on a throwaway cluster when initdb is found; without either it is skipped,
 # and the banner says so before and after, where it cannot scroll by unseen.
 test:
 	@$(PG_SKIP_BANNER)
+	@$(WEBHOOK_SKIP_BANNER)
 	$(CARGO) test --locked --workspace --all-targets
 	$(CARGO) test --locked --workspace --doc
 	@$(PG_SKIP_BANNER)
+	@$(WEBHOOK_SKIP_BANNER)
+
+# The webhook tests' receiver verifies every delivery with the PyPI
+# standardwebhooks library, pinned, in target/webhook-venv (.ci/run makes it).
+webhook-venv:
+	bash scripts/webhook-venv
 
 # The tests too slow for `make test` (each is #[ignore]d with the reason):
 # the backup SIGKILLed at 20 seeded moments on a 50 MiB database.

@@ -5,7 +5,7 @@
 use crate::app::{sha256_hex, Answer, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
 use crate::channel::{reply_outcome, Channel, Notice, Reply};
 use crate::domain::IdempotencySlot;
-use crate::domain::OrderStatus;
+use crate::domain::{DeliveryStatus, OrderStatus};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
@@ -166,6 +166,12 @@ static ROUTE_TABLE: &[Route] = &[
     }),
     protected("POST", "/v1/reconciliations", |c| reconciliations(c.app, c.req, c.slot)),
     protected("POST", "/v1/compensations", |c| compensations(c.app, c.req, c.caller, c.slot)),
+    protected("GET", "/v1/webhooks/deliveries", |c| webhook_deliveries(c.app, c.req)),
+    protected("POST", "/v1/webhooks/deliveries/{id}/retry", |c| {
+        retry_webhook_delivery(c.app, c.req, c.param(0), c.caller, c.slot)
+    }),
+    protected("POST", "/v1/webhooks/endpoints/enable", |c| enable_webhook_endpoint(c.app, c.req, c.caller, c.slot)),
+    protected("POST", "/v1/webhooks/replay", |c| replay_webhooks(c.app, c.req, c.caller, c.slot)),
 ];
 
 /// A route of the table as the outside sees it.
@@ -530,11 +536,14 @@ fn deliver(app: &App, notice: Notice) -> Result<Reply, Error> {
 // ---- operations ----
 
 fn metrics(app: &App) -> Result<Response, Error> {
+    let (webhook_pending, webhook_oldest_pending_s) = app.webhook_pending()?;
     let gauges = ScrapeGauges {
         record_only: app.mode()? == Mode::RecordOnly,
         received_waiting: app.received_waiting()?,
         key_locks: app.locks.len(),
         group_commit: app.store.group_commit_totals().unwrap_or((0, 0)),
+        webhook_pending,
+        webhook_oldest_pending_s,
     };
     Ok(Response {
         status: 200,
@@ -560,6 +569,60 @@ fn drain(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Res
         json_object(req, &[])?;
     }
     Ok(answered(&app.drain_keyed(slot)?))
+}
+
+// ---- webhooks ----
+
+fn webhook_deliveries(app: &App, req: &Request) -> Result<Response, Error> {
+    let query = parse_query(&req.query)?;
+    let status = match query_value(&query, "status") {
+        None => None,
+        Some(s) => Some(
+            DeliveryStatus::parse(s)
+                .ok_or_else(|| Error::invalid("status must be one of pending, delivered, failed, disabled"))?,
+        ),
+    };
+    let after = query_int(&query, "after", 0, i64::MAX)?.unwrap_or(0);
+    let limit = page_limit(&query)?;
+    Ok(Response::json(200, &render::deliveries(&app.webhook_deliveries(status, after, limit)?)))
+}
+
+fn retry_webhook_delivery(
+    app: &App,
+    req: &Request,
+    id: &str,
+    caller: &str,
+    slot: Option<&IdempotencySlot>,
+) -> Result<Response, Error> {
+    if !req.body.is_empty() {
+        json_object(req, &[])?;
+    }
+    // Ids are positive integers; any other spelling names no delivery.
+    let id = id
+        .parse::<i64>()
+        .ok()
+        .filter(|parsed| *parsed > 0 && parsed.to_string() == id)
+        .ok_or_else(|| Error::new(ErrorKind::DeliveryNotFound, format!("no webhook delivery with id {id:?}")))?;
+    Ok(answered(&app.retry_webhook_delivery(id, caller, slot)?))
+}
+
+fn enable_webhook_endpoint(
+    app: &App,
+    req: &Request,
+    caller: &str,
+    slot: Option<&IdempotencySlot>,
+) -> Result<Response, Error> {
+    let body = json_object(req, &["endpoint"])?;
+    let endpoint = required_str(&body, "endpoint")?;
+    Ok(answered(&app.enable_webhook_endpoint(&endpoint, caller, slot)?))
+}
+
+fn replay_webhooks(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
+    let body = json_object(req, &["endpoint", "after_seq", "until_seq"])?;
+    let endpoint = required_str(&body, "endpoint")?;
+    let after_seq = required_i64(&body, "after_seq")?;
+    let until_seq = optional_i64(&body, "until_seq")?;
+    Ok(answered(&app.replay_webhooks(&endpoint, after_seq, until_seq, caller, slot)?))
 }
 
 fn inspections(app: &App) -> Result<Response, Error> {

@@ -58,6 +58,8 @@ pub struct Config {
     pub wechatpay: Option<crate::channel::wechatpay::WechatpayConfig>,
     /// The `alipay` channel, when configured.
     pub alipay: Option<crate::channel::alipay::AlipayConfig>,
+    /// The webhook relay's endpoints, secrets, timeout and schedule.
+    pub webhooks: crate::webhook::WebhookConfig,
 }
 
 impl Default for Config {
@@ -70,6 +72,7 @@ impl Default for Config {
             api_tokens: Vec::new(),
             wechatpay: None,
             alipay: None,
+            webhooks: crate::webhook::WebhookConfig::default(),
         }
     }
 }

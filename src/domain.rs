@@ -547,3 +547,79 @@ pub struct LocalPayment {
     pub outcome: String,
     pub paid_time: String,
 }
+
+// ---- webhooks (PRODUCT.md section 10) ----
+
+/// Where one delivery (an event to one endpoint) stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeliveryStatus {
+    /// Waiting for its next attempt, or with an attempt in flight.
+    Pending,
+    /// An attempt got a 2xx.
+    Delivered,
+    /// The last attempt of the schedule failed: a dead letter.
+    Failed,
+    /// Stopped because its endpoint answered 410 Gone.
+    Disabled,
+}
+
+impl DeliveryStatus {
+    pub const ALL: [DeliveryStatus; 4] =
+        [DeliveryStatus::Pending, DeliveryStatus::Delivered, DeliveryStatus::Failed, DeliveryStatus::Disabled];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Disabled => "disabled",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<DeliveryStatus> {
+        DeliveryStatus::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
+
+/// A `webhook_endpoint` row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointRow {
+    pub endpoint: String,
+    pub enabled: bool,
+    /// Events after this seq are the endpoint's; older ones reach it by replay only.
+    pub from_seq: i64,
+    /// A delivery row exists for every event up to this seq.
+    pub relayed_seq: i64,
+    pub disabled_at: Option<String>,
+}
+
+/// A `webhook_delivery` row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryRow {
+    pub id: i64,
+    pub endpoint: String,
+    pub event_seq: i64,
+    pub event_id: String,
+    pub order_no: String,
+    pub status: DeliveryStatus,
+    pub attempts: i64,
+    pub next_attempt_at: Option<String>,
+    pub last_attempt_at: Option<String>,
+    pub last_status: Option<i64>,
+    pub last_error: Option<String>,
+    pub queued_at: String,
+}
+
+/// How an attempt ended, as the delivery row records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttemptResult {
+    /// A 2xx.
+    Delivered { status: u16 },
+    /// Anything else, a timeout or a refused connection, with the schedule
+    /// not yet spent: the next attempt may start at `next_attempt_at`.
+    Retry { status: Option<u16>, error: String, next_attempt_at: String },
+    /// The same after the last wait of the schedule: a dead letter.
+    Failed { status: Option<u16>, error: String },
+    /// 410 Gone: the endpoint is disabled with every pending delivery to it.
+    Gone,
+}

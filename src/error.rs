@@ -28,6 +28,8 @@ pub enum ErrorKind {
     RefundNotFound,
     CouponNotFound,
     PointsNotFound,
+    DeliveryNotFound,
+    EndpointNotFound,
     // 405, 408
     MethodNotAllowed,
     RequestTimeout,
@@ -55,7 +57,7 @@ impl ErrorKind {
             InvalidRequest | InvalidJson | InvalidIdempotencyKey | IdempotencyKeyRequired => 400,
             Unauthorized | InvalidSignature | SignatureExpired => 401,
             NotFound | ChannelNotConfigured | OrderNotFound | PaymentNotFound | RefundNotFound | CouponNotFound
-            | PointsNotFound => 404,
+            | PointsNotFound | DeliveryNotFound | EndpointNotFound => 404,
             MethodNotAllowed => 405,
             RequestTimeout => 408,
             OrderNoConflict | InvalidTransition | IdempotencyKeyInUse => 409,
@@ -84,6 +86,8 @@ impl ErrorKind {
             RefundNotFound => "refund_not_found",
             CouponNotFound => "coupon_not_found",
             PointsNotFound => "points_not_found",
+            DeliveryNotFound => "delivery_not_found",
+            EndpointNotFound => "endpoint_not_found",
             MethodNotAllowed => "method_not_allowed",
             RequestTimeout => "request_timeout",
             OrderNoConflict => "order_no_conflict",
@@ -109,7 +113,7 @@ impl ErrorKind {
         match self {
             // The thing asked for is not there; the work wrote nothing but may audit.
             NotFound | ChannelNotConfigured | OrderNotFound | PaymentNotFound | RefundNotFound | CouponNotFound
-            | PointsNotFound => true,
+            | PointsNotFound | DeliveryNotFound | EndpointNotFound => true,
             // The refusal is the answer, and its audit row must stay.
             OrderNoConflict | InvalidTransition => true,
             // Refused before or beside the work: nothing of it may stay.

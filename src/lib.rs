@@ -36,9 +36,12 @@ pub mod metrics;
 pub mod money;
 pub mod ops;
 pub mod recon;
+pub mod relay;
 pub mod render;
 pub mod signature;
 pub mod store;
+pub mod webhook;
+pub mod webhook_ops;
 pub mod wire;
 
 pub use app::{App, Config, CreateOrder, PaymentCallback, PaymentReply, RefundCallback};
@@ -63,6 +66,9 @@ mod layering {
         ("money", include_str!("money.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
         ("domain", include_str!("domain.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
         ("error", include_str!("error.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
+        ("relay", include_str!("relay.rs"), &["api", "http"]),
+        ("webhook_ops", include_str!("webhook_ops.rs"), &["api", "render", "http", "relay"]),
+        ("webhook", include_str!("webhook.rs"), &["app", "ops", "api", "render", "http", "channel", "store", "relay"]),
         ("keylock", include_str!("keylock.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
     ];
 
@@ -81,6 +87,9 @@ mod layering {
         ("metrics", include_str!("metrics.rs")),
         ("ops", include_str!("ops.rs")),
         ("recon", include_str!("recon.rs")),
+        ("relay", include_str!("relay.rs")),
+        ("webhook", include_str!("webhook.rs")),
+        ("webhook_ops", include_str!("webhook_ops.rs")),
         ("render", include_str!("render.rs")),
         ("main", include_str!("main.rs")),
     ];

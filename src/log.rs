@@ -65,6 +65,10 @@ pub fn warn(msg: &str, fields: &[(&str, &dyn std::fmt::Display)]) {
     event(Level::Warn, msg, fields);
 }
 
+pub fn debug(msg: &str, fields: &[(&str, &dyn std::fmt::Display)]) {
+    event(Level::Debug, msg, fields);
+}
+
 pub fn info(msg: &str, fields: &[(&str, &dyn std::fmt::Display)]) {
     event(Level::Info, msg, fields);
 }

@@ -10,6 +10,8 @@ use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
 use payonce::domain::{is_identifier, Rewards};
 use payonce::http::{Limits, Server, WORKERS_DEFAULT};
 use payonce::recon::Format;
+use payonce::relay::spawn_relay;
+use payonce::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, WebhookConfig};
 use payonce::{App, Clock};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -121,6 +123,18 @@ Options:
                             --alipay-app-id, turns the alipay channel on
   --alipay-app-id ID        the merchant's Alipay app_id
 
+Webhooks to the merchant's app (Standard Webhooks; the README's Webhooks section):
+  --webhook-url URL               an endpoint that receives every event after it was first
+                                  configured (repeatable); http:// or https://. Secrets in env
+                                  PAYONCE_WEBHOOK_SECRET: comma-separated whsec_<base64>, all sign
+  --webhook-timeout-ms N          one attempt's whole call [default: 15000]
+  --webhook-retry-s LIST          the waits before each retry, seconds, each jittered +-20%;
+                                  after the last, the delivery fails (dead letter)
+                                  [default: 5,300,1800,7200,18000,36000,36000]
+  --webhook-concurrency N         attempts in flight at once [default: 8]
+  --webhook-poll-ms N             how often the relay looks for due retries and other processes'
+                                  events (this process's events wake it at once) [default: 200]
+
 HTTP edge limits (section 7; each holds without a reverse proxy):
   --max-connections N             connections served at once; more wait in the kernel's backlog.
                                   Clamped to RLIMIT_NOFILE minus --fd-reserve [default: 1024]
@@ -156,6 +170,8 @@ struct ServeArgs {
     alipay_app_id: Option<String>,
     limits: Limits,
     workers: usize,
+    webhooks: WebhookConfig,
+    webhook_secret: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -249,6 +265,8 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
         alipay_app_id: None,
         limits: Limits::default(),
         workers: WORKERS_DEFAULT,
+        webhooks: WebhookConfig::default(),
+        webhook_secret: std::env::var("PAYONCE_WEBHOOK_SECRET").ok().filter(|s| !s.trim().is_empty()),
     };
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
@@ -318,6 +336,22 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
                 args.limits.shutdown_grace_ms = positive(&mut parser, "--shutdown-grace-ms", TIMEOUT_MS_MAX)?
             }
             Long("workers") => args.workers = positive(&mut parser, "--workers", 1024)? as usize,
+            Long("webhook-url") => {
+                let endpoint = parse_endpoint(&string_value(&mut parser)?)?;
+                if !args.webhooks.endpoints.contains(&endpoint) {
+                    args.webhooks.endpoints.push(endpoint);
+                }
+            }
+            Long("webhook-timeout-ms") => {
+                args.webhooks.timeout_ms = positive(&mut parser, "--webhook-timeout-ms", TIMEOUT_MS_MAX)?
+            }
+            Long("webhook-retry-s") => {
+                args.webhooks.retry_schedule_ms = parse_retry_schedule(&string_value(&mut parser)?)?
+            }
+            Long("webhook-concurrency") => {
+                args.webhooks.concurrency = positive(&mut parser, "--webhook-concurrency", 256)? as usize
+            }
+            Long("webhook-poll-ms") => args.webhooks.poll_ms = positive(&mut parser, "--webhook-poll-ms", 60_000)?,
             Short('h') | Long("help") => {
                 print!("{SERVE_USAGE}");
                 std::process::exit(0);
@@ -360,6 +394,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         api_tokens,
         wechatpay: wechatpay_config(&args)?,
         alipay: alipay_config(&args)?,
+        webhooks: webhook_config(&args)?,
     };
     let listen_addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(args.listen.as_str())
         .map_err(|e| format!("--listen {:?}: expected ADDR:PORT ({e})", args.listen))?
@@ -394,15 +429,32 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
             .map_err(|e| format!("cannot start the inspector: {e}"))?;
     let storage_watch = spawn_storage_watch(Arc::clone(&app), Arc::clone(&shutdown))
         .map_err(|e| format!("cannot start the storage watch: {e}"))?;
+    let relay = spawn_relay(Arc::clone(&app), Arc::clone(&shutdown))
+        .map_err(|e| format!("cannot start the webhook relay: {}", e.message))?;
     let finished = server.serve(app, shutdown, args.workers);
     let _ = sweeper.join();
     let _ = inspector.join();
     let _ = storage_watch.join();
+    if let Some(relay) = relay {
+        let _ = relay.join();
+    }
     if !finished {
         eprintln!("payonce: warning: shutdown grace period ended with requests still in flight");
     }
     eprintln!("payonce: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The relay's settings; `PAYONCE_WEBHOOK_SECRET` is required once an
+/// endpoint is configured and refused when malformed.
+fn webhook_config(args: &ServeArgs) -> Result<WebhookConfig, String> {
+    let mut config = args.webhooks.clone();
+    match (&args.webhook_secret, config.endpoints.is_empty()) {
+        (None, true) => {}
+        (Some(secrets), _) => config.secrets = parse_secrets(secrets)?,
+        (None, false) => return Err(parse_secrets("").unwrap_err()),
+    }
+    Ok(config)
 }
 
 fn wechatpay_config(args: &ServeArgs) -> Result<Option<WechatpayConfig>, String> {

@@ -22,6 +22,7 @@ pub struct Metrics {
     duplicates_suppressed: Mutex<BTreeMap<&'static str, u64>>,
     inspection_findings: Mutex<BTreeMap<String, u64>>,
     inspection_last: Mutex<BTreeMap<String, u64>>,
+    webhook_results: Mutex<BTreeMap<&'static str, u64>>,
     /// The store's flag: false once a database path names another file
     /// than the one open (`None`: nothing watched, e.g. `:memory:`).
     storage_ok: Option<Arc<AtomicBool>>,
@@ -34,6 +35,9 @@ pub struct ScrapeGauges {
     pub key_locks: usize,
     /// (batches, operations) the SQLite group committer committed; zeros on PostgreSQL.
     pub group_commit: (u64, u64),
+    /// Webhook deliveries pending, and the age of the oldest in seconds.
+    pub webhook_pending: i64,
+    pub webhook_oldest_pending_s: f64,
 }
 
 impl Metrics {
@@ -69,6 +73,12 @@ impl Metrics {
     /// Idempotency-Key (`layer` says which).
     pub fn observe_duplicate(&self, layer: &'static str) {
         *self.duplicates_suppressed.lock().entry(layer).or_default() += 1;
+    }
+
+    /// A webhook attempt's recorded result: `delivered`, `retried`,
+    /// `failed` (a dead letter) or `disabled` (410 Gone).
+    pub fn observe_webhook(&self, result: &'static str) {
+        *self.webhook_results.lock().entry(result).or_default() += 1;
     }
 
     /// One inspection run's findings by kind (counted, and kept as the last run).
@@ -168,6 +178,33 @@ impl Metrics {
             "Write operations in those transactions: operations / batches is the mean batch size.",
         );
         let _ = writeln!(out, "payonce_group_commit_operations_total {}", gauges.group_commit.1);
+        header(
+            &mut out,
+            "payonce_webhook_deliveries_total",
+            "counter",
+            "Webhook attempts of this process by result: delivered, retried, failed (dead letter), disabled (410 Gone).",
+        );
+        {
+            let results = self.webhook_results.lock();
+            for result in ["delivered", "retried", "failed", "disabled"] {
+                let n = results.get(result).copied().unwrap_or(0);
+                let _ = writeln!(out, "payonce_webhook_deliveries_total{{result=\"{result}\"}} {n}");
+            }
+        }
+        header(
+            &mut out,
+            "payonce_webhook_pending",
+            "gauge",
+            "Webhook deliveries pending in the database (all processes).",
+        );
+        let _ = writeln!(out, "payonce_webhook_pending {}", gauges.webhook_pending);
+        header(
+            &mut out,
+            "payonce_webhook_oldest_pending_seconds",
+            "gauge",
+            "Age of the oldest pending webhook delivery since it was queued; 0 when none is pending.",
+        );
+        let _ = writeln!(out, "payonce_webhook_oldest_pending_seconds {}", gauges.webhook_oldest_pending_s);
         out
     }
 }

@@ -3,17 +3,18 @@
 //! one renderer here, and each operation's result its [`Answer`] (what the
 //! API sends, and what a keyed write stores with its work). The order
 //! object itself is [`Order::to_json`] in `domain`, because the outbox
-//! events carry it too. `app` and `ops` return types; nothing below `api`
-//! imports this module.
+//! events carry it too. `app` and `ops` return types; only `api` and the
+//! webhook relay (whose bodies are the event objects) import this module.
 
 use crate::app::{Answer, OrderDetail};
 use crate::domain::Order;
-use crate::domain::{CallbackRecord, CouponRow, EventRow, Finding, PointRow};
+use crate::domain::{CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PointRow};
 use crate::error::Error;
 use crate::ops::{
     Compensated, CompensationEffect, DiffRow, Drained, Mode, PaymentResolution, Reconciliation, RefundResolution,
     Repaired,
 };
+use crate::webhook_ops::{DeliveryPage, EnabledEndpoint, Replayed};
 use serde_json::{json, Map, Value};
 
 // ---- objects ----
@@ -145,6 +146,42 @@ impl OrderDetail {
 // ---- answers ----
 
 /// An order creation: 201 when created, 200 when the same order existed.
+pub fn delivery(d: &DeliveryRow) -> Value {
+    json!({"id": d.id, "endpoint": d.endpoint, "event_id": d.event_id, "event_seq": d.event_seq,
+           "order_no": d.order_no, "status": d.status.as_str(), "attempts": d.attempts,
+           "next_attempt_at": d.next_attempt_at, "last_attempt_at": d.last_attempt_at,
+           "last_status": d.last_status, "last_error": d.last_error})
+}
+
+pub fn deliveries(page: &DeliveryPage) -> Value {
+    let deliveries: Vec<Value> = page.deliveries.iter().map(delivery).collect();
+    json!({"deliveries": deliveries, "next_after": page.next_after.map(|n| n.to_string())})
+}
+
+impl Answer for DeliveryRow {
+    fn answer(&self) -> (u16, Value) {
+        (200, delivery(self))
+    }
+}
+
+impl Answer for EnabledEndpoint {
+    fn answer(&self) -> (u16, Value) {
+        let e = &self.endpoint;
+        let status = if e.enabled { "enabled" } else { "disabled" };
+        (
+            200,
+            json!({"endpoint": e.endpoint, "status": status, "from_seq": e.from_seq,
+                     "disabled_at": e.disabled_at, "resumed": self.resumed}),
+        )
+    }
+}
+
+impl Answer for Replayed {
+    fn answer(&self) -> (u16, Value) {
+        (200, json!({"queued": self.queued, "next_after": self.next_after}))
+    }
+}
+
 impl Answer for (Order, bool) {
     fn answer(&self) -> (u16, Value) {
         (if self.1 { 201 } else { 200 }, self.0.to_json())

@@ -77,25 +77,36 @@ impl ReadTx<'_> {
         )
     }
 
+    /// The event of `seq`.
+    pub fn event(&self, seq: i64) -> Result<Option<EventRow>, Error> {
+        self.optional(
+            "SELECT seq, event_id, type, order_no, data, created_at FROM outbox_event WHERE seq = ?1",
+            params![seq],
+            event_from_row,
+        )
+    }
+
     pub fn events_after(&self, after_seq: i64, limit: usize) -> Result<Vec<EventRow>, Error> {
         self.all(
             "SELECT seq, event_id, type, order_no, data, created_at FROM outbox_event
              WHERE seq > ?1 ORDER BY seq LIMIT ?2",
             params![after_seq, limit_param(limit)],
-            |row| {
-                let data = row.text(4)?;
-                Ok(EventRow {
-                    seq: row.int(0)?,
-                    event_id: row.text(1)?,
-                    event_type: row.text(2)?,
-                    order_no: row.text(3)?,
-                    data: serde_json::from_str(&data)
-                        .map_err(|e| Error::internal(format!("outbox_event.data is not JSON: {e}")))?,
-                    created_at: row.text(5)?,
-                })
-            },
+            event_from_row,
         )
     }
+}
+
+fn event_from_row(row: &Row) -> Result<EventRow, Error> {
+    let data = row.text(4)?;
+    Ok(EventRow {
+        seq: row.int(0)?,
+        event_id: row.text(1)?,
+        event_type: row.text(2)?,
+        order_no: row.text(3)?,
+        data: serde_json::from_str(&data)
+            .map_err(|e| Error::internal(format!("outbox_event.data is not JSON: {e}")))?,
+        created_at: row.text(5)?,
+    })
 }
 
 impl WriteTx<'_> {
@@ -173,6 +184,7 @@ impl WriteTx<'_> {
             params![&event_type.event_id(subject), event_type.as_str(), order_no, &data.to_string(), now],
         )?;
         self.read.conn.after_event_insert();
+        self.emitted.set(self.emitted.get() || changed > 0);
         one_row(changed, "emit event")
     }
 }

@@ -33,9 +33,12 @@ pub use payments::Claim;
 pub mod postgres;
 mod reports;
 pub mod sqlite;
+mod webhooks;
+pub use webhooks::REPLAY_EVENTS_MAX;
 
 use crate::error::{Error, ErrorKind};
 pub use crate::store::sqlite::{Synchronous, WalRescue};
+
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
@@ -46,7 +49,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -77,6 +80,7 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pay_callback_log_decided_index",
         sql: include_str!("../../migrations/0004_pay_callback_log_decided_index.sql"),
     },
+    Migration { version: 5, name: "webhooks", sql: include_str!("../../migrations/0005_webhooks.sql") },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -86,11 +90,14 @@ pub const POSTGRES_SCHEMA_VERSION_FIRST: i64 = 3;
 /// Every PostgreSQL schema change since [`POSTGRES_SCHEMA_VERSION_FIRST`], in
 /// order, numbered as SQLite's: a database migrated through them has exactly
 /// the schema of `SCHEMA_POSTGRES_SQL` (tests/it/schema.rs checks it).
-pub const POSTGRES_MIGRATIONS: &[Migration] = &[Migration {
-    version: 4,
-    name: "pay_callback_log_decided_index",
-    sql: include_str!("../../migrations/postgres/0004_pay_callback_log_decided_index.sql"),
-}];
+pub const POSTGRES_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 4,
+        name: "pay_callback_log_decided_index",
+        sql: include_str!("../../migrations/postgres/0004_pay_callback_log_decided_index.sql"),
+    },
+    Migration { version: 5, name: "webhooks", sql: include_str!("../../migrations/postgres/0005_webhooks.sql") },
+];
 
 /// How long a connection waits for another process's writer (SQLite's busy
 /// handler, PostgreSQL's `lock_timeout`) before the request fails with 503
@@ -152,6 +159,37 @@ pub fn shown_db(db: &str) -> String {
 pub struct Store {
     engine: Engine,
     pub is_memory: bool,
+    /// Rung after every commit that wrote an outbox event (the webhook relay waits on it).
+    outbox_signal: Arc<Signal>,
+}
+
+/// A counter with a condition variable: a waiter wakes when it moves. The
+/// webhook relay sleeps on it between polls, so an event committed in this
+/// process is relayed at once rather than at the next poll.
+#[derive(Default)]
+pub struct Signal {
+    rung: parking_lot::Mutex<u64>,
+    moved: parking_lot::Condvar,
+}
+
+impl Signal {
+    pub fn ring(&self) {
+        *self.rung.lock() += 1;
+        self.moved.notify_all();
+    }
+
+    /// The count now; pass it to [`Signal::wait_past`].
+    pub fn count(&self) -> u64 {
+        *self.rung.lock()
+    }
+
+    /// Waits until the count differs from `seen` or `timeout` passed.
+    pub fn wait_past(&self, seen: u64, timeout: std::time::Duration) {
+        let mut rung = self.rung.lock();
+        if *rung == seen {
+            let _ = self.moved.wait_for(&mut rung, timeout);
+        }
+    }
 }
 
 enum Engine {
@@ -168,11 +206,12 @@ impl Store {
             return Ok(Store {
                 engine: Engine::Postgres(postgres::PostgresEngine::open(db, options)?),
                 is_memory: false,
+                outbox_signal: Arc::default(),
             });
         }
         let engine = sqlite::SqliteEngine::open(db, options)?;
         let is_memory = engine.is_memory();
-        Ok(Store { engine: Engine::Sqlite(Box::new(engine)), is_memory })
+        Ok(Store { engine: Engine::Sqlite(Box::new(engine)), is_memory, outbox_signal: Arc::default() })
     }
 
     /// `sqlite` or `postgres`, for logs and `/metrics`.
@@ -194,10 +233,24 @@ impl Store {
     /// PostgreSQL: `work` may run again after a serialization failure or a
     /// deadlock, on a new transaction.
     pub fn write<T>(&self, mut work: impl FnMut(&WriteTx) -> Result<T, Error>) -> Result<T, Error> {
-        match &self.engine {
-            Engine::Sqlite(engine) => engine.write(&mut |conn| work(&WriteTx { read: ReadTx { conn } })),
-            Engine::Postgres(engine) => engine.write(&mut |conn| work(&WriteTx { read: ReadTx { conn } })),
+        let emitted = std::cell::Cell::new(false);
+        let mut attempt = |conn: &dyn Conn| {
+            emitted.set(false);
+            work(&WriteTx { read: ReadTx { conn }, emitted: &emitted })
+        };
+        let result = match &self.engine {
+            Engine::Sqlite(engine) => engine.write(&mut attempt),
+            Engine::Postgres(engine) => engine.write(&mut attempt),
+        };
+        if result.is_ok() && emitted.get() {
+            self.outbox_signal.ring();
         }
+        result
+    }
+
+    /// Rung after each commit of this process that wrote an outbox event.
+    pub fn outbox_signal(&self) -> Arc<Signal> {
+        Arc::clone(&self.outbox_signal)
     }
 
     /// Runs `work` on one consistent read snapshot.
@@ -483,6 +536,8 @@ pub struct ReadTx<'t> {
 /// methods that change rows.
 pub struct WriteTx<'t> {
     read: ReadTx<'t>,
+    /// Set when this attempt wrote an outbox event.
+    emitted: &'t std::cell::Cell<bool>,
 }
 
 impl<'t> std::ops::Deref for WriteTx<'t> {

@@ -536,8 +536,14 @@ fn an_in_memory_database_has_no_files_to_watch() {
         expires_in_s: None,
     })
     .expect("a write");
-    let gauges =
-        payonce::metrics::ScrapeGauges { record_only: false, received_waiting: 0, key_locks: 0, group_commit: (0, 0) };
+    let gauges = payonce::metrics::ScrapeGauges {
+        record_only: false,
+        received_waiting: 0,
+        key_locks: 0,
+        group_commit: (0, 0),
+        webhook_pending: 0,
+        webhook_oldest_pending_s: 0.0,
+    };
     assert!(app.metrics.render(&gauges).lines().any(|l| l == "payonce_storage_ok 1"));
 }
 

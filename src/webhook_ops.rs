@@ -1,0 +1,166 @@
+//! The webhook admin operations (PRODUCT.md section 10): list deliveries,
+//! retry one, re-enable an endpoint, replay a range of events. Each change
+//! is a CAS in one transaction with its audit row; the relay
+//! (`relay.rs`) makes the attempts they queue.
+
+use crate::app::App;
+use crate::domain::{DeliveryRow, DeliveryStatus, EndpointRow, IdempotencySlot};
+use crate::error::{Error, ErrorKind};
+use serde_json::json;
+
+/// One page of `GET /v1/webhooks/deliveries`.
+#[derive(Clone, Debug)]
+pub struct DeliveryPage {
+    pub deliveries: Vec<DeliveryRow>,
+    /// The cursor of the next page; `None` when this one was the last.
+    pub next_after: Option<i64>,
+}
+
+/// `POST /v1/webhooks/endpoints/enable`'s result.
+#[derive(Clone, Debug)]
+pub struct EnabledEndpoint {
+    pub endpoint: EndpointRow,
+    /// Disabled deliveries that are pending again.
+    pub resumed: usize,
+}
+
+/// `POST /v1/webhooks/replay`'s result.
+#[derive(Clone, Debug)]
+pub struct Replayed {
+    pub queued: usize,
+    /// When the range held more than [`crate::store::REPLAY_EVENTS_MAX`]
+    /// events: the seq of the last one queued, to replay the rest after it.
+    pub next_after: Option<i64>,
+}
+
+impl App {
+    /// (deliveries pending, seconds since the oldest of them was queued).
+    pub fn webhook_pending(&self) -> Result<(i64, f64), Error> {
+        let (pending, oldest) = self.store.read(|tx| tx.webhook_pending())?;
+        let age_ms = oldest
+            .as_deref()
+            .and_then(crate::clock::parse_rfc3339_ms)
+            .map_or(0, |queued| self.clock.now_ms().saturating_sub(queued).max(0));
+        Ok((pending, age_ms as f64 / 1000.0))
+    }
+
+    pub fn webhook_deliveries(
+        &self,
+        status: Option<DeliveryStatus>,
+        after: i64,
+        limit: usize,
+    ) -> Result<DeliveryPage, Error> {
+        let mut deliveries = self.store.read(|tx| tx.webhook_deliveries(status, after, limit.saturating_add(1)))?;
+        let more = deliveries.len() > limit;
+        deliveries.truncate(limit);
+        let next_after = if more { deliveries.last().map(|d| d.id) } else { None };
+        Ok(DeliveryPage { deliveries, next_after })
+    }
+
+    /// A failed or disabled delivery back to pending, due now, with the
+    /// whole retry schedule ahead (the same `webhook-id`).
+    pub fn retry_webhook_delivery(
+        &self,
+        id: i64,
+        actor: &str,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<DeliveryRow, Error> {
+        let now = self.clock.now_text();
+        self.write_op(slot, |tx| {
+            let delivery = tx.webhook_delivery(id)?.ok_or_else(|| delivery_not_found(id))?;
+            let endpoint_enabled = tx.webhook_endpoint(&delivery.endpoint)?.is_some_and(|e| e.enabled);
+            if !matches!(delivery.status, DeliveryStatus::Failed | DeliveryStatus::Disabled) {
+                return Err(Error::invalid_transition(format!(
+                    "delivery {id} is {}: only a failed or disabled delivery can be retried",
+                    delivery.status.as_str()
+                )));
+            }
+            if !endpoint_enabled {
+                return Err(Error::invalid_transition(format!(
+                    "the endpoint of delivery {id} is disabled: POST /v1/webhooks/endpoints/enable first"
+                )));
+            }
+            if !tx.retry_webhook_delivery(id, &now)? {
+                return Err(Error::invalid_transition(format!("delivery {id} changed meanwhile; read it again")));
+            }
+            let detail = json!({"delivery_id": id, "endpoint": delivery.endpoint, "event_id": delivery.event_id,
+                                "from": delivery.status.as_str()});
+            tx.audit(&now, actor, "webhook_delivery_retried", Some(&delivery.order_no), &detail)?;
+            tx.webhook_delivery(id)?.ok_or_else(|| delivery_not_found(id))
+        })
+    }
+
+    /// Enables an endpoint (after a 410 disabled it); its disabled
+    /// deliveries are pending again, due now, in their order.
+    pub fn enable_webhook_endpoint(
+        &self,
+        endpoint: &str,
+        actor: &str,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<EnabledEndpoint, Error> {
+        let now = self.clock.now_text();
+        let configured = self.config.webhooks.is_configured(endpoint);
+        self.write_op(slot, |tx| {
+            let before = match tx.webhook_endpoint(endpoint)? {
+                Some(row) => row,
+                None if configured => tx.ensure_webhook_endpoint(endpoint, &now)?,
+                None => return Err(endpoint_not_found(endpoint)),
+            };
+            let resumed = tx.enable_webhook_endpoint(endpoint, &now)?;
+            if !before.enabled {
+                let detail = json!({"endpoint": endpoint, "disabled_at": before.disabled_at, "resumed": resumed});
+                tx.audit(&now, actor, "webhook_endpoint_enabled", None, &detail)?;
+            }
+            let endpoint = tx.webhook_endpoint(endpoint)?.ok_or_else(|| endpoint_not_found(endpoint))?;
+            Ok(EnabledEndpoint { endpoint, resumed })
+        })
+    }
+
+    /// Queues the events in (after_seq, until_seq] to a configured endpoint
+    /// again, at most [`crate::store::REPLAY_EVENTS_MAX`] from the first.
+    pub fn replay_webhooks(
+        &self,
+        endpoint: &str,
+        after_seq: i64,
+        until_seq: Option<i64>,
+        actor: &str,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<Replayed, Error> {
+        if after_seq < 0 {
+            return Err(Error::invalid("after_seq must be 0 or more"));
+        }
+        if let Some(until_seq) = until_seq.filter(|until| *until < after_seq) {
+            return Err(Error::invalid(format!(
+                "after_seq ({after_seq}) must not be greater than until_seq ({until_seq})"
+            )));
+        }
+        if !self.config.webhooks.is_configured(endpoint) {
+            return Err(endpoint_not_found(endpoint));
+        }
+        let now = self.clock.now_text();
+        self.write_op(slot, |tx| {
+            if !tx.ensure_webhook_endpoint(endpoint, &now)?.enabled {
+                return Err(Error::invalid_transition(format!(
+                    "endpoint {endpoint:?} is disabled: POST /v1/webhooks/endpoints/enable first"
+                )));
+            }
+            let (queued, next_after) =
+                tx.replay_webhook_deliveries(endpoint, after_seq, until_seq.unwrap_or(i64::MAX), &now)?;
+            let detail = json!({"endpoint": endpoint, "after_seq": after_seq, "until_seq": until_seq,
+                                "queued": queued, "next_after": next_after});
+            tx.audit(&now, actor, "webhook_replayed", None, &detail)?;
+            Ok(Replayed { queued, next_after })
+        })
+    }
+}
+
+fn delivery_not_found(id: i64) -> Error {
+    Error::new(ErrorKind::DeliveryNotFound, format!("no webhook delivery with id {id}"))
+}
+
+pub fn endpoint_not_found(endpoint: &str) -> Error {
+    Error::new(
+        ErrorKind::EndpointNotFound,
+        format!("{endpoint:?} is not a configured webhook endpoint (--webhook-url)"),
+    )
+}
