@@ -4,13 +4,13 @@
 //!
 //! Every outgoing call is a row first. The relay
 //! 1. queues: for each enabled endpoint, a `webhook_delivery` row for every
-//!    event past the endpoint's cursor, and moves the cursor, in one
-//!    transaction (the outbox is durable, so an event committed is an event
-//!    relayed, whenever the relay gets to it);
-//! 2. claims: reads the due deliveries (each the earliest pending event of its
-//!    order at its endpoint) and claims each attempt by a CAS on
+//!    event past the endpoint's cursor, and moves the cursor (the outbox is
+//!    durable, so an event committed is an event relayed, whenever the relay
+//!    gets to it);
+//! 2. claims, in the same transaction: the due deliveries (each the earliest
+//!    pending event of its order at its endpoint), each attempt by a CAS on
 //!    `next_attempt_at`, moving it past the call's timeout (the lease), with
-//!    `attempts + 1`, then commits: several processes on one database make
+//!    `attempts + 1`; then commits: several processes on one database make
 //!    one attempt at a time, and a process that dies mid-call leaves the
 //!    delivery to be retried when its lease runs out;
 //! 3. calls, outside any transaction, signed afresh for this attempt;
@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-/// Events queued per endpoint per transaction; the queueing repeats until caught up.
+/// Events queued per endpoint per round; the next round queues more.
 const QUEUE_BATCH_MAX: usize = 1_000;
 
 /// One claimed attempt: the delivery as claimed, its attempt number and the event.
@@ -84,54 +84,43 @@ impl Relay {
         Ok(Relay { agent: config.into(), app, in_flight: AtomicUsize::new(0) })
     }
 
-    /// Step 1: queues a delivery to each enabled endpoint for every event
-    /// past its cursor. Returns how many events were queued.
-    pub fn queue_new_events(&self) -> Result<usize, Error> {
-        let mut queued = 0;
-        for endpoint in &self.app.config.webhooks.endpoints {
-            loop {
-                let now = self.app.clock.now_text();
-                let passed = self.app.store.write(|tx| match tx.webhook_endpoint(endpoint)? {
-                    Some(row) if row.enabled => tx.queue_webhook_deliveries(&row, &now, QUEUE_BATCH_MAX),
-                    _ => Ok(0),
-                })?;
-                queued += passed;
-                if passed < QUEUE_BATCH_MAX {
-                    break;
-                }
-            }
-        }
-        Ok(queued)
-    }
-
-    /// Step 2: claims up to `limit` due attempts across the enabled endpoints.
+    /// Steps 1 and 2, in one transaction per endpoint: queues a delivery
+    /// for every event past the endpoint's cursor (a batch at a time), then
+    /// claims up to `limit` due attempts across the enabled endpoints.
     pub fn claim_due(&self, limit: usize) -> Result<Vec<Attempt>, Error> {
         let settings = &self.app.config.webhooks;
         let mut claimed = Vec::new();
         for endpoint in &settings.endpoints {
-            if claimed.len() >= limit {
+            let want = limit.saturating_sub(claimed.len());
+            if want == 0 {
                 break;
             }
             let now_ms = self.app.clock.now_ms();
             let now = format_ms(now_ms);
             let lease_until = format_ms(now_ms.saturating_add(i64::try_from(settings.lease_ms()).unwrap_or(i64::MAX)));
-            let want = limit - claimed.len();
-            let due = self.app.store.read(|tx| match tx.webhook_endpoint(endpoint)? {
-                Some(row) if row.enabled => tx.due_webhook_deliveries(endpoint, &now, want),
-                _ => Ok(Vec::new()),
+            // A read first, so an idle relay never takes the writer.
+            let work = self.app.store.read(|tx| match tx.webhook_endpoint(endpoint)? {
+                Some(row) if row.enabled => Ok(tx.last_event_seq()? > row.relayed_seq
+                    || !tx.due_webhook_deliveries(endpoint, &now, 1)?.is_empty()),
+                _ => Ok(false),
             })?;
-            if due.is_empty() {
+            if !work {
                 continue;
             }
             let won = self.app.store.write(|tx| {
                 let mut won = Vec::new();
-                for delivery in &due {
+                let Some(row) = tx.webhook_endpoint(endpoint)?.filter(|row| row.enabled) else {
+                    return Ok(won);
+                };
+                tx.queue_webhook_deliveries(&row, &now, QUEUE_BATCH_MAX)?;
+                for delivery in tx.due_webhook_deliveries(endpoint, &now, want)? {
                     let seen = delivery.next_attempt_at.as_deref().unwrap_or_default();
                     if tx.claim_webhook_attempt(delivery.id, seen, &lease_until, &now)? {
                         let event = tx.event(delivery.event_seq)?.ok_or_else(|| {
                             Error::internal(format!("delivery {} names a missing event", delivery.id))
                         })?;
-                        won.push(Attempt { delivery: delivery.clone(), attempt: delivery.attempts + 1, event });
+                        let attempt = delivery.attempts + 1;
+                        won.push(Attempt { delivery, attempt, event });
                     }
                 }
                 Ok(won)
@@ -241,7 +230,6 @@ impl Relay {
     /// queues, claims up to `--webhook-concurrency` attempts, makes them
     /// concurrently and waits for all. Returns the results.
     pub fn run_once(&self) -> Result<Vec<AttemptResult>, Error> {
-        self.queue_new_events()?;
         let claimed = self.claim_due(self.app.config.webhooks.concurrency)?;
         Ok(thread::scope(|scope| {
             let calls: Vec<_> = claimed.iter().map(|c| scope.spawn(|| self.attempt(c))).collect();
@@ -295,7 +283,6 @@ fn dispatch(relay: &Relay, jobs: &crossbeam_channel::Sender<Attempt>, concurrenc
     if relay.app.store.check_storage().is_err() {
         return Ok(());
     }
-    relay.queue_new_events()?;
     let free = concurrency.saturating_sub(relay.in_flight.load(Ordering::SeqCst));
     if free == 0 {
         return Ok(());

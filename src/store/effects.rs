@@ -77,6 +77,11 @@ impl ReadTx<'_> {
         )
     }
 
+    /// The seq of the last event, 0 when there is none.
+    pub fn last_event_seq(&self) -> Result<i64, Error> {
+        self.one("SELECT coalesce(max(seq), 0) FROM outbox_event", params![], |r| r.int(0))
+    }
+
     /// The event of `seq`.
     pub fn event(&self, seq: i64) -> Result<Option<EventRow>, Error> {
         self.optional(
