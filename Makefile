@@ -77,8 +77,9 @@ example:
 # over HTTP vs a trivial handler; group commit on and off at 16 and 64
 # clients against the apply SQL on a minimal schema and pgbench -M prepared;
 # then 1, 2 and 4 payonce serve on SQLite and on PostgreSQL, with the outbox
-# lock's cost; then webhook latency from commit to a local receiver. PostgreSQL is a throwaway durable cluster (when initdb is found,
-# or PAYONCE_BENCH_PG names a server). `make bench BENCH_ARGS=--quick` for a smoke run.
+# lock's cost; then webhook latency from commit to a local receiver.
+# PostgreSQL is a throwaway durable cluster (when initdb is found, or
+# PAYONCE_BENCH_PG names a server). `make bench BENCH_ARGS=--quick` for a smoke run.
 bench: build
 	$(CARGO) run --release --locked --example bench -- $(BENCH_ARGS)
 	$(CARGO) build --release --locked --example bench_group_commit --example bench_processes
