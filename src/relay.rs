@@ -99,11 +99,12 @@ impl Relay {
             let now = format_ms(now_ms);
             let lease_until = format_ms(now_ms.saturating_add(i64::try_from(settings.lease_ms()).unwrap_or(i64::MAX)));
             // A read first, so an idle relay never takes the writer.
-            let work = self.app.store.read(|tx| match tx.webhook_endpoint(endpoint)? {
-                Some(row) if row.enabled => Ok(tx.last_event_seq()? > row.relayed_seq
-                    || !tx.due_webhook_deliveries(endpoint, &now, 1)?.is_empty()),
-                _ => Ok(false),
-            })?;
+            let work =
+                self.app.store.read(|tx| match tx.webhook_endpoint(endpoint)? {
+                    Some(row) if row.enabled => Ok(tx.last_event_seq()? > row.relayed_seq
+                        || !tx.due_webhook_deliveries(endpoint, &now, 1)?.is_empty()),
+                    _ => Ok(false),
+                })?;
             if !work {
                 continue;
             }

@@ -4,7 +4,7 @@
 
 use crate::engines::Db;
 use crate::receiver::{webhook_id, webhook_timestamp, Receiver, SECRETS};
-use crate::util::{now_ms, Pay, Server, TempDir};
+use crate::util::{now_ms, Pay, Server};
 use payonce::domain::AttemptResult;
 use payonce::relay::Relay;
 use payonce::webhook::{parse_secrets, WebhookConfig};
@@ -14,19 +14,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn serve_with_webhooks(db: &std::path::Path, urls: &[String], extra: &[&str]) -> Server {
-    let mut args: Vec<String> = Vec::new();
+/// `payonce serve` on `db` with each of `urls` as a `--webhook-url` and the
+/// test secrets, its stderr printed if the test fails.
+fn serve_with_webhooks(db: &Db, urls: &[String], extra: &[&str]) -> Server {
+    let mut args: Vec<&str> = Vec::new();
     for url in urls {
-        args.extend(["--webhook-url".to_owned(), url.clone()]);
+        args.extend(["--webhook-url", url.as_str()]);
     }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let log = db.with_extension(format!("stderr.{}.log", now_ms()));
-    let file = std::fs::File::create(&log).expect("server log");
-    let mut server =
-        Server::start_logged_env(db, &args, std::process::Stdio::from(file), &[("PAYONCE_WEBHOOK_SECRET", SECRETS)]);
-    server.set_stderr_log(log);
-    server
+    args.extend(extra);
+    db.serve_env(&args, &[("PAYONCE_WEBHOOK_SECRET", SECRETS)])
 }
 
 /// A paid order: its `order.paid` event.
@@ -77,8 +73,7 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
 #[test]
 fn every_delivery_verifies_with_the_standard_webhooks_library() {
     let receiver = Receiver::start();
-    let dir = TempDir::new("wh-verify");
-    let db = dir.path("payonce.db");
+    let db = Db::sqlite("wh-verify");
     let server = serve_with_webhooks(&db, &[receiver.url("/hooks")], &[]);
     for n in 0..3 {
         pay_order(&server, &format!("V-{n}"));
@@ -127,64 +122,11 @@ fn every_delivery_verifies_with_the_standard_webhooks_library() {
 }
 
 #[test]
-fn a_new_endpoint_starts_after_the_last_event_and_replay_sends_the_older_ones() {
-    let receiver = Receiver::start();
-    let dir = TempDir::new("wh-replay");
-    let db = dir.path("payonce.db");
-    {
-        let plain = Server::start_on(&db, &[]);
-        pay_order(&plain, "OLD-1");
-        pay_order(&plain, "OLD-2");
-    }
-    let url = receiver.url("/late");
-    let server = serve_with_webhooks(&db, std::slice::from_ref(&url), &[]);
-    pay_order(&server, "NEW-1");
-    let seqs: Vec<i64> = events(&server).iter().map(|e| e["seq"].as_i64().unwrap_or_default()).collect();
-    assert_eq!(seqs.len(), 3);
-    let calls = receiver.wait_for("the new event", |log| !log.is_empty());
-    std::thread::sleep(Duration::from_millis(300));
-    let calls = if calls.len() == 1 { receiver.log() } else { calls };
-    assert_eq!(calls.len(), 1, "only the event after the endpoint was configured: {calls:#?}");
-    assert!(webhook_id(&calls[0]).starts_with("order.paid:"));
-
-    // Bad replays: each a clear 4xx.
-    let bad =
-        server.post_json("/v1/webhooks/replay", &json!({"endpoint": "http://elsewhere.example/", "after_seq": 0}));
-    assert_eq!((bad.status, bad.error_code().as_str()), (404, "endpoint_not_found"));
-    let bad = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": 3, "until_seq": 2}));
-    assert_eq!((bad.status, bad.error_code().as_str()), (400, "invalid_request"));
-    let bad = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url}));
-    assert_eq!(bad.status, 400);
-    let bad = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": "zero"}));
-    assert_eq!(bad.status, 400);
-
-    // (0, seq of OLD-2]: the two older events, delivered with their own webhook-ids.
-    let replayed =
-        server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": 0, "until_seq": seqs[1]}));
-    assert_eq!(replayed.status, 200, "{}", replayed.text());
-    assert_eq!(replayed.json()["queued"], 2);
-    let calls = receiver.wait_for("the replayed events", |log| log.len() >= 3);
-    receiver.assert_all_verified(&calls);
-    let all_ids: BTreeSet<String> =
-        events(&server).iter().map(|e| e["event_id"].as_str().unwrap_or_default().to_owned()).collect();
-    assert_eq!(distinct_ids(&calls), all_ids);
-
-    // Replaying a delivered event sends it again under the same webhook-id.
-    let again = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": seqs[1]}));
-    assert_eq!(again.json()["queued"], 1);
-    let calls = receiver.wait_for("the re-sent event", |log| log.len() >= 4);
-    let new_event_calls: Vec<&Value> = calls.iter().filter(|c| webhook_id(c) == webhook_id(&calls[0])).collect();
-    assert_eq!(new_event_calls.len(), 2, "the same event twice, with the same webhook-id");
-    receiver.assert_all_verified(&calls);
-}
-
-#[test]
 fn a_receiver_failing_twice_then_succeeding_is_retried_on_the_schedule() {
     let receiver = Receiver::start();
     receiver.behave("/flaky", json!({"fail_first": 2, "fail_status": 503}));
-    let dir = TempDir::new("wh-flaky");
-    let server =
-        serve_with_webhooks(&dir.path("payonce.db"), &[receiver.url("/flaky")], &["--webhook-retry-s", "0.3,0.6,5"]);
+    let db = Db::sqlite("wh-flaky");
+    let server = serve_with_webhooks(&db, &[receiver.url("/flaky")], &["--webhook-retry-s", "0.3,0.6,5"]);
     pay_order(&server, "F-1");
     let calls = receiver.wait_for("3 attempts", |log| log.iter().any(|c| c["status"] == 200));
     assert_eq!(calls.len(), 3, "{calls:#?}");
@@ -203,48 +145,12 @@ fn a_receiver_failing_twice_then_succeeding_is_retried_on_the_schedule() {
 }
 
 #[test]
-fn retry_after_stretches_the_wait_and_the_last_failure_is_a_dead_letter() {
-    let receiver = Receiver::start();
-    receiver.behave("/down", json!({"status": 500, "retry_after": "1"}));
-    let dir = TempDir::new("wh-dead");
-    let server = serve_with_webhooks(&dir.path("payonce.db"), &[receiver.url("/down")], &["--webhook-retry-s", "0.05"]);
-    pay_order(&server, "D-1");
-    wait_until("a dead letter", || deliveries(&server, "?status=failed").len() == 1);
-    let calls = receiver.log();
-    assert_eq!(calls.len(), 2, "one retry on a one-wait schedule: {calls:#?}");
-    let waited = calls[1]["at"].as_f64().unwrap_or_default() - calls[0]["at"].as_f64().unwrap_or_default();
-    assert!(waited >= 0.95, "Retry-After: 1 stretched the 0.05 s wait to {waited} s");
-    let failed = &deliveries(&server, "?status=failed")[0];
-    assert_eq!(failed["attempts"], 2);
-    assert_eq!(failed["last_status"], 500);
-    assert!(failed["last_error"].as_str().unwrap_or_default().contains("HTTP 500"), "{failed}");
-    assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"failed\"}"), 1.0);
-
-    // Retrying a dead letter queues it again with the same webhook-id.
-    receiver.behave("/down", json!({"status": 200}));
-    let id = failed["id"].as_i64().unwrap_or_default();
-    let retried = server.post_json(&format!("/v1/webhooks/deliveries/{id}/retry"), &json!({}));
-    assert_eq!(retried.status, 200, "{}", retried.text());
-    assert_eq!(retried.json()["status"], "pending");
-    receiver.wait_for("the retried delivery", |log| log.iter().any(|c| c["status"] == 200));
-    wait_until("delivered", || deliveries(&server, "?status=delivered").len() == 1);
-    assert_eq!(distinct_ids(&receiver.log()).len(), 1);
-    // A delivered delivery is not retried; an unknown one is 404.
-    let again = server.post_json(&format!("/v1/webhooks/deliveries/{id}/retry"), &json!({}));
-    assert_eq!((again.status, again.error_code().as_str()), (409, "invalid_transition"));
-    for unknown in ["999999", "abc", "0", "-1", "01"] {
-        let missing = server.post_json(&format!("/v1/webhooks/deliveries/{unknown}/retry"), &json!({}));
-        assert_eq!((missing.status, missing.error_code().as_str()), (404, "delivery_not_found"), "{unknown}");
-    }
-}
-
-#[test]
 fn a_receiver_that_times_out_is_retried() {
     let receiver = Receiver::start();
     receiver.behave("/slow", json!({"delay_ms": 1500}));
-    let dir = TempDir::new("wh-timeout");
+    let db = Db::sqlite("wh-timeout");
     let server = serve_with_webhooks(
-        &dir.path("payonce.db"),
+        &db,
         &[receiver.url("/slow")],
         &["--webhook-timeout-ms", "300", "--webhook-retry-s", "0.2,0.2,0.2,0.2,0.2,0.2"],
     );
@@ -263,53 +169,12 @@ fn a_receiver_that_times_out_is_retried() {
 }
 
 #[test]
-fn a_410_disables_the_endpoint_until_the_admin_call_enables_it() {
-    let receiver = Receiver::start();
-    receiver.behave("/gone", json!({"status": 410}));
-    let dir = TempDir::new("wh-gone");
-    let url = receiver.url("/gone");
-    let server = serve_with_webhooks(&dir.path("payonce.db"), std::slice::from_ref(&url), &[]);
-    pay_order(&server, "G-1");
-    wait_until("disabled", || deliveries(&server, "?status=disabled").len() == 1);
-    assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"disabled\"}"), 1.0);
-    // While disabled nothing more is sent, and neither retry nor replay is taken.
-    pay_order(&server, "G-2");
-    std::thread::sleep(Duration::from_millis(400));
-    assert_eq!(receiver.log().len(), 1);
-    let id = deliveries(&server, "?status=disabled")[0]["id"].as_i64().unwrap_or_default();
-    let retry = server.post_json(&format!("/v1/webhooks/deliveries/{id}/retry"), &json!({}));
-    assert_eq!((retry.status, retry.error_code().as_str()), (409, "invalid_transition"));
-    let replay = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": 0}));
-    assert_eq!((replay.status, replay.error_code().as_str()), (409, "invalid_transition"));
-
-    let unknown = server.post_json("/v1/webhooks/endpoints/enable", &json!({"endpoint": "http://nowhere.example/"}));
-    assert_eq!((unknown.status, unknown.error_code().as_str()), (404, "endpoint_not_found"));
-    let missing = server.post_json("/v1/webhooks/endpoints/enable", &json!({}));
-    assert_eq!(missing.status, 400);
-    receiver.behave("/gone", json!({}));
-    let enabled = server.post_json("/v1/webhooks/endpoints/enable", &json!({"endpoint": url}));
-    assert_eq!(enabled.status, 200, "{}", enabled.text());
-    assert_eq!(enabled.json()["status"], "enabled");
-    assert_eq!(enabled.json()["resumed"], 1);
-    let calls = receiver.wait_for("both events", |log| log.iter().filter(|c| c["status"] == 200).count() == 2);
-    receiver.assert_all_verified(&calls);
-    // Two orders: neither waits for the other.
-    let delivered: BTreeSet<String> = calls
-        .iter()
-        .filter(|c| c["status"] == 200)
-        .map(|c| c["order_no"].as_str().unwrap_or_default().to_owned())
-        .collect();
-    assert_eq!(delivered, BTreeSet::from(["G-1".to_owned(), "G-2".to_owned()]));
-    wait_until("both delivered", || deliveries(&server, "?status=delivered").len() == 2);
-}
-
-#[test]
 fn one_orders_failing_calls_do_not_hold_another_order() {
     let receiver = Receiver::start();
     receiver.behave("/orders", json!({"fail_orders": ["STUCK"]}));
-    let dir = TempDir::new("wh-order");
+    let db = Db::sqlite("wh-order");
     let server = serve_with_webhooks(
-        &dir.path("payonce.db"),
+        &db,
         &[receiver.url("/orders")],
         &["--webhook-retry-s", "0.4,0.4,0.4", "--webhook-concurrency", "2"],
     );
@@ -335,34 +200,9 @@ fn one_orders_failing_calls_do_not_hold_another_order() {
 }
 
 #[test]
-fn sigkill_with_deliveries_in_flight_loses_no_event() {
-    let receiver = Receiver::start();
-    receiver.behave("/k", json!({"delay_ms": 400}));
-    let dir = TempDir::new("wh-kill");
-    let db = dir.path("payonce.db");
-    let url = receiver.url("/k");
-    let flags = ["--webhook-timeout-ms", "1000", "--webhook-concurrency", "4", "--webhook-retry-s", "0.1"];
-    let mut server = serve_with_webhooks(&db, std::slice::from_ref(&url), &flags);
-    for n in 0..12 {
-        pay_order(&server, &format!("K-{n}"));
-    }
-    let all: BTreeSet<String> =
-        events(&server).iter().map(|e| e["event_id"].as_str().unwrap_or_default().to_owned()).collect();
-    assert_eq!(all.len(), 12);
-    receiver.wait_for("calls in flight", |log| log.len() >= 2);
-    server.kill();
-    receiver.behave("/k", json!({}));
-    let server = serve_with_webhooks(&db, std::slice::from_ref(&url), &flags);
-    wait_until("every event delivered", || deliveries(&server, "?status=delivered").len() == 12);
-    let calls = receiver.log();
-    assert_eq!(distinct_ids(&calls), all, "every event reached the endpoint at least once");
-    receiver.assert_all_verified(&calls);
-}
-
-#[test]
 fn serve_refuses_bad_webhook_settings() {
-    let dir = TempDir::new("wh-flags");
-    let db = dir.path("payonce.db").display().to_string();
+    let scratch = Db::sqlite("wh-flags");
+    let db = scratch.spec.clone();
     let serve = |args: &[&str], secret: Option<&str>| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_payonce"));
         command.args(["serve", "--db", &db, "--listen", "127.0.0.1:0", "--dev"]).args(args);
@@ -392,42 +232,9 @@ fn serve_refuses_bad_webhook_settings() {
 }
 
 #[test]
-fn delivery_listing_pages_and_refuses_bad_queries() {
-    let receiver = Receiver::start();
-    let dir = TempDir::new("wh-list");
-    let server = serve_with_webhooks(&dir.path("payonce.db"), &[receiver.url("/list")], &[]);
-    for n in 0..5 {
-        pay_order(&server, &format!("L-{n}"));
-    }
-    wait_until("5 delivered", || deliveries(&server, "?status=delivered").len() == 5);
-    let first = server.get("/v1/webhooks/deliveries?limit=2").json();
-    assert_eq!(first["deliveries"].as_array().map(Vec::len), Some(2));
-    let mut ids: Vec<i64> =
-        first["deliveries"].as_array().into_iter().flatten().map(|d| d["id"].as_i64().unwrap_or_default()).collect();
-    let mut cursor = first["next_after"].as_str().map(str::to_owned);
-    while let Some(after) = cursor {
-        let page = server.get(&format!("/v1/webhooks/deliveries?limit=2&after={after}")).json();
-        ids.extend(page["deliveries"].as_array().into_iter().flatten().map(|d| d["id"].as_i64().unwrap_or_default()));
-        cursor = page["next_after"].as_str().map(str::to_owned);
-    }
-    assert_eq!(ids.len(), 5);
-    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
-    // As every list endpoint: a limit above 1000 is clamped to it.
-    assert_eq!(server.get("/v1/webhooks/deliveries?limit=5000").json()["deliveries"].as_array().map(Vec::len), Some(5));
-    for bad in ["?status=lost", "?limit=0", "?after=-1", "?after=x"] {
-        let refused = server.get(&format!("/v1/webhooks/deliveries{bad}"));
-        assert_eq!(refused.status, 400, "{bad}: {}", refused.text());
-    }
-}
-
-#[test]
 fn the_admin_routes_need_the_token() {
-    let dir = TempDir::new("wh-auth");
-    let server = serve_with_webhooks(
-        &dir.path("payonce.db"),
-        &["http://127.0.0.1:9/".to_owned()],
-        &["--api-token", "ops:s3cret"],
-    );
+    let db = Db::sqlite("wh-auth");
+    let server = serve_with_webhooks(&db, &["http://127.0.0.1:9/".to_owned()], &["--api-token", "ops:s3cret"]);
     for (method, path) in [
         ("GET", "/v1/webhooks/deliveries"),
         ("POST", "/v1/webhooks/deliveries/1/retry"),
@@ -491,6 +298,177 @@ fn a_retry_more_than_five_minutes_after_the_first_attempt_still_verifies() {
 }
 
 for_each_engine! {
+    fn a_new_endpoint_starts_after_the_last_event_and_replay_sends_the_older_ones(db) {
+        let receiver = Receiver::start();
+        {
+            let plain = db.serve(&[]);
+            pay_order(&plain, "OLD-1");
+            pay_order(&plain, "OLD-2");
+        }
+        let url = receiver.url("/late");
+        let server = serve_with_webhooks(&db, std::slice::from_ref(&url), &[]);
+        pay_order(&server, "NEW-1");
+        let seqs: Vec<i64> = events(&server).iter().map(|e| e["seq"].as_i64().unwrap_or_default()).collect();
+        assert_eq!(seqs.len(), 3);
+        let calls = receiver.wait_for("the new event", |log| !log.is_empty());
+        std::thread::sleep(Duration::from_millis(300));
+        let calls = if calls.len() == 1 { receiver.log() } else { calls };
+        assert_eq!(calls.len(), 1, "only the event after the endpoint was configured: {calls:#?}");
+        assert!(webhook_id(&calls[0]).starts_with("order.paid:"));
+
+        // Bad replays: each a clear 4xx.
+        let bad =
+            server.post_json("/v1/webhooks/replay", &json!({"endpoint": "http://elsewhere.example/", "after_seq": 0}));
+        assert_eq!((bad.status, bad.error_code().as_str()), (404, "endpoint_not_found"));
+        let bad = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": 3, "until_seq": 2}));
+        assert_eq!((bad.status, bad.error_code().as_str()), (400, "invalid_request"));
+        let bad = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url}));
+        assert_eq!(bad.status, 400);
+        let bad = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": "zero"}));
+        assert_eq!(bad.status, 400);
+
+        // (0, seq of OLD-2]: the two older events, delivered with their own webhook-ids.
+        let replayed =
+            server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": 0, "until_seq": seqs[1]}));
+        assert_eq!(replayed.status, 200, "{}", replayed.text());
+        assert_eq!(replayed.json()["queued"], 2);
+        let calls = receiver.wait_for("the replayed events", |log| log.len() >= 3);
+        receiver.assert_all_verified(&calls);
+        let all_ids: BTreeSet<String> =
+            events(&server).iter().map(|e| e["event_id"].as_str().unwrap_or_default().to_owned()).collect();
+        assert_eq!(distinct_ids(&calls), all_ids);
+
+        // Replaying a delivered event sends it again under the same webhook-id.
+        let again = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": seqs[1]}));
+        assert_eq!(again.json()["queued"], 1);
+        let calls = receiver.wait_for("the re-sent event", |log| log.len() >= 4);
+        let new_event_calls: Vec<&Value> = calls.iter().filter(|c| webhook_id(c) == webhook_id(&calls[0])).collect();
+        assert_eq!(new_event_calls.len(), 2, "the same event twice, with the same webhook-id");
+        receiver.assert_all_verified(&calls);
+    }
+
+    fn retry_after_stretches_the_wait_and_the_last_failure_is_a_dead_letter(db) {
+        let receiver = Receiver::start();
+        receiver.behave("/down", json!({"status": 500, "retry_after": "1"}));
+        let server = serve_with_webhooks(&db, &[receiver.url("/down")], &["--webhook-retry-s", "0.05"]);
+        pay_order(&server, "D-1");
+        wait_until("a dead letter", || deliveries(&server, "?status=failed").len() == 1);
+        let calls = receiver.log();
+        assert_eq!(calls.len(), 2, "one retry on a one-wait schedule: {calls:#?}");
+        let waited = calls[1]["at"].as_f64().unwrap_or_default() - calls[0]["at"].as_f64().unwrap_or_default();
+        assert!(waited >= 0.95, "Retry-After: 1 stretched the 0.05 s wait to {waited} s");
+        let failed = &deliveries(&server, "?status=failed")[0];
+        assert_eq!(failed["attempts"], 2);
+        assert_eq!(failed["last_status"], 500);
+        assert!(failed["last_error"].as_str().unwrap_or_default().contains("HTTP 500"), "{failed}");
+        assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"failed\"}"), 1.0);
+
+        // Retrying a dead letter queues it again with the same webhook-id.
+        receiver.behave("/down", json!({"status": 200}));
+        let id = failed["id"].as_i64().unwrap_or_default();
+        let retried = server.post_json(&format!("/v1/webhooks/deliveries/{id}/retry"), &json!({}));
+        assert_eq!(retried.status, 200, "{}", retried.text());
+        assert_eq!(retried.json()["status"], "pending");
+        receiver.wait_for("the retried delivery", |log| log.iter().any(|c| c["status"] == 200));
+        wait_until("delivered", || deliveries(&server, "?status=delivered").len() == 1);
+        assert_eq!(distinct_ids(&receiver.log()).len(), 1);
+        // A delivered delivery is not retried; an unknown one is 404.
+        let again = server.post_json(&format!("/v1/webhooks/deliveries/{id}/retry"), &json!({}));
+        assert_eq!((again.status, again.error_code().as_str()), (409, "invalid_transition"));
+        for unknown in ["999999", "abc", "0", "-1", "01"] {
+            let missing = server.post_json(&format!("/v1/webhooks/deliveries/{unknown}/retry"), &json!({}));
+            assert_eq!((missing.status, missing.error_code().as_str()), (404, "delivery_not_found"), "{unknown}");
+        }
+    }
+
+    fn a_410_disables_the_endpoint_until_the_admin_call_enables_it(db) {
+        let receiver = Receiver::start();
+        receiver.behave("/gone", json!({"status": 410}));
+        let url = receiver.url("/gone");
+        let server = serve_with_webhooks(&db, std::slice::from_ref(&url), &[]);
+        pay_order(&server, "G-1");
+        wait_until("disabled", || deliveries(&server, "?status=disabled").len() == 1);
+        assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"disabled\"}"), 1.0);
+        // While disabled nothing more is sent, and neither retry nor replay is taken.
+        pay_order(&server, "G-2");
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(receiver.log().len(), 1);
+        let id = deliveries(&server, "?status=disabled")[0]["id"].as_i64().unwrap_or_default();
+        let retry = server.post_json(&format!("/v1/webhooks/deliveries/{id}/retry"), &json!({}));
+        assert_eq!((retry.status, retry.error_code().as_str()), (409, "invalid_transition"));
+        let replay = server.post_json("/v1/webhooks/replay", &json!({"endpoint": url, "after_seq": 0}));
+        assert_eq!((replay.status, replay.error_code().as_str()), (409, "invalid_transition"));
+
+        let unknown = server.post_json("/v1/webhooks/endpoints/enable", &json!({"endpoint": "http://nowhere.example/"}));
+        assert_eq!((unknown.status, unknown.error_code().as_str()), (404, "endpoint_not_found"));
+        let missing = server.post_json("/v1/webhooks/endpoints/enable", &json!({}));
+        assert_eq!(missing.status, 400);
+        receiver.behave("/gone", json!({}));
+        let enabled = server.post_json("/v1/webhooks/endpoints/enable", &json!({"endpoint": url}));
+        assert_eq!(enabled.status, 200, "{}", enabled.text());
+        assert_eq!(enabled.json()["status"], "enabled");
+        assert_eq!(enabled.json()["resumed"], 1);
+        let calls = receiver.wait_for("both events", |log| log.iter().filter(|c| c["status"] == 200).count() == 2);
+        receiver.assert_all_verified(&calls);
+        // Two orders: neither waits for the other.
+        let delivered: BTreeSet<String> = calls
+            .iter()
+            .filter(|c| c["status"] == 200)
+            .map(|c| c["order_no"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(delivered, BTreeSet::from(["G-1".to_owned(), "G-2".to_owned()]));
+        wait_until("both delivered", || deliveries(&server, "?status=delivered").len() == 2);
+    }
+
+    fn sigkill_with_deliveries_in_flight_loses_no_event(db) {
+        let receiver = Receiver::start();
+        receiver.behave("/k", json!({"delay_ms": 400}));
+        let url = receiver.url("/k");
+        let flags = ["--webhook-timeout-ms", "1000", "--webhook-concurrency", "4", "--webhook-retry-s", "0.1"];
+        let mut server = serve_with_webhooks(&db, std::slice::from_ref(&url), &flags);
+        for n in 0..12 {
+            pay_order(&server, &format!("K-{n}"));
+        }
+        let all: BTreeSet<String> =
+            events(&server).iter().map(|e| e["event_id"].as_str().unwrap_or_default().to_owned()).collect();
+        assert_eq!(all.len(), 12);
+        receiver.wait_for("calls in flight", |log| log.len() >= 2);
+        server.kill();
+        receiver.behave("/k", json!({}));
+        let server = serve_with_webhooks(&db, std::slice::from_ref(&url), &flags);
+        wait_until("every event delivered", || deliveries(&server, "?status=delivered").len() == 12);
+        let calls = receiver.log();
+        assert_eq!(distinct_ids(&calls), all, "every event reached the endpoint at least once");
+        receiver.assert_all_verified(&calls);
+    }
+
+    fn delivery_listing_pages_and_refuses_bad_queries(db) {
+        let receiver = Receiver::start();
+        let server = serve_with_webhooks(&db, &[receiver.url("/list")], &[]);
+        for n in 0..5 {
+            pay_order(&server, &format!("L-{n}"));
+        }
+        wait_until("5 delivered", || deliveries(&server, "?status=delivered").len() == 5);
+        let first = server.get("/v1/webhooks/deliveries?limit=2").json();
+        assert_eq!(first["deliveries"].as_array().map(Vec::len), Some(2));
+        let mut ids: Vec<i64> =
+            first["deliveries"].as_array().into_iter().flatten().map(|d| d["id"].as_i64().unwrap_or_default()).collect();
+        let mut cursor = first["next_after"].as_str().map(str::to_owned);
+        while let Some(after) = cursor {
+            let page = server.get(&format!("/v1/webhooks/deliveries?limit=2&after={after}")).json();
+            ids.extend(page["deliveries"].as_array().into_iter().flatten().map(|d| d["id"].as_i64().unwrap_or_default()));
+            cursor = page["next_after"].as_str().map(str::to_owned);
+        }
+        assert_eq!(ids.len(), 5);
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+        // As every list endpoint: a limit above 1000 is clamped to it.
+        assert_eq!(server.get("/v1/webhooks/deliveries?limit=5000").json()["deliveries"].as_array().map(Vec::len), Some(5));
+        for bad in ["?status=lost", "?limit=0", "?after=-1", "?after=x"] {
+            let refused = server.get(&format!("/v1/webhooks/deliveries{bad}"));
+            assert_eq!(refused.status, 400, "{bad}: {}", refused.text());
+        }
+    }
+
     /// Two processes on one database, one endpoint: each attempt is claimed
     /// in the database, so every event is sent once.
     fn two_processes_claim_each_attempt_once(db) {
