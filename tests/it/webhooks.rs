@@ -306,7 +306,7 @@ for_each_engine! {
             pay_order(&plain, "OLD-2");
         }
         let url = receiver.url("/late");
-        let server = serve_with_webhooks(&db, std::slice::from_ref(&url), &[]);
+        let server = serve_with_webhooks(db, std::slice::from_ref(&url), &[]);
         pay_order(&server, "NEW-1");
         let seqs: Vec<i64> = events(&server).iter().map(|e| e["seq"].as_i64().unwrap_or_default()).collect();
         assert_eq!(seqs.len(), 3);
@@ -350,7 +350,7 @@ for_each_engine! {
     fn retry_after_stretches_the_wait_and_the_last_failure_is_a_dead_letter(db) {
         let receiver = Receiver::start();
         receiver.behave("/down", json!({"status": 500, "retry_after": "1"}));
-        let server = serve_with_webhooks(&db, &[receiver.url("/down")], &["--webhook-retry-s", "0.05"]);
+        let server = serve_with_webhooks(db, &[receiver.url("/down")], &["--webhook-retry-s", "0.05"]);
         pay_order(&server, "D-1");
         wait_until("a dead letter", || deliveries(&server, "?status=failed").len() == 1);
         let calls = receiver.log();
@@ -385,7 +385,7 @@ for_each_engine! {
         let receiver = Receiver::start();
         receiver.behave("/gone", json!({"status": 410}));
         let url = receiver.url("/gone");
-        let server = serve_with_webhooks(&db, std::slice::from_ref(&url), &[]);
+        let server = serve_with_webhooks(db, std::slice::from_ref(&url), &[]);
         pay_order(&server, "G-1");
         wait_until("disabled", || deliveries(&server, "?status=disabled").len() == 1);
         assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"disabled\"}"), 1.0);
@@ -425,7 +425,7 @@ for_each_engine! {
         receiver.behave("/k", json!({"delay_ms": 400}));
         let url = receiver.url("/k");
         let flags = ["--webhook-timeout-ms", "1000", "--webhook-concurrency", "4", "--webhook-retry-s", "0.1"];
-        let mut server = serve_with_webhooks(&db, std::slice::from_ref(&url), &flags);
+        let mut server = serve_with_webhooks(db, std::slice::from_ref(&url), &flags);
         for n in 0..12 {
             pay_order(&server, &format!("K-{n}"));
         }
@@ -435,7 +435,7 @@ for_each_engine! {
         receiver.wait_for("calls in flight", |log| log.len() >= 2);
         server.kill();
         receiver.behave("/k", json!({}));
-        let server = serve_with_webhooks(&db, std::slice::from_ref(&url), &flags);
+        let server = serve_with_webhooks(db, std::slice::from_ref(&url), &flags);
         wait_until("every event delivered", || deliveries(&server, "?status=delivered").len() == 12);
         let calls = receiver.log();
         assert_eq!(distinct_ids(&calls), all, "every event reached the endpoint at least once");
@@ -444,7 +444,7 @@ for_each_engine! {
 
     fn delivery_listing_pages_and_refuses_bad_queries(db) {
         let receiver = Receiver::start();
-        let server = serve_with_webhooks(&db, &[receiver.url("/list")], &[]);
+        let server = serve_with_webhooks(db, &[receiver.url("/list")], &[]);
         for n in 0..5 {
             pay_order(&server, &format!("L-{n}"));
         }
