@@ -199,6 +199,27 @@ fn one_orders_failing_calls_do_not_hold_another_order() {
     receiver.assert_all_verified(&calls);
 }
 
+/// One order's endpoint call hangs until the timeout; the other orders'
+/// events are delivered meanwhile, each holding a sender only for its call.
+#[test]
+fn a_hanging_call_holds_only_its_own_order() {
+    let receiver = Receiver::start();
+    receiver.behave("/hang", json!({"delay_ms": 4000, "delay_orders": ["HANG"]}));
+    let db = Db::sqlite("wh-hang");
+    let server = serve_with_webhooks(&db, &[receiver.url("/hang")], &["--webhook-timeout-ms", "3000"]);
+    pay_order(&server, "HANG");
+    receiver.wait_for("the hanging call", |log| log.iter().any(|c| c["order_no"] == "HANG"));
+    let started = std::time::Instant::now();
+    for n in 0..10 {
+        pay_order(&server, &format!("FREE-{n}"));
+    }
+    let calls = receiver.wait_for("the other orders", |log| log.iter().filter(|c| c["status"] == 200).count() == 10);
+    assert!(started.elapsed() < Duration::from_millis(2_500), "delivered while the call hung: {:?}", started.elapsed());
+    let hanging = calls.iter().find(|c| c["order_no"] == "HANG").expect("the hanging call");
+    assert_eq!(hanging["status"], Value::Null, "still hanging when the others were delivered");
+    receiver.assert_all_verified(&calls);
+}
+
 #[test]
 fn serve_refuses_bad_webhook_settings() {
     let scratch = Db::sqlite("wh-flags");

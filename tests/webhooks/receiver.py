@@ -183,7 +183,9 @@ class Handler(BaseHTTPRequestHandler):
             }
             LOG.append(entry)
 
-        if b.get("delay_ms"):
+        # delay_orders, when given, limits the delay to those orders' calls.
+        delayed = "delay_orders" not in b or order_no in b["delay_orders"]
+        if b.get("delay_ms") and delayed:
             time.sleep(b["delay_ms"] / 1000)
         with LOCK:
             entry["status"] = status
