@@ -1,4 +1,4 @@
--- payonce schema for PostgreSQL 15+, version 5: the whole current schema.
+-- payonce schema for PostgreSQL 15+, version 6: the whole current schema.
 --
 -- The twin of schema.sql: the same tables, columns in the same order, the
 -- same value formats and the same names, so the queries of an incident
@@ -402,6 +402,8 @@ CREATE TABLE outbox_event (
     CHECK (substr(event_id, 1, length(type) + 1) = type || ':')
 );
 CREATE UNIQUE INDEX uk_event_id ON outbox_event (event_id);
+-- An order's events, for GET /v1/orders/{order_no}.
+CREATE INDEX ix_outbox_event_order ON outbox_event (order_no, seq);
 
 CREATE FUNCTION outbox_event_append_only() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -1,4 +1,4 @@
--- payonce schema, version 5: the whole current schema.
+-- payonce schema, version 6: the whole current schema.
 --
 -- Every uniqueness and every allowed value is a constraint here, so the
 -- database refuses what the code must never do, even if the code is wrong.
@@ -285,6 +285,8 @@ CREATE TABLE outbox_event (
     CHECK (substr(event_id, 1, length(type) + 1) = type || ':')
 );
 CREATE UNIQUE INDEX uk_event_id ON outbox_event (event_id);
+-- An order's events, for GET /v1/orders/{order_no}.
+CREATE INDEX ix_outbox_event_order ON outbox_event (order_no, seq);
 
 CREATE TRIGGER outbox_event_no_update BEFORE UPDATE ON outbox_event
 BEGIN

@@ -21,7 +21,7 @@ use crate::domain::{
     RefundOutcome, RefundStatus, Rewards,
 };
 use crate::domain::{
-    CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow, StoredResponse,
+    AuditRow, CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow, StoredResponse,
 };
 pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
 use crate::error::{Error, ErrorKind};
@@ -171,6 +171,10 @@ pub struct OrderDetail {
     pub payments: Vec<CallbackRecord>,
     pub coupons: Vec<CouponRow>,
     pub points: Vec<PointRow>,
+    /// The order's outbox events, in seq order.
+    pub events: Vec<EventRow>,
+    /// The order's `audit_log` rows, oldest first.
+    pub audit: Vec<AuditRow>,
 }
 
 /// Where a payment came from, for `pay_callback_log.source`.
@@ -372,6 +376,8 @@ impl App {
                 payments: tx.callbacks_of_order(order.id)?,
                 coupons: tx.coupons_of_order(order.id)?,
                 points: tx.points_of_order(order.id)?,
+                events: tx.events_of_order(order_no)?,
+                audit: tx.audit_of_order(order_no)?,
                 order,
             })
         })

@@ -8,7 +8,7 @@
 
 use crate::app::{Answer, OrderDetail};
 use crate::domain::Order;
-use crate::domain::{CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PointRow};
+use crate::domain::{AuditRow, CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PointRow};
 use crate::error::Error;
 use crate::ops::{
     Compensated, CompensationEffect, DiffRow, Drained, Mode, PaymentResolution, Reconciliation, RefundResolution,
@@ -56,6 +56,12 @@ pub fn user_coupons(coupons: &[CouponRow]) -> Value {
 pub fn user_points(balance: i64, entries: &[PointRow]) -> Value {
     let entries: Vec<Value> = entries.iter().map(|p| of_order(&p.order_no, points_entry(p))).collect();
     json!({"balance": balance, "entries": entries})
+}
+
+/// An `audit_log` row; `detail` is the JSON it was written as.
+pub fn audit_entry(a: &AuditRow) -> Value {
+    let detail: Value = serde_json::from_str(&a.detail).unwrap_or_else(|_| Value::String(a.detail.clone()));
+    json!({"at": a.at, "actor": a.actor, "action": a.action, "detail": detail})
 }
 
 pub fn event(e: &EventRow) -> Value {
@@ -131,13 +137,15 @@ impl Reconciliation {
 }
 
 impl OrderDetail {
-    /// The order with its payments, coupons and points.
+    /// The order with its payments, coupons, points, events and audit rows.
     pub fn to_json(&self) -> Value {
         let mut value = self.order.to_json();
         if let Value::Object(map) = &mut value {
             map.insert("payments".into(), self.payments.iter().map(payment).collect());
             map.insert("coupons".into(), self.coupons.iter().map(coupon).collect());
             map.insert("points".into(), self.points.iter().map(points_entry).collect());
+            map.insert("events".into(), self.events.iter().map(event).collect());
+            map.insert("audit".into(), self.audit.iter().map(audit_entry).collect());
         }
         value
     }
@@ -145,7 +153,6 @@ impl OrderDetail {
 
 // ---- answers ----
 
-/// An order creation: 201 when created, 200 when the same order existed.
 pub fn delivery(d: &DeliveryRow) -> Value {
     json!({"id": d.id, "endpoint": d.endpoint, "event_id": d.event_id, "event_seq": d.event_seq,
            "order_no": d.order_no, "status": d.status.as_str(), "attempts": d.attempts,
@@ -182,6 +189,7 @@ impl Answer for Replayed {
     }
 }
 
+/// An order creation: 201 when created, 200 when the same order existed.
 impl Answer for (Order, bool) {
     fn answer(&self) -> (u16, Value) {
         (if self.1 { 201 } else { 200 }, self.0.to_json())

@@ -82,6 +82,15 @@ impl ReadTx<'_> {
         self.one("SELECT coalesce(max(seq), 0) FROM outbox_event", params![], |r| r.int(0))
     }
 
+    /// Every event of an order, in seq order.
+    pub fn events_of_order(&self, order_no: &str) -> Result<Vec<EventRow>, Error> {
+        self.all(
+            "SELECT seq, event_id, type, order_no, data, created_at FROM outbox_event WHERE order_no = ?1 ORDER BY seq",
+            params![order_no],
+            event_from_row,
+        )
+    }
+
     /// The event of `seq`.
     pub fn event(&self, seq: i64) -> Result<Option<EventRow>, Error> {
         self.optional(

@@ -49,7 +49,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -81,6 +81,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/0004_pay_callback_log_decided_index.sql"),
     },
     Migration { version: 5, name: "webhooks", sql: include_str!("../../migrations/0005_webhooks.sql") },
+    Migration {
+        version: 6,
+        name: "outbox_event_order_index",
+        sql: include_str!("../../migrations/0006_outbox_event_order_index.sql"),
+    },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -97,6 +102,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/postgres/0004_pay_callback_log_decided_index.sql"),
     },
     Migration { version: 5, name: "webhooks", sql: include_str!("../../migrations/postgres/0005_webhooks.sql") },
+    Migration {
+        version: 6,
+        name: "outbox_event_order_index",
+        sql: include_str!("../../migrations/postgres/0006_outbox_event_order_index.sql"),
+    },
 ];
 
 /// How long a connection waits for another process's writer (SQLite's busy

@@ -43,6 +43,15 @@ fn shifted(at: &str, ms: i64) -> Result<String, Error> {
 }
 
 impl ReadTx<'_> {
+    /// Every `audit_log` row about an order, oldest first.
+    pub fn audit_of_order(&self, order_no: &str) -> Result<Vec<AuditRow>, Error> {
+        self.all(
+            "SELECT id, at, actor, action, order_no, detail FROM audit_log WHERE order_no = ?1 ORDER BY id",
+            params![order_no],
+            audit_from_row,
+        )
+    }
+
     /// `audit_log` rows of one action about one refund_no, oldest first.
     pub fn refund_audit(&self, action: &str, refund_no: &str) -> Result<Vec<AuditRow>, Error> {
         self.all(

@@ -68,6 +68,19 @@ for_each_engine! {
         assert_eq!(detail["payments"].as_array().map(Vec::len), Some(1), "{label}");
         assert_eq!(detail["coupons"][0]["status"], "FROZEN", "{label}: {detail}");
         assert_eq!(detail["points"].as_array().map(Vec::len), Some(2), "{label}: ORDER_PAID and its reversal");
+        let types: Vec<&str> =
+            detail["events"].as_array().into_iter().flatten().filter_map(|e| e["type"].as_str()).collect();
+        assert_eq!(types, ["order.paid", "order.refunding", "order.refunded"], "{label}: the order's events, in order");
+        // An operator's compensation is the order's audit row, with its reason.
+        let compensation = json!({"order_no": "R-1", "action": "freeze_coupon", "coupon_template_id": "NEW10",
+                                  "reason": "<script>alert(1)</script> a reason, kept as text"});
+        let resp = server.post_json("/v1/compensations", &compensation);
+        assert_eq!(resp.status, 200, "{label}: {}", resp.text());
+        let audit = get(&server, "/v1/orders/R-1")["audit"].clone();
+        assert_eq!(audit.as_array().map(Vec::len), Some(1), "{label}: {audit}");
+        assert_eq!(audit[0]["actor"], "anonymous", "{label}: {audit}");
+        assert!(audit[0]["at"].is_string() && audit[0]["action"].is_string(), "{label}: {audit}");
+        assert!(audit[0]["detail"].to_string().contains("<script>"), "{label}: the reason as written: {audit}");
 
         let coupons = get(&server, "/v1/users/ua/coupons");
         assert_eq!(coupons.to_string().matches("NEW10").count(), 2, "{label}: {coupons}");
