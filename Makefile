@@ -18,7 +18,7 @@ WEBHOOK_SKIP_BANNER = if [ -z "$$PAYONCE_WEBHOOK_PYTHON" ] && ! target/webhook-v
 	echo "==================================================================================="; \
 	fi
 
-.PHONY: webhook-venv build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
+.PHONY: webhook-venv test-console build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
 
 # The service and the simulator (`payonce simulate` runs payonce-sim from
 # the payonce binary's directory), release builds.
@@ -51,6 +51,14 @@ test:
 	$(CARGO) test --locked --workspace --doc
 	@$(PG_SKIP_BANNER)
 	@$(WEBHOOK_SKIP_BANNER)
+
+# The operator console in Debian's chromium (/usr/bin/chromium, or CHROMIUM),
+# driven by playwright-core from npm (pinned in tests/console/package-lock.json)
+# through the incident runbook; screenshots in target/console-screenshots/.
+test-console:
+	$(CARGO) build --locked --bin payonce
+	cd tests/console && npm ci --no-audit --no-fund --loglevel=error
+	PAYONCE_BIN=$(CURDIR)/target/debug/payonce node tests/console/console.test.mjs
 
 # The webhook tests' receiver verifies every delivery with the PyPI
 # standardwebhooks library, pinned, in target/webhook-venv (.ci/run makes it).

@@ -144,6 +144,9 @@ const fn protected(
 static ROUTE_TABLE: &[Route] = &[
     open("GET", "/healthz", |c| healthz(c.app)),
     open("GET", "/metrics", |c| metrics(c.app)),
+    open("GET", "/console", |_| Ok(crate::console::page())),
+    open("GET", "/console/console.js", |_| Ok(crate::console::script())),
+    open("GET", "/console/console.css", |_| Ok(crate::console::stylesheet())),
     protected("POST", "/v1/orders", |c| create_order(c.app, c.req, c.slot)),
     protected("GET", "/v1/orders", |c| list_orders(c.app, c.req)),
     protected("GET", "/v1/orders/{order_no}", |c| get_order(c.app, c.param(0))),

@@ -26,6 +26,7 @@ pub mod app;
 pub mod background;
 pub mod channel;
 pub mod clock;
+pub mod console;
 pub mod domain;
 pub mod error;
 pub mod filewatch;
@@ -67,6 +68,7 @@ mod layering {
         ("domain", include_str!("domain.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
         ("error", include_str!("error.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
         ("relay", include_str!("relay.rs"), &["api", "http"]),
+        ("console", include_str!("console.rs"), &["app", "ops", "api", "render", "http", "store", "relay"]),
         ("webhook_ops", include_str!("webhook_ops.rs"), &["api", "render", "http", "relay"]),
         ("webhook", include_str!("webhook.rs"), &["app", "ops", "api", "render", "http", "channel", "store", "relay"]),
         ("keylock", include_str!("keylock.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
@@ -78,6 +80,7 @@ mod layering {
         ("app", include_str!("app.rs")),
         ("background", include_str!("background.rs")),
         ("channel", include_str!("channel/mod.rs")),
+        ("console", include_str!("console.rs")),
         ("channel::generic", include_str!("channel/generic.rs")),
         ("channel::wechatpay", include_str!("channel/wechatpay.rs")),
         ("channel::alipay", include_str!("channel/alipay.rs")),

@@ -679,6 +679,7 @@ fn print_tour(addr: SocketAddr) {
          \x20 SIG=$(printf %s \"$BODY\" | ./target/release/payonce sign --dev)\n\
          \x20 curl -s -X POST http://{addr}/v1/callbacks/generic -H 'Content-Type: application/json' \\\n\
          \x20      -H \"Payonce-Signature: $SIG\" -d \"$BODY\"     # run it twice: applied, then duplicate\n\
-         \x20 curl -s http://{addr}/v1/orders/ORD-1\n"
+         \x20 curl -s http://{addr}/v1/orders/ORD-1\n\
+         \x20 and the operator console: http://{addr}/console (no token in dev mode without --api-token: leave it empty)\n"
     );
 }

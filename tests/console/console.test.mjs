@@ -1,0 +1,345 @@
+// make test-console: the operator console in Debian's chromium, driven by
+// playwright-core, through the incident runbook (PRODUCT.md section 12):
+// sign in, find an order paid twice through two channels, switch to
+// record-only, see a callback wait, resolve the refund-required payment,
+// switch back and drain, reconcile a statement with a missing payment and
+// repair it, retry a failed webhook delivery. Every write button is clicked
+// twice and has one effect; every free-text field is probed with markup
+// that must come back as text; a JavaScript error or a CSP violation fails
+// the run. Screenshots of each view go to target/console-screenshots/.
+//
+// PAYONCE_BIN names the payonce binary; CHROMIUM the browser
+// (default /usr/bin/chromium).
+
+import { chromium } from 'playwright-core';
+import { spawn } from 'node:child_process';
+import { createHmac, generateKeyPairSync, sign } from 'node:crypto';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createInterface } from 'node:readline';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import assert from 'node:assert/strict';
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+const SHOTS = join(ROOT, 'target/console-screenshots');
+const BIN = process.env.PAYONCE_BIN || join(ROOT, 'target/debug/payonce');
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const TOKEN = 'console-test-token';
+const CALLBACK_SECRET = 'console-callback-secret';
+const ALIPAY_APP_ID = '2021000000000001';
+const PROBE = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>';
+
+// ---- payonce, started for this run ----
+
+const work = mkdtempSync(join(tmpdir(), 'payonce-console-'));
+const alipayKeys = generateKeyPairSync('rsa', { modulusLength: 2048 });
+writeFileSync(join(work, 'alipay.pem'), alipayKeys.publicKey.export({ type: 'spki', format: 'pem' }));
+
+function startPayonce() {
+  const child = spawn(BIN, [
+    'serve', '--db', join(work, 'payonce.db'), '--listen', '127.0.0.1:0',
+    '--callback-secret', CALLBACK_SECRET, '--api-token', `ops:${TOKEN}`,
+    '--coupon', 'NEW10', '--points-per-yuan', '1',
+    '--alipay-public-key', join(work, 'alipay.pem'), '--alipay-app-id', ALIPAY_APP_ID,
+    // Nothing listens on port 9: every delivery fails at once and, after
+    // the one retry, is a dead letter for the webhook view to retry.
+    '--webhook-url', 'http://127.0.0.1:9/payonce', '--webhook-retry-s', '0.05',
+    // The sweeper would decide the record-only records itself; the test drains them.
+    '--sweep-interval-s', '3600',
+  ], {
+    env: { ...process.env, PAYONCE_WEBHOOK_SECRET: 'whsec_Y29uc29sZS10ZXN0LXdlYmhvb2stc2VjcmV0', PAYONCE_LOG: 'warn' },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  return new Promise((resolvePromise, reject) => {
+    const lines = createInterface({ input: child.stdout });
+    lines.once('line', (line) => {
+      const match = /^listening on (http:\/\/\S+)$/.exec(line);
+      if (match) resolvePromise({ child, base: match[1] });
+      else reject(new Error(`unexpected first line ${line}`));
+    });
+    child.once('exit', (code) => reject(new Error(`payonce exited with ${code}`)));
+  });
+}
+
+const { child: payonce, base: BASE } = await startPayonce();
+
+async function call(method, path, { json, body, headers = {}, auth = true } = {}) {
+  const allHeaders = { ...headers };
+  if (auth) allHeaders.Authorization = `Bearer ${TOKEN}`;
+  let sent = body;
+  if (json !== undefined) {
+    allHeaders['Content-Type'] = 'application/json';
+    sent = JSON.stringify(json);
+  }
+  const response = await fetch(BASE + path, { method, headers: allHeaders, body: sent });
+  const text = await response.text();
+  return { status: response.status, headers: response.headers, body: text ? JSON.parse(text) : null };
+}
+
+function genericCallback(path, payload) {
+  const body = JSON.stringify(payload);
+  const t = Math.floor(Date.now() / 1000);
+  const v1 = createHmac('sha256', CALLBACK_SECRET).update(`${t}.${body}`).digest('hex');
+  return call('POST', path, { body, auth: false, headers: { 'Content-Type': 'application/json', 'Payonce-Signature': `t=${t},v1=${v1}` } });
+}
+
+async function alipayCallback(params) {
+  const form = { app_id: ALIPAY_APP_ID, charset: 'utf-8', ...params };
+  const content = Object.keys(form).sort().map((k) => `${k}=${form[k]}`).join('&');
+  const signature = sign('sha256', Buffer.from(content), alipayKeys.privateKey).toString('base64');
+  const body = new URLSearchParams({ ...form, sign_type: 'RSA2', sign: signature }).toString();
+  const response = await fetch(BASE + '/v1/callbacks/alipay', {
+    method: 'POST', headers: { 'Content-Type': 'application/x-www-form-urlencoded; charset=utf-8' }, body,
+  });
+  return { status: response.status, text: await response.text() };
+}
+
+async function createOrder(orderNo, userId, amount = 1000) {
+  const created = await call('POST', '/v1/orders', { json: { order_no: orderNo, user_id: userId, amount } });
+  assert.equal(created.status, 201, JSON.stringify(created.body));
+}
+
+async function order(orderNo) {
+  const answer = await call('GET', `/v1/orders/${orderNo}`);
+  assert.equal(answer.status, 200);
+  return answer.body;
+}
+
+// ---- the data of the incident ----
+
+await createOrder('ORD-TWICE', 'u-twice');
+await createOrder('ORD-LATE', 'u-late');
+await createOrder('ORD-MISSING', 'u-missing');
+await createOrder('ORD-REFUNDED', 'u-refund');
+for (let n = 0; n < 3; n += 1) await createOrder(`ORD-OTHER-${n}`, 'u-other');
+assert.equal((await genericCallback('/v1/callbacks/generic', { pay_no: 'PAY-G1', order_no: 'ORD-TWICE', amount: 1000, status: 'SUCCESS' })).body.outcome, 'applied');
+const alipay = await alipayCallback({ trade_no: 'ALI-T1', out_trade_no: 'ORD-TWICE', trade_status: 'TRADE_SUCCESS', total_amount: '10.00' });
+assert.equal(alipay.status, 200, alipay.text);
+assert.equal((await genericCallback('/v1/callbacks/generic', { pay_no: 'PAY-R1', order_no: 'ORD-REFUNDED', amount: 1000, status: 'SUCCESS' })).body.outcome, 'applied');
+// A refund payonce never requested: an unexpected_refund finding.
+assert.equal((await genericCallback('/v1/callbacks/generic/refund', { refund_no: 'RX-1', order_no: 'ORD-REFUNDED', status: 'SUCCESS' })).status, 200);
+
+// ---- the browser ----
+
+mkdirSync(SHOTS, { recursive: true });
+const browser = await chromium.launch({
+  executablePath: CHROMIUM,
+  headless: true,
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
+});
+const page = await browser.newPage({ viewport: { width: 1280, height: 860 } });
+const pageErrors = [];
+page.on('pageerror', (err) => pageErrors.push(`page error: ${err.message}`));
+page.on('console', (message) => {
+  // A refused API call is logged by Chromium as "Failed to load resource";
+  // the probes below cause some on purpose. Anything else is a failure.
+  if (message.type() === 'error' && !message.text().startsWith('Failed to load resource')) {
+    pageErrors.push(`console error: ${message.text()}`);
+  }
+});
+const writes = [];
+page.on('request', (request) => {
+  const key = request.headers()['idempotency-key'];
+  if (key) writes.push({ method: request.method(), url: request.url(), key });
+});
+
+async function shot(name) {
+  await page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+}
+
+/** Clicks a dialog's submit button twice, as an impatient operator does. */
+async function doubleSubmit() {
+  const before = writes.length;
+  await page.locator('dialog[open] button[type=submit]').dblclick();
+  await page.waitForFunction(() => !document.getElementById('dialog').open, null, { timeout: 15000 });
+  const sent = writes.slice(before);
+  assert.equal(sent.length, 2, `a double click sends twice: ${JSON.stringify(sent)}`);
+  assert.equal(sent[0].key, sent[1].key, 'both with the key the dialog made when it opened');
+  return sent[0];
+}
+
+async function assertNoInjection() {
+  const injected = await page.evaluate(() => ({
+    xss: window.__xss,
+    images: document.querySelectorAll('img').length,
+    scripts: Array.from(document.scripts).map((s) => s.src),
+  }));
+  assert.equal(injected.xss, undefined, 'no probe ran');
+  assert.equal(injected.images, 0, 'no probe became an element');
+  assert.deepEqual(injected.scripts, [`${BASE}/console/console.js`], 'the only script is the console');
+}
+
+const views = [];
+function covered(view, what) {
+  views.push(`${view}: ${what}`);
+}
+
+try {
+  // The page and its headers.
+  const served = await fetch(BASE + '/console');
+  const csp = served.headers.get('content-security-policy');
+  assert.ok(csp.includes("script-src 'self'") && !csp.includes('unsafe'), csp);
+  assert.equal(served.headers.get('set-cookie'), null, 'no cookie');
+
+  // Sign in.
+  await page.goto(BASE + '/console');
+  await page.locator('input[name=token]').fill(TOKEN);
+  await shot('01-sign-in');
+  await page.locator('button[type=submit]').click();
+  await page.locator('h1', { hasText: 'Orders' }).waitFor();
+  assert.equal(await page.evaluate(() => sessionStorage.getItem('payonce.console.token')), TOKEN);
+  assert.equal((await page.context().cookies()).length, 0, 'no cookie');
+  await page.locator('#health', { hasText: 'healthy' }).waitFor();
+  await shot('02-orders');
+  covered('sign in + header', 'token form, sessionStorage, health/mode/metrics badges');
+
+  // Orders: search by user, status and an order_no probe.
+  await page.locator('input[name=user_id]').fill('u-other');
+  await page.locator('button', { hasText: 'Search' }).click();
+  await page.waitForFunction(() => document.querySelectorAll('tbody tr').length === 3);
+  await page.locator('input[name=user_id]').fill('');
+  await page.locator('select[name=status]').selectOption('PAID');
+  await page.locator('button', { hasText: 'Search' }).click();
+  await page.waitForFunction(() => location.hash.includes('status=PAID'));
+  await page.locator('tbody a', { hasText: 'ORD-TWICE' }).waitFor();
+  await page.locator('input[name=user_id]').fill(PROBE);
+  await page.locator('select[name=status]').selectOption('');
+  await page.locator('button', { hasText: 'Search' }).click();
+  await page.locator('.error, .empty').first().waitFor();
+  await assertNoInjection();
+  await page.locator('input[name=order_no]').fill(PROBE);
+  await page.locator('button', { hasText: 'Search' }).click();
+  // The probe holds a `/`, so the API refuses the path itself (404 not_found); the heading shows it as text.
+  await page.locator('.error', { hasText: '404' }).waitFor();
+  assert.ok((await page.locator('h1').textContent()).includes('<script>window.__xss=2</script>'), 'the probe is shown as text');
+  await assertNoInjection();
+  covered('orders', 'search by user_id, status, order_no; the probe in both fields comes back as text');
+
+  // The order paid twice through two channels.
+  await page.goto(BASE + '/console#/orders?user_id=u-twice');
+  await page.locator('tbody a', { hasText: 'ORD-TWICE' }).click();
+  await page.locator('h1', { hasText: 'Order ORD-TWICE' }).waitFor();
+  const payments = await page.locator('h2:has-text("Payments") + table tbody tr').allTextContents();
+  assert.equal(payments.length, 2, payments.join('\n'));
+  assert.ok(payments.some((p) => p.includes('generic') && p.includes('applied')), payments.join('\n'));
+  assert.ok(payments.some((p) => p.includes('alipay') && p.includes('already_paid')), payments.join('\n'));
+  await page.locator('h2:has-text("Events") + table', { hasText: 'order.paid' }).waitFor();
+  await shot('03-order-paid-twice');
+  covered('order', 'payments (outcome, state, source, received_at), coupons, points, events, audit');
+
+  // Record-only, with its confirmation.
+  await page.locator('nav a', { hasText: 'Mode' }).click();
+  await page.locator('#switch-mode', { hasText: 'record-only' }).click();
+  await page.locator('dialog[open]', { hasText: 'decides nothing' }).waitFor();
+  await shot('04-mode-confirm');
+  const toRecordOnly = await doubleSubmit();
+  assert.equal(toRecordOnly.method, 'PUT');
+  await page.locator('#mode-now', { hasText: 'record_only' }).waitFor();
+  assert.equal((await call('GET', '/v1/admin/mode')).body.mode, 'record_only');
+  covered('mode', 'the switch, its confirmation, the count of records waiting');
+
+  // A callback delivered meanwhile waits.
+  assert.equal((await genericCallback('/v1/callbacks/generic', { pay_no: 'PAY-L1', order_no: 'ORD-LATE', amount: 1000, status: 'SUCCESS' })).body.outcome, 'recorded');
+  await page.reload();
+  await page.locator('#waiting-now', { hasText: '1' }).waitFor();
+  await page.locator('#waiting', { hasText: 'records waiting: 1' }).waitFor();
+  await shot('05-record-only-waiting');
+
+  // Findings: resolve the refund-required payment, and the unexpected refund, both with the probe as reason.
+  await page.locator('nav a', { hasText: 'Findings' }).click();
+  await page.locator('button[data-resolve="ALI-T1"]').waitFor();
+  await shot('06-findings');
+  // The README's picture (docs/console.png is a copy): the header and the findings, small.
+  await page.screenshot({ path: join(SHOTS, 'readme-findings.png'), clip: { x: 0, y: 0, width: 1280, height: 290 } });
+  await page.locator('button[data-resolve="ALI-T1"]').click();
+  await page.locator('dialog[open] textarea[name=reason]').fill(`refunded by hand ${PROBE}`);
+  await page.locator('dialog[open] select[name=resolution]').selectOption('refunded_externally');
+  await doubleSubmit();
+  await page.locator('button[data-resolve="RX-1"]').click();
+  await page.locator('dialog[open] textarea[name=reason]').fill(`platform refund accepted ${PROBE}`);
+  await page.locator('dialog[open] select[name=resolution]').selectOption('accepted');
+  await doubleSubmit();
+  await page.waitForFunction(() => !document.querySelector('button[data-resolve]'));
+  const twice = await order('ORD-TWICE');
+  const resolved = twice.audit.filter((a) => a.action.includes('resolved'));
+  assert.equal(resolved.length, 1, `one resolution of ALI-T1: ${JSON.stringify(twice.audit)}`);
+  const refunded = await order('ORD-REFUNDED');
+  assert.equal(refunded.audit.filter((a) => a.action.includes('resolved')).length, 1, JSON.stringify(refunded.audit));
+  await page.goto(BASE + '/console#/order/ORD-TWICE');
+  await page.locator('h2:has-text("Audit") + table', { hasText: 'refunded by hand <img src=x' }).waitFor();
+  await assertNoInjection();
+  await shot('07-order-audit');
+  covered('findings', 'refund_required and unexpected_refund resolved once each, reasons with the probe shown as text');
+
+  // Back to normal, then drain.
+  await page.goto(BASE + '/console#/mode');
+  await page.locator('#switch-mode', { hasText: 'normal' }).click();
+  await doubleSubmit();
+  await page.locator('#mode-now', { hasText: 'normal' }).waitFor();
+  await page.locator('#drain').click();
+  await doubleSubmit();
+  await page.locator('#drained', { hasText: 'Decided 1 record' }).waitFor();
+  await page.locator('#waiting-now', { hasText: '0' }).waitFor();
+  const late = await order('ORD-LATE');
+  assert.equal(late.status, 'PAID');
+  assert.equal(late.payments.length, 1);
+  assert.equal(late.coupons.length, 1, 'one coupon after a double-clicked drain');
+
+  // Reconcile a statement with one payment payonce never recorded, then repair it.
+  const today = new Date().toISOString();
+  const statement = join(work, 'statement.csv');
+  writeFileSync(statement, 'pay_no,order_no,amount,status,paid_at\n'
+    + `PAY-G1,ORD-TWICE,1000,SUCCESS,${today}\n`
+    + `PAY-R1,ORD-REFUNDED,1000,SUCCESS,${today}\n`
+    + `PAY-L1,ORD-LATE,1000,SUCCESS,${today}\n`
+    + `MISS-1,ORD-MISSING,1000,SUCCESS,${today}\n`);
+  await page.locator('nav a', { hasText: 'Reconcile' }).click();
+  await page.locator('input[name=date]').fill(PROBE);
+  await page.locator('input[type=file]').setInputFiles(statement);
+  await page.locator('#compare').click();
+  await page.locator('#recon-result .error').waitFor();
+  await assertNoInjection();
+  await page.locator('input[name=date]').fill('');
+  await page.locator('#compare').click();
+  await page.locator('#recon-result table', { hasText: 'MISS-1' }).waitFor();
+  const summary = await page.locator('#recon-summary').textContent();
+  assert.ok(summary.includes('3 matched'), summary);
+  await shot('08-reconcile-differences');
+  await page.locator('#repair').click();
+  await page.locator('dialog[open]', { hasText: 'never recorded' }).waitFor();
+  await doubleSubmit();
+  await page.locator('#recon-result', { hasText: 'Repaired' }).waitFor();
+  await shot('09-reconcile-repaired');
+  const missing = await order('ORD-MISSING');
+  assert.equal(missing.status, 'PAID');
+  assert.deepEqual(missing.payments.map((p) => p.source), ['reconciliation'], 'repaired once');
+  covered('reconcile', 'upload, format, differences table, repair with its confirmation, once');
+
+  // Webhook deliveries: a dead letter, retried once.
+  const deadline = Date.now() + 15000;
+  let failed = [];
+  while (!failed.length && Date.now() < deadline) {
+    failed = (await call('GET', '/v1/webhooks/deliveries?status=failed')).body.deliveries;
+    if (!failed.length) await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.ok(failed.length > 0, 'the unreachable endpoint left dead letters');
+  const target = failed[0];
+  await page.goto(BASE + '/console#/webhooks?status=failed');
+  await page.locator(`button[data-retry="${target.id}"]`).waitFor();
+  await shot('10-webhooks');
+  await page.locator(`button[data-retry="${target.id}"]`).click();
+  await doubleSubmit();
+  const retriedOrder = await order(target.order_no);
+  assert.equal(retriedOrder.audit.filter((a) => a.action === 'webhook_delivery_retried').length, 1, JSON.stringify(retriedOrder.audit));
+  covered('webhooks', 'deliveries by status, retry once');
+
+  assert.deepEqual(pageErrors, [], 'no JavaScript error and no CSP violation');
+  console.log('console: every view passed in', (await browser.version()));
+  for (const view of views) console.log('  covered:', view);
+} finally {
+  await browser.close();
+  payonce.kill();
+  if (pageErrors.length) console.error(pageErrors.join('\n'));
+  rmSync(work, { recursive: true, force: true });
+}
