@@ -300,7 +300,15 @@ try {
   await page.locator('#compare').click();
   await page.locator('#recon-result .error').waitFor();
   await assertNoInjection();
+  // A statement whose text is the probe: whatever payonce answers about it is shown as text.
+  const hostile = join(work, 'hostile.csv');
+  writeFileSync(hostile, `pay_no,order_no,amount,status,paid_at\n${PROBE},ORD-X,1,SUCCESS,${new Date().toISOString()}\n`);
   await page.locator('input[name=date]').fill('');
+  await page.locator('input[type=file]').setInputFiles(hostile);
+  await page.locator('#compare').click();
+  await page.locator('#recon-result .error, #recon-result table').first().waitFor();
+  await assertNoInjection();
+  await page.locator('input[type=file]').setInputFiles(statement);
   await page.locator('#compare').click();
   await page.locator('#recon-result table', { hasText: 'MISS-1' }).waitFor();
   const summary = await page.locator('#recon-summary').textContent();
@@ -314,7 +322,7 @@ try {
   const missing = await order('ORD-MISSING');
   assert.equal(missing.status, 'PAID');
   assert.deepEqual(missing.payments.map((p) => p.source), ['reconciliation'], 'repaired once');
-  covered('reconcile', 'upload, format, differences table, repair with its confirmation, once');
+  covered('reconcile', 'upload, format, differences table, repair with its confirmation, once; the probe as date and as statement text');
 
   // Webhook deliveries: a dead letter, retried once.
   const deadline = Date.now() + 15000;
