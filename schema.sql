@@ -1,4 +1,4 @@
--- payonce schema, version 6: the whole current schema.
+-- payonce schema, version 7: the whole current schema.
 --
 -- Every uniqueness and every allowed value is a constraint here, so the
 -- database refuses what the code must never do, even if the code is wrong.
@@ -105,7 +105,7 @@ CREATE TABLE pay_callback_log (
     outcome     TEXT    NOT NULL CHECK (outcome IN ('recorded', 'payment_failed', 'paid_after_close',
                                                     'already_paid', 'amount_mismatch', 'applied')),
     state       TEXT    NOT NULL CHECK (state IN ('received', 'decided')),
-    source      TEXT    NOT NULL CHECK (source IN ('callback', 'reconciliation')),
+    source      TEXT    NOT NULL CHECK (source IN ('callback', 'reconciliation', 'query')),
     raw_body    BLOB    NOT NULL,
     -- The platform's own payment time when it sent one, else NULL.
     paid_at     TEXT,
@@ -390,3 +390,37 @@ CREATE INDEX ix_webhook_delivery_order ON webhook_delivery (endpoint, order_no, 
 -- The relay's "what is due now" and the oldest-pending gauge.
 CREATE INDEX ix_webhook_delivery_due ON webhook_delivery (next_attempt_at) WHERE status = 'pending';
 CREATE INDEX ix_webhook_delivery_queued ON webhook_delivery (queued_at) WHERE status = 'pending';
+
+-- Every call payonce makes to a payment platform's API (PRODUCT.md section
+-- 11), one row per logical call: `attempts` counts its HTTP calls,
+-- `http_status` and `response` are the last one's. A row is written before
+-- the call and updated after it; no transaction spans the call. Never deleted.
+CREATE TABLE platform_call (
+    id              INTEGER PRIMARY KEY,
+    channel         TEXT    NOT NULL CHECK (channel IN ('wechatpay', 'alipay')),
+    kind            TEXT    NOT NULL CHECK (kind IN ('query', 'close', 'refund', 'refund_query')),
+    order_no        TEXT    NOT NULL,
+    refund_no       TEXT,
+    status          TEXT    NOT NULL CHECK (status IN ('pending', 'done', 'failed', 'given_up')),
+    attempts        INTEGER NOT NULL CHECK (attempts >= 0),
+    -- Pending only: when the next attempt may start (or the lease of the one in flight).
+    next_attempt_at TEXT,
+    -- What was sent last, as the platform received it (its signature left out).
+    request         TEXT,
+    http_status     INTEGER,
+    response        TEXT,
+    created_at      TEXT    NOT NULL,
+    updated_at      TEXT    NOT NULL,
+    CHECK ((kind IN ('refund', 'refund_query')) = (refund_no IS NOT NULL)),
+    CHECK ((status = 'pending') = (next_attempt_at IS NOT NULL))
+);
+-- One close per order and one refund submission per refund_no at each platform.
+CREATE UNIQUE INDEX uk_platform_call ON platform_call (channel, kind, order_no, coalesce(refund_no, ''))
+    WHERE kind IN ('close', 'refund');
+CREATE INDEX ix_platform_call_due ON platform_call (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX ix_platform_call_order ON platform_call (order_no, id);
+
+CREATE TRIGGER platform_call_no_delete BEFORE DELETE ON platform_call
+BEGIN
+    SELECT RAISE(ABORT, 'platform_call is append-only');
+END;

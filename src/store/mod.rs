@@ -49,7 +49,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -86,6 +86,7 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "outbox_event_order_index",
         sql: include_str!("../../migrations/0006_outbox_event_order_index.sql"),
     },
+    Migration { version: 7, name: "platform_calls", sql: include_str!("../../migrations/0007_platform_calls.sql") },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -106,6 +107,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         version: 6,
         name: "outbox_event_order_index",
         sql: include_str!("../../migrations/postgres/0006_outbox_event_order_index.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "platform_calls",
+        sql: include_str!("../../migrations/postgres/0007_platform_calls.sql"),
     },
 ];
 

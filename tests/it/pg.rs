@@ -262,7 +262,16 @@ fn schema_postgres_sql_is_schema_sql_on_postgres() {
         pg_names("SELECT indexname::text FROM pg_indexes WHERE schemaname = 'public' AND indexname NOT LIKE '%_pkey' ORDER BY 1")
     );
     let mut triggers = lite_names("SELECT name FROM sqlite_master WHERE type = 'trigger'");
-    for ledger in ["orders", "pay_callback_log", "refund", "user_coupon", "point_log", "outbox_event", "audit_log"] {
+    for ledger in [
+        "orders",
+        "pay_callback_log",
+        "refund",
+        "user_coupon",
+        "point_log",
+        "outbox_event",
+        "audit_log",
+        "platform_call",
+    ] {
         triggers.push(format!("{ledger}_no_truncate"));
     }
     triggers.sort();

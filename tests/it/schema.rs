@@ -886,6 +886,21 @@ for_each_engine! {
             }
             assert_eq!(db.count(&store, &format!("SELECT count(*) FROM {table}")), before, "{}: {table} keeps its rows", db.label());
         }
+        // platform_call (section 11) keeps every call too; one close and one refund submission per key.
+        let call = |kind: &str, refund_no: &str| format!(
+            "INSERT INTO platform_call (channel, kind, order_no, refund_no, status, attempts, created_at, updated_at)
+             VALUES ('wechatpay', '{kind}', 'O-1', {refund_no}, 'done', 1, '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z')");
+        for (kind, refund_no) in [("query", "NULL"), ("query", "NULL"), ("close", "NULL"), ("refund", "'R-1'"), ("refund", "'R-2'")] {
+            store.execute_raw(&call(kind, refund_no)).unwrap_or_else(|e| panic!("{}: {kind}: {e}", db.label()));
+        }
+        refused_by(db, &store, &call("close", "NULL"), "");
+        refused_by(db, &store, &call("refund", "'R-1'"), "");
+        refused_by(db, &store, &call("refund", "NULL"), "");
+        refused_by(db, &store, "DELETE FROM platform_call", "");
+        if db.engine == crate::engines::Engine::Postgres {
+            refused_by(db, &store, "TRUNCATE platform_call", "");
+        }
+        assert_eq!(db.count(&store, "SELECT count(*) FROM platform_call"), 5, "{}", db.label());
         // Not a ledger: expired idempotency results may be removed.
         store.execute_raw("DELETE FROM idempotency_key WHERE expires_at < '2000'").expect("idempotency_key is not a ledger");
     }
