@@ -141,6 +141,15 @@ const fn protected(
     Route { method, template, needs_token: true, keyed, handler }
 }
 
+/// A token-protected route that ignores Idempotency-Key.
+const fn protected_unkeyed(
+    method: &'static str,
+    template: &'static str,
+    handler: fn(&Call) -> Result<Response, Error>,
+) -> Route {
+    Route { method, template, needs_token: true, keyed: false, handler }
+}
+
 static ROUTE_TABLE: &[Route] = &[
     open("GET", "/healthz", |c| healthz(c.app)),
     open("GET", "/metrics", |c| metrics(c.app)),
@@ -152,6 +161,8 @@ static ROUTE_TABLE: &[Route] = &[
     protected("GET", "/v1/orders/{order_no}", |c| get_order(c.app, c.param(0))),
     protected("POST", "/v1/orders/{order_no}/close", |c| close_order(c.app, c.req, c.param(0), c.slot)),
     protected("POST", "/v1/orders/{order_no}/refund", |c| request_refund(c.app, c.req, c.param(0), c.slot)),
+    // Never stored under an Idempotency-Key: a replay would repeat a stale platform state.
+    protected_unkeyed("POST", "/v1/orders/{order_no}/sync", |c| sync_order(c.app, c.req, c.param(0))),
     protected("GET", "/v1/users/{user_id}/coupons", |c| user_coupons(c.app, c.param(0))),
     protected("GET", "/v1/users/{user_id}/points", |c| user_points(c.app, c.param(0))),
     protected("GET", "/v1/events", |c| events(c.app, c.req)),
@@ -465,6 +476,13 @@ fn request_refund(app: &App, req: &Request, order_no: &str, slot: Option<&Idempo
     let body = json_object(req, &["refund_no"])?;
     let refund_no = required_str(&body, "refund_no")?;
     Ok(answered(&app.request_refund_keyed(order_no, &refund_no, slot)?))
+}
+
+fn sync_order(app: &App, req: &Request, order_no: &str) -> Result<Response, Error> {
+    if !req.body.is_empty() {
+        json_object(req, &[])?;
+    }
+    Ok(Response::json(200, &render::synced(&app.sync_order(order_no)?)))
 }
 
 /// A path segment that must be an identifier, e.g. `{user_id}`.

@@ -60,6 +60,8 @@ pub struct Config {
     pub alipay: Option<crate::channel::alipay::AlipayConfig>,
     /// The webhook relay's endpoints, secrets, timeout and schedule.
     pub webhooks: crate::webhook::WebhookConfig,
+    /// The platforms payonce may call (section 11); none by default.
+    pub platforms: crate::platform_ops::Platforms,
 }
 
 impl Default for Config {
@@ -73,6 +75,7 @@ impl Default for Config {
             wechatpay: None,
             alipay: None,
             webhooks: crate::webhook::WebhookConfig::default(),
+            platforms: crate::platform_ops::Platforms::default(),
         }
     }
 }

@@ -36,6 +36,8 @@ pub mod log;
 pub mod metrics;
 pub mod money;
 pub mod ops;
+pub mod platform;
+pub mod platform_ops;
 pub mod recon;
 pub mod relay;
 pub mod render;
@@ -68,6 +70,22 @@ mod layering {
         ("domain", include_str!("domain.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
         ("error", include_str!("error.rs"), &["app", "ops", "api", "render", "http", "channel", "store"]),
         ("relay", include_str!("relay.rs"), &["api", "http"]),
+        (
+            "platform",
+            include_str!("platform/mod.rs"),
+            &["app", "ops", "api", "render", "http", "store", "platform_ops"],
+        ),
+        (
+            "platform::wechatpay",
+            include_str!("platform/wechatpay.rs"),
+            &["app", "ops", "api", "render", "http", "store", "platform_ops"],
+        ),
+        (
+            "platform::alipay",
+            include_str!("platform/alipay.rs"),
+            &["app", "ops", "api", "render", "http", "store", "platform_ops"],
+        ),
+        ("platform_ops", include_str!("platform_ops.rs"), &["api", "render", "http", "relay"]),
         ("console", include_str!("console.rs"), &["app", "ops", "api", "render", "http", "store", "relay"]),
         ("webhook_ops", include_str!("webhook_ops.rs"), &["api", "render", "http", "relay"]),
         ("webhook", include_str!("webhook.rs"), &["app", "ops", "api", "render", "http", "channel", "store", "relay"]),
@@ -89,6 +107,10 @@ mod layering {
         ("http", include_str!("http.rs")),
         ("metrics", include_str!("metrics.rs")),
         ("ops", include_str!("ops.rs")),
+        ("platform", include_str!("platform/mod.rs")),
+        ("platform::wechatpay", include_str!("platform/wechatpay.rs")),
+        ("platform::alipay", include_str!("platform/alipay.rs")),
+        ("platform_ops", include_str!("platform_ops.rs")),
         ("recon", include_str!("recon.rs")),
         ("relay", include_str!("relay.rs")),
         ("webhook", include_str!("webhook.rs")),

@@ -9,6 +9,10 @@ use payonce::channel::alipay::{public_key_from_text as alipay_public_key_from_te
 use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
 use payonce::domain::{is_identifier, Rewards};
 use payonce::http::{Limits, Server, WORKERS_DEFAULT};
+use payonce::platform::alipay::AlipayApi;
+use payonce::platform::wechatpay::WechatpayApi;
+use payonce::platform::MerchantKey;
+use payonce::platform_ops::Platforms;
 use payonce::recon::Format;
 use payonce::relay::spawn_relay;
 use payonce::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, WebhookConfig};
@@ -34,6 +38,8 @@ Usage:
   payonce inspect   --db PATH|URL         (findings as JSON on stdout; exit 0 clean, 1 findings)
   payonce reconcile --db PATH|URL --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
   payonce backup    --db PATH --to FILE [--force]   (an online, consistent, atomic copy; SQLite)
+  payonce sync      --db PATH|URL [the platform settings of serve] ORDER_NO
+                    (asks the platforms about the order; exit 0, 1 if a platform could not answer)
   payonce sign      [--callback-secret S | --dev] < BODY
   payonce help
 
@@ -71,6 +77,19 @@ and only then renamed to FILE: a kill or a full disk leaves no FILE or a
 complete, checked one (remove a leftover *.partial by hand). FILE must not
 exist unless --force, which replaces it atomically; it may never name the
 live database or its -wal, -shm or -journal.
+";
+
+const SYNC_USAGE: &str = "\
+Usage: payonce sync --db PATH|URL [the platform settings of serve] ORDER_NO
+
+Asks every platform whose outgoing settings are given (--wechatpay-mchid,
+--wechatpay-merchant-serial, --wechatpay-merchant-key and --wechatpay-public-key;
+--alipay-app-private-key, --alipay-app-id and --alipay-public-key) about the
+order, as POST /v1/orders/{order_no}/sync does: a paid answer is applied
+through the exactly-once path with source `query`. Prints
+{\"order\":..,\"platforms\":[{\"channel\",\"state\",\"pay_no\",\"amount\"}]} on stdout.
+Exit status 0, 1 when a platform's state is unknown (unreachable, timed out,
+or an answer that did not verify), 2 on an error.
 ";
 
 const SIGN_USAGE: &str = "\
@@ -135,6 +154,18 @@ Webhooks to the merchant's app (Standard Webhooks; the README's Webhooks section
   --webhook-poll-ms N             how often the relay looks for due retries and other processes'
                                   events (this process's events wake it at once) [default: 200]
 
+Talking to the platforms (query; the README's section of that name). A platform's outgoing
+calls are on when any of its outgoing-only settings is given; then all are required:
+  --wechatpay-mchid ID            the merchant's WeChat Pay mchid
+  --wechatpay-merchant-serial S   the serial of the merchant's API certificate
+  --wechatpay-merchant-key FILE   the merchant's API private key (PEM); answers are verified
+                                  with --wechatpay-public-key (no APIv3 key needed for that)
+  --wechatpay-api-base URL        [default: https://api.mch.weixin.qq.com]
+  --alipay-app-private-key FILE   the app's private key (PEM, PKCS#8 or PKCS#1); needs
+                                  --alipay-app-id and --alipay-public-key
+  --alipay-gateway URL            [default: https://openapi.alipay.com/gateway.do]
+  --platform-timeout-ms N         one platform call's whole HTTP exchange [default: 10000]
+
 HTTP edge limits (section 7; each holds without a reverse proxy):
   --max-connections N             connections served at once; more wait in the kernel's backlog.
                                   Clamped to RLIMIT_NOFILE minus --fd-reserve [default: 1024]
@@ -172,6 +203,15 @@ struct ServeArgs {
     workers: usize,
     webhooks: WebhookConfig,
     webhook_secret: Option<String>,
+    wechatpay_mchid: Option<String>,
+    wechatpay_merchant_serial: Option<String>,
+    wechatpay_merchant_key: Option<String>,
+    wechatpay_api_base: String,
+    alipay_app_private_key: Option<String>,
+    alipay_gateway: String,
+    platform_timeout_ms: u64,
+    /// `payonce sync`'s ORDER_NO (serve takes no positional argument).
+    positional: Vec<String>,
 }
 
 fn main() -> ExitCode {
@@ -193,6 +233,7 @@ fn run() -> Result<ExitCode, String> {
         Some("simulate") => simulate(args),
         Some("inspect") => inspect(lexopt::Parser::from_args(args)),
         Some("reconcile") => reconcile(lexopt::Parser::from_args(args)),
+        Some("sync") => sync(lexopt::Parser::from_args(args)),
         Some("backup") => backup(lexopt::Parser::from_args(args)),
         None | Some("help") | Some("-h") | Some("--help") => {
             print!("{USAGE}");
@@ -244,7 +285,12 @@ fn simulate(args: impl Iterator<Item = std::ffi::OsString>) -> Result<ExitCode, 
     }
 }
 
-fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
+fn parse_serve(parser: lexopt::Parser) -> Result<ServeArgs, String> {
+    parse_serve_like(parser, false, SERVE_USAGE)
+}
+
+/// `serve`'s settings; `payonce sync` takes the same plus its ORDER_NO.
+fn parse_serve_like(mut parser: lexopt::Parser, accept_positional: bool, usage: &str) -> Result<ServeArgs, String> {
     use lexopt::prelude::*;
     let mut args = ServeArgs {
         db: db_from_env().unwrap_or_else(|| "payonce.db".into()),
@@ -267,6 +313,14 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
         workers: WORKERS_DEFAULT,
         webhooks: WebhookConfig::default(),
         webhook_secret: std::env::var("PAYONCE_WEBHOOK_SECRET").ok().filter(|s| !s.trim().is_empty()),
+        wechatpay_mchid: None,
+        wechatpay_merchant_serial: None,
+        wechatpay_merchant_key: None,
+        wechatpay_api_base: payonce::platform::wechatpay::API_BASE_DEFAULT.to_owned(),
+        alipay_app_private_key: None,
+        alipay_gateway: payonce::platform::alipay::GATEWAY_DEFAULT.to_owned(),
+        platform_timeout_ms: payonce::platform::PLATFORM_TIMEOUT_MS_DEFAULT,
+        positional: Vec::new(),
     };
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
@@ -352,14 +406,36 @@ fn parse_serve(mut parser: lexopt::Parser) -> Result<ServeArgs, String> {
                 args.webhooks.concurrency = positive(&mut parser, "--webhook-concurrency", 256)? as usize
             }
             Long("webhook-poll-ms") => args.webhooks.poll_ms = positive(&mut parser, "--webhook-poll-ms", 60_000)?,
+            Long("wechatpay-mchid") => args.wechatpay_mchid = Some(string_value(&mut parser)?),
+            Long("wechatpay-merchant-serial") => args.wechatpay_merchant_serial = Some(string_value(&mut parser)?),
+            Long("wechatpay-merchant-key") => args.wechatpay_merchant_key = Some(string_value(&mut parser)?),
+            Long("wechatpay-api-base") => args.wechatpay_api_base = http_url(&mut parser, "--wechatpay-api-base")?,
+            Long("alipay-app-private-key") => args.alipay_app_private_key = Some(string_value(&mut parser)?),
+            Long("alipay-gateway") => args.alipay_gateway = http_url(&mut parser, "--alipay-gateway")?,
+            Long("platform-timeout-ms") => {
+                args.platform_timeout_ms = positive(&mut parser, "--platform-timeout-ms", TIMEOUT_MS_MAX)?
+            }
+            Value(value) if accept_positional => {
+                args.positional.push(value.into_string().map_err(|v| format!("{v:?} is not UTF-8"))?)
+            }
             Short('h') | Long("help") => {
-                print!("{SERVE_USAGE}");
+                print!("{usage}");
                 std::process::exit(0);
             }
-            other => return Err(format!("{}\n\n{SERVE_USAGE}", other.unexpected())),
+            other => return Err(format!("{}\n\n{usage}", other.unexpected())),
         }
     }
     Ok(args)
+}
+
+/// An `http://` or `https://` base URL.
+fn http_url(parser: &mut lexopt::Parser, flag: &str) -> Result<String, String> {
+    let url = string_value(parser)?;
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(url)
+    } else {
+        Err(format!("{flag} {url:?}: expected an http:// or https:// URL"))
+    }
 }
 
 fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
@@ -395,6 +471,7 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         wechatpay: wechatpay_config(&args)?,
         alipay: alipay_config(&args)?,
         webhooks: webhook_config(&args)?,
+        platforms: platforms_config(&args)?,
     };
     let listen_addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(args.listen.as_str())
         .map_err(|e| format!("--listen {:?}: expected ADDR:PORT ({e})", args.listen))?
@@ -457,21 +534,91 @@ fn webhook_config(args: &ServeArgs) -> Result<WebhookConfig, String> {
     Ok(config)
 }
 
-fn wechatpay_config(args: &ServeArgs) -> Result<Option<WechatpayConfig>, String> {
-    let (key, pems) = (&args.wechatpay_apiv3_key, &args.wechatpay_public_keys);
-    if key.is_none() && pems.is_empty() {
-        return Ok(None);
-    }
-    let key =
-        key.as_deref().ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
+/// The `--wechatpay-public-key SERIAL=FILE` keys.
+fn wechatpay_platform_keys(args: &ServeArgs) -> Result<payonce::channel::wechatpay::PlatformKeys, String> {
     let mut platform_keys = Vec::new();
-    for entry in pems {
+    for entry in &args.wechatpay_public_keys {
         let (serial, file) = entry.split_once('=').ok_or("--wechatpay-public-key takes SERIAL=FILE")?;
         let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
         let public_key = public_key_from_pem(&pem).map_err(|e| format!("{file}: {e}"))?;
         platform_keys.push((serial.trim().to_owned(), public_key));
     }
-    WechatpayConfig::new(key, platform_keys).map(Some)
+    Ok(platform_keys)
+}
+
+/// WeChat Pay's outgoing calls are on once any outgoing-only setting is given.
+fn wechatpay_outgoing(args: &ServeArgs) -> bool {
+    args.wechatpay_mchid.is_some() || args.wechatpay_merchant_serial.is_some() || args.wechatpay_merchant_key.is_some()
+}
+
+/// The notification channel: the APIv3 key and at least one platform key.
+/// With outgoing calls on, platform keys without an APIv3 key are valid:
+/// they verify the API's answers only.
+fn wechatpay_config(args: &ServeArgs) -> Result<Option<WechatpayConfig>, String> {
+    let (key, pems) = (&args.wechatpay_apiv3_key, &args.wechatpay_public_keys);
+    if key.is_none() && (pems.is_empty() || wechatpay_outgoing(args)) {
+        return Ok(None);
+    }
+    let key =
+        key.as_deref().ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
+    WechatpayConfig::new(key, wechatpay_platform_keys(args)?).map(Some)
+}
+
+/// The platforms whose outgoing settings are given: all of a platform's are
+/// then required, or `serve` stops naming what is missing.
+fn platforms_config(args: &ServeArgs) -> Result<Platforms, String> {
+    let timeout = Duration::from_millis(args.platform_timeout_ms);
+    let mut platforms = Platforms { timeout_ms: args.platform_timeout_ms, ..Platforms::default() };
+    if wechatpay_outgoing(args) {
+        let missing: Vec<&str> = [
+            ("--wechatpay-mchid", args.wechatpay_mchid.is_none()),
+            ("--wechatpay-merchant-serial", args.wechatpay_merchant_serial.is_none()),
+            ("--wechatpay-merchant-key", args.wechatpay_merchant_key.is_none()),
+            ("--wechatpay-public-key (to verify the answers)", args.wechatpay_public_keys.is_empty()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, absent)| absent.then_some(flag))
+        .collect();
+        if !missing.is_empty() {
+            return Err(format!("WeChat Pay's outgoing calls also need {}", missing.join(", ")));
+        }
+        let file = args.wechatpay_merchant_key.as_deref().unwrap_or_default();
+        let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+        let key = MerchantKey::from_pem(&pem).map_err(|e| format!("--wechatpay-merchant-key {file}: {e}"))?;
+        platforms.wechatpay = Some(Arc::new(WechatpayApi::new(
+            args.wechatpay_mchid.clone().unwrap_or_default(),
+            args.wechatpay_merchant_serial.clone().unwrap_or_default(),
+            key,
+            &args.wechatpay_api_base,
+            wechatpay_platform_keys(args)?,
+            timeout,
+        )));
+    }
+    if let Some(file) = &args.alipay_app_private_key {
+        let missing: Vec<&str> = [
+            ("--alipay-app-id", args.alipay_app_id.is_none()),
+            ("--alipay-public-key (to verify the answers)", args.alipay_public_key.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, absent)| absent.then_some(flag))
+        .collect();
+        if !missing.is_empty() {
+            return Err(format!("Alipay's outgoing calls also need {}", missing.join(", ")));
+        }
+        let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+        let key = MerchantKey::from_pem(&pem).map_err(|e| format!("--alipay-app-private-key {file}: {e}"))?;
+        let public_file = args.alipay_public_key.as_deref().unwrap_or_default();
+        let text = std::fs::read_to_string(public_file).map_err(|e| format!("cannot read {public_file}: {e}"))?;
+        let alipay_key = alipay_public_key_from_text(&text).map_err(|e| format!("{public_file}: {e}"))?;
+        platforms.alipay = Some(Arc::new(AlipayApi::new(
+            args.alipay_app_id.clone().unwrap_or_default(),
+            key,
+            &args.alipay_gateway,
+            alipay_key,
+            timeout,
+        )));
+    }
+    Ok(platforms)
 }
 
 fn alipay_config(args: &ServeArgs) -> Result<Option<AlipayConfig>, String> {
@@ -581,6 +728,23 @@ fn parse_offline(mut parser: lexopt::Parser, usage: &str, allowed: &[&str]) -> R
         }
     }
     Ok(Some(args))
+}
+
+fn sync(parser: lexopt::Parser) -> Result<ExitCode, String> {
+    let args = parse_serve_like(parser, true, SYNC_USAGE)?;
+    let [order_no] = args.positional.as_slice() else {
+        return Err(format!("sync takes one ORDER_NO\n\n{SYNC_USAGE}"));
+    };
+    let platforms = platforms_config(&args)?;
+    if platforms.is_empty() {
+        return Err(format!("sync needs the outgoing settings of at least one platform\n\n{SYNC_USAGE}"));
+    }
+    let mut app = App::open_existing(&args.db, Clock::System).map_err(|e| e.message)?;
+    app.config.platforms = platforms;
+    let synced = app.sync_order(order_no).map_err(|e| e.to_string())?;
+    println!("{}", payonce::render::synced(&synced));
+    let unknown = synced.platforms.iter().any(|p| p.state == payonce::platform::TradeState::Unknown);
+    Ok(if unknown { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 fn inspect(parser: lexopt::Parser) -> Result<ExitCode, String> {

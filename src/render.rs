@@ -14,6 +14,8 @@ use crate::ops::{
     Compensated, CompensationEffect, DiffRow, Drained, Mode, PaymentResolution, Reconciliation, RefundResolution,
     Repaired,
 };
+use crate::platform::TradeState;
+use crate::platform_ops::Synced;
 use crate::webhook_ops::{DeliveryPage, EnabledEndpoint, Replayed};
 use serde_json::{json, Map, Value};
 
@@ -163,6 +165,22 @@ pub fn delivery(d: &DeliveryRow) -> Value {
 pub fn deliveries(page: &DeliveryPage) -> Value {
     let deliveries: Vec<Value> = page.deliveries.iter().map(delivery).collect();
     json!({"deliveries": deliveries, "next_after": page.next_after.map(|n| n.to_string())})
+}
+
+/// `POST /v1/orders/{order_no}/sync` (and `payonce sync`).
+pub fn synced(synced: &Synced) -> Value {
+    let platforms: Vec<Value> = synced
+        .platforms
+        .iter()
+        .map(|p| {
+            let (pay_no, amount) = match &p.state {
+                TradeState::Paid { pay_no, amount, .. } => (Some(pay_no.clone()), Some(*amount)),
+                _ => (None, None),
+            };
+            json!({"channel": p.channel, "state": p.state.as_str(), "pay_no": pay_no, "amount": amount})
+        })
+        .collect();
+    json!({"order": synced.order.to_json(), "platforms": platforms})
 }
 
 impl Answer for DeliveryRow {

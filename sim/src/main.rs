@@ -40,6 +40,10 @@
 //!   [`Platform::answer`]. The platforms' protocols carry no outcome (WeChat
 //!   answers 204, Alipay `success`): for them an answer only says
 //!   "processed", and the outcome is judged from the read API alone;
+//! - [`platform_api`]: the other direction, the platforms' merchant APIs
+//!   payonce calls (section 11: WeChat Pay v3 query, close, refund and refund
+//!   query; Alipay's gateway), on loopback, requests verified and answers
+//!   signed with this crate's code, with switchable faults;
 //! - [`judge`]: one order's verdict; [`table`]: the table and its rows;
 //! - [`client`]: the target and its keep-alive connections (over
 //!   `payonce-testclient`); [`workers`] and [`progress`]: threads and the
@@ -49,6 +53,10 @@ mod client;
 mod judge;
 mod local;
 mod platform;
+// The platforms' merchant APIs (PRODUCT.md section 11), for the scenarios and
+// tests that drive them in process; no scenario calls them yet.
+#[cfg_attr(not(test), allow(dead_code))]
+mod platform_api;
 mod progress;
 mod scenarios;
 mod table;

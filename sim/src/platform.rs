@@ -34,7 +34,7 @@ pub const SIM_ALIPAY_APP_ID: &str = "2021000000000000";
 /// per 2048-bit key and 40 ms per signature, so they use 1024 bits (about
 /// 1.2 s, 8 ms): these keys never leave the process and live for one run;
 /// nothing verifies differently at 1024 bits.
-const SIM_RSA_BITS: usize = if cfg!(debug_assertions) { 1024 } else { 2048 };
+pub(crate) const SIM_RSA_BITS: usize = if cfg!(debug_assertions) { 1024 } else { 2048 };
 /// How a platform's success answer (WeChat 204, Alipay `success`) is shown:
 /// the protocol says the notice was processed, not with which outcome.
 pub const PROCESSED: &str = "processed";
@@ -239,9 +239,10 @@ impl Platform {
     }
 }
 
-/// The simulated merchant's WeChat Pay mchid and appid (payonce reads neither).
-const WECHATPAY_MCHID: &str = "1900000100";
-const WECHATPAY_APPID: &str = "wxsimulatorpayonce";
+/// The simulated merchant's WeChat Pay mchid and appid (payonce's
+/// notification handling reads neither; its merchant API calls send the mchid).
+pub(crate) const WECHATPAY_MCHID: &str = "1900000100";
+pub(crate) const WECHATPAY_APPID: &str = "wxsimulatorpayonce";
 
 /// What the simulator signs with; each channel takes what it needs.
 #[derive(Clone, Debug, Default)]
@@ -352,7 +353,7 @@ fn b64(bytes: &[u8]) -> String {
 }
 
 /// SHA256withRSA (PKCS#1 v1.5), base64.
-fn rsa_sign(key: &SigningKey<Sha256>, message: &[u8]) -> Result<String, String> {
+pub(crate) fn rsa_sign(key: &SigningKey<Sha256>, message: &[u8]) -> Result<String, String> {
     let signature = key.try_sign(message).map_err(|e| format!("RSA signing failed: {e}"))?;
     Ok(b64(&signature.to_bytes()))
 }
@@ -394,24 +395,33 @@ fn wechatpay_signed(
         },
     });
     let body = envelope.to_string().into_bytes();
+    let mut headers = vec![("Content-Type".into(), "application/json".into())];
+    headers.extend(wechatpay_signature_headers(&keys.signing_key, &keys.serial, &body, now_s)?);
+    Ok(Signed { path: path.to_owned(), headers, body })
+}
+
+/// The headers WeChat Pay signs a body with, its notifications and its
+/// merchant API's answers alike: the key's serial, a timestamp, a fresh
+/// nonce and SHA256withRSA over `"{timestamp}\n{nonce}\n{body}\n"`.
+pub(crate) fn wechatpay_signature_headers(
+    signing_key: &SigningKey<Sha256>,
+    serial: &str,
+    body: &[u8],
+    now_s: i64,
+) -> Result<Vec<(String, String)>, String> {
     let timestamp = now_s.to_string();
     let nonce = random_text(32)?;
     let mut message = format!("{timestamp}\n{nonce}\n").into_bytes();
-    message.extend_from_slice(&body);
+    message.extend_from_slice(body);
     message.push(b'\n');
-    let signature = rsa_sign(&keys.signing_key, &message)?;
-    Ok(Signed {
-        path: path.to_owned(),
-        headers: vec![
-            ("Content-Type".into(), "application/json".into()),
-            ("Wechatpay-Serial".into(), keys.serial.clone()),
-            ("Wechatpay-Timestamp".into(), timestamp),
-            ("Wechatpay-Nonce".into(), nonce),
-            ("Wechatpay-Signature".into(), signature),
-            ("Wechatpay-Signature-Type".into(), "WECHATPAY2-SHA256-RSA2048".into()),
-        ],
-        body,
-    })
+    let signature = rsa_sign(signing_key, &message)?;
+    Ok(vec![
+        ("Wechatpay-Serial".into(), serial.to_owned()),
+        ("Wechatpay-Timestamp".into(), timestamp),
+        ("Wechatpay-Nonce".into(), nonce),
+        ("Wechatpay-Signature".into(), signature),
+        ("Wechatpay-Signature-Type".into(), "WECHATPAY2-SHA256-RSA2048".into()),
+    ])
 }
 
 /// The fields every Alipay trade notice carries (utf-8; unsigned).
@@ -469,7 +479,7 @@ fn alipay_signed(keys: &AlipayKeys, mut form: Vec<(String, String)>) -> Result<S
 
 /// URL-encoding as Java's URLEncoder does it (Alipay's servers are Java):
 /// `A-Za-z0-9-_.*` as they are, space as `+`, every other byte `%XX`.
-fn form_encode(text: &str) -> String {
+pub(crate) fn form_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         match b {
@@ -489,24 +499,24 @@ pub fn fen_to_yuan(fen: i64) -> String {
 }
 
 /// A wall-clock time in China Standard Time (UTC+8), the platforms' clock.
-struct ChinaTime {
+pub(crate) struct ChinaTime {
     date: String,
     time: String,
 }
 
 impl ChinaTime {
     /// `2023-11-15T06:13:20+08:00` (WeChat Pay).
-    fn rfc3339(&self) -> String {
+    pub(crate) fn rfc3339(&self) -> String {
         format!("{}T{}+08:00", self.date, self.time)
     }
 
     /// `2023-11-15 06:13:20` (Alipay).
-    fn plain(&self) -> String {
+    pub(crate) fn plain(&self) -> String {
         format!("{} {}", self.date, self.time)
     }
 }
 
-fn china_time(now_s: i64) -> ChinaTime {
+pub(crate) fn china_time(now_s: i64) -> ChinaTime {
     let local = time::OffsetDateTime::from_unix_timestamp(now_s.saturating_add(8 * 3600))
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     ChinaTime {
@@ -522,12 +532,12 @@ fn random_bytes(n: usize) -> Result<Vec<u8>, String> {
 }
 
 /// `n` random characters of `[A-Za-z0-9]` (nonces, the in-process APIv3 key).
-fn random_text(n: usize) -> Result<String, String> {
+pub(crate) fn random_text(n: usize) -> Result<String, String> {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     Ok(random_bytes(n)?.iter().map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()])).collect())
 }
 
-fn random_digits(n: usize) -> Result<String, String> {
+pub(crate) fn random_digits(n: usize) -> Result<String, String> {
     Ok(random_bytes(n)?.iter().map(|b| char::from(b'0' + b % 10)).collect())
 }
 

@@ -35,6 +35,9 @@ pub const APIV3_KEY_BYTES: usize = 32;
 /// WeChat Pay's deliberate signature probes start with this; they must fail.
 const SIGN_TEST_PREFIX: &str = "WECHATPAY/SIGNTEST/";
 
+/// WeChat Pay platform public keys by serial (or `PUB_KEY_ID_...`); two during rotation.
+pub type PlatformKeys = Vec<(String, RsaPublicKey)>;
+
 #[derive(Clone, Debug)]
 pub struct WechatpayConfig {
     pub apiv3_key: Vec<u8>,
@@ -72,6 +75,51 @@ pub fn public_key_from_pem(pem: &str) -> Result<RsaPublicKey, String> {
     RsaPublicKey::from_public_key_pem(pem.trim()).map_err(|e| format!("not an RSA public key PEM: {e}"))
 }
 
+/// Verifies a message WeChat Pay signed (a notification, or an answer of
+/// its API): `Wechatpay-Signature` by the platform key that
+/// `Wechatpay-Serial` names, over `"{Wechatpay-Timestamp}\n{Wechatpay-Nonce}\n{body}\n"`,
+/// with a timestamp within 5 minutes of `now_ms`.
+pub fn verify_signed(
+    platform_keys: &[(String, RsaPublicKey)],
+    now_ms: i64,
+    header: &dyn Fn(&str) -> Option<String>,
+    body: &[u8],
+) -> Result<(), Error> {
+    let header = |name: &str| header(name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+    let unauthorized = |why: &str| Error::new(ErrorKind::InvalidSignature, why.to_owned());
+    let serial = header("Wechatpay-Serial").ok_or_else(|| unauthorized("Wechatpay-Serial is missing"))?;
+    let timestamp = header("Wechatpay-Timestamp").ok_or_else(|| unauthorized("Wechatpay-Timestamp is missing"))?;
+    let nonce = header("Wechatpay-Nonce").ok_or_else(|| unauthorized("Wechatpay-Nonce is missing"))?;
+    let signature = header("Wechatpay-Signature").ok_or_else(|| unauthorized("Wechatpay-Signature is missing"))?;
+    let key = platform_keys
+        .iter()
+        // Serials are hex (certificate serial numbers) or PUB_KEY_ID_...;
+        // their case carries nothing, and SDKs differ in it.
+        .find(|(s, _)| s.eq_ignore_ascii_case(&serial))
+        .map(|(_, k)| k)
+        .ok_or_else(|| unauthorized("Wechatpay-Serial names no configured platform key"))?;
+    if signature.starts_with(SIGN_TEST_PREFIX) {
+        return Err(unauthorized("a WECHATPAY/SIGNTEST/ probe signature never verifies"));
+    }
+    let signature = base64::engine::general_purpose::STANDARD
+        .decode(&signature)
+        .ok()
+        .and_then(|bytes| Signature::try_from(bytes.as_slice()).ok())
+        .ok_or_else(|| unauthorized("Wechatpay-Signature is not a base64 RSA signature"))?;
+    let mut message = Vec::with_capacity(timestamp.len() + nonce.len() + body.len() + 3);
+    for part in [timestamp.as_bytes(), b"\n", nonce.as_bytes(), b"\n", body, b"\n"] {
+        message.extend_from_slice(part);
+    }
+    VerifyingKey::<Sha256>::new(key.clone())
+        .verify(&message, &signature)
+        .map_err(|_| unauthorized("Wechatpay-Signature does not verify"))?;
+    let t: i64 = timestamp.parse().map_err(|_| unauthorized("Wechatpay-Timestamp is not unix seconds"))?;
+    if (now_ms.div_euclid(1000) - t).abs() > TIMESTAMP_TOLERANCE_S {
+        return Err(Error::new(ErrorKind::SignatureExpired, "Wechatpay-Timestamp is more than 5 minutes from now"));
+    }
+    Ok(())
+}
+
 pub struct Wechatpay {
     config: WechatpayConfig,
 }
@@ -82,41 +130,7 @@ impl Wechatpay {
     }
 
     fn verify(&self, now_ms: i64, req: &Request) -> Result<(), Error> {
-        let header = |name: &str| req.header(name).map(str::trim).filter(|v| !v.is_empty());
-        let unauthorized = |why: &str| Error::new(ErrorKind::InvalidSignature, why.to_owned());
-        let serial = header("Wechatpay-Serial").ok_or_else(|| unauthorized("Wechatpay-Serial is missing"))?;
-        let timestamp = header("Wechatpay-Timestamp").ok_or_else(|| unauthorized("Wechatpay-Timestamp is missing"))?;
-        let nonce = header("Wechatpay-Nonce").ok_or_else(|| unauthorized("Wechatpay-Nonce is missing"))?;
-        let signature = header("Wechatpay-Signature").ok_or_else(|| unauthorized("Wechatpay-Signature is missing"))?;
-        let key = self
-            .config
-            .platform_keys
-            .iter()
-            // Serials are hex (certificate serial numbers) or PUB_KEY_ID_...;
-            // their case carries nothing, and SDKs differ in it.
-            .find(|(s, _)| s.eq_ignore_ascii_case(serial))
-            .map(|(_, k)| k)
-            .ok_or_else(|| unauthorized("Wechatpay-Serial names no configured platform key"))?;
-        if signature.starts_with(SIGN_TEST_PREFIX) {
-            return Err(unauthorized("a WECHATPAY/SIGNTEST/ probe signature never verifies"));
-        }
-        let signature = base64::engine::general_purpose::STANDARD
-            .decode(signature)
-            .ok()
-            .and_then(|bytes| Signature::try_from(bytes.as_slice()).ok())
-            .ok_or_else(|| unauthorized("Wechatpay-Signature is not a base64 RSA signature"))?;
-        let mut message = Vec::with_capacity(timestamp.len() + nonce.len() + req.body.len() + 3);
-        for part in [timestamp.as_bytes(), b"\n", nonce.as_bytes(), b"\n", &req.body, b"\n"] {
-            message.extend_from_slice(part);
-        }
-        VerifyingKey::<Sha256>::new(key.clone())
-            .verify(&message, &signature)
-            .map_err(|_| unauthorized("Wechatpay-Signature does not verify"))?;
-        let t: i64 = timestamp.parse().map_err(|_| unauthorized("Wechatpay-Timestamp is not unix seconds"))?;
-        if (now_ms.div_euclid(1000) - t).abs() > TIMESTAMP_TOLERANCE_S {
-            return Err(Error::new(ErrorKind::SignatureExpired, "Wechatpay-Timestamp is more than 5 minutes from now"));
-        }
-        Ok(())
+        verify_signed(&self.config.platform_keys, now_ms, &|name| req.header(name).map(str::to_owned), &req.body)
     }
 
     /// The decrypted `resource` of an authentic notification.

@@ -4,6 +4,7 @@ mod util;
 #[macro_use]
 mod engines;
 mod pg;
+mod platforms;
 
 mod api_http;
 mod auth;

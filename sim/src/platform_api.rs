@@ -1,0 +1,420 @@
+//! The platforms' merchant APIs, the servers payonce calls (PRODUCT.md
+//! section 11): WeChat Pay v3's trade query, close, refund and refund query,
+//! and Alipay's OpenAPI gateway (`alipay.trade.query`, `.close`, `.refund`,
+//! `.fastpay.refund.query`), on loopback, for scenarios and tests to drive in
+//! process.
+//!
+//! Like the notifications of [`crate::platform`], this is the independent
+//! oracle of payonce's platform client: written from the contract and the
+//! platforms' documentation, sharing no code with the service. It checks
+//! every request's signature as the platform would (a request it would
+//! refuse is refused here, loudly), signs every answer with the platform's
+//! key, and keeps a record of every call so a test can count them.
+//!
+//! - [`PlatformApi`]: one platform's server, its state controls (a trade
+//!   opened, a buyer paying, a refund settling) and its faults;
+//! - `http`: the HTTP/1.1 listener and the transport faults;
+//! - `ledger`: the trades and refunds;
+//! - `wechatpay`, `alipay`: each platform's requests and answers.
+
+mod alipay;
+mod http;
+mod ledger;
+mod wechatpay;
+
+#[cfg(test)]
+mod payonce_sync;
+#[cfg(test)]
+mod tests;
+
+use crate::platform::{
+    random_digits, Platform, SIM_ALIPAY_APP_ID, SIM_RSA_BITS, SIM_WECHATPAY_SERIAL, WECHATPAY_APPID, WECHATPAY_MCHID,
+};
+use ledger::Ledger;
+use rsa::pkcs8::{EncodePublicKey, LineEnding};
+use rsa::{RsaPrivateKey, RsaPublicKey};
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A fault the platform shows, switched at run time ([`PlatformApi::set_fault`],
+/// [`PlatformApi::fail_next`]). Every request still lands in [`PlatformApi::calls`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Unreachable, fast: a new connection is closed before a byte is read;
+    /// a request on a connection already open is read and the connection
+    /// closed, unanswered. Nothing is acted on.
+    Refuse,
+    /// Unreachable, slow: the request is read and never answered; the
+    /// connection stays open until the client gives up. Nothing is acted on.
+    Hang,
+    /// HTTP 500 with the platform's system-error body (WeChat `SYSTEM_ERROR`,
+    /// Alipay `20000` `isp.unknow-error`), signed. Nothing is acted on.
+    ServerError,
+    /// The request is acted on and answered after this delay: a client that
+    /// gives up first has lost an answer to a call that took effect.
+    Slow(Duration),
+    /// Acted on, answered, and one byte of the signed text changed after
+    /// signing (a digit of an amount where there is one); a body-less WeChat
+    /// 204 gets its `Wechatpay-Signature` changed instead.
+    TamperAnswers,
+    /// Acted on, answered correctly signed, naming another merchant: WeChat's
+    /// trade answers carry another `mchid` and `appid`. WeChat's refund
+    /// answers and all Alipay answers name no merchant, and are unchanged.
+    WrongMerchant,
+    /// Acted on, answered correctly signed, about another trade: the
+    /// answer's `out_trade_no` is not the one asked about.
+    WrongTrade,
+}
+
+/// Why the buyer could not pay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refused {
+    NoSuchTrade,
+    /// Closed (by the merchant's close, or an Alipay trade fully refunded).
+    Closed,
+    AlreadyPaid {
+        pay_no: String,
+    },
+}
+
+/// A refund's state at the platform (WeChat's words; Alipay reports only
+/// `REFUND_SUCCESS`, and nothing for the others).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefundStatus {
+    Processing,
+    Success,
+    Closed,
+    Abnormal,
+}
+
+impl RefundStatus {
+    pub fn wechatpay(self) -> &'static str {
+        match self {
+            RefundStatus::Processing => "PROCESSING",
+            RefundStatus::Success => "SUCCESS",
+            RefundStatus::Closed => "CLOSED",
+            RefundStatus::Abnormal => "ABNORMAL",
+        }
+    }
+
+    /// Counts against what is left to refund: a closed refund gave it back;
+    /// an abnormal one still owes the buyer (WeChat retries it on request).
+    fn holds_money(self) -> bool {
+        self != RefundStatus::Closed
+    }
+}
+
+/// One refund the platform holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundRecord {
+    pub out_trade_no: String,
+    /// WeChat's out_refund_no, Alipay's out_request_no.
+    pub out_refund_no: String,
+    pub refund_id: String,
+    /// Fen.
+    pub amount: i64,
+    pub status: RefundStatus,
+}
+
+/// One request the platform received, and what it answered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    /// `GET`, `POST`.
+    pub http_method: String,
+    /// WeChat: the path and query as sent; Alipay: the `method` parameter
+    /// (`alipay.trade.refund`; empty when missing).
+    pub api: String,
+    /// WeChat: the JSON body; Alipay: `biz_content`, parsed. Null when
+    /// absent or not JSON.
+    pub body: Value,
+    /// Alipay: every parameter, decoded, query string first; WeChat: empty.
+    pub params: Vec<(String, String)>,
+    /// The request's signature verified with the merchant's key (and its
+    /// merchant id, serial and timestamp were acceptable).
+    pub verified: bool,
+    /// The HTTP status answered; `None` when unanswered (refused, hung).
+    pub status: Option<u16>,
+    /// The answer's code: WeChat's error `code`; Alipay's `sub_code`, else
+    /// its `code` (`10000` for success). `None` for WeChat's successes.
+    pub code: Option<String>,
+}
+
+/// How the simulated WeChat Pay knows its merchant and signs.
+#[derive(Clone, Debug)]
+pub struct WechatpayApiConfig {
+    pub mchid: String,
+    pub appid: String,
+    /// The serial payonce names in `serial_no` (`--wechatpay-merchant-serial`).
+    pub merchant_serial: String,
+    /// Verifies the requests: the public half of `--wechatpay-merchant-key`.
+    pub merchant_public_key: RsaPublicKey,
+    /// Signs the answers; `None`: a throwaway key made for this run.
+    pub platform_key: Option<RsaPrivateKey>,
+    /// The platform key's serial, sent as `Wechatpay-Serial`.
+    pub platform_serial: String,
+}
+
+impl WechatpayApiConfig {
+    /// The simulator's merchant (mchid 1900000100), platform serial
+    /// `PUB_KEY_ID_SIMULATOR` and a throwaway platform key.
+    pub fn new(merchant_serial: &str, merchant_public_key: RsaPublicKey) -> WechatpayApiConfig {
+        WechatpayApiConfig {
+            mchid: WECHATPAY_MCHID.to_owned(),
+            appid: WECHATPAY_APPID.to_owned(),
+            merchant_serial: merchant_serial.to_owned(),
+            merchant_public_key,
+            platform_key: None,
+            platform_serial: SIM_WECHATPAY_SERIAL.to_owned(),
+        }
+    }
+}
+
+/// How the simulated Alipay knows its app and signs.
+#[derive(Clone, Debug)]
+pub struct AlipayApiConfig {
+    pub app_id: String,
+    /// Verifies the requests: the public half of `--alipay-app-private-key`.
+    pub app_public_key: RsaPublicKey,
+    /// Signs the answers ("the Alipay public key" is its public half);
+    /// `None`: a throwaway key made for this run.
+    pub alipay_key: Option<RsaPrivateKey>,
+}
+
+impl AlipayApiConfig {
+    /// The simulator's app_id (2021000000000000) and a throwaway Alipay key.
+    pub fn new(app_public_key: RsaPublicKey) -> AlipayApiConfig {
+        AlipayApiConfig { app_id: SIM_ALIPAY_APP_ID.to_owned(), app_public_key, alipay_key: None }
+    }
+}
+
+/// One platform's merchant API on `127.0.0.1:<port>`, its state and its
+/// faults. Dropping it stops the server and ends its connections.
+pub struct PlatformApi {
+    server: http::Server,
+    platform: Platform,
+    merchant_id: String,
+    public_key: RsaPublicKey,
+    serial: Option<String>,
+    ledger: Arc<Ledger>,
+}
+
+impl PlatformApi {
+    pub fn start_wechatpay(config: WechatpayApiConfig) -> Result<PlatformApi, String> {
+        let key = key_or_throwaway(config.platform_key.clone())?;
+        let public_key = RsaPublicKey::from(&key);
+        let ledger = Arc::new(Ledger::default());
+        let api = wechatpay::Wechatpay::new(&config, key, Arc::clone(&ledger));
+        let server = http::Server::start("wechatpay", Arc::new(api))?;
+        Ok(PlatformApi {
+            server,
+            platform: Platform::Wechatpay,
+            merchant_id: config.mchid,
+            public_key,
+            serial: Some(config.platform_serial),
+            ledger,
+        })
+    }
+
+    pub fn start_alipay(config: AlipayApiConfig) -> Result<PlatformApi, String> {
+        let key = key_or_throwaway(config.alipay_key.clone())?;
+        let public_key = RsaPublicKey::from(&key);
+        let ledger = Arc::new(Ledger::default());
+        let api = alipay::Alipay::new(&config, key, Arc::clone(&ledger));
+        let server = http::Server::start("alipay", Arc::new(api))?;
+        Ok(PlatformApi {
+            server,
+            platform: Platform::Alipay,
+            merchant_id: config.app_id,
+            public_key,
+            serial: None,
+            ledger,
+        })
+    }
+
+    pub fn platform(&self) -> Platform {
+        self.platform
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.server.addr())
+    }
+
+    /// What payonce is pointed at: WeChat's API base (`--wechatpay-api-base`),
+    /// Alipay's gateway (`--alipay-gateway`, `.../gateway.do`).
+    pub fn endpoint(&self) -> String {
+        match self.platform {
+            Platform::Alipay => format!("{}/gateway.do", self.base_url()),
+            _ => self.base_url(),
+        }
+    }
+
+    /// The merchant it serves: WeChat's mchid, Alipay's app_id.
+    pub fn merchant_id(&self) -> &str {
+        &self.merchant_id
+    }
+
+    /// What payonce verifies the answers with (WeChat's platform key,
+    /// "the Alipay public key").
+    pub fn platform_public_key(&self) -> &RsaPublicKey {
+        &self.public_key
+    }
+
+    /// The same, as an SPKI PEM (`-----BEGIN PUBLIC KEY-----`).
+    pub fn platform_public_key_pem(&self) -> Result<String, String> {
+        self.public_key.to_public_key_pem(LineEnding::LF).map_err(|e| format!("cannot encode the public key: {e}"))
+    }
+
+    /// WeChat: the platform key's serial (`Wechatpay-Serial`). Alipay: `None`.
+    pub fn platform_serial(&self) -> Option<&str> {
+        self.serial.as_deref()
+    }
+
+    /// A trade exists at the platform, unpaid: what the merchant's order
+    /// placement (or the buyer's scan) would have made. `Err` for a number
+    /// the platform cannot carry (WeChat: 6-32 of `[A-Za-z0-9_*|-]`, Alipay:
+    /// up to 64 of `[A-Za-z0-9_]`), one open already, or a non-positive amount.
+    pub fn open_trade(&self, out_trade_no: &str, amount_fen: i64) -> Result<(), String> {
+        let pay_no = match self.platform {
+            Platform::Wechatpay if !wechatpay::valid_out_trade_no(out_trade_no) => {
+                return Err(format!("WeChat Pay cannot carry out_trade_no {out_trade_no:?}"));
+            }
+            Platform::Alipay if !alipay::valid_out_trade_no(out_trade_no) => {
+                return Err(format!("Alipay cannot carry out_trade_no {out_trade_no:?}"));
+            }
+            // Alipay numbers the trade when it is made, WeChat when it is paid.
+            Platform::Alipay => Some(alipay::new_trade_no(crate::now_s())),
+            _ => None,
+        };
+        self.ledger.open(out_trade_no, amount_fen, pay_no)
+    }
+
+    /// The buyer has the cashier open (WeChat `USERPAYING`; Alipay still
+    /// `WAIT_BUYER_PAY`).
+    pub fn buyer_paying(&self, out_trade_no: &str) -> Result<(), Refused> {
+        self.ledger.buyer_paying(out_trade_no)
+    }
+
+    /// The buyer pays: the platform's payment number (WeChat transaction_id,
+    /// Alipay trade_no), or why the platform refused the payment.
+    pub fn buyer_pays(&self, out_trade_no: &str) -> Result<String, Refused> {
+        self.ledger.buyer_pays(out_trade_no, crate::now_s(), wechatpay::new_transaction_id)
+    }
+
+    /// Alipay: a paid trade past its refund period (`TRADE_FINISHED`,
+    /// refunds refused). WeChat Pay has no such state.
+    pub fn finish_trade(&self, out_trade_no: &str) -> Result<(), String> {
+        match self.platform {
+            Platform::Alipay => self.ledger.finish(out_trade_no),
+            _ => Err("WeChat Pay has no finished trade state".into()),
+        }
+    }
+
+    /// The trade's state in the platform's words (`NOTPAY`, `TRADE_CLOSED`, ...).
+    pub fn trade_state(&self, out_trade_no: &str) -> Option<&'static str> {
+        let trade = self.ledger.trade(out_trade_no)?;
+        Some(match self.platform {
+            Platform::Alipay => alipay::trade_status(&trade, &self.ledger),
+            _ => wechatpay::trade_state(&trade, &self.ledger),
+        })
+    }
+
+    /// A refund reaches its result; `false` when the platform has no refund
+    /// of that number. Alipay shows only `Success` (`REFUND_SUCCESS`); any
+    /// other status leaves its refund query without `refund_status`.
+    pub fn settle_refund(&self, out_refund_no: &str, status: RefundStatus) -> bool {
+        self.ledger.settle(out_refund_no, status, crate::now_s())
+    }
+
+    /// Every refund the platform holds, in the order requested: one per
+    /// out_refund_no, however often it was submitted.
+    pub fn refunds(&self) -> Vec<RefundRecord> {
+        self.ledger.refunds()
+    }
+
+    /// The fault every request (and connection) gets from now on; `None`: healthy.
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        self.server.set_fault(fault, None);
+    }
+
+    /// The fault for the next `count` requests only, then healthy again
+    /// (with [`Fault::Refuse`], a refused new connection counts as one).
+    pub fn fail_next(&self, fault: Fault, count: usize) {
+        self.server.set_fault(Some(fault), Some(count));
+    }
+
+    /// Every request so far, in the order answered (unanswered ones when read).
+    pub fn calls(&self) -> Vec<Call> {
+        self.server.calls()
+    }
+}
+
+/// The given platform key, or one made now the way the rest of the
+/// simulator makes its throwaway keys.
+fn key_or_throwaway(key: Option<RsaPrivateKey>) -> Result<RsaPrivateKey, String> {
+    match key {
+        Some(key) => Ok(key),
+        None => RsaPrivateKey::new(&mut rsa::rand_core::OsRng, SIM_RSA_BITS)
+            .map_err(|e| format!("cannot generate an RSA key: {e}")),
+    }
+}
+
+/// The answer as a tampering network would deliver it: one byte of `text`
+/// changed, and still well-formed, so only the signature can tell. The last
+/// digit changes where there is one (in these answers, an amount or a
+/// timestamp), else the last letter's case, else the last byte's low bit.
+fn tamper(text: &mut [u8]) {
+    if let Some(digit) = text.iter_mut().rev().find(|b| b.is_ascii_digit()) {
+        *digit = if *digit == b'9' { b'0' } else { *digit + 1 };
+    } else if let Some(letter) = text.iter_mut().rev().find(|b| b.is_ascii_alphabetic()) {
+        *letter ^= 0x20;
+    } else if let Some(last) = text.last_mut() {
+        *last ^= 1;
+    }
+}
+
+/// Another merchant's trade number, as close to `out_trade_no` as possible
+/// (its last character changed), so only an exact comparison tells.
+fn other_trade_no(out_trade_no: &str) -> String {
+    let mut other: Vec<char> = out_trade_no.chars().collect();
+    match other.last_mut() {
+        Some(last) => *last = if *last == '0' { '1' } else { '0' },
+        None => other.push('0'),
+    }
+    other.into_iter().collect()
+}
+
+/// Fen from a yuan string of at most two decimals (`10.00`, `0.5`, `7`).
+fn yuan_to_fen(text: &str) -> Option<i64> {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(fraction) || fraction.len() > 2 || whole.len() > 12 {
+        return None;
+    }
+    if text.ends_with('.') {
+        return None;
+    }
+    let cents = format!("{fraction:0<2}");
+    Some(whole.parse::<i64>().ok()? * 100 + cents.parse::<i64>().ok()?)
+}
+
+/// `n` random digits for the platforms' numbers (transaction_id, trade_no,
+/// refund_id): unique across runs, which a payonce on a file database needs.
+/// Should the OS have no randomness, the clock and a counter stand in.
+fn unique_digits(n: usize) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    if let Ok(digits) = random_digits(n) {
+        return digits;
+    }
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let text = format!("{nanos}{:06}", COUNTER.fetch_add(1, Ordering::Relaxed) % 1_000_000);
+    let padded = format!("{text:0>n$}");
+    padded[padded.len() - n..].to_owned()
+}

@@ -1,0 +1,832 @@
+//! The merchant APIs against requests signed here, with this file's own few
+//! lines of SHA256withRSA (the merchant's side), and answers verified with
+//! the platform's public key the way a client must.
+
+use super::*;
+use crate::platform::form_encode;
+use base64::Engine;
+use payonce_testclient::{encode_request, Connection, RecvError, Response};
+use rsa::pkcs1v15::{Signature, SigningKey, VerifyingKey};
+use rsa::pkcs8::DecodePublicKey;
+use rsa::signature::{SignatureEncoding, Signer, Verifier};
+use serde_json::json;
+use sha2::Sha256;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+const MERCHANT_SERIAL: &str = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1";
+const SECOND: Duration = Duration::from_secs(1);
+
+struct TestKeys {
+    /// The merchant's WeChat Pay API key (payonce's `--wechatpay-merchant-key`).
+    merchant: RsaPrivateKey,
+    /// The merchant's Alipay app key (`--alipay-app-private-key`).
+    app: RsaPrivateKey,
+    wechatpay_platform: RsaPrivateKey,
+    alipay_platform: RsaPrivateKey,
+}
+
+/// Made once per test run, side by side: unoptimised keygen is slow.
+fn keys() -> &'static TestKeys {
+    static KEYS: OnceLock<TestKeys> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let make = || std::thread::spawn(|| key_or_throwaway(None).expect("an RSA key"));
+        let handles = [make(), make(), make(), make()];
+        let [merchant, app, wechatpay_platform, alipay_platform] = handles.map(|h| h.join().expect("keygen"));
+        TestKeys { merchant, app, wechatpay_platform, alipay_platform }
+    })
+}
+
+/// Not the merchant's: the fixture kept for "signed with the wrong key".
+fn other_key() -> RsaPrivateKey {
+    use rsa::pkcs8::DecodePrivateKey;
+    let pem = include_str!("../../../tests/fixtures/TEST_ONLY_merchant_other_private.pem");
+    RsaPrivateKey::from_pkcs8_pem(pem).expect("the fixture key")
+}
+
+fn wechatpay() -> PlatformApi {
+    let keys = keys();
+    let config = WechatpayApiConfig {
+        platform_key: Some(keys.wechatpay_platform.clone()),
+        ..WechatpayApiConfig::new(MERCHANT_SERIAL, keys.merchant.to_public_key())
+    };
+    PlatformApi::start_wechatpay(config).expect("WeChat Pay starts")
+}
+
+fn alipay() -> PlatformApi {
+    let keys = keys();
+    let config = AlipayApiConfig {
+        alipay_key: Some(keys.alipay_platform.clone()),
+        ..AlipayApiConfig::new(keys.app.to_public_key())
+    };
+    PlatformApi::start_alipay(config).expect("Alipay starts")
+}
+
+fn connect(api: &PlatformApi) -> Connection {
+    Connection::connect(api.addr(), SECOND, 5 * SECOND).expect("connect")
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn sign(key: &RsaPrivateKey, message: &[u8]) -> String {
+    b64(&SigningKey::<Sha256>::new(key.clone()).sign(message).to_bytes())
+}
+
+fn verifies(key: &RsaPublicKey, message: &[u8], signature: &str) -> bool {
+    let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(signature) else { return false };
+    let Ok(signature) = Signature::try_from(bytes.as_slice()) else { return false };
+    VerifyingKey::<Sha256>::new(key.clone()).verify(message, &signature).is_ok()
+}
+
+// ---- WeChat Pay: the merchant's side ----
+
+/// How a test request is signed (what it gets wrong, if anything).
+struct WxSigner<'a> {
+    key: &'a RsaPrivateKey,
+    mchid: &'a str,
+    serial: &'a str,
+    timestamp: i64,
+}
+
+impl WxSigner<'_> {
+    fn merchant() -> WxSigner<'static> {
+        WxSigner { key: &keys().merchant, mchid: WECHATPAY_MCHID, serial: MERCHANT_SERIAL, timestamp: crate::now_s() }
+    }
+
+    fn request(&self, api: &PlatformApi, method: &str, target: &str, body: &str) -> Vec<u8> {
+        let nonce = crate::platform::random_text(32).expect("a nonce");
+        let ts = self.timestamp;
+        let signature = sign(self.key, format!("{method}\n{target}\n{ts}\n{nonce}\n{body}\n").as_bytes());
+        let authorization = format!(
+            "WECHATPAY2-SHA256-RSA2048 mchid=\"{}\",nonce_str=\"{nonce}\",signature=\"{signature}\",timestamp=\"{ts}\",serial_no=\"{}\"",
+            self.mchid, self.serial
+        );
+        let mut headers = vec![
+            ("Authorization", authorization.as_str()),
+            ("Accept", "application/json"),
+            ("User-Agent", "payonce-test"),
+        ];
+        if method == "POST" {
+            headers.push(("Content-Type", "application/json"));
+        }
+        encode_request(method, &api.addr().to_string(), target, &headers, body.as_bytes())
+    }
+}
+
+fn wx(api: &PlatformApi, conn: &mut Connection, method: &str, target: &str, body: &Value) -> Response {
+    let body = if body.is_null() { String::new() } else { body.to_string() };
+    let request = WxSigner::merchant().request(api, method, target, &body);
+    conn.exchange(&request).expect("an answer")
+}
+
+/// The answer is signed by the platform key, as a client must check it.
+fn wx_verified(api: &PlatformApi, answer: &Response) -> bool {
+    let header = |name: &str| answer.header(name).unwrap_or_default().to_owned();
+    let (timestamp, nonce) = (header("Wechatpay-Timestamp"), header("Wechatpay-Nonce"));
+    let mut message = format!("{timestamp}\n{nonce}\n").into_bytes();
+    message.extend_from_slice(&answer.body);
+    message.push(b'\n');
+    let fresh = timestamp.parse::<i64>().is_ok_and(|t| (crate::now_s() - t).abs() <= 300);
+    Some(header("Wechatpay-Serial").as_str()) == api.platform_serial()
+        && fresh
+        && verifies(api.platform_public_key(), &message, &header("Wechatpay-Signature"))
+}
+
+fn json_of(answer: &Response) -> Value {
+    serde_json::from_slice(&answer.body).unwrap_or(Value::Null)
+}
+
+fn query_target(no: &str) -> String {
+    format!("/v3/pay/transactions/out-trade-no/{no}?mchid={WECHATPAY_MCHID}")
+}
+
+fn close_target(no: &str) -> String {
+    format!("/v3/pay/transactions/out-trade-no/{no}/close")
+}
+
+const REFUNDS: &str = "/v3/refund/domestic/refunds";
+
+fn refund_body(out_trade_no: &str, out_refund_no: &str, refund: i64, total: i64) -> Value {
+    json!({
+        "out_trade_no": out_trade_no, "out_refund_no": out_refund_no, "reason": "测试退款",
+        "notify_url": "https://merchant.example/v1/callbacks/wechatpay/refund",
+        "amount": {"refund": refund, "total": total, "currency": "CNY"},
+    })
+}
+
+#[test]
+fn wechatpay_query_close_refund_and_refund_query_round_trip() {
+    let api = wechatpay();
+    let mut conn = connect(&api);
+    api.open_trade("ORDER-W-0001", 990).expect("open");
+    let mchid = json!({"mchid": WECHATPAY_MCHID});
+
+    let unpaid = wx(&api, &mut conn, "GET", &query_target("ORDER-W-0001"), &Value::Null);
+    assert_eq!(unpaid.status, 200, "{}", unpaid.text());
+    assert!(wx_verified(&api, &unpaid));
+    let body = json_of(&unpaid);
+    assert_eq!((body["trade_state"].as_str(), body["mchid"].as_str()), (Some("NOTPAY"), Some(WECHATPAY_MCHID)));
+    assert_eq!((body["out_trade_no"].as_str(), body["amount"]["total"].as_i64()), (Some("ORDER-W-0001"), Some(990)));
+    assert!(body.get("transaction_id").is_none() && body.get("success_time").is_none(), "{body}");
+
+    let pay_no = api.buyer_pays("ORDER-W-0001").expect("paid");
+    let paid = json_of(&wx(&api, &mut conn, "GET", &query_target("ORDER-W-0001"), &Value::Null));
+    assert_eq!(paid["trade_state"], "SUCCESS");
+    assert_eq!(paid["transaction_id"].as_str(), Some(pay_no.as_str()));
+    assert_eq!(paid["trade_type"], "NATIVE");
+    assert_eq!(paid["amount"]["payer_total"], 990);
+    assert!(paid["success_time"].as_str().is_some_and(|t| t.ends_with("+08:00")), "{paid}");
+
+    // A paid trade does not close.
+    let refused = wx(&api, &mut conn, "POST", &close_target("ORDER-W-0001"), &mchid);
+    assert_eq!((refused.status, json_of(&refused)["code"].as_str()), (400, Some("ORDERPAID")));
+    assert!(wx_verified(&api, &refused));
+
+    let refund = wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0001", "REFUND-W-0001", 990, 990));
+    assert_eq!(refund.status, 200, "{}", refund.text());
+    assert!(wx_verified(&api, &refund));
+    let refund = json_of(&refund);
+    assert_eq!((refund["status"].as_str(), refund["channel"].as_str()), (Some("PROCESSING"), Some("ORIGINAL")));
+    assert_eq!(refund["transaction_id"].as_str(), Some(pay_no.as_str()));
+    assert_eq!(refund["amount"]["refund"], 990);
+    let refund_id = refund["refund_id"].as_str().expect("refund_id").to_owned();
+
+    let pending = wx(&api, &mut conn, "GET", &format!("{REFUNDS}/REFUND-W-0001"), &Value::Null);
+    assert!(wx_verified(&api, &pending));
+    assert_eq!((pending.status, json_of(&pending)["status"].as_str()), (200, Some("PROCESSING")));
+    assert!(api.settle_refund("REFUND-W-0001", RefundStatus::Success));
+    let settled = json_of(&wx(&api, &mut conn, "GET", &format!("{REFUNDS}/REFUND-W-0001"), &Value::Null));
+    assert_eq!(
+        (settled["status"].as_str(), settled["refund_id"].as_str()),
+        (Some("SUCCESS"), Some(refund_id.as_str()))
+    );
+    assert!(settled["success_time"].is_string());
+    assert_eq!(api.trade_state("ORDER-W-0001"), Some("REFUND"));
+    for status in [RefundStatus::Closed, RefundStatus::Abnormal] {
+        assert!(api.settle_refund("REFUND-W-0001", status));
+        let answer = json_of(&wx(&api, &mut conn, "GET", &format!("{REFUNDS}/REFUND-W-0001"), &Value::Null));
+        assert_eq!(answer["status"].as_str(), Some(status.wechatpay()));
+    }
+
+    // Close, then the buyer is refused; a repeat close says ORDER_CLOSED.
+    api.open_trade("ORDER-W-0002", 100).expect("open");
+    let closed = wx(&api, &mut conn, "POST", &close_target("ORDER-W-0002"), &mchid);
+    assert_eq!((closed.status, closed.body.len()), (204, 0));
+    assert!(wx_verified(&api, &closed), "a 204 is signed too");
+    assert_eq!(api.buyer_pays("ORDER-W-0002"), Err(Refused::Closed));
+    assert_eq!(
+        json_of(&wx(&api, &mut conn, "GET", &query_target("ORDER-W-0002"), &Value::Null))["trade_state"],
+        "CLOSED"
+    );
+    let again = wx(&api, &mut conn, "POST", &close_target("ORDER-W-0002"), &mchid);
+    assert_eq!((again.status, json_of(&again)["code"].as_str()), (400, Some("ORDER_CLOSED")));
+
+    // Unknown numbers, as WeChat answers them.
+    let unknown = wx(&api, &mut conn, "GET", &query_target("ORDER-W-NONE"), &Value::Null);
+    assert_eq!((unknown.status, json_of(&unknown)["code"].as_str()), (404, Some("ORDER_NOT_EXIST")));
+    assert!(wx_verified(&api, &unknown));
+    let close_unknown = wx(&api, &mut conn, "POST", &close_target("ORDER-W-NONE"), &mchid);
+    assert_eq!(close_unknown.status, 204);
+    let refund_unknown = wx(&api, &mut conn, "GET", &format!("{REFUNDS}/REFUND-NONE"), &Value::Null);
+    assert_eq!((refund_unknown.status, json_of(&refund_unknown)["code"].as_str()), (404, Some("RESOURCE_NOT_EXISTS")));
+
+    // Every call went over the one keep-alive connection, verified.
+    let calls = api.calls();
+    assert_eq!(calls.len(), 14);
+    assert!(calls.iter().all(|c| c.verified), "{calls:?}");
+    assert_eq!(calls[0].api, query_target("ORDER-W-0001"));
+    assert_eq!((calls[2].status, calls[2].code.as_deref()), (Some(400), Some("ORDERPAID")));
+    assert_eq!(calls[3].body["out_refund_no"], "REFUND-W-0001");
+}
+
+#[test]
+fn wechatpay_refuses_requests_the_merchant_did_not_sign() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0003", 100).expect("open");
+    let target = query_target("ORDER-W-0003");
+    let other = other_key();
+    let now = crate::now_s();
+    let cases = [
+        ("another key", WxSigner { key: &other, ..WxSigner::merchant() }),
+        ("another mchid", WxSigner { mchid: "1900000999", ..WxSigner::merchant() }),
+        ("another serial", WxSigner { serial: "NOT-THE-MERCHANT-SERIAL", ..WxSigner::merchant() }),
+        ("6 minutes old", WxSigner { timestamp: now - 360, ..WxSigner::merchant() }),
+        ("6 minutes ahead", WxSigner { timestamp: now + 360, ..WxSigner::merchant() }),
+    ];
+    let mut conn = connect(&api);
+    for (case, signer) in &cases {
+        let answer = conn.exchange(&signer.request(&api, "GET", &target, "")).expect("an answer");
+        assert_eq!((answer.status, json_of(&answer)["code"].as_str()), (401, Some("SIGN_ERROR")), "{case}");
+        assert!(wx_verified(&api, &answer), "{case}: refusals are signed too");
+    }
+    // The signature covers the body: a body changed after signing is refused.
+    let mut request =
+        WxSigner::merchant().request(&api, "POST", &close_target("ORDER-W-0003"), r#"{"mchid":"1900000100"}"#);
+    let at = request.len() - 3;
+    request[at] = b'1';
+    assert_eq!(conn.exchange(&request).expect("an answer").status, 401);
+    // And the query string: another one is another request.
+    let request = WxSigner::merchant().request(&api, "GET", &target, "");
+    let text = String::from_utf8(request).expect("text").replacen(&target, &format!("{target}&x=1"), 1);
+    assert_eq!(conn.exchange(text.as_bytes()).expect("an answer").status, 401);
+    let unsigned = encode_request("GET", "h", &target, &[("Accept", "*/*"), ("User-Agent", "t")], b"");
+    assert_eq!(conn.exchange(&unsigned).expect("an answer").status, 401);
+    // Well signed, but without the headers WeChat's gateway requires.
+    let mut bare = String::from_utf8(WxSigner::merchant().request(&api, "GET", &target, "")).expect("text");
+    bare = bare.replace("User-Agent: payonce-test\r\n", "");
+    let answer = conn.exchange(bare.as_bytes()).expect("an answer");
+    assert_eq!((answer.status, json_of(&answer)["code"].as_str()), (400, Some("PARAM_ERROR")));
+
+    let calls = api.calls();
+    assert_eq!(calls.iter().filter(|c| !c.verified).count(), 8, "{calls:?}");
+    assert!(calls.last().is_some_and(|c| c.verified));
+    assert_eq!(api.trade_state("ORDER-W-0003"), Some("NOTPAY"), "nothing refused was acted on");
+}
+
+#[test]
+fn wechatpay_refunds_are_idempotent_per_out_refund_no() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0004", 1000).expect("open");
+    api.open_trade("ORDER-W-0005", 1000).expect("open");
+    let mut conn = connect(&api);
+    let unpaid = wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0004", "REFUND-W-0040", 1000, 1000));
+    assert_eq!((unpaid.status, json_of(&unpaid)["code"].as_str()), (400, Some("INVALID_REQUEST")));
+    let unknown = wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-NONE", "REFUND-W-0041", 1000, 1000));
+    assert_eq!(unknown.status, 404);
+    api.buyer_pays("ORDER-W-0004").expect("paid");
+    api.buyer_pays("ORDER-W-0005").expect("paid");
+
+    // The same refund, submitted from four connections at once and again:
+    // one refund, one refund_id.
+    let ids: Vec<String> = std::thread::scope(|scope| {
+        let submit = || {
+            scope.spawn(|| {
+                let mut conn = connect(&api);
+                let answer =
+                    wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0004", "REFUND-W-0042", 600, 1000));
+                assert_eq!(answer.status, 200, "{}", answer.text());
+                json_of(&answer)["refund_id"].as_str().map(str::to_owned).unwrap_or_default()
+            })
+        };
+        let handles = [submit(), submit(), submit(), submit()];
+        handles.into_iter().map(|h| h.join().expect("submitted")).collect()
+    });
+    let again =
+        json_of(&wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0004", "REFUND-W-0042", 600, 1000)));
+    assert!(ids.iter().all(|id| *id == ids[0]) && again["refund_id"] == ids[0].as_str(), "{ids:?} {again}");
+    let refunds = api.refunds();
+    assert_eq!(refunds.len(), 1, "{refunds:?}");
+    assert_eq!((refunds[0].amount, refunds[0].status), (600, RefundStatus::Processing));
+    let submissions =
+        api.calls().iter().filter(|c| c.api == REFUNDS && c.body["out_refund_no"] == "REFUND-W-0042").count();
+    assert_eq!(submissions, 5);
+
+    // The number is the refund's: another amount or trade under it is refused.
+    for body in [
+        refund_body("ORDER-W-0004", "REFUND-W-0042", 500, 1000),
+        refund_body("ORDER-W-0005", "REFUND-W-0042", 600, 1000),
+    ] {
+        let answer = wx(&api, &mut conn, "POST", REFUNDS, &body);
+        assert_eq!((answer.status, json_of(&answer)["code"].as_str()), (400, Some("INVALID_REQUEST")), "{body}");
+    }
+    // More than is left, or the wrong order total.
+    let above = wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0004", "REFUND-W-0043", 401, 1000));
+    assert_eq!((above.status, json_of(&above)["code"].as_str()), (400, Some("INVALID_REQUEST")));
+    let total = wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0004", "REFUND-W-0044", 400, 999));
+    assert_eq!(total.status, 400);
+    let rest = wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0004", "REFUND-W-0045", 400, 1000));
+    assert_eq!(rest.status, 200);
+    // A closed refund gives its amount back.
+    assert!(api.settle_refund("REFUND-W-0045", RefundStatus::Closed));
+    let retry = wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0004", "REFUND-W-0046", 400, 1000));
+    assert_eq!(retry.status, 200);
+    assert_eq!(api.refunds().len(), 3);
+}
+
+// ---- Alipay: the app's side ----
+
+/// A signed gateway form: the common parameters, `biz_content`, and `sign`
+/// over the sorted non-empty parameters but `sign`.
+fn ali_form(method: &str, biz: &Value, key: &RsaPrivateKey, change: impl FnOnce(&mut Vec<(String, String)>)) -> String {
+    let timestamp = crate::platform::china_time(crate::now_s()).plain();
+    let mut params: Vec<(String, String)> = [
+        ("app_id", SIM_ALIPAY_APP_ID),
+        ("method", method),
+        ("format", "JSON"),
+        ("charset", "utf-8"),
+        ("sign_type", "RSA2"),
+        ("timestamp", timestamp.as_str()),
+        ("version", "1.0"),
+        ("biz_content", biz.to_string().as_str()),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    change(&mut params);
+    let mut sorted: Vec<&(String, String)> = params.iter().filter(|(k, v)| k != "sign" && !v.is_empty()).collect();
+    sorted.sort();
+    let content = sorted.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
+    params.push(("sign".into(), sign(key, content.as_bytes())));
+    params.iter().map(|(k, v)| format!("{k}={}", form_encode(v))).collect::<Vec<_>>().join("&")
+}
+
+fn ali_post(api: &PlatformApi, conn: &mut Connection, form: &str) -> Response {
+    let headers = [("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")];
+    conn.exchange(&encode_request("POST", &api.addr().to_string(), "/gateway.do", &headers, form.as_bytes()))
+        .expect("an answer")
+}
+
+fn ali(api: &PlatformApi, conn: &mut Connection, method: &str, biz: Value) -> Value {
+    let answer = ali_post(api, conn, &ali_form(method, &biz, &keys().app, |_| {}));
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    ali_response(api, &answer, method).expect("a signed answer")
+}
+
+/// The `<method>_response` value, when `sign` verifies over its exact text
+/// in the body with the Alipay public key, as a client must check it.
+fn ali_response(api: &PlatformApi, answer: &Response, method: &str) -> Result<Value, String> {
+    let text = std::str::from_utf8(&answer.body).map_err(|e| e.to_string())?;
+    let prefix = format!("{{\"{}_response\":", method.replace('.', "_"));
+    let signed_end = text.rfind(",\"sign\":\"").ok_or("no sign")?;
+    let signed =
+        text.get(prefix.len()..signed_end).filter(|_| text.starts_with(&prefix)).ok_or("no _response first")?;
+    let whole: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let sign = whole["sign"].as_str().ok_or("sign is not a string")?;
+    if !verifies(api.platform_public_key(), signed.as_bytes(), sign) {
+        return Err(format!("sign does not verify over {signed}"));
+    }
+    let response: Value = serde_json::from_str(signed).map_err(|e| e.to_string())?;
+    // The signed text is the value the body carries, not something beside it.
+    if whole[&prefix[2..prefix.len() - 2]] != response {
+        return Err("the signed text is not the body's _response".into());
+    }
+    Ok(response)
+}
+
+#[test]
+fn alipay_query_close_refund_and_refund_query_round_trip() {
+    let api = alipay();
+    assert!(api.endpoint().ends_with("/gateway.do"));
+    let mut conn = connect(&api);
+    api.open_trade("ORDER_A_0001", 1000).expect("open");
+    let query = |conn: &mut Connection| ali(&api, conn, "alipay.trade.query", json!({"out_trade_no": "ORDER_A_0001"}));
+
+    let waiting = query(&mut conn);
+    assert_eq!((waiting["code"].as_str(), waiting["msg"].as_str()), (Some("10000"), Some("Success")));
+    assert_eq!(
+        (waiting["trade_status"].as_str(), waiting["total_amount"].as_str()),
+        (Some("WAIT_BUYER_PAY"), Some("10.00"))
+    );
+    let trade_no = api.buyer_pays("ORDER_A_0001").expect("paid");
+    let paid = query(&mut conn);
+    assert_eq!(
+        (paid["trade_status"].as_str(), paid["trade_no"].as_str()),
+        (Some("TRADE_SUCCESS"), Some(trade_no.as_str()))
+    );
+    assert_eq!(
+        (paid["out_trade_no"].as_str(), paid["buyer_pay_amount"].as_str()),
+        (Some("ORDER_A_0001"), Some("10.00"))
+    );
+
+    let close = ali(&api, &mut conn, "alipay.trade.close", json!({"out_trade_no": "ORDER_A_0001"}));
+    assert_eq!((close["code"].as_str(), close["sub_code"].as_str()), (Some("40004"), Some("ACQ.TRADE_STATUS_ERROR")));
+
+    let refund_biz =
+        json!({"out_trade_no": "ORDER_A_0001", "refund_amount": "10.00", "out_request_no": "REFUND_A_0001"});
+    let refund = ali(&api, &mut conn, "alipay.trade.refund", refund_biz.clone());
+    assert_eq!((refund["code"].as_str(), refund["fund_change"].as_str()), (Some("10000"), Some("Y")));
+    assert_eq!((refund["refund_fee"].as_str(), refund["trade_no"].as_str()), (Some("10.00"), Some(trade_no.as_str())));
+    // A retry of the same request is the same refund; Alipay says no money moved this time.
+    let again = ali(&api, &mut conn, "alipay.trade.refund", refund_biz);
+    assert_eq!((again["code"].as_str(), again["fund_change"].as_str()), (Some("10000"), Some("N")));
+    assert_eq!(api.refunds().len(), 1);
+
+    let refund_query = json!({"out_trade_no": "ORDER_A_0001", "out_request_no": "REFUND_A_0001"});
+    let pending = ali(&api, &mut conn, "alipay.trade.fastpay.refund.query", refund_query.clone());
+    assert_eq!((pending["code"].as_str(), pending["refund_amount"].as_str()), (Some("10000"), Some("10.00")));
+    assert!(pending.get("refund_status").is_none(), "not settled: no refund_status: {pending}");
+    assert!(api.settle_refund("REFUND_A_0001", RefundStatus::Success));
+    let settled = ali(&api, &mut conn, "alipay.trade.fastpay.refund.query", refund_query);
+    assert_eq!(settled["refund_status"], "REFUND_SUCCESS");
+    // Refunded in full, the trade is closed at Alipay.
+    assert_eq!(query(&mut conn)["trade_status"], "TRADE_CLOSED");
+
+    // Close, then the buyer is refused.
+    api.open_trade("ORDER_A_0002", 1).expect("open");
+    let closed = ali(&api, &mut conn, "alipay.trade.close", json!({"out_trade_no": "ORDER_A_0002"}));
+    assert_eq!((closed["code"].as_str(), closed["out_trade_no"].as_str()), (Some("10000"), Some("ORDER_A_0002")));
+    assert_eq!(api.buyer_pays("ORDER_A_0002"), Err(Refused::Closed));
+    let status = ali(&api, &mut conn, "alipay.trade.query", json!({"out_trade_no": "ORDER_A_0002"}));
+    assert_eq!(
+        (status["trade_status"].as_str(), status["total_amount"].as_str()),
+        (Some("TRADE_CLOSED"), Some("0.01"))
+    );
+
+    // A finished trade is paid and refuses refunds.
+    api.open_trade("ORDER_A_0003", 500).expect("open");
+    api.buyer_pays("ORDER_A_0003").expect("paid");
+    api.finish_trade("ORDER_A_0003").expect("finished");
+    assert_eq!(api.trade_state("ORDER_A_0003"), Some("TRADE_FINISHED"));
+    let late = json!({"out_trade_no": "ORDER_A_0003", "refund_amount": "5.00", "out_request_no": "REFUND_A_0003"});
+    assert_eq!(ali(&api, &mut conn, "alipay.trade.refund", late)["sub_code"], "ACQ.TRADE_HAS_FINISHED");
+
+    for method in ["alipay.trade.query", "alipay.trade.close", "alipay.trade.refund"] {
+        let biz = json!({"out_trade_no": "ORDER_A_NONE", "refund_amount": "1.00"});
+        let answer = ali(&api, &mut conn, method, biz);
+        assert_eq!(
+            (answer["code"].as_str(), answer["sub_code"].as_str()),
+            (Some("40004"), Some("ACQ.TRADE_NOT_EXIST"))
+        );
+    }
+    let calls = api.calls();
+    assert!(calls.iter().all(|c| c.verified && c.http_method == "POST"), "{calls:?}");
+    assert_eq!(calls[0].api, "alipay.trade.query");
+    assert_eq!(calls[0].body["out_trade_no"], "ORDER_A_0001");
+    assert_eq!(calls[2].code.as_deref(), Some("ACQ.TRADE_STATUS_ERROR"));
+    assert_eq!(calls[3].code.as_deref(), Some("10000"));
+}
+
+#[test]
+fn alipay_refuses_requests_the_app_did_not_sign() {
+    let api = alipay();
+    api.open_trade("ORDER_A_0010", 100).expect("open");
+    let mut conn = connect(&api);
+    let biz = json!({"out_trade_no": "ORDER_A_0010"});
+    let utc = crate::platform::china_time(crate::now_s() - 8 * 3600).plain();
+    type Change = Box<dyn FnOnce(&mut Vec<(String, String)>)>;
+    let set = |name: &'static str, value: String| -> Change {
+        Box::new(move |params| params.iter_mut().filter(|(k, _)| k == name).for_each(|(_, v)| *v = value.clone()))
+    };
+    let cases: [(&str, &RsaPrivateKey, Change, &str); 5] = [
+        ("another key", &other_key(), Box::new(|_| {}), "isv.invalid-signature"),
+        ("another app", &keys().app, set("app_id", "2021000000000999".into()), "isv.invalid-app-id"),
+        ("UTC, not Beijing time", &keys().app, set("timestamp", utc), "isv.invalid-timestamp"),
+        ("RSA, not RSA2", &keys().app, set("sign_type", "RSA".into()), "isv.invalid-signature-type"),
+        ("no version", &keys().app, set("version", String::new()), "isv.missing-version"),
+    ];
+    for (case, key, change, sub_code) in cases {
+        let answer = ali_post(&api, &mut conn, &ali_form("alipay.trade.query", &biz, key, change));
+        let response = ali_response(&api, &answer, "alipay.trade.query").expect("refusals are signed too");
+        assert_eq!(response["sub_code"].as_str(), Some(sub_code), "{case}: {response}");
+        assert!(response["code"] == "40002" || response["code"] == "40001", "{case}: {response}");
+    }
+    // A parameter changed after signing.
+    let form = ali_form("alipay.trade.query", &biz, &keys().app, |_| {}).replace("ORDER_A_0010", "ORDER_A_0011");
+    let answer = ali_response(&api, &ali_post(&api, &mut conn, &form), "alipay.trade.query").expect("signed");
+    assert_eq!(answer["sub_code"], "isv.invalid-signature");
+    // An unknown method is the gateway's error_response.
+    let answer = ali_post(&api, &mut conn, &ali_form("alipay.trade.pay.nothing", &biz, &keys().app, |_| {}));
+    assert!(answer.text().starts_with("{\"error_response\":"), "{}", answer.text());
+    assert_eq!(ali_response(&api, &answer, "error").expect("signed")["sub_code"], "isv.invalid-method");
+
+    // The common parameters in the query string, biz_content in the body, as
+    // Alipay's SDKs send them: verified over all of them together.
+    let form = ali_form("alipay.trade.query", &biz, &keys().app, |_| {});
+    let (common, body): (Vec<&str>, Vec<&str>) = form.split('&').partition(|p| !p.starts_with("biz_content="));
+    let target = format!("/gateway.do?{}", common.join("&"));
+    let headers = [("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")];
+    let request = encode_request("POST", "h", &target, &headers, body.join("&").as_bytes());
+    let answer = conn.exchange(&request).expect("an answer");
+    assert_eq!(ali_response(&api, &answer, "alipay.trade.query").expect("signed")["code"], "10000");
+
+    let verified: Vec<bool> = api.calls().iter().map(|c| c.verified).collect();
+    assert_eq!(verified, [false, false, false, false, false, false, false, true]);
+}
+
+#[test]
+fn alipay_answers_sign_the_exact_response_text() {
+    let api = alipay();
+    api.open_trade("ORDER_A_0020", 12_345).expect("open");
+    let mut conn = connect(&api);
+    let answer = ali_post(
+        &api,
+        &mut conn,
+        &ali_form("alipay.trade.query", &json!({"out_trade_no": "ORDER_A_0020"}), &keys().app, |_| {}),
+    );
+    let text = answer.text();
+    let start = "{\"alipay_trade_query_response\":".len();
+    let end = text.rfind(",\"sign\":\"").expect("sign");
+    let signed = &text[start..end];
+    let sign = json_of(&answer)["sign"].as_str().expect("sign").to_owned();
+    assert!(verifies(api.platform_public_key(), signed.as_bytes(), &sign));
+    assert!(signed.contains("\"total_amount\":\"123.45\""), "{signed}");
+    // Nothing but the signed text verifies: not the text with a byte changed,
+    // not the whole body.
+    let changed = signed.replace("123.45", "123.46");
+    assert!(!verifies(api.platform_public_key(), changed.as_bytes(), &sign));
+    assert!(!verifies(api.platform_public_key(), text.as_bytes(), &sign));
+    // Business refusals carry Chinese text, signed as the UTF-8 it is sent in.
+    let refused = ali_post(
+        &api,
+        &mut conn,
+        &ali_form("alipay.trade.close", &json!({"out_trade_no": "ORDER_A_NONE"}), &keys().app, |_| {}),
+    );
+    let response = ali_response(&api, &refused, "alipay.trade.close").expect("signed");
+    assert_eq!(response["sub_msg"], "交易不存在");
+    assert!(refused.text().contains("交易不存在"), "sent unescaped: {}", refused.text());
+}
+
+// ---- Faults ----
+
+#[test]
+fn refused_and_hanging_platforms_answer_nothing_and_do_nothing() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0030", 100).expect("open");
+    let close =
+        || WxSigner::merchant().request(&api, "POST", &close_target("ORDER-W-0030"), r#"{"mchid":"1900000100"}"#);
+
+    // A connection served before the fault: its next request is read, then dropped.
+    let mut early = connect(&api);
+    assert_eq!(wx(&api, &mut early, "GET", &query_target("ORDER-W-0030"), &Value::Null).status, 200);
+    api.set_fault(Some(Fault::Refuse));
+    assert!(matches!(early.exchange(&close()), Err(RecvError::Nothing(_))));
+    // A new connection is closed before reading.
+    let mut conn = connect(&api);
+    assert!(matches!(conn.exchange(&close()), Err(RecvError::Nothing(_))));
+    assert_eq!(api.calls().len(), 2, "only the requests that were read are recorded");
+    assert_eq!(api.calls()[1].status, None);
+
+    api.set_fault(Some(Fault::Hang));
+    let mut conn = connect(&api);
+    conn.set_read_timeout(Duration::from_millis(300)).expect("timeout");
+    let started = Instant::now();
+    assert_eq!(conn.exchange(&close()), Err(RecvError::Timeout));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!((api.calls().len(), api.calls()[2].status), (3, None));
+    assert!(api.calls()[2].verified);
+    assert_eq!(api.trade_state("ORDER-W-0030"), Some("NOTPAY"), "neither fault acted on the close");
+
+    // Healthy again: the close happens.
+    api.set_fault(None);
+    let mut conn = connect(&api);
+    assert_eq!(conn.exchange(&close()).expect("an answer").status, 204);
+    assert_eq!(api.trade_state("ORDER-W-0030"), Some("CLOSED"));
+}
+
+#[test]
+fn a_fault_for_the_next_calls_only_then_healthy() {
+    let api = alipay();
+    api.open_trade("ORDER_A_0040", 100).expect("open");
+    let mut conn = connect(&api);
+    let close = ali_form("alipay.trade.close", &json!({"out_trade_no": "ORDER_A_0040"}), &keys().app, |_| {});
+    api.fail_next(Fault::ServerError, 2);
+    for _ in 0..2 {
+        let answer = ali_post(&api, &mut conn, &close);
+        assert_eq!(answer.status, 500);
+        let response = ali_response(&api, &answer, "alipay.trade.close").expect("signed");
+        assert_eq!(
+            (response["code"].as_str(), response["sub_code"].as_str()),
+            (Some("20000"), Some("isp.unknow-error"))
+        );
+        assert_eq!(api.trade_state("ORDER_A_0040"), Some("WAIT_BUYER_PAY"), "a 500 does nothing");
+    }
+    let answer = ali_post(&api, &mut conn, &close);
+    assert_eq!(ali_response(&api, &answer, "alipay.trade.close").expect("signed")["code"], "10000");
+    let statuses: Vec<Option<u16>> = api.calls().iter().map(|c| c.status).collect();
+    assert_eq!(statuses, [Some(500), Some(500), Some(200)]);
+
+    // One refused connection, then the retry's connection is served.
+    api.fail_next(Fault::Refuse, 1);
+    let query = ali_form("alipay.trade.query", &json!({"out_trade_no": "ORDER_A_0040"}), &keys().app, |_| {});
+    let mut refused = connect(&api);
+    assert!(ali_post_raw(&api, &mut refused, &query).is_err());
+    let mut retry = connect(&api);
+    assert_eq!(
+        ali_response(&api, &ali_post(&api, &mut retry, &query), "alipay.trade.query").expect("signed")["trade_status"],
+        "TRADE_CLOSED"
+    );
+}
+
+fn ali_post_raw(api: &PlatformApi, conn: &mut Connection, form: &str) -> Result<Response, RecvError> {
+    let headers = [("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")];
+    conn.exchange(&encode_request("POST", &api.addr().to_string(), "/gateway.do", &headers, form.as_bytes()))
+}
+
+#[test]
+fn slow_answers_come_late_for_calls_that_took_effect() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0050", 100).expect("open");
+    api.set_fault(Some(Fault::Slow(Duration::from_millis(400))));
+    let mut conn = connect(&api);
+    conn.set_read_timeout(Duration::from_millis(100)).expect("timeout");
+    let close = WxSigner::merchant().request(&api, "POST", &close_target("ORDER-W-0050"), r#"{"mchid":"1900000100"}"#);
+    // The client gives up; the platform has closed the trade all the same.
+    assert_eq!(conn.exchange(&close), Err(RecvError::Timeout));
+    assert_eq!(api.trade_state("ORDER-W-0050"), Some("CLOSED"));
+    // Waiting long enough, the answer arrives.
+    conn.set_read_timeout(5 * SECOND).expect("timeout");
+    let started = Instant::now();
+    let late = conn.receive().expect("the late answer");
+    assert_eq!(late.status, 204);
+    assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
+    assert!(wx_verified(&api, &late));
+}
+
+#[test]
+fn tampered_answers_fail_verification() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0060", 250).expect("open");
+    api.open_trade("ORDER-W-0061", 250).expect("open");
+    let mut conn = connect(&api);
+    api.set_fault(Some(Fault::TamperAnswers));
+    let answer = wx(&api, &mut conn, "GET", &query_target("ORDER-W-0060"), &Value::Null);
+    assert_eq!(answer.status, 200);
+    let body = json_of(&answer);
+    assert!(body.is_object(), "still JSON: {}", answer.text());
+    assert_ne!(body["amount"]["total"], 250, "an amount was changed");
+    assert!(!wx_verified(&api, &answer));
+    let closed = wx(&api, &mut conn, "POST", &close_target("ORDER-W-0061"), &json!({"mchid": WECHATPAY_MCHID}));
+    assert_eq!(closed.status, 204);
+    assert!(!wx_verified(&api, &closed), "a 204's signature is tampered with");
+    assert_eq!(api.trade_state("ORDER-W-0061"), Some("CLOSED"), "the close took effect");
+
+    let alipay = alipay();
+    alipay.open_trade("ORDER_A_0060", 250).expect("open");
+    alipay.set_fault(Some(Fault::TamperAnswers));
+    let mut conn = connect(&alipay);
+    let form = ali_form("alipay.trade.query", &json!({"out_trade_no": "ORDER_A_0060"}), &keys().app, |_| {});
+    let answer = ali_post(&alipay, &mut conn, &form);
+    let response = &json_of(&answer)["alipay_trade_query_response"];
+    assert_eq!(response["receipt_amount"], "0.01", "the last amount was changed: {}", answer.text());
+    assert!(ali_response(&alipay, &answer, "alipay.trade.query").is_err());
+}
+
+#[test]
+fn answers_about_another_merchant_or_trade_are_correctly_signed() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0070", 100).expect("open");
+    api.buyer_pays("ORDER-W-0070").expect("paid");
+    let mut conn = connect(&api);
+    api.set_fault(Some(Fault::WrongMerchant));
+    let answer = wx(&api, &mut conn, "GET", &query_target("ORDER-W-0070"), &Value::Null);
+    assert!(wx_verified(&api, &answer));
+    let body = json_of(&answer);
+    assert!(body["mchid"] != WECHATPAY_MCHID && body["mchid"].is_string(), "{body}");
+    assert_eq!(body["out_trade_no"], "ORDER-W-0070");
+    api.set_fault(Some(Fault::WrongTrade));
+    let answer = wx(&api, &mut conn, "GET", &query_target("ORDER-W-0070"), &Value::Null);
+    assert!(wx_verified(&api, &answer));
+    let body = json_of(&answer);
+    assert_eq!(body["mchid"], WECHATPAY_MCHID);
+    assert!(body["out_trade_no"] != "ORDER-W-0070" && body["out_trade_no"].is_string(), "{body}");
+    let refund = wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0070", "REFUND-W-0070", 100, 100));
+    assert!(wx_verified(&api, &refund));
+    assert_ne!(json_of(&refund)["out_trade_no"], "ORDER-W-0070");
+
+    let alipay = alipay();
+    alipay.open_trade("ORDER_A_0070", 100).expect("open");
+    alipay.set_fault(Some(Fault::WrongTrade));
+    let mut conn = connect(&alipay);
+    let answer = ali(&alipay, &mut conn, "alipay.trade.query", json!({"out_trade_no": "ORDER_A_0070"}));
+    assert!(answer["out_trade_no"] != "ORDER_A_0070" && answer["out_trade_no"].is_string(), "{answer}");
+}
+
+#[test]
+fn a_buyer_at_the_cashier_is_userpaying_at_wechat_and_waiting_at_alipay() {
+    let (wechat, ali_api) = (wechatpay(), alipay());
+    assert_eq!((wechat.platform(), ali_api.platform()), (Platform::Wechatpay, Platform::Alipay));
+    wechat.open_trade("ORDER-W-0110", 100).expect("open");
+    ali_api.open_trade("ORDER_A_0110", 100).expect("open");
+    assert_eq!(wechat.buyer_paying("ORDER-W-0110"), Ok(()));
+    assert_eq!(ali_api.buyer_paying("ORDER_A_0110"), Ok(()));
+    let answer = wx(&wechat, &mut connect(&wechat), "GET", &query_target("ORDER-W-0110"), &Value::Null);
+    assert_eq!(json_of(&answer)["trade_state"], "USERPAYING");
+    let answer = ali(&ali_api, &mut connect(&ali_api), "alipay.trade.query", json!({"out_trade_no": "ORDER_A_0110"}));
+    assert_eq!(answer["trade_status"], "WAIT_BUYER_PAY");
+    let pay_no = wechat.buyer_pays("ORDER-W-0110").expect("paid");
+    assert_eq!(wechat.buyer_pays("ORDER-W-0110"), Err(Refused::AlreadyPaid { pay_no }));
+    assert_eq!(wechat.buyer_paying("ORDER-W-NONE"), Err(Refused::NoSuchTrade));
+    assert!(wechat.finish_trade("ORDER-W-0110").is_err(), "WeChat has no TRADE_FINISHED");
+}
+
+// ---- Keys, HTTP, shutdown ----
+
+#[test]
+fn a_throwaway_platform_key_is_made_and_published() {
+    let api = PlatformApi::start_wechatpay(WechatpayApiConfig::new(MERCHANT_SERIAL, keys().merchant.to_public_key()))
+        .expect("starts");
+    assert_eq!(api.platform_serial(), Some(SIM_WECHATPAY_SERIAL));
+    assert_eq!(api.merchant_id(), WECHATPAY_MCHID);
+    let pem = api.platform_public_key_pem().expect("pem");
+    assert!(pem.starts_with("-----BEGIN PUBLIC KEY-----"), "{pem}");
+    assert_eq!(&RsaPublicKey::from_public_key_pem(&pem).expect("parses"), api.platform_public_key());
+    assert_ne!(api.platform_public_key(), &keys().wechatpay_platform.to_public_key());
+    // The key it published is the one it signs with.
+    api.open_trade("ORDER-W-0080", 1).expect("open");
+    let answer = wx(&api, &mut connect(&api), "GET", &query_target("ORDER-W-0080"), &Value::Null);
+    assert!(wx_verified(&api, &answer));
+    let alipay = alipay();
+    assert_eq!((alipay.platform_serial(), alipay.merchant_id()), (None, SIM_ALIPAY_APP_ID));
+}
+
+#[test]
+fn connection_close_is_honoured_and_numbers_are_checked() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0090", 1).expect("open");
+    assert!(api.open_trade("ORDER-W-0090", 1).is_err(), "open already");
+    assert!(api.open_trade("SHORT", 1).is_err(), "WeChat needs 6-32 characters");
+    assert!(alipay().open_trade("ORDER-A-DASH", 1).is_err(), "Alipay takes [A-Za-z0-9_]");
+    let mut conn = connect(&api);
+    let mut request =
+        String::from_utf8(WxSigner::merchant().request(&api, "GET", &query_target("ORDER-W-0090"), "")).expect("text");
+    request = request.replacen("\r\n", "\r\nConnection: close\r\n", 1);
+    let answer = conn.exchange(request.as_bytes()).expect("an answer");
+    assert!(answer.close && answer.status == 200, "{answer:?}");
+    assert!(matches!(conn.exchange(request.as_bytes()), Err(RecvError::Nothing(_))), "closed after the answer");
+    // A number WeChat cannot carry is refused before any lookup; one it can
+    // carry percent-encoded is found.
+    api.open_trade("ORDER|W*0091", 1).expect("open");
+    let mut conn = connect(&api);
+    let found = wx(&api, &mut conn, "GET", &query_target("ORDER%7CW*0091"), &Value::Null);
+    assert_eq!((found.status, json_of(&found)["out_trade_no"].as_str()), (200, Some("ORDER|W*0091")));
+    let bad = wx(&api, &mut conn, "GET", &query_target("ORDER.W.0091"), &Value::Null);
+    assert_eq!((bad.status, json_of(&bad)["code"].as_str()), (400, Some("PARAM_ERROR")));
+    let nowhere = wx(&api, &mut conn, "GET", "/v3/pay/transactions/id/4200?mchid=1900000100", &Value::Null);
+    assert_eq!(nowhere.status, 404);
+}
+
+#[test]
+fn dropping_the_server_ends_its_connections() {
+    let api = alipay();
+    let addr = api.addr();
+    api.set_fault(Some(Fault::Hang));
+    let mut conn = connect(&api);
+    let form = ali_form("alipay.trade.query", &json!({"out_trade_no": "ORDER_A_0100"}), &keys().app, |_| {});
+    conn.send(&encode_request("POST", "h", "/gateway.do", &[], form.as_bytes())).expect("sent");
+    while api.calls().is_empty() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let started = Instant::now();
+    drop(api);
+    assert!(started.elapsed() < 2 * SECOND, "{:?}", started.elapsed());
+    assert!(matches!(conn.receive(), Err(RecvError::Nothing(_))));
+    assert!(std::net::TcpStream::connect_timeout(&addr, SECOND).is_err(), "no longer listening");
+}
+
+// ---- Pieces ----
+
+#[test]
+fn yuan_strings_become_fen_exactly() {
+    for (text, fen) in
+        [("10.00", Some(1000)), ("0.01", Some(1)), ("7", Some(700)), ("0.5", Some(50)), ("123.45", Some(12_345))]
+    {
+        assert_eq!(yuan_to_fen(text), fen, "{text}");
+    }
+    for text in ["", ".5", "1.", "1.234", "-1.00", "1,00", "1e3", " 1.00"] {
+        assert_eq!(yuan_to_fen(text), None, "{text:?}");
+    }
+}
+
+#[test]
+fn tampering_keeps_the_text_well_formed() {
+    let mut text = br#"{"total":250,"currency":"CNY"}"#.to_vec();
+    tamper(&mut text);
+    assert_eq!(text, br#"{"total":251,"currency":"CNY"}"#);
+    let mut letters = br#"{"a":"CNY"}"#.to_vec();
+    tamper(&mut letters);
+    assert_eq!(letters, br#"{"a":"CNy"}"#);
+    assert_eq!(other_trade_no("ORDER-1"), "ORDER-0");
+    assert_eq!(other_trade_no("ORDER-0"), "ORDER-1");
+}

@@ -1,0 +1,415 @@
+//! WeChat Pay APIv3, the merchant side of a NATIVE (QR) trade: query by
+//! out_trade_no, close, domestic refund and its query, at the documented
+//! paths. Requests carry `Authorization: WECHATPAY2-SHA256-RSA2048 ...`,
+//! SHA256withRSA by the merchant's key over
+//! `"{METHOD}\n{path?query}\n{timestamp}\n{nonce}\n{body}\n"`; answers are
+//! signed by the platform key exactly as its notifications are.
+
+use super::http::{parse_form, percent_decode, Answer, Api, Request};
+use super::ledger::{CloseRefused, Ledger, RefundRefused, Trade, TradeState};
+use super::{other_trade_no, tamper, unique_digits, Call, Fault, RefundStatus, WechatpayApiConfig};
+use crate::platform::{china_time, wechatpay_signature_headers};
+use base64::Engine;
+use rsa::pkcs1v15::{Signature, SigningKey, VerifyingKey};
+use rsa::signature::Verifier;
+use rsa::RsaPrivateKey;
+use serde_json::{json, Value};
+use sha2::Sha256;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How far a request's timestamp may be from the platform's clock.
+const CLOCK_SKEW_S: i64 = 300;
+/// `mchid` and `appid` of the merchant a [`Fault::WrongMerchant`] answer names.
+const OTHER_MCHID: &str = "1900009999";
+const OTHER_APPID: &str = "wxothermerchant0000";
+
+/// A 6-32 character out_trade_no of `[A-Za-z0-9_*|-]` (the contract's rule).
+pub(super) fn valid_out_trade_no(no: &str) -> bool {
+    (6..=32).contains(&no.len()) && no.bytes().all(|b| b.is_ascii_alphanumeric() || b"_*|-".contains(&b))
+}
+
+/// WeChat's refund numbers: up to 64 of `[A-Za-z0-9_|*@-]`.
+fn valid_out_refund_no(no: &str) -> bool {
+    (1..=64).contains(&no.len()) && no.bytes().all(|b| b.is_ascii_alphanumeric() || b"_|*@-".contains(&b))
+}
+
+/// A 28-digit transaction_id, `4200...` like WeChat's.
+pub(super) fn new_transaction_id() -> String {
+    format!("4200{}", unique_digits(24))
+}
+
+/// `trade_state` of a trade: a paid one becomes `REFUND` once a refund is requested.
+pub(super) fn trade_state(trade: &Trade, ledger: &Ledger) -> &'static str {
+    match trade.state {
+        TradeState::NotPaid => "NOTPAY",
+        TradeState::Paying => "USERPAYING",
+        TradeState::Paid | TradeState::Finished if ledger.has_refunds(&trade.out_trade_no) => "REFUND",
+        TradeState::Paid | TradeState::Finished => "SUCCESS",
+        TradeState::Closed => "CLOSED",
+    }
+}
+
+fn trade_state_desc(state: &str) -> &'static str {
+    match state {
+        "SUCCESS" => "支付成功",
+        "REFUND" => "转入退款",
+        "USERPAYING" => "用户支付中",
+        "CLOSED" => "已关闭",
+        _ => "订单未支付",
+    }
+}
+
+#[derive(Debug)]
+enum Route {
+    Query(String),
+    Close(String),
+    Refund,
+    RefundQuery(String),
+}
+
+pub(super) struct Checked {
+    /// `None`: no such API.
+    route: Option<Route>,
+    /// Why the request is not the merchant's (401), or a header WeChat
+    /// requires is missing (400).
+    refusal: Option<(u16, &'static str, String)>,
+    body: Value,
+}
+
+pub(super) struct Wechatpay {
+    mchid: String,
+    appid: String,
+    merchant_serial: String,
+    verifying_key: VerifyingKey<Sha256>,
+    signing_key: SigningKey<Sha256>,
+    platform_serial: String,
+    ledger: Arc<Ledger>,
+}
+
+impl Wechatpay {
+    pub fn new(config: &WechatpayApiConfig, key: RsaPrivateKey, ledger: Arc<Ledger>) -> Wechatpay {
+        Wechatpay {
+            mchid: config.mchid.clone(),
+            appid: config.appid.clone(),
+            merchant_serial: config.merchant_serial.clone(),
+            verifying_key: VerifyingKey::new(config.merchant_public_key.clone()),
+            signing_key: SigningKey::new(key),
+            platform_serial: config.platform_serial.clone(),
+            ledger,
+        }
+    }
+
+    /// `Ok` when the request is the merchant's, signed within the clock skew.
+    fn authenticate(&self, request: &Request) -> Result<(), String> {
+        let header = request.header("Authorization").ok_or("no Authorization header")?;
+        let list = header
+            .strip_prefix("WECHATPAY2-SHA256-RSA2048 ")
+            .ok_or("the Authorization scheme is not WECHATPAY2-SHA256-RSA2048")?;
+        let mut fields = HashMap::new();
+        for part in list.split(',') {
+            let (name, value) = part.trim().split_once('=').ok_or_else(|| format!("Authorization: {part:?}"))?;
+            let value = value.strip_prefix('"').and_then(|v| v.strip_suffix('"'));
+            fields.insert(name, value.ok_or_else(|| format!("Authorization: {name} is not quoted"))?);
+        }
+        let field = |name: &str| fields.get(name).copied().ok_or_else(|| format!("Authorization has no {name}"));
+        let (mchid, nonce, signature) = (field("mchid")?, field("nonce_str")?, field("signature")?);
+        let (timestamp, serial) = (field("timestamp")?, field("serial_no")?);
+        if mchid != self.mchid {
+            return Err(format!("mchid {mchid} is not this merchant ({})", self.mchid));
+        }
+        if serial != self.merchant_serial {
+            return Err(format!("serial_no {serial} is not the merchant's certificate serial"));
+        }
+        let t: i64 = timestamp.parse().map_err(|_| format!("timestamp {timestamp:?} is not Unix seconds"))?;
+        let skew = (crate::now_s() - t).abs();
+        if skew > CLOCK_SKEW_S {
+            return Err(format!("timestamp {t} is {skew} s off"));
+        }
+        let mut message = format!("{}\n{}\n{timestamp}\n{nonce}\n", request.method, request.target).into_bytes();
+        message.extend_from_slice(&request.body);
+        message.push(b'\n');
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(signature)
+            .map_err(|_| "the signature is not base64".to_owned())?;
+        let signature = Signature::try_from(bytes.as_slice()).map_err(|_| "not an RSA signature".to_owned())?;
+        self.verifying_key.verify(&message, &signature).map_err(|_| "the signature does not verify".to_owned())
+    }
+
+    /// A JSON answer, signed (and tampered with after, if that is the fault).
+    fn json(&self, status: u16, value: &Value, fault: Option<&Fault>) -> Answer {
+        let mut body = value.to_string().into_bytes();
+        let mut headers = vec![("Content-Type".into(), "application/json; charset=utf-8".into())];
+        headers.extend(self.signature_headers(&body));
+        if fault == Some(&Fault::TamperAnswers) {
+            tamper(&mut body);
+        }
+        let code = value.get("code").and_then(Value::as_str).map(str::to_owned);
+        Answer { status, headers, body, code }
+    }
+
+    /// `204 No Content`, signed over the empty body.
+    fn no_content(&self, fault: Option<&Fault>) -> Answer {
+        let mut headers = self.signature_headers(b"");
+        if fault == Some(&Fault::TamperAnswers) {
+            // Nothing to change in an empty body: its signature goes wrong instead.
+            for (name, value) in &mut headers {
+                if name == "Wechatpay-Signature" {
+                    let first = if value.starts_with('A') { "B" } else { "A" };
+                    value.replace_range(..1, first);
+                }
+            }
+        }
+        Answer { status: 204, headers, body: Vec::new(), code: None }
+    }
+
+    fn signature_headers(&self, body: &[u8]) -> Vec<(String, String)> {
+        let mut headers = vec![("Request-ID".to_owned(), format!("sim-{}", unique_digits(20)))];
+        match wechatpay_signature_headers(&self.signing_key, &self.platform_serial, body, crate::now_s()) {
+            Ok(signed) => headers.extend(signed),
+            // Unsigned, so the client refuses it: the honest answer of a
+            // platform that cannot sign.
+            Err(e) => headers.push(("Wechatpay-Sim-Error".into(), e)),
+        }
+        headers
+    }
+
+    fn error(&self, status: u16, code: &str, message: &str, fault: Option<&Fault>) -> Answer {
+        self.json(status, &json!({"code": code, "message": message}), fault)
+    }
+
+    fn query(&self, out_trade_no: &str, request: &Request, fault: Option<&Fault>) -> Answer {
+        let query = parse_form(request.query()).unwrap_or_default();
+        match query.iter().find(|(name, _)| name == "mchid") {
+            None => return self.error(400, "PARAM_ERROR", "缺少参数 mchid", fault),
+            Some((_, mchid)) if *mchid != self.mchid => {
+                return self.error(400, "PARAM_ERROR", "mchid 与请求头中的商户号不一致", fault);
+            }
+            Some(_) => {}
+        }
+        let Some(trade) = self.ledger.trade(out_trade_no) else {
+            return self.error(404, "ORDER_NOT_EXIST", "订单不存在", fault);
+        };
+        let state = trade_state(&trade, &self.ledger);
+        let paid = matches!(trade.state, TradeState::Paid | TradeState::Finished);
+        let (mchid, appid) = match fault {
+            Some(Fault::WrongMerchant) => (OTHER_MCHID, OTHER_APPID),
+            _ => (self.mchid.as_str(), self.appid.as_str()),
+        };
+        let mut answer = json!({
+            "mchid": mchid,
+            "appid": appid,
+            "out_trade_no": answered_trade_no(&trade.out_trade_no, fault),
+        });
+        if paid {
+            answer["transaction_id"] = json!(trade.pay_no);
+        }
+        answer["trade_type"] = json!("NATIVE");
+        answer["trade_state"] = json!(state);
+        answer["trade_state_desc"] = json!(trade_state_desc(state));
+        if paid {
+            answer["bank_type"] = json!("OTHERS");
+        }
+        answer["attach"] = json!("");
+        if let (true, Some(paid_at)) = (paid, trade.paid_at) {
+            answer["success_time"] = json!(china_time(paid_at).rfc3339());
+            answer["payer"] = json!({"openid": "oSimulatorPayonceBuyer0000000"});
+        }
+        answer["amount"] = if paid {
+            json!({"total": trade.amount, "payer_total": trade.amount, "currency": "CNY", "payer_currency": "CNY"})
+        } else {
+            json!({"total": trade.amount, "currency": "CNY", "payer_currency": "CNY"})
+        };
+        self.json(200, &answer, fault)
+    }
+
+    fn close(&self, out_trade_no: &str, body: &Value, fault: Option<&Fault>) -> Answer {
+        match body.get("mchid").and_then(Value::as_str) {
+            None => return self.error(400, "PARAM_ERROR", "缺少参数 mchid", fault),
+            Some(mchid) if mchid != self.mchid => {
+                return self.error(400, "PARAM_ERROR", "mchid 与请求头中的商户号不一致", fault);
+            }
+            Some(_) => {}
+        }
+        match self.ledger.close(out_trade_no) {
+            // WeChat answers 204 for a trade it never had, too.
+            Ok(_) | Err(CloseRefused::NoSuchTrade) => self.no_content(fault),
+            Err(CloseRefused::AlreadyClosed) => self.error(400, "ORDER_CLOSED", "订单已关闭", fault),
+            Err(CloseRefused::Paid) => self.error(400, "ORDERPAID", "订单已支付", fault),
+        }
+    }
+
+    fn refund(&self, body: &Value, fault: Option<&Fault>) -> Answer {
+        let text = |name: &str| body.get(name).and_then(Value::as_str);
+        let Some(out_trade_no) = text("out_trade_no") else {
+            // WeChat also takes transaction_id; payonce sends out_trade_no.
+            return self.error(400, "PARAM_ERROR", "缺少参数 out_trade_no", fault);
+        };
+        let Some(out_refund_no) = text("out_refund_no").filter(|no| valid_out_refund_no(no)) else {
+            return self.error(400, "PARAM_ERROR", "out_refund_no 缺失或格式错误", fault);
+        };
+        let amount = &body["amount"];
+        let (Some(refund), Some(total)) = (amount["refund"].as_i64(), amount["total"].as_i64()) else {
+            return self.error(400, "PARAM_ERROR", "amount.refund 与 amount.total 须为整数(分)", fault);
+        };
+        if amount["currency"].as_str() != Some("CNY") {
+            return self.error(400, "PARAM_ERROR", "amount.currency 须为 CNY", fault);
+        }
+        // Both optional; present, they must be strings WeChat can hold.
+        let malformed =
+            |name: &str, max: usize| body.get(name).is_some_and(|v| v.as_str().is_none_or(|s| s.chars().count() > max));
+        if malformed("reason", 80) || malformed("notify_url", 256) {
+            return self.error(400, "PARAM_ERROR", "reason 或 notify_url 格式错误", fault);
+        }
+        match self.ledger.trade(out_trade_no) {
+            None => return self.error(404, "RESOURCE_NOT_EXISTS", "订单不存在", fault),
+            Some(trade) if trade.amount != total => {
+                return self.error(400, "INVALID_REQUEST", "amount.total 与原订单金额不一致", fault);
+            }
+            Some(_) => {}
+        }
+        let now = crate::now_s();
+        let new_id = || format!("50{}", unique_digits(27));
+        match self.ledger.refund(out_trade_no, out_refund_no, refund, now, new_id) {
+            Ok((refund, trade, _)) => self.json(200, &self.refund_answer(&refund, &trade, fault), fault),
+            Err(RefundRefused::NoSuchTrade) => self.error(404, "RESOURCE_NOT_EXISTS", "订单不存在", fault),
+            Err(RefundRefused::NotPaid | RefundRefused::Finished) => {
+                self.error(400, "INVALID_REQUEST", "订单未支付或已关闭，不能退款", fault)
+            }
+            Err(RefundRefused::Exceeds) => self.error(400, "INVALID_REQUEST", "申请退款金额超过订单可退金额", fault),
+            Err(RefundRefused::Discordant) => {
+                self.error(400, "INVALID_REQUEST", "退款单号已用于另一订单或另一金额", fault)
+            }
+        }
+    }
+
+    fn refund_query(&self, out_refund_no: &str, fault: Option<&Fault>) -> Answer {
+        match self.ledger.refund_of(out_refund_no) {
+            Some((refund, trade)) => self.json(200, &self.refund_answer(&refund, &trade, fault), fault),
+            None => self.error(404, "RESOURCE_NOT_EXISTS", "退款单不存在", fault),
+        }
+    }
+
+    fn refund_answer(&self, refund: &super::ledger::Refund, trade: &Trade, fault: Option<&Fault>) -> Value {
+        let mut answer = json!({
+            "refund_id": refund.refund_id,
+            "out_refund_no": refund.out_refund_no,
+            "transaction_id": trade.pay_no,
+            "out_trade_no": answered_trade_no(&trade.out_trade_no, fault),
+            "channel": "ORIGINAL",
+            "user_received_account": "支付用户零钱",
+        });
+        if let (RefundStatus::Success, Some(at)) = (refund.status, refund.settled_at) {
+            answer["success_time"] = json!(china_time(at).rfc3339());
+        }
+        answer["create_time"] = json!(china_time(refund.created_at).rfc3339());
+        answer["status"] = json!(refund.status.wechatpay());
+        answer["funds_account"] = json!("AVAILABLE");
+        answer["amount"] = json!({
+            "total": trade.amount,
+            "refund": refund.amount,
+            "payer_total": trade.amount,
+            "payer_refund": refund.amount,
+            "settlement_total": trade.amount,
+            "settlement_refund": refund.amount,
+            "discount_refund": 0,
+            "currency": "CNY",
+        });
+        answer
+    }
+}
+
+/// The out_trade_no an answer names: the one asked about, unless the fault
+/// is answering about another trade.
+fn answered_trade_no(out_trade_no: &str, fault: Option<&Fault>) -> String {
+    match fault {
+        Some(Fault::WrongTrade) => other_trade_no(out_trade_no),
+        _ => out_trade_no.to_owned(),
+    }
+}
+
+fn route(method: &str, path: &str) -> Option<Route> {
+    const TRADE: &str = "/v3/pay/transactions/out-trade-no/";
+    const REFUNDS: &str = "/v3/refund/domestic/refunds";
+    let segment = |rest: &str| percent_decode(rest, false).filter(|s| !s.is_empty() && !s.contains('/'));
+    if let Some(rest) = path.strip_prefix(TRADE) {
+        return match (method, rest.strip_suffix("/close")) {
+            ("POST", Some(no)) => segment(no).map(Route::Close),
+            ("GET", None) => segment(rest).map(Route::Query),
+            _ => None,
+        };
+    }
+    match (method, path.strip_prefix(REFUNDS)) {
+        ("POST", Some("")) => Some(Route::Refund),
+        ("GET", Some(rest)) => segment(rest.strip_prefix('/')?).map(Route::RefundQuery),
+        _ => None,
+    }
+}
+
+impl Api for Wechatpay {
+    type Checked = Checked;
+
+    fn check(&self, request: &Request) -> (Call, Checked) {
+        let route = route(&request.method, request.path());
+        let body = if request.body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&request.body).unwrap_or(Value::Null)
+        };
+        let authenticated = self.authenticate(request);
+        let refusal = match &authenticated {
+            Err(reason) => Some((401, "SIGN_ERROR", format!("签名错误: {reason}"))),
+            // WeChat's API gateway wants both on every request.
+            Ok(()) if request.header("Accept").is_none() || request.header("User-Agent").is_none() => {
+                Some((400, "PARAM_ERROR", "HTTP 头缺少 Accept 或 User-Agent".to_owned()))
+            }
+            Ok(()) if request.method == "POST" && !is_json(request) => {
+                Some((400, "PARAM_ERROR", "Content-Type 须为 application/json，包体须为 JSON".to_owned()))
+            }
+            Ok(()) => None,
+        };
+        let call = Call {
+            http_method: request.method.clone(),
+            api: request.target.clone(),
+            body: body.clone(),
+            params: Vec::new(),
+            verified: authenticated.is_ok(),
+            status: None,
+            code: None,
+        };
+        (call, Checked { route, refusal, body })
+    }
+
+    fn answer(&self, request: &Request, checked: Checked, fault: Option<&Fault>) -> Answer {
+        if fault == Some(&Fault::ServerError) {
+            return self.error(500, "SYSTEM_ERROR", "系统错误", fault);
+        }
+        let Some(route) = checked.route else {
+            return self.error(404, "NOT_FOUND", "请求的资源不存在", fault);
+        };
+        if let Some((status, code, message)) = &checked.refusal {
+            return self.error(*status, code, message, fault);
+        }
+        let bad_number = match &route {
+            Route::Query(no) | Route::Close(no) => !valid_out_trade_no(no),
+            Route::RefundQuery(no) => !valid_out_refund_no(no),
+            Route::Refund => false,
+        };
+        if bad_number {
+            return self.error(400, "PARAM_ERROR", "商户订单号或退款单号格式错误", fault);
+        }
+        match route {
+            Route::Query(no) => self.query(&no, request, fault),
+            Route::Close(no) => self.close(&no, &checked.body, fault),
+            Route::Refund => self.refund(&checked.body, fault),
+            Route::RefundQuery(no) => self.refund_query(&no, fault),
+        }
+    }
+}
+
+/// A POST's body is JSON, declared as such.
+fn is_json(request: &Request) -> bool {
+    let declared =
+        request.header("Content-Type").is_some_and(|t| t.to_ascii_lowercase().starts_with("application/json"));
+    declared && serde_json::from_slice::<Value>(&request.body).is_ok_and(|v| v.is_object())
+}

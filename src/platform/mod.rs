@@ -1,0 +1,204 @@
+//! Talking to the payment platforms (PRODUCT.md section 11): payonce asks
+//! instead of only listening. Each client signs its requests with the
+//! merchant's key (`ring`: the `rsa` crate's private-key operations carry
+//! RUSTSEC-2023-0071), calls with an explicit timeout (`ureq`), and trusts
+//! an answer only once it verifies with the platform's key and names what
+//! was asked; anything else is "no answer" ([`Exchange::unknown`]).
+//!
+//! The clients know neither `App` nor the store: they turn one question
+//! into one HTTP exchange and say what it meant. Recording each exchange in
+//! `platform_call` and acting on it is `platform_ops.rs`'s.
+
+pub mod alipay;
+pub mod wechatpay;
+
+use std::time::Duration;
+
+pub const PLATFORM_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// The longest answer kept (and read) of one exchange.
+pub const RESPONSE_BYTES_MAX: u64 = 64 * 1024;
+
+/// What a platform says of an order, in payonce's words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TradeState {
+    /// The buyer paid: `pay_no` is the platform's trade number.
+    Paid {
+        pay_no: String,
+        amount: i64,
+        paid_at: Option<String>,
+    },
+    /// Not paid (or no such trade). `paying`: the buyer is paying right now
+    /// (WeChat `USERPAYING`), so the order must not be closed in this pass.
+    NotPaid {
+        paying: bool,
+    },
+    Closed,
+    /// Unreachable, timed out, refused, or an answer that did not verify.
+    Unknown,
+}
+
+impl TradeState {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TradeState::Paid { .. } => "paid",
+            TradeState::NotPaid { .. } => "not_paid",
+            TradeState::Closed => "closed",
+            TradeState::Unknown => "unknown",
+        }
+    }
+}
+
+/// One HTTP exchange with a platform, as `platform_call` keeps it, and what it meant.
+#[derive(Clone, Debug)]
+pub struct Exchange<T> {
+    /// What was sent (the URL and body; never a signature or a key).
+    pub request: String,
+    pub http_status: Option<u16>,
+    /// The answer's body, or the client's error when there was none.
+    pub response: String,
+    pub meaning: T,
+    /// Why the answer counts as no answer, when it does.
+    pub distrust: Option<String>,
+}
+
+impl Exchange<TradeState> {
+    /// No call made: the platform cannot carry this order_no, so there is no
+    /// such trade there (section 11).
+    pub fn not_carried(request: String, platform: &str) -> Exchange<TradeState> {
+        Exchange {
+            request,
+            http_status: None,
+            response: format!("not sent: {platform} cannot carry this order_no (no such trade there)"),
+            meaning: TradeState::NotPaid { paying: false },
+            distrust: None,
+        }
+    }
+}
+
+impl<T> Exchange<T> {
+    /// An exchange whose answer counts as none (unreachable, unverified ...).
+    pub fn unknown(
+        request: String,
+        http_status: Option<u16>,
+        response: String,
+        why: String,
+        meaning: T,
+    ) -> Exchange<T> {
+        Exchange { request, http_status, response, meaning, distrust: Some(why) }
+    }
+}
+
+/// The merchant's API private key (PEM: PKCS#8 `PRIVATE KEY` or PKCS#1 `RSA
+/// PRIVATE KEY`), for SHA256withRSA request signatures.
+pub struct MerchantKey {
+    pair: ring::signature::RsaKeyPair,
+}
+
+impl std::fmt::Debug for MerchantKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MerchantKey(..)")
+    }
+}
+
+impl MerchantKey {
+    pub fn from_pem(pem: &str) -> Result<MerchantKey, String> {
+        use rustls_pemfile::Item;
+        let mut reader = std::io::BufReader::new(pem.as_bytes());
+        loop {
+            match rustls_pemfile::read_one(&mut reader) {
+                Ok(Some(Item::Pkcs8Key(der))) => {
+                    return ring::signature::RsaKeyPair::from_pkcs8(der.secret_pkcs8_der())
+                        .map(|pair| MerchantKey { pair })
+                        .map_err(|e| format!("not an RSA private key: {e}"));
+                }
+                Ok(Some(Item::Pkcs1Key(der))) => {
+                    return ring::signature::RsaKeyPair::from_der(der.secret_pkcs1_der())
+                        .map(|pair| MerchantKey { pair })
+                        .map_err(|e| format!("not an RSA private key: {e}"));
+                }
+                Ok(Some(_)) => continue,
+                Ok(None) => return Err("no PRIVATE KEY or RSA PRIVATE KEY block in the PEM".into()),
+                Err(e) => return Err(format!("unreadable PEM: {e}")),
+            }
+        }
+    }
+
+    /// base64 SHA256withRSA (PKCS#1 v1.5) of `message`.
+    pub fn sign_base64(&self, message: &[u8]) -> Result<String, String> {
+        use base64::Engine as _;
+        let mut signature = vec![0u8; self.pair.public().modulus_len()];
+        self.pair
+            .sign(&ring::signature::RSA_PKCS1_SHA256, &ring::rand::SystemRandom::new(), message, &mut signature)
+            .map_err(|_| "RSA signing failed".to_owned())?;
+        Ok(base64::engine::general_purpose::STANDARD.encode(signature))
+    }
+}
+
+/// The HTTP client of the platform calls: the whole call within `timeout`,
+/// a 4xx or 5xx an answer to read, no redirect followed, no proxy.
+pub fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .max_redirects_will_error(false)
+        .proxy(None)
+        .user_agent(format!("payonce/{}", env!("CARGO_PKG_VERSION")))
+        .build()
+        .into()
+}
+
+/// Reads at most [`RESPONSE_BYTES_MAX`] of an answer's body as text.
+pub(crate) fn body_text(answer: &mut ureq::http::Response<ureq::Body>) -> Result<String, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    answer
+        .body_mut()
+        .as_reader()
+        .take(RESPONSE_BYTES_MAX)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("reading the answer failed: {e}"))?;
+    String::from_utf8(bytes).map_err(|_| "the answer is not UTF-8".to_owned())
+}
+
+/// A fresh random nonce: 32 hex characters.
+pub(crate) fn nonce() -> String {
+    let mut bytes = [0u8; 16];
+    let _ = getrandom::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+pub(crate) mod test_keys {
+    //! Two fixed 2048-bit RSA keys for the clients' unit tests
+    //! (tests/fixtures/keys/, made with `openssl genpkey`; ring refuses
+    //! smaller ones, and generating 2048-bit keys in a debug build is slow).
+    use rsa::pkcs8::DecodePrivateKey;
+
+    pub struct Pair {
+        pub private: rsa::RsaPrivateKey,
+        pub private_pem: &'static str,
+        pub public: rsa::RsaPublicKey,
+    }
+
+    fn pair_of(private_pem: &'static str) -> Pair {
+        let private = rsa::RsaPrivateKey::from_pkcs8_pem(private_pem).expect("a PKCS#8 test key");
+        Pair { public: private.to_public_key(), private, private_pem }
+    }
+
+    pub fn merchant() -> Pair {
+        pair_of(include_str!("../../tests/fixtures/keys/merchant.pem"))
+    }
+
+    pub fn platform() -> Pair {
+        pair_of(include_str!("../../tests/fixtures/keys/platform.pem"))
+    }
+
+    /// base64 SHA256withRSA by `private` (the platform's side in tests).
+    pub fn sign(private: &rsa::RsaPrivateKey, message: &[u8]) -> String {
+        use base64::Engine as _;
+        use rsa::signature::{SignatureEncoding, Signer};
+        let key = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(private.clone());
+        base64::engine::general_purpose::STANDARD.encode(key.sign(message).to_vec())
+    }
+}

@@ -1,0 +1,192 @@
+//! WeChat Pay API v3, the merchant's side: requests signed
+//! `WECHATPAY2-SHA256-RSA2048` over `"{METHOD}\n{path?query}\n{timestamp}\n{nonce}\n{body}\n"`
+//! with the merchant's API key; answers verified like notifications (the
+//! platform key of `Wechatpay-Serial`, a timestamp within 5 minutes), then
+//! checked to name this `mchid` and the `out_trade_no` asked about.
+
+use super::{agent, body_text, nonce, Exchange, MerchantKey, TradeState};
+use crate::channel::wechatpay::verify_signed;
+use rsa::RsaPublicKey;
+use serde_json::Value;
+use std::time::Duration;
+
+pub const API_BASE_DEFAULT: &str = "https://api.mch.weixin.qq.com";
+
+/// WeChat Pay's `out_trade_no`: 6-32 characters of `[A-Za-z0-9_*|-]`.
+pub fn can_carry(order_no: &str) -> bool {
+    (6..=32).contains(&order_no.len())
+        && order_no.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'*' | b'|' | b'-'))
+}
+
+pub struct WechatpayApi {
+    pub mchid: String,
+    pub merchant_serial: String,
+    key: MerchantKey,
+    /// `--wechatpay-api-base`, without a trailing `/`.
+    pub api_base: String,
+    platform_keys: Vec<(String, RsaPublicKey)>,
+    agent: ureq::Agent,
+}
+
+impl WechatpayApi {
+    pub fn new(
+        mchid: String,
+        merchant_serial: String,
+        key: MerchantKey,
+        api_base: &str,
+        platform_keys: Vec<(String, RsaPublicKey)>,
+        timeout: Duration,
+    ) -> WechatpayApi {
+        WechatpayApi {
+            mchid,
+            merchant_serial,
+            key,
+            api_base: api_base.trim_end_matches('/').to_owned(),
+            platform_keys,
+            agent: agent(timeout),
+        }
+    }
+
+    /// The `Authorization` header of one request.
+    fn authorization(&self, method: &str, path_and_query: &str, body: &str, now_ms: i64) -> Result<String, String> {
+        let timestamp = now_ms.div_euclid(1000);
+        let nonce = nonce();
+        let message = format!("{method}\n{path_and_query}\n{timestamp}\n{nonce}\n{body}\n");
+        let signature = self.key.sign_base64(message.as_bytes())?;
+        Ok(format!(
+            "WECHATPAY2-SHA256-RSA2048 mchid=\"{}\",nonce_str=\"{nonce}\",signature=\"{signature}\",timestamp=\"{timestamp}\",serial_no=\"{}\"",
+            self.mchid, self.merchant_serial
+        ))
+    }
+
+    /// `GET /v3/pay/transactions/out-trade-no/{order_no}?mchid=`: the trade's state.
+    pub fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState> {
+        let path = format!("/v3/pay/transactions/out-trade-no/{order_no}?mchid={}", self.mchid);
+        let request = format!("GET {}{path}", self.api_base);
+        if !can_carry(order_no) {
+            return Exchange::not_carried(request, "WeChat Pay");
+        }
+        let unknown = |status: Option<u16>, response: String, why: String| {
+            Exchange::unknown(request.clone(), status, response, why, TradeState::Unknown)
+        };
+        let authorization = match self.authorization("GET", &path, "", now_ms) {
+            Ok(a) => a,
+            Err(e) => return unknown(None, String::new(), e),
+        };
+        let sent = self
+            .agent
+            .get(format!("{}{path}", self.api_base))
+            .header("Authorization", &authorization)
+            .header("Accept", "application/json")
+            .call();
+        let mut answer = match sent {
+            Ok(answer) => answer,
+            Err(e) => return unknown(None, e.to_string(), format!("no answer: {e}")),
+        };
+        let status = answer.status().as_u16();
+        let text = match body_text(&mut answer) {
+            Ok(text) => text,
+            Err(e) => return unknown(Some(status), String::new(), e),
+        };
+        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        if let Err(e) = verify_signed(&self.platform_keys, now_ms, &header, text.as_bytes()) {
+            return unknown(Some(status), text, format!("the answer does not verify: {}", e.message));
+        }
+        let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let meaning = match status {
+            200 => {
+                if json["mchid"] != self.mchid.as_str() || json["out_trade_no"] != order_no {
+                    return unknown(Some(status), text, "the answer names another mchid or out_trade_no".into());
+                }
+                match trade_state(&json) {
+                    Some(state) => state,
+                    None => return unknown(Some(status), text, "the answer's trade_state is unknown".into()),
+                }
+            }
+            404 if json["code"] == "ORDER_NOT_EXIST" => TradeState::NotPaid { paying: false },
+            _ => return unknown(Some(status), text, format!("HTTP {status}")),
+        };
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
+    }
+}
+
+/// Section 11's table: SUCCESS and REFUND are paid; NOTPAY, USERPAYING and
+/// PAYERROR not paid; CLOSED and REVOKED closed.
+fn trade_state(json: &Value) -> Option<TradeState> {
+    Some(match json["trade_state"].as_str()? {
+        "SUCCESS" | "REFUND" => TradeState::Paid {
+            pay_no: json["transaction_id"].as_str()?.to_owned(),
+            amount: json["amount"]["total"].as_i64()?,
+            paid_at: json["success_time"].as_str().map(str::to_owned),
+        },
+        "NOTPAY" | "PAYERROR" => TradeState::NotPaid { paying: false },
+        "USERPAYING" => TradeState::NotPaid { paying: true },
+        "CLOSED" | "REVOKED" => TradeState::Closed,
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_numbers_it_can_carry() {
+        assert!(can_carry("ORD-123456") && can_carry("a_b*c|d-e"));
+        assert!(!can_carry("ORD1") && !can_carry("ORD.123456") && !can_carry(&"x".repeat(33)));
+    }
+
+    #[test]
+    fn trade_states_map_as_section_11_says() {
+        let paid = serde_json::json!({"trade_state": "SUCCESS", "transaction_id": "4200", "amount": {"total": 100}});
+        assert_eq!(trade_state(&paid), Some(TradeState::Paid { pay_no: "4200".into(), amount: 100, paid_at: None }));
+        for (state, expected) in [
+            ("NOTPAY", TradeState::NotPaid { paying: false }),
+            ("PAYERROR", TradeState::NotPaid { paying: false }),
+            ("USERPAYING", TradeState::NotPaid { paying: true }),
+            ("CLOSED", TradeState::Closed),
+            ("REVOKED", TradeState::Closed),
+        ] {
+            assert_eq!(trade_state(&serde_json::json!({"trade_state": state})), Some(expected), "{state}");
+        }
+        assert_eq!(trade_state(&serde_json::json!({"trade_state": "LATER"})), None);
+    }
+
+    #[test]
+    fn requests_are_signed_with_the_merchant_key() {
+        use rsa::signature::Verifier;
+        let pair = super::super::test_keys::merchant();
+        let api = WechatpayApi::new(
+            "1900000001".into(),
+            "MERCHANT-SERIAL".into(),
+            MerchantKey::from_pem(pair.private_pem).expect("key"),
+            "http://127.0.0.1:9/",
+            Vec::new(),
+            Duration::from_secs(1),
+        );
+        let header = api
+            .authorization("GET", "/v3/pay/transactions/out-trade-no/ORD-1?mchid=1900000001", "", 1_700_000_000_000)
+            .expect("signed");
+        let field = |name: &str| {
+            header
+                .split([',', ' '])
+                .find_map(|p| p.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+        };
+        assert!(header.starts_with("WECHATPAY2-SHA256-RSA2048 "));
+        assert_eq!(field("mchid").as_deref(), Some("1900000001"));
+        assert_eq!(field("serial_no").as_deref(), Some("MERCHANT-SERIAL"));
+        assert_eq!(field("timestamp").as_deref(), Some("1700000000"));
+        let message = format!(
+            "GET\n/v3/pay/transactions/out-trade-no/ORD-1?mchid=1900000001\n1700000000\n{}\n\n",
+            field("nonce_str").expect("nonce")
+        );
+        use base64::Engine as _;
+        let signature =
+            base64::engine::general_purpose::STANDARD.decode(field("signature").expect("signature")).expect("b64");
+        let signature = rsa::pkcs1v15::Signature::try_from(signature.as_slice()).expect("signature");
+        rsa::pkcs1v15::VerifyingKey::<sha2::Sha256>::new(pair.public)
+            .verify(message.as_bytes(), &signature)
+            .expect("verifies");
+    }
+}
