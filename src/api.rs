@@ -178,6 +178,9 @@ static ROUTE_TABLE: &[Route] = &[
     protected("POST", "/v1/admin/refunds/{refund_no}/resolve", |c| {
         resolve_refund(c.app, c.req, c.param(0), c.caller, c.slot)
     }),
+    protected("POST", "/v1/admin/orders/{order_no}/resolve-close", |c| {
+        resolve_close(c.app, c.req, c.param(0), c.caller, c.slot)
+    }),
     protected("POST", "/v1/reconciliations", |c| reconciliations(c.app, c.req, c.slot)),
     protected("POST", "/v1/compensations", |c| compensations(c.app, c.req, c.caller, c.slot)),
     protected("GET", "/v1/webhooks/deliveries", |c| webhook_deliveries(c.app, c.req)),
@@ -476,6 +479,18 @@ fn request_refund(app: &App, req: &Request, order_no: &str, slot: Option<&Idempo
     let body = json_object(req, &["refund_no"])?;
     let refund_no = required_str(&body, "refund_no")?;
     Ok(answered(&app.request_refund_keyed(order_no, &refund_no, slot)?))
+}
+
+fn resolve_close(
+    app: &App,
+    req: &Request,
+    order_no: &str,
+    caller: &str,
+    slot: Option<&IdempotencySlot>,
+) -> Result<Response, Error> {
+    let body = json_object(req, &["reason"])?;
+    let reason = required_str(&body, "reason")?;
+    Ok(answered(&app.resolve_close(order_no, &reason, caller, slot)?))
 }
 
 fn sync_order(app: &App, req: &Request, order_no: &str) -> Result<Response, Error> {

@@ -61,7 +61,7 @@ pub struct Config {
     /// The webhook relay's endpoints, secrets, timeout and schedule.
     pub webhooks: crate::webhook::WebhookConfig,
     /// The platforms payonce may call (section 11); none by default.
-    pub platforms: crate::platform_ops::Platforms,
+    pub platforms: crate::platform::Platforms,
 }
 
 impl Default for Config {
@@ -75,7 +75,7 @@ impl Default for Config {
             wechatpay: None,
             alipay: None,
             webhooks: crate::webhook::WebhookConfig::default(),
-            platforms: crate::platform_ops::Platforms::default(),
+            platforms: crate::platform::Platforms::default(),
         }
     }
 }
@@ -411,7 +411,18 @@ impl App {
         self.close_order_keyed(order_no, None)
     }
 
+    /// Closes a PENDING order. With platforms configured (section 11) it
+    /// closes at each platform first ([`App::close_order_at_platforms`]).
     pub fn close_order_keyed(&self, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Order, Error> {
+        if self.config.platforms.is_empty() {
+            self.close_order_locally(order_no, slot)
+        } else {
+            self.close_order_at_platforms(order_no, slot)
+        }
+    }
+
+    /// PENDING → CLOSED here; CLOSED answers the order; any other state is 409.
+    pub(crate) fn close_order_locally(&self, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Order, Error> {
         let _key = self.locks.lock(&format!("order:{order_no}"));
         let now = self.clock.now_text();
         self.write_op(slot, |tx| {
@@ -429,7 +440,14 @@ impl App {
     /// Closes up to `batch` PENDING orders whose `expires_at` has passed, one
     /// transaction each (a payment racing the sweeper waits at most one
     /// order's close). Returns how many it closed.
+    ///
+    /// With platforms configured it closes nothing itself: it queues the
+    /// close at each platform ([`App::queue_platform_closes`]) and returns
+    /// how many orders it queued.
     pub fn close_expired(&self, batch: usize) -> Result<usize, Error> {
+        if !self.config.platforms.is_empty() {
+            return self.queue_platform_closes(batch);
+        }
         let now = self.clock.now_text();
         let due = self.store.read(|tx| tx.expired_pending_orders(&now, batch))?;
         let mut closed = 0;
@@ -806,7 +824,7 @@ enum RefundOf {
 
 /// CAS PENDING→CLOSED with its `order.closed` event; `None` when the CAS
 /// changed nothing (the order is not PENDING).
-fn close_in_tx(tx: &WriteTx, order: &Order, now: &str) -> Result<Option<Order>, Error> {
+pub(crate) fn close_in_tx(tx: &WriteTx, order: &Order, now: &str) -> Result<Option<Order>, Error> {
     if !tx.cas_order_closed(order.id, now)? {
         return Ok(None);
     }

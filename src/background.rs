@@ -84,6 +84,37 @@ fn close_all_expired(app: &App, shutdown: &AtomicBool) {
     }
 }
 
+/// Close calls worked at once per round of the platform-call pool.
+pub const PLATFORM_POOL_SIZE: usize = 8;
+
+/// The platform-call pool (section 11): while the mode is normal, works the
+/// due `platform_call` closes (ask, apply or close at the platform, then
+/// the local close) every `interval`. Its calls never hold up the sweeper,
+/// which only queues them.
+pub fn spawn_platform_worker(
+    app: Arc<App>,
+    interval: Duration,
+    shutdown: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
+    thread::Builder::new().name("payonce-platform-calls".into()).spawn(move || {
+        while sleep_unless_shutdown(interval, &shutdown) {
+            if app.store.check_storage().is_err() || !matches!(app.mode(), Ok(Mode::Normal)) {
+                continue;
+            }
+            loop {
+                match app.run_platform_calls_once(PLATFORM_POOL_SIZE) {
+                    Ok(n) if n == PLATFORM_POOL_SIZE && !shutdown.load(Ordering::SeqCst) => continue,
+                    Ok(_) => break,
+                    Err(e) => {
+                        log::warn("platform calls failed, will retry", &[("error", &e)]);
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
 pub fn spawn_inspector(
     app: Arc<App>,
     interval: Duration,

@@ -48,6 +48,7 @@ pub enum ErrorKind {
     DatabaseUnavailable,
     StorageLost,
     ShuttingDown,
+    PlatformUnavailable,
 }
 
 impl ErrorKind {
@@ -65,7 +66,7 @@ impl ErrorKind {
             UnsupportedMediaType => 415,
             IdempotencyKeyReused => 422,
             Internal => 500,
-            DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown => 503,
+            DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => 503,
         }
     }
 
@@ -101,6 +102,7 @@ impl ErrorKind {
             DatabaseUnavailable => "database_unavailable",
             StorageLost => "storage_lost",
             ShuttingDown => "shutting_down",
+            PlatformUnavailable => "platform_unavailable",
         }
     }
 
@@ -131,7 +133,7 @@ impl ErrorKind {
             | UnsupportedMediaType
             | IdempotencyKeyReused => false,
             // The server's own faults: roll back.
-            Internal | DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown => false,
+            Internal | DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => false,
         }
     }
 

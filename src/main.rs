@@ -2,8 +2,8 @@
 
 use payonce::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
 use payonce::background::{
-    handle_signals, spawn_inspector, spawn_storage_watch, spawn_sweeper, INSPECT_INTERVAL_S_DEFAULT,
-    SWEEP_INTERVAL_S_DEFAULT,
+    handle_signals, spawn_inspector, spawn_platform_worker, spawn_storage_watch, spawn_sweeper,
+    INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT,
 };
 use payonce::channel::alipay::{public_key_from_text as alipay_public_key_from_text, AlipayConfig};
 use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
@@ -165,6 +165,11 @@ calls are on when any of its outgoing-only settings is given; then all are requi
                                   --alipay-app-id and --alipay-public-key
   --alipay-gateway URL            [default: https://openapi.alipay.com/gateway.do]
   --platform-timeout-ms N         one platform call's whole HTTP exchange [default: 10000]
+  --platform-retry-s LIST         waits between attempts of a close at a platform, seconds; the
+                                  last repeats [default: 5,30,120,600,1800,3600]
+  --close-give-up-s N             after this long past expires_at without a platform's
+                                  confirmation, close locally and report close_unconfirmed
+                                  [default: 86400]
 
 HTTP edge limits (section 7; each holds without a reverse proxy):
   --max-connections N             connections served at once; more wait in the kernel's backlog.
@@ -210,6 +215,8 @@ struct ServeArgs {
     alipay_app_private_key: Option<String>,
     alipay_gateway: String,
     platform_timeout_ms: u64,
+    platform_retry_ms: Vec<u64>,
+    close_give_up_s: i64,
     /// `payonce sync`'s ORDER_NO (serve takes no positional argument).
     positional: Vec<String>,
 }
@@ -320,6 +327,8 @@ fn parse_serve_like(mut parser: lexopt::Parser, accept_positional: bool, usage: 
         alipay_app_private_key: None,
         alipay_gateway: payonce::platform::alipay::GATEWAY_DEFAULT.to_owned(),
         platform_timeout_ms: payonce::platform::PLATFORM_TIMEOUT_MS_DEFAULT,
+        platform_retry_ms: parse_retry_schedule(payonce::platform::PLATFORM_RETRY_S_DEFAULT)?,
+        close_give_up_s: payonce::platform::CLOSE_GIVE_UP_S_DEFAULT,
         positional: Vec::new(),
     };
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
@@ -412,6 +421,13 @@ fn parse_serve_like(mut parser: lexopt::Parser, accept_positional: bool, usage: 
             Long("wechatpay-api-base") => args.wechatpay_api_base = http_url(&mut parser, "--wechatpay-api-base")?,
             Long("alipay-app-private-key") => args.alipay_app_private_key = Some(string_value(&mut parser)?),
             Long("alipay-gateway") => args.alipay_gateway = http_url(&mut parser, "--alipay-gateway")?,
+            Long("platform-retry-s") => {
+                args.platform_retry_ms = parse_retry_schedule(&string_value(&mut parser)?)
+                    .map_err(|e| e.replace("--webhook-retry-s", "--platform-retry-s"))?
+            }
+            Long("close-give-up-s") => {
+                args.close_give_up_s = int_value(&mut parser, "--close-give-up-s", 1, 365 * 86_400)?
+            }
             Long("platform-timeout-ms") => {
                 args.platform_timeout_ms = positive(&mut parser, "--platform-timeout-ms", TIMEOUT_MS_MAX)?
             }
@@ -508,12 +524,24 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
         .map_err(|e| format!("cannot start the storage watch: {e}"))?;
     let relay = spawn_relay(Arc::clone(&app), Arc::clone(&shutdown))
         .map_err(|e| format!("cannot start the webhook relay: {}", e.message))?;
+    let platform_worker = if app.config.platforms.is_empty() {
+        None
+    } else {
+        let interval = Duration::from_secs(args.sweep_interval_s);
+        Some(
+            spawn_platform_worker(Arc::clone(&app), interval, Arc::clone(&shutdown))
+                .map_err(|e| format!("cannot start the platform calls: {e}"))?,
+        )
+    };
     let finished = server.serve(app, shutdown, args.workers);
     let _ = sweeper.join();
     let _ = inspector.join();
     let _ = storage_watch.join();
     if let Some(relay) = relay {
         let _ = relay.join();
+    }
+    if let Some(worker) = platform_worker {
+        let _ = worker.join();
     }
     if !finished {
         eprintln!("payonce: warning: shutdown grace period ended with requests still in flight");
@@ -568,7 +596,12 @@ fn wechatpay_config(args: &ServeArgs) -> Result<Option<WechatpayConfig>, String>
 /// then required, or `serve` stops naming what is missing.
 fn platforms_config(args: &ServeArgs) -> Result<Platforms, String> {
     let timeout = Duration::from_millis(args.platform_timeout_ms);
-    let mut platforms = Platforms { timeout_ms: args.platform_timeout_ms, ..Platforms::default() };
+    let mut platforms = Platforms {
+        timeout_ms: args.platform_timeout_ms,
+        retry_schedule_ms: args.platform_retry_ms.clone(),
+        close_give_up_ms: args.close_give_up_s.saturating_mul(1000),
+        ..Platforms::default()
+    };
     if wechatpay_outgoing(args) {
         let missing: Vec<&str> = [
             ("--wechatpay-mchid", args.wechatpay_mchid.is_none()),

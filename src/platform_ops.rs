@@ -1,43 +1,65 @@
 //! What payonce does with the platforms' answers (PRODUCT.md section 11):
-//! `sync` asks every configured platform about an order and applies a paid
-//! answer through the same exactly-once path as a callback, with source
-//! `query`. Each call is a `platform_call` row before it is made and is
-//! completed after it; no transaction spans a call.
+//! - `sync` asks every configured platform about an order and applies a
+//!   paid answer through the same exactly-once path as a callback, with
+//!   source `query`;
+//! - closing at the platform first: an expired PENDING order is queued for a
+//!   close at each platform (a `platform_call` row per platform, unique); the
+//!   platform-call pool asks, then applies a payment or closes there, and
+//!   once every platform confirmed, closes locally (one `platform_closed`
+//!   audit row, by the order's CAS). Unreachable platforms are retried on
+//!   `--platform-retry-s`; after `--close-give-up-s` from `expires_at` the
+//!   order closes locally anyway and `close_unconfirmed` is reported until
+//!   an operator resolves it. An explicit close does the same at once.
+//!
+//! Each call is a `platform_call` row before it is made and is completed
+//! after it; no transaction spans a call.
 
-use crate::app::{App, PaymentCallback};
-use crate::clock::format_ms;
-use crate::domain::{Order, PlatformStatus};
-use crate::error::Error;
-use crate::platform::alipay::AlipayApi;
-use crate::platform::wechatpay::WechatpayApi;
-use crate::platform::{Exchange, TradeState};
-use crate::store::NewPlatformCall;
+use crate::app::{App, PaymentCallback, ACTOR_SYSTEM};
+use crate::clock::{format_ms, parse_rfc3339_ms};
+use crate::domain::{IdempotencySlot, Order, OrderStatus, PlatformStatus};
+use crate::error::{Error, ErrorKind};
+pub use crate::platform::Platforms;
+pub use crate::platform::SOURCE_QUERY;
+use crate::platform::{CloseAnswer, Exchange, TradeState, PLATFORM_WAITERS_MAX};
+use crate::store::{NewPlatformCall, PlatformCallRow};
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Where a payment learnt by asking the platform came from, for `pay_callback_log.source`.
-pub const SOURCE_QUERY: &str = "query";
+/// Holds one of the [`PLATFORM_WAITERS_MAX`] places of API requests waiting on platforms.
+struct WaitingPlace(Arc<AtomicUsize>);
 
-/// The platforms whose outgoing settings are complete.
-#[derive(Clone, Default)]
-pub struct Platforms {
-    pub wechatpay: Option<Arc<WechatpayApi>>,
-    pub alipay: Option<Arc<AlipayApi>>,
-    pub timeout_ms: u64,
-}
-
-impl std::fmt::Debug for Platforms {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Platforms")
-            .field("wechatpay", &self.wechatpay.as_ref().map(|w| &w.api_base))
-            .field("alipay", &self.alipay.as_ref().map(|a| &a.gateway))
-            .finish()
+impl WaitingPlace {
+    fn take(waiting: &Arc<AtomicUsize>) -> Option<WaitingPlace> {
+        waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < PLATFORM_WAITERS_MAX).then_some(n + 1))
+            .ok()
+            .map(|_| WaitingPlace(Arc::clone(waiting)))
     }
 }
 
-impl Platforms {
-    pub fn is_empty(&self) -> bool {
-        self.wechatpay.is_none() && self.alipay.is_none()
+impl Drop for WaitingPlace {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// How one platform's part of a close ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CloseStep {
+    /// The platform confirmed: closed, or no such trade.
+    Confirmed,
+    /// The platform said paid, and the payment was applied.
+    Paid,
+    /// Nothing confirmed: unreachable, unverified, or the buyer is paying right now.
+    Unconfirmed,
+}
+
+fn platform_unavailable(order_no: &str) -> Error {
+    Error::new(
+        ErrorKind::PlatformUnavailable,
+        format!("the payment platforms could not confirm the close of {order_no:?}; it stays PENDING and payonce keeps trying"),
+    )
 }
 
 /// One platform's answer in `POST /v1/orders/{order_no}/sync`.
@@ -78,20 +100,349 @@ impl App {
                 .collect::<Result<Vec<_>, Error>>()
         })?;
         for answer in &asked {
-            if let TradeState::Paid { pay_no, amount, paid_at } = answer.state.clone() {
-                let payment = PaymentCallback {
-                    channel: answer.channel.to_owned(),
-                    pay_no,
-                    order_no: order_no.to_owned(),
-                    amount,
-                    status: PlatformStatus::Success,
-                    paid_at,
-                    raw_body: answer.answer.clone().into_bytes(),
-                };
-                self.deliver_payment_from(&payment, SOURCE_QUERY)?;
-            }
+            self.apply_queried(answer, order_no)?;
         }
         Ok(Synced { order: self.order(order_no)?.order, platforms: asked })
+    }
+
+    /// Queues the close at every configured platform of up to `batch`
+    /// expired PENDING orders not queued yet (the sweeper's part when
+    /// platforms are configured: it never waits on a platform). Returns how
+    /// many orders it queued.
+    pub fn queue_platform_closes(&self, batch: usize) -> Result<usize, Error> {
+        let now = self.clock.now_text();
+        let channels = self.config.platforms.channels();
+        let due = self.store.read(|tx| tx.expired_pending_orders_unqueued(&now, batch))?;
+        for order_no in &due {
+            self.store.write(|tx| {
+                for channel in &channels {
+                    tx.enqueue_platform_close(channel, order_no, &now)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(due.len())
+    }
+
+    /// The platform-call pool's round: claims up to `limit` due closes and
+    /// works each (at once, one thread each), then closes locally the
+    /// orders every platform confirmed. Returns how many it worked.
+    pub fn run_platform_calls_once(&self, limit: usize) -> Result<usize, Error> {
+        let now_ms = self.clock.now_ms();
+        let now = format_ms(now_ms);
+        let lease_ms = i64::try_from(self.config.platforms.timeout_ms).unwrap_or(i64::MAX).saturating_mul(2);
+        let lease_until = format_ms(now_ms.saturating_add(lease_ms));
+        let due = self.store.read(|tx| tx.due_platform_closes(&now, limit))?;
+        let claimed: Vec<PlatformCallRow> = due
+            .into_iter()
+            .filter_map(|row| {
+                let seen = row.next_attempt_at.clone().unwrap_or_default();
+                match self.store.write(|tx| tx.claim_platform_call(row.id, &seen, &lease_until, &now)) {
+                    Ok(true) => Some(PlatformCallRow { attempts: row.attempts + 1, ..row }),
+                    _ => None,
+                }
+            })
+            .collect();
+        let worked = claimed.len();
+        std::thread::scope(|scope| {
+            for row in &claimed {
+                scope.spawn(move || {
+                    if let Err(e) = self.work_close(row) {
+                        crate::log::warn(
+                            "platform close failed, will retry",
+                            &[("order_no", &row.order_no), ("channel", &row.channel), ("error", &e)],
+                        );
+                    }
+                });
+            }
+        });
+        Ok(worked)
+    }
+
+    /// One claimed close row: ask, then apply or close at the platform, and
+    /// record the attempt; then the local close once every platform confirmed,
+    /// or once payonce gave up.
+    fn work_close(&self, row: &PlatformCallRow) -> Result<(), Error> {
+        let Some(order) = self.store.read(|tx| tx.order_by_no(&row.order_no))? else {
+            return self.record_close(row, "done", None, "no such order".into(), None, "");
+        };
+        if order.status != OrderStatus::Pending {
+            let note = format!("nothing to close: the order is {}", order.status.as_str());
+            return self.record_close(row, "done", None, note, None, "");
+        }
+        let (step, request, http_status, response) = self.close_at(row.channel.as_str(), &row.order_no)?;
+        match step {
+            CloseStep::Confirmed | CloseStep::Paid => {
+                self.record_close(row, "done", None, response, http_status, &request)?;
+                if step == CloseStep::Confirmed {
+                    self.close_locally_if_confirmed(&row.order_no)?;
+                }
+                Ok(())
+            }
+            CloseStep::Unconfirmed => {
+                let now_ms = self.clock.now_ms();
+                let expires_ms = parse_rfc3339_ms(&order.expires_at).unwrap_or(now_ms);
+                if now_ms >= expires_ms.saturating_add(self.config.platforms.close_give_up_ms) {
+                    self.record_close(row, "given_up", None, response, http_status, &request)?;
+                    return self.close_locally_given_up(&row.order_no);
+                }
+                let next = format_ms(now_ms.saturating_add(self.config.platforms.retry_wait_ms(row.attempts)));
+                self.record_close(row, "pending", Some(&next), response, http_status, &request)
+            }
+        }
+    }
+
+    /// Asks `channel` about the order and, unless it is paid (then applied)
+    /// or the buyer is paying, closes it there. Returns how that ended and
+    /// the close exchange (or the query's, when no close was sent).
+    fn close_at(&self, channel: &str, order_no: &str) -> Result<(CloseStep, String, Option<u16>, String), Error> {
+        let platforms = &self.config.platforms;
+        let now_ms = self.clock.now_ms();
+        let answer = self.ask(channel_name(channel), order_no, |now| {
+            platforms.query(channel, order_no, now).unwrap_or_else(|| not_configured(channel))
+        })?;
+        match answer.state {
+            TradeState::Paid { .. } => {
+                self.apply_queried(&answer, order_no)?;
+                return Ok((CloseStep::Paid, format!("query {order_no}"), None, "paid: applied".into()));
+            }
+            TradeState::Closed => {
+                return Ok((CloseStep::Confirmed, format!("query {order_no}"), None, "closed".into()))
+            }
+            TradeState::NotPaid { paying: true } => {
+                return Ok((CloseStep::Unconfirmed, format!("query {order_no}"), None, "the buyer is paying".into()))
+            }
+            TradeState::Unknown => {
+                return Ok((
+                    CloseStep::Unconfirmed,
+                    format!("query {order_no}"),
+                    None,
+                    "the query got no answer".into(),
+                ))
+            }
+            TradeState::NotPaid { paying: false } => {}
+        }
+        let exchange = platforms.close(channel, order_no, now_ms).unwrap_or_else(|| Exchange {
+            request: String::new(),
+            http_status: None,
+            response: String::new(),
+            meaning: CloseAnswer::Unknown,
+            distrust: Some(format!("{channel} is not configured")),
+        });
+        let response = match &exchange.distrust {
+            None => exchange.response.clone(),
+            Some(why) => format!("{why}\n{}", exchange.response),
+        };
+        let step = match exchange.meaning {
+            CloseAnswer::Closed => CloseStep::Confirmed,
+            // Paid meanwhile: the next attempt queries again and applies it.
+            CloseAnswer::Paid | CloseAnswer::Unknown => CloseStep::Unconfirmed,
+        };
+        if step == CloseStep::Unconfirmed && exchange.meaning == CloseAnswer::Paid {
+            let again = self.ask(channel_name(channel), order_no, |now| {
+                platforms.query(channel, order_no, now).unwrap_or_else(|| not_configured(channel))
+            })?;
+            if matches!(again.state, TradeState::Paid { .. }) {
+                self.apply_queried(&again, order_no)?;
+                return Ok((CloseStep::Paid, exchange.request, exchange.http_status, response));
+            }
+        }
+        Ok((step, exchange.request, exchange.http_status, response))
+    }
+
+    fn apply_queried(&self, answer: &PlatformAnswer, order_no: &str) -> Result<(), Error> {
+        if let TradeState::Paid { pay_no, amount, paid_at } = answer.state.clone() {
+            let payment = PaymentCallback {
+                channel: answer.channel.to_owned(),
+                pay_no,
+                order_no: order_no.to_owned(),
+                amount,
+                status: PlatformStatus::Success,
+                paid_at,
+                raw_body: answer.answer.clone().into_bytes(),
+            };
+            self.deliver_payment_from(&payment, SOURCE_QUERY)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_close(
+        &self,
+        row: &PlatformCallRow,
+        status: &str,
+        next_attempt_at: Option<&str>,
+        response: String,
+        http_status: Option<u16>,
+        request: &str,
+    ) -> Result<(), Error> {
+        let now = self.clock.now_text();
+        let recorded = self.store.write(|tx| {
+            tx.record_platform_attempt(
+                row.id,
+                row.attempts,
+                status,
+                next_attempt_at,
+                request,
+                http_status,
+                &response,
+                &now,
+            )
+        })?;
+        if !recorded {
+            crate::log::warn(
+                "a platform close moved on during its call; its result is not recorded",
+                &[("order_no", &row.order_no), ("channel", &row.channel)],
+            );
+        }
+        Ok(())
+    }
+
+    /// PENDING → CLOSED once every configured platform's close row is done,
+    /// with the one `platform_closed` audit row (the CAS decides who writes it).
+    fn close_locally_if_confirmed(&self, order_no: &str) -> Result<Option<Order>, Error> {
+        let channels = self.config.platforms.channels();
+        let _key = self.locks.lock(&format!("order:{order_no}"));
+        let now = self.clock.now_text();
+        self.store.write(|tx| {
+            let closes = tx.platform_closes_of_order(order_no)?;
+            let confirmed = channels.iter().all(|c| closes.iter().any(|r| r.channel == *c && r.status == "done"));
+            let Some(order) = tx.order_by_no(order_no)? else {
+                return Ok(None);
+            };
+            if !confirmed || order.status != OrderStatus::Pending {
+                return Ok(None);
+            }
+            let closed = crate::app::close_in_tx(tx, &order, &now)?;
+            if closed.is_some() {
+                tx.audit(&now, ACTOR_SYSTEM, "platform_closed", Some(order_no), &json!({"platforms": channels}))?;
+            }
+            Ok(closed)
+        })
+    }
+
+    /// The local close after giving up on a platform's confirmation; the
+    /// inspection reports `close_unconfirmed` until an operator resolves it.
+    fn close_locally_given_up(&self, order_no: &str) -> Result<(), Error> {
+        let _key = self.locks.lock(&format!("order:{order_no}"));
+        let now = self.clock.now_text();
+        self.store.write(|tx| {
+            let Some(order) = tx.order_by_no(order_no)? else {
+                return Ok(());
+            };
+            if order.status == OrderStatus::Pending && crate::app::close_in_tx(tx, &order, &now)?.is_some() {
+                let closes = tx.platform_closes_of_order(order_no)?;
+                let unconfirmed: Vec<&str> =
+                    closes.iter().filter(|r| r.status != "done").map(|r| r.channel.as_str()).collect();
+                tx.audit(&now, ACTOR_SYSTEM, "close_given_up", Some(order_no), &json!({"unconfirmed": unconfirmed}))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// An explicit close with platforms configured: every platform asked at
+    /// once (bounded by the timeout), then the local close. A paid answer is
+    /// applied and the close refused (409, the order PAID); a platform that
+    /// cannot confirm is 503 `platform_unavailable`, the order still PENDING.
+    pub fn close_order_at_platforms(&self, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Order, Error> {
+        let order = self.order(order_no)?.order;
+        if order.status != OrderStatus::Pending {
+            return self.close_order_locally(order_no, slot);
+        }
+        let Some(_place) = WaitingPlace::take(&self.config.platforms.waiting) else {
+            return Err(platform_unavailable(order_no));
+        };
+        let now = self.clock.now_text();
+        let channels = self.config.platforms.channels();
+        self.store.write(|tx| {
+            for channel in &channels {
+                tx.enqueue_platform_close(channel, order_no, &now)?;
+            }
+            Ok(())
+        })?;
+        let lease_until = format_ms(
+            self.clock
+                .now_ms()
+                .saturating_add(i64::try_from(self.config.platforms.timeout_ms).unwrap_or(i64::MAX).saturating_mul(2)),
+        );
+        let closes = self.store.read(|tx| tx.platform_closes_of_order(order_no))?;
+        let steps: Vec<CloseStep> = std::thread::scope(|scope| {
+            let calls: Vec<_> = closes
+                .iter()
+                .map(|row| {
+                    let lease_until = &lease_until;
+                    scope.spawn(move || -> Result<CloseStep, Error> {
+                        if row.status == "done" {
+                            return Ok(CloseStep::Confirmed);
+                        }
+                        // Claimed like the pool does, so the two never work one row at once.
+                        let seen = row.next_attempt_at.clone().unwrap_or_default();
+                        let now = self.clock.now_text();
+                        if row.status != "pending"
+                            || !self.store.write(|tx| tx.claim_platform_call(row.id, &seen, lease_until, &now))?
+                        {
+                            return Ok(CloseStep::Unconfirmed);
+                        }
+                        let row = PlatformCallRow { attempts: row.attempts + 1, ..row.clone() };
+                        let (step, request, http_status, response) = self.close_at(row.channel.as_str(), order_no)?;
+                        let next = format_ms(
+                            self.clock.now_ms().saturating_add(self.config.platforms.retry_wait_ms(row.attempts)),
+                        );
+                        match step {
+                            CloseStep::Unconfirmed => {
+                                self.record_close(&row, "pending", Some(&next), response, http_status, &request)?
+                            }
+                            _ => self.record_close(&row, "done", None, response, http_status, &request)?,
+                        }
+                        Ok(step)
+                    })
+                })
+                .collect();
+            calls
+                .into_iter()
+                .map(|c| c.join().unwrap_or_else(|_| Err(Error::internal("a platform close panicked"))))
+                .collect::<Result<Vec<_>, Error>>()
+        })?;
+        if steps.contains(&CloseStep::Paid) {
+            return self.close_order_locally(order_no, slot);
+        }
+        if steps.iter().all(|s| *s == CloseStep::Confirmed) {
+            if let Some(closed) = self.close_locally_if_confirmed(order_no)? {
+                return Ok(closed);
+            }
+            return self.close_order_locally(order_no, slot);
+        }
+        Err(platform_unavailable(order_no))
+    }
+
+    /// An operator's word on an order closed without its platforms'
+    /// confirmation (`close_unconfirmed`): audited once; a repeat answers 200.
+    pub fn resolve_close(
+        &self,
+        order_no: &str,
+        reason: &str,
+        actor: &str,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<Order, Error> {
+        if reason.trim().is_empty() || reason.len() > crate::ops::REASON_BYTES_MAX {
+            return Err(Error::invalid(format!("reason is required, at most {} bytes", crate::ops::REASON_BYTES_MAX)));
+        }
+        let _key = self.locks.lock(&format!("order:{order_no}"));
+        let now = self.clock.now_text();
+        self.write_op(slot, |tx| {
+            let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
+            if tx.close_resolution(order_no)?.is_some() {
+                return Ok(order);
+            }
+            let given_up = tx.platform_closes_of_order(order_no)?.into_iter().any(|r| r.status == "given_up");
+            if !given_up {
+                return Err(Error::invalid_transition(format!(
+                    "order {order_no:?} has no unconfirmed close to resolve"
+                )));
+            }
+            tx.audit(&now, actor, "close_resolved", Some(order_no), &json!({"reason": reason}))?;
+            Ok(order)
+        })
     }
 
     /// One query to one platform, recorded in `platform_call` before and after.
@@ -133,4 +484,15 @@ impl App {
         }
         Ok(PlatformAnswer { channel, state: exchange.meaning, answer: exchange.response })
     }
+}
+
+fn channel_name(channel: &str) -> &'static str {
+    match channel {
+        "wechatpay" => "wechatpay",
+        _ => "alipay",
+    }
+}
+
+fn not_configured(channel: &str) -> Exchange<TradeState> {
+    Exchange::unknown(String::new(), None, String::new(), format!("{channel} is not configured"), TradeState::Unknown)
 }

@@ -5,7 +5,7 @@
 //! verified, as the exact text it is in the body, with the Alipay public key,
 //! then checked to name the `out_trade_no` asked about.
 
-use super::{agent, body_text, Exchange, MerchantKey, TradeState};
+use super::{agent, body_text, CloseAnswer, Exchange, MerchantKey, TradeState};
 use crate::clock::{format_ms, UTC8_OFFSET_MS};
 use base64::Engine as _;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
@@ -62,38 +62,69 @@ impl AlipayApi {
         Ok(form)
     }
 
+    /// One signed call of `method`: the verified `*_response`, or why
+    /// there is none (with the status and text received).
+    fn call(&self, method: &str, biz: &Value, now_ms: i64) -> Result<Answered, Unanswered> {
+        let form = self.form(method, biz, now_ms).map_err(|e| (None, String::new(), e))?;
+        let sent = self
+            .agent
+            .post(&self.gateway)
+            .header("Accept", "application/json")
+            .send_form(form.iter().map(|(k, v)| (*k, v.as_str())));
+        let mut answer = sent.map_err(|e| (None, e.to_string(), format!("no answer: {e}")))?;
+        let status = answer.status().as_u16();
+        let text = body_text(&mut answer).map_err(|e| (Some(status), String::new(), e))?;
+        match self.verified_response(&text, method) {
+            Ok(response) => Ok((status, text, response)),
+            Err(why) => Err((Some(status), text, why)),
+        }
+    }
+
+    /// `alipay.trade.close`: success, `ACQ.TRADE_NOT_EXIST` and a closed
+    /// trade mean closed; `ACQ.TRADE_STATUS_ERROR` (paid, or closed
+    /// already) means query again and decide.
+    pub fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
+        const METHOD: &str = "alipay.trade.close";
+        let biz = json!({"out_trade_no": order_no});
+        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
+        if !can_carry(order_no) {
+            return Exchange::<CloseAnswer>::not_carried(request, "Alipay");
+        }
+        let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, CloseAnswer::Unknown),
+        };
+        let meaning = match (response["code"].as_str(), response["sub_code"].as_str()) {
+            (Some("10000"), _) if response.get("out_trade_no").is_none_or(|n| n == order_no) => CloseAnswer::Closed,
+            (Some("40004"), Some("ACQ.TRADE_NOT_EXIST")) => CloseAnswer::Closed,
+            (Some("40004"), Some("ACQ.TRADE_STATUS_ERROR")) => CloseAnswer::Paid,
+            _ => {
+                return Exchange::unknown(
+                    request,
+                    Some(status),
+                    text,
+                    "Alipay refused the close".into(),
+                    CloseAnswer::Unknown,
+                )
+            }
+        };
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
+    }
+
     /// `alipay.trade.query`: the trade's state.
     pub fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState> {
         const METHOD: &str = "alipay.trade.query";
         let biz = json!({"out_trade_no": order_no});
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
         if !can_carry(order_no) {
-            return Exchange::not_carried(request, "Alipay");
+            return Exchange::<TradeState>::not_carried(request, "Alipay");
         }
         let unknown = |status: Option<u16>, response: String, why: String| {
             Exchange::unknown(request.clone(), status, response, why, TradeState::Unknown)
         };
-        let form = match self.form(METHOD, &biz, now_ms) {
-            Ok(form) => form,
-            Err(e) => return unknown(None, String::new(), e),
-        };
-        let sent = self
-            .agent
-            .post(&self.gateway)
-            .header("Accept", "application/json")
-            .send_form(form.iter().map(|(k, v)| (*k, v.as_str())));
-        let mut answer = match sent {
-            Ok(answer) => answer,
-            Err(e) => return unknown(None, e.to_string(), format!("no answer: {e}")),
-        };
-        let status = answer.status().as_u16();
-        let text = match body_text(&mut answer) {
-            Ok(text) => text,
-            Err(e) => return unknown(Some(status), String::new(), e),
-        };
-        let response = match self.verified_response(&text, METHOD) {
-            Ok(response) => response,
-            Err(why) => return unknown(Some(status), text, why),
+        let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return unknown(status, text, why),
         };
         let meaning = match (response["code"].as_str(), response["sub_code"].as_str()) {
             (Some("10000"), _) => {
@@ -129,6 +160,11 @@ impl AlipayApi {
         Ok(json[name.as_str()].clone())
     }
 }
+
+/// A verified answer: (HTTP status, body, the `*_response` object).
+type Answered = (u16, String, Value);
+/// No trusted answer: (HTTP status if any, what was received, why).
+type Unanswered = (Option<u16>, String, String);
 
 /// Every non-empty parameter but `sign`, sorted by name, `k=v` joined by `&`.
 fn sign_content(form: &BTreeMap<&'static str, String>) -> String {

@@ -12,11 +12,103 @@
 pub mod alipay;
 pub mod wechatpay;
 
+use alipay::AlipayApi;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::time::Duration;
+use wechatpay::WechatpayApi;
 
 pub const PLATFORM_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// The longest answer kept (and read) of one exchange.
 pub const RESPONSE_BYTES_MAX: u64 = 64 * 1024;
+
+/// The platforms whose outgoing settings are complete, and how calls to them are paced.
+/// `--platform-retry-s`: the waits between attempts; the last repeats.
+pub const PLATFORM_RETRY_S_DEFAULT: &str = "5,30,120,600,1800,3600";
+/// `--close-give-up-s`, counted from the order's `expires_at`.
+pub const CLOSE_GIVE_UP_S_DEFAULT: i64 = 86_400;
+/// API requests that may wait on the platforms at once (explicit closes);
+/// the rest get 503 `platform_unavailable`.
+pub const PLATFORM_WAITERS_MAX: usize = 4;
+
+/// Where a payment learnt by asking the platform came from, for `pay_callback_log.source`.
+pub const SOURCE_QUERY: &str = "query";
+
+/// The platforms whose outgoing settings are complete.
+#[derive(Clone)]
+pub struct Platforms {
+    pub wechatpay: Option<Arc<WechatpayApi>>,
+    pub alipay: Option<Arc<AlipayApi>>,
+    pub timeout_ms: u64,
+    /// The waits between attempts of a close, in ms; the last repeats.
+    pub retry_schedule_ms: Vec<u64>,
+    pub close_give_up_ms: i64,
+    /// API requests waiting on platforms right now.
+    pub waiting: Arc<AtomicUsize>,
+}
+
+impl Default for Platforms {
+    fn default() -> Platforms {
+        Platforms {
+            wechatpay: None,
+            alipay: None,
+            timeout_ms: PLATFORM_TIMEOUT_MS_DEFAULT,
+            retry_schedule_ms: crate::webhook::parse_retry_schedule(PLATFORM_RETRY_S_DEFAULT).unwrap_or_default(),
+            close_give_up_ms: CLOSE_GIVE_UP_S_DEFAULT * 1000,
+            waiting: Arc::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Platforms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Platforms")
+            .field("wechatpay", &self.wechatpay.as_ref().map(|w| &w.api_base))
+            .field("alipay", &self.alipay.as_ref().map(|a| &a.gateway))
+            .finish()
+    }
+}
+
+impl Platforms {
+    pub fn is_empty(&self) -> bool {
+        self.wechatpay.is_none() && self.alipay.is_none()
+    }
+
+    /// The channels whose outgoing calls are on.
+    pub fn channels(&self) -> Vec<&'static str> {
+        let mut channels = Vec::new();
+        if self.wechatpay.is_some() {
+            channels.push("wechatpay");
+        }
+        if self.alipay.is_some() {
+            channels.push("alipay");
+        }
+        channels
+    }
+
+    pub(crate) fn query(&self, channel: &str, order_no: &str, now_ms: i64) -> Option<Exchange<TradeState>> {
+        match channel {
+            "wechatpay" => self.wechatpay.as_ref().map(|api| api.query(order_no, now_ms)),
+            "alipay" => self.alipay.as_ref().map(|api| api.query(order_no, now_ms)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn close(&self, channel: &str, order_no: &str, now_ms: i64) -> Option<Exchange<CloseAnswer>> {
+        match channel {
+            "wechatpay" => self.wechatpay.as_ref().map(|api| api.close(order_no, now_ms)),
+            "alipay" => self.alipay.as_ref().map(|api| api.close(order_no, now_ms)),
+            _ => None,
+        }
+    }
+
+    /// The wait after attempt `attempt` (from 1) failed; the last repeats.
+    pub(crate) fn retry_wait_ms(&self, attempt: i64) -> i64 {
+        let index = usize::try_from(attempt.saturating_sub(1)).unwrap_or(0);
+        let wait = self.retry_schedule_ms.get(index).or(self.retry_schedule_ms.last()).copied().unwrap_or(5_000);
+        i64::try_from(wait).unwrap_or(i64::MAX)
+    }
+}
 
 /// What a platform says of an order, in payonce's words.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +140,17 @@ impl TradeState {
     }
 }
 
+/// What a platform says to "close this trade".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseAnswer {
+    /// Closed now, closed before, or no such trade: the buyer can no longer pay it there.
+    Closed,
+    /// The platform refused because the trade is paid: query again and apply.
+    Paid,
+    /// Unreachable, timed out, refused otherwise, or unverified.
+    Unknown,
+}
+
 /// One HTTP exchange with a platform, as `platform_call` keeps it, and what it meant.
 #[derive(Clone, Debug)]
 pub struct Exchange<T> {
@@ -65,17 +168,28 @@ impl Exchange<TradeState> {
     /// No call made: the platform cannot carry this order_no, so there is no
     /// such trade there (section 11).
     pub fn not_carried(request: String, platform: &str) -> Exchange<TradeState> {
-        Exchange {
-            request,
-            http_status: None,
-            response: format!("not sent: {platform} cannot carry this order_no (no such trade there)"),
-            meaning: TradeState::NotPaid { paying: false },
-            distrust: None,
-        }
+        Exchange::not_sent(request, platform, TradeState::NotPaid { paying: false })
+    }
+}
+
+impl Exchange<CloseAnswer> {
+    /// No call made: no such trade there, which counts as closed.
+    pub fn not_carried(request: String, platform: &str) -> Exchange<CloseAnswer> {
+        Exchange::not_sent(request, platform, CloseAnswer::Closed)
     }
 }
 
 impl<T> Exchange<T> {
+    fn not_sent(request: String, platform: &str, meaning: T) -> Exchange<T> {
+        Exchange {
+            request,
+            http_status: None,
+            response: format!("not sent: {platform} cannot carry this order_no (no such trade there)"),
+            meaning,
+            distrust: None,
+        }
+    }
+
     /// An exchange whose answer counts as none (unreachable, unverified ...).
     pub fn unknown(
         request: String,

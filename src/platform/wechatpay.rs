@@ -4,7 +4,7 @@
 //! platform key of `Wechatpay-Serial`, a timestamp within 5 minutes), then
 //! checked to name this `mchid` and the `out_trade_no` asked about.
 
-use super::{agent, body_text, nonce, Exchange, MerchantKey, TradeState};
+use super::{agent, body_text, nonce, CloseAnswer, Exchange, MerchantKey, TradeState};
 use crate::channel::wechatpay::verify_signed;
 use rsa::RsaPublicKey;
 use serde_json::Value;
@@ -64,7 +64,7 @@ impl WechatpayApi {
         let path = format!("/v3/pay/transactions/out-trade-no/{order_no}?mchid={}", self.mchid);
         let request = format!("GET {}{path}", self.api_base);
         if !can_carry(order_no) {
-            return Exchange::not_carried(request, "WeChat Pay");
+            return Exchange::<TradeState>::not_carried(request, "WeChat Pay");
         }
         let unknown = |status: Option<u16>, response: String, why: String| {
             Exchange::unknown(request.clone(), status, response, why, TradeState::Unknown)
@@ -104,6 +104,54 @@ impl WechatpayApi {
                 }
             }
             404 if json["code"] == "ORDER_NOT_EXIST" => TradeState::NotPaid { paying: false },
+            _ => return unknown(Some(status), text, format!("HTTP {status}")),
+        };
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
+    }
+}
+
+impl WechatpayApi {
+    /// `POST /v3/pay/transactions/out-trade-no/{order_no}/close`: 204 (also
+    /// for an unknown out_trade_no) and `ORDER_CLOSED` mean closed;
+    /// `ORDERPAID` means query again and apply.
+    pub fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
+        let path = format!("/v3/pay/transactions/out-trade-no/{order_no}/close");
+        let body = serde_json::json!({"mchid": self.mchid}).to_string();
+        let request = format!("POST {}{path} {body}", self.api_base);
+        if !can_carry(order_no) {
+            return Exchange::<CloseAnswer>::not_carried(request, "WeChat Pay");
+        }
+        let unknown = |status: Option<u16>, response: String, why: String| {
+            Exchange::unknown(request.clone(), status, response, why, CloseAnswer::Unknown)
+        };
+        let authorization = match self.authorization("POST", &path, &body, now_ms) {
+            Ok(a) => a,
+            Err(e) => return unknown(None, String::new(), e),
+        };
+        let sent = self
+            .agent
+            .post(format!("{}{path}", self.api_base))
+            .header("Authorization", &authorization)
+            .header("Accept", "application/json")
+            .header("Content-Type", "application/json")
+            .send(body.as_bytes());
+        let mut answer = match sent {
+            Ok(answer) => answer,
+            Err(e) => return unknown(None, e.to_string(), format!("no answer: {e}")),
+        };
+        let status = answer.status().as_u16();
+        let text = match body_text(&mut answer) {
+            Ok(text) => text,
+            Err(e) => return unknown(Some(status), String::new(), e),
+        };
+        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        if let Err(e) = verify_signed(&self.platform_keys, now_ms, &header, text.as_bytes()) {
+            return unknown(Some(status), text, format!("the answer does not verify: {}", e.message));
+        }
+        let code = serde_json::from_str::<Value>(&text).ok().and_then(|j| j["code"].as_str().map(str::to_owned));
+        let meaning = match (status, code.as_deref()) {
+            (204, _) | (400, Some("ORDER_CLOSED")) => CloseAnswer::Closed,
+            (400, Some("ORDERPAID")) => CloseAnswer::Paid,
             _ => return unknown(Some(status), text, format!("HTTP {status}")),
         };
         Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }

@@ -31,7 +31,7 @@ mod orders;
 mod payments;
 mod platform_calls;
 pub use payments::Claim;
-pub use platform_calls::NewPlatformCall;
+pub use platform_calls::{NewPlatformCall, PlatformCallRow};
 pub mod postgres;
 mod reports;
 pub mod sqlite;

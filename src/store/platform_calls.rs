@@ -2,7 +2,7 @@
 //! to a platform's API and completed after it, outside any transaction that
 //! spans the call. Never deleted.
 
-use super::{one_row, params, WriteTx};
+use super::{limit_param, one_row, params, ReadTx, Row, WriteTx};
 use crate::error::Error;
 
 /// A call about to be made.
@@ -18,7 +18,120 @@ pub struct NewPlatformCall<'a> {
     pub lease_until: &'a str,
 }
 
+/// A close row as the platform-call pool works on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlatformCallRow {
+    pub id: i64,
+    pub channel: String,
+    pub kind: String,
+    pub order_no: String,
+    pub status: String,
+    pub attempts: i64,
+    pub next_attempt_at: Option<String>,
+}
+
+fn call_from_row(r: &Row) -> Result<PlatformCallRow, Error> {
+    Ok(PlatformCallRow {
+        id: r.int(0)?,
+        channel: r.text(1)?,
+        kind: r.text(2)?,
+        order_no: r.text(3)?,
+        status: r.text(4)?,
+        attempts: r.int(5)?,
+        next_attempt_at: r.opt_text(6)?,
+    })
+}
+
+impl ReadTx<'_> {
+    /// PENDING orders past `expires_at` with no close queued yet, oldest first.
+    pub fn expired_pending_orders_unqueued(&self, now: &str, limit: usize) -> Result<Vec<String>, Error> {
+        self.all(
+            "SELECT o.order_no FROM orders o
+             WHERE o.status = 'PENDING' AND o.expires_at <= ?1
+               AND NOT EXISTS (SELECT 1 FROM platform_call c WHERE c.order_no = o.order_no AND c.kind = 'close')
+             ORDER BY o.expires_at LIMIT ?2",
+            params![now, limit_param(limit)],
+            |r| r.text(0),
+        )
+    }
+
+    /// Pending close calls whose next attempt may start at `now`.
+    pub fn due_platform_closes(&self, now: &str, limit: usize) -> Result<Vec<PlatformCallRow>, Error> {
+        self.all(
+            "SELECT id, channel, kind, order_no, status, attempts, next_attempt_at FROM platform_call
+             WHERE status = 'pending' AND next_attempt_at <= ?1 AND kind = 'close'
+             ORDER BY next_attempt_at, id LIMIT ?2",
+            params![now, limit_param(limit)],
+            call_from_row,
+        )
+    }
+
+    /// The close rows of an order, one per platform asked.
+    pub fn platform_closes_of_order(&self, order_no: &str) -> Result<Vec<PlatformCallRow>, Error> {
+        self.all(
+            "SELECT id, channel, kind, order_no, status, attempts, next_attempt_at FROM platform_call
+             WHERE order_no = ?1 AND kind = 'close' ORDER BY id",
+            params![order_no],
+            call_from_row,
+        )
+    }
+}
+
 impl WriteTx<'_> {
+    /// Queues the close of `order_no` at `channel`, due now; nothing if one
+    /// is queued or made already (`uk_platform_call`).
+    pub fn enqueue_platform_close(&self, channel: &str, order_no: &str, now: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "INSERT INTO platform_call (channel, kind, order_no, refund_no, status, attempts, next_attempt_at,
+                                        created_at, updated_at)
+             VALUES (?1, 'close', ?2, NULL, 'pending', 0, ?3, ?3, ?3)
+             ON CONFLICT DO NOTHING",
+            params![channel, order_no, now],
+        )?;
+        one_row(changed, "enqueue platform close")
+    }
+
+    /// Claims the next attempt of a call read with `seen_next_attempt_at`:
+    /// true when this caller owns it, until `lease_until`.
+    pub fn claim_platform_call(
+        &self,
+        id: i64,
+        seen_next_attempt_at: &str,
+        lease_until: &str,
+        now: &str,
+    ) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE platform_call SET next_attempt_at = ?3, attempts = attempts + 1, updated_at = ?4
+             WHERE id = ?1 AND status = 'pending' AND next_attempt_at = ?2",
+            params![id, seen_next_attempt_at, lease_until, now],
+        )?;
+        one_row(changed, "claim platform call")
+    }
+
+    /// Records the claimed attempt `attempt` of a call: `status` `pending`
+    /// with `next_attempt_at` (retry), or `done` / `given_up` / `failed`.
+    /// False when the call moved on meanwhile (changes nothing).
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_platform_attempt(
+        &self,
+        id: i64,
+        attempt: i64,
+        status: &str,
+        next_attempt_at: Option<&str>,
+        request: &str,
+        http_status: Option<u16>,
+        response: &str,
+        now: &str,
+    ) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE platform_call
+             SET status = ?3, next_attempt_at = ?4, request = ?5, http_status = ?6, response = ?7, updated_at = ?8
+             WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
+            params![id, attempt, status, next_attempt_at, request, http_status, response, now],
+        )?;
+        one_row(changed, "record platform attempt")
+    }
+
     /// The row of a call about to be made, pending with its first attempt
     /// in flight; returns its id.
     pub fn insert_platform_call(&self, call: &NewPlatformCall) -> Result<i64, Error> {

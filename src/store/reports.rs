@@ -43,6 +43,38 @@ fn shifted(at: &str, ms: i64) -> Result<String, Error> {
 }
 
 impl ReadTx<'_> {
+    /// `close_unconfirmed`: orders payonce closed locally after giving up on
+    /// a platform's confirmation, until an operator resolves them.
+    fn unconfirmed_closes(&self, findings: &mut Vec<Finding>) -> Result<(), Error> {
+        let mut by_order: Vec<(String, Vec<String>, String)> = Vec::new();
+        for r in self.rows(
+            "SELECT c.order_no, c.channel, c.updated_at FROM platform_call c
+             WHERE c.kind = 'close' AND c.status = 'given_up'
+               AND NOT EXISTS (SELECT 1 FROM audit_log a WHERE a.order_no = c.order_no AND a.action = 'close_resolved')
+             ORDER BY c.order_no, c.id",
+            params![],
+        )? {
+            let (order_no, channel, at) = (r.text(0)?, r.text(1)?, r.text(2)?);
+            match by_order.last_mut() {
+                Some((last, channels, _)) if *last == order_no => channels.push(channel),
+                _ => by_order.push((order_no, vec![channel], at)),
+            }
+        }
+        for (order_no, channels, given_up_at) in by_order {
+            findings.push(Finding {
+                kind: "close_unconfirmed",
+                order_no,
+                detail: json!({"platforms": channels, "given_up_at": given_up_at}),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether an operator resolved an order's unconfirmed close.
+    pub fn close_resolution(&self, order_no: &str) -> Result<Option<AuditRow>, Error> {
+        Ok(self.audit_of_order(order_no)?.into_iter().find(|a| a.action == "close_resolved"))
+    }
+
     /// Every `audit_log` row about an order, oldest first.
     pub fn audit_of_order(&self, order_no: &str) -> Result<Vec<AuditRow>, Error> {
         self.all(
@@ -130,6 +162,7 @@ impl ReadTx<'_> {
             });
         }
         self.unexpected_refunds(&mut findings)?;
+        self.unconfirmed_closes(&mut findings)?;
         for r in self.rows(
             "SELECT o.order_no, p.pay_no, p.received_at
              FROM pay_callback_log p JOIN orders o ON o.id = p.order_id

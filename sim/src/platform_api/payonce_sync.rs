@@ -16,6 +16,9 @@ use rsa::pkcs8::DecodePrivateKey;
 const MERCHANT_KEY_PEM: &str = include_str!("../../../tests/fixtures/keys/merchant.pem");
 const MERCHANT_SERIAL: &str = "3A1F0C2B9D8E7F6A5B4C3D2E1F0A9B8C7D6E5F4A";
 const TIMEOUT: Duration = Duration::from_millis(1_500);
+/// `--close-give-up-s` of these tests: two minutes (the platforms' answers
+/// carry the real time, which payonce's clock must stay within 5 minutes of).
+const GIVE_UP_MS: i64 = 120_000;
 
 struct Setup {
     app: App,
@@ -30,6 +33,10 @@ fn merchant_public_key() -> RsaPublicKey {
 /// A payonce on a fresh in-memory database whose outgoing calls go to a
 /// simulated WeChat Pay and Alipay, the same merchant key on both.
 fn setup() -> Setup {
+    setup_with(Clock::System)
+}
+
+fn setup_with(clock: Clock) -> Setup {
     let wechatpay = PlatformApi::start_wechatpay(WechatpayApiConfig::new(MERCHANT_SERIAL, merchant_public_key()))
         .expect("the WeChat Pay API");
     let alipay = PlatformApi::start_alipay(AlipayApiConfig::new(merchant_public_key())).expect("the Alipay API");
@@ -55,21 +62,48 @@ fn setup() -> Setup {
             TIMEOUT,
         ))),
         timeout_ms: TIMEOUT.as_millis() as u64,
+        retry_schedule_ms: vec![1_000, 2_000],
+        close_give_up_ms: GIVE_UP_MS,
+        ..Platforms::default()
     };
     let config = Config { platforms, ..Config::default() };
-    let app = App::open(":memory:", Clock::System, config).expect("payonce");
+    let app = App::open(":memory:", clock, config).expect("payonce");
     Setup { app, wechatpay, alipay }
 }
 
 fn order(app: &App, order_no: &str) {
+    order_expiring(app, order_no, None);
+}
+
+fn order_expiring(app: &App, order_no: &str, expires_in_s: Option<i64>) {
     app.create_order(&CreateOrder {
         order_no: order_no.into(),
         user_id: "u1".into(),
         amount: 1000,
         currency: "CNY".into(),
-        expires_in_s: None,
+        expires_in_s,
     })
     .expect("order");
+}
+
+/// A payonce on a manual clock at the real time, with `order_no` expired
+/// (1 s lifetime, the clock moved 2 s) and its trade opened at both platforms.
+fn expired(order_no: &str) -> (Setup, Clock) {
+    let clock = Clock::manual(Clock::System.now_ms());
+    let s = setup_with(clock.clone());
+    order_expiring(&s.app, order_no, Some(1));
+    s.wechatpay.open_trade(order_no, 1000).expect("trade");
+    s.alipay.open_trade(order_no, 1000).expect("trade");
+    clock.advance_ms(2_000);
+    (s, clock)
+}
+
+fn audit_actions(app: &App, order_no: &str) -> Vec<String> {
+    app.order(order_no).expect("detail").audit.into_iter().map(|a| a.action).collect()
+}
+
+fn apis_called(api: &PlatformApi) -> Vec<String> {
+    api.calls().into_iter().map(|c| c.api).collect()
 }
 
 fn states(synced: &payonce::platform_ops::Synced) -> Vec<(&'static str, TradeState)> {
@@ -202,4 +236,145 @@ fn an_order_no_a_platform_cannot_carry_is_no_such_trade_there_and_no_call_is_mad
     s.app.sync_order("ORD.DOT.1").expect("sync");
     assert_eq!(s.wechatpay.calls().len(), 1, "nor one WeChat Pay cannot carry");
     assert!(s.app.sync_order("NO-SUCH-ORDER").is_err_and(|e| e.code == "order_not_found"));
+}
+
+#[test]
+fn an_expired_order_whose_notification_was_lost_is_applied_not_closed() {
+    let (s, _clock) = expired("ORD_LOST_1");
+    let pay_no = s.wechatpay.buyer_pays("ORD_LOST_1").expect("paid at WeChat Pay");
+    assert_eq!(s.app.close_expired(100).expect("sweep"), 1, "queued, not closed");
+    assert_eq!(s.app.order("ORD_LOST_1").expect("detail").order.status, OrderStatus::Pending);
+    assert_eq!(s.app.close_expired(100).expect("sweep"), 0, "queued once");
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2, "one close row per platform");
+    let detail = s.app.order("ORD_LOST_1").expect("detail");
+    assert_eq!(detail.order.status, OrderStatus::Paid);
+    assert_eq!(detail.payments.len(), 1);
+    assert_eq!((detail.payments[0].pay_no.as_str(), detail.payments[0].source.as_str()), (pay_no.as_str(), "query"));
+    assert!(!apis_called(&s.wechatpay).iter().any(|a| a.ends_with("/close")), "a paid trade is not closed");
+    assert!(!audit_actions(&s.app, "ORD_LOST_1").contains(&"platform_closed".to_owned()));
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "nothing left to do");
+}
+
+#[test]
+fn an_expired_unpaid_order_is_closed_at_every_platform_then_here_once() {
+    let (s, _clock) = expired("ORD_CLOSE_1");
+    s.app.close_expired(100).expect("sweep");
+    s.app.run_platform_calls_once(8).expect("pool");
+    assert_eq!(s.app.order("ORD_CLOSE_1").expect("detail").order.status, OrderStatus::Closed);
+    assert_eq!(audit_actions(&s.app, "ORD_CLOSE_1"), ["platform_closed"]);
+    assert!(apis_called(&s.wechatpay).iter().any(|a| a.ends_with("ORD_CLOSE_1/close")));
+    assert!(apis_called(&s.alipay).contains(&"alipay.trade.close".to_owned()));
+    // After the platform's close, the buyer can no longer pay there: no paid_after_close.
+    assert!(s.wechatpay.buyer_pays("ORD_CLOSE_1").is_err());
+    assert!(s.alipay.buyer_pays("ORD_CLOSE_1").is_err());
+    s.app.run_platform_calls_once(8).expect("pool");
+    assert_eq!(audit_actions(&s.app, "ORD_CLOSE_1"), ["platform_closed"], "one audit row");
+}
+
+#[test]
+fn a_buyer_paying_right_now_is_not_closed_in_this_pass() {
+    let (s, clock) = expired("ORD_PAYING_1");
+    s.wechatpay.buyer_paying("ORD_PAYING_1").expect("paying");
+    s.app.close_expired(100).expect("sweep");
+    s.app.run_platform_calls_once(8).expect("pool");
+    assert_eq!(s.app.order("ORD_PAYING_1").expect("detail").order.status, OrderStatus::Pending);
+    assert!(!apis_called(&s.wechatpay).iter().any(|a| a.ends_with("/close")));
+    s.wechatpay.buyer_pays("ORD_PAYING_1").expect("paid");
+    clock.advance_ms(1_000);
+    s.app.run_platform_calls_once(8).expect("pool");
+    assert_eq!(s.app.order("ORD_PAYING_1").expect("detail").order.status, OrderStatus::Paid);
+}
+
+#[test]
+fn a_platform_down_keeps_the_order_pending_then_payonce_gives_up_and_says_so() {
+    let (s, clock) = expired("ORD_DOWN_1");
+    s.wechatpay.set_fault(Some(Fault::Refuse));
+    s.app.close_expired(100).expect("sweep");
+    s.app.run_platform_calls_once(8).expect("pool");
+    assert_eq!(
+        s.app.order("ORD_DOWN_1").expect("detail").order.status,
+        OrderStatus::Pending,
+        "Alipay alone cannot close it"
+    );
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "the retry waits for its back-off");
+    clock.advance_ms(1_000);
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1, "retried after the first wait");
+    assert_eq!(s.app.order("ORD_DOWN_1").expect("detail").order.status, OrderStatus::Pending);
+    assert!(s.app.inspect().expect("inspect").iter().all(|f| f.kind != "close_unconfirmed"));
+    clock.advance_ms(GIVE_UP_MS);
+    s.app.run_platform_calls_once(8).expect("pool");
+    assert_eq!(
+        s.app.order("ORD_DOWN_1").expect("detail").order.status,
+        OrderStatus::Closed,
+        "closed here after giving up"
+    );
+    let findings = s.app.inspect().expect("inspect");
+    let unconfirmed: Vec<_> = findings.iter().filter(|f| f.kind == "close_unconfirmed").collect();
+    assert_eq!(unconfirmed.len(), 1, "{findings:?}");
+    assert_eq!(unconfirmed[0].detail["platforms"], serde_json::json!(["wechatpay"]));
+    assert!(s.app.resolve_close("ORD_DOWN_1", "  ", "ops", None).is_err(), "a reason is required");
+    s.app.resolve_close("ORD_DOWN_1", "checked the WeChat Pay console: never paid", "ops", None).expect("resolved");
+    s.app.resolve_close("ORD_DOWN_1", "again", "ops", None).expect("a repeat answers the order");
+    assert!(s.app.inspect().expect("inspect").iter().all(|f| f.kind != "close_unconfirmed"));
+    let actions = audit_actions(&s.app, "ORD_DOWN_1");
+    assert_eq!(actions.iter().filter(|a| *a == "close_resolved").count(), 1, "{actions:?}");
+    assert!(s.app.resolve_close("ORD_NOTHING", "x", "ops", None).is_err_and(|e| e.code == "order_not_found"));
+}
+
+#[test]
+fn an_explicit_close_asks_the_platforms_first() {
+    let s = setup();
+    for order_no in ["ORD_EXP_PAID", "ORD_EXP_DOWN", "ORD_EXP_OK"] {
+        order(&s.app, order_no);
+        s.wechatpay.open_trade(order_no, 1000).expect("trade");
+        s.alipay.open_trade(order_no, 1000).expect("trade");
+    }
+    s.alipay.buyer_pays("ORD_EXP_PAID").expect("paid");
+    let refused = s.app.close_order("ORD_EXP_PAID").expect_err("paid at Alipay");
+    assert_eq!((refused.status, refused.code), (409, "invalid_transition"));
+    assert!(refused.message.contains("PAID"), "{}", refused.message);
+    assert_eq!(s.app.order("ORD_EXP_PAID").expect("detail").order.status, OrderStatus::Paid);
+
+    s.wechatpay.set_fault(Some(Fault::ServerError));
+    let down = s.app.close_order("ORD_EXP_DOWN").expect_err("WeChat Pay cannot confirm");
+    assert_eq!((down.status, down.code), (503, "platform_unavailable"));
+    assert_eq!(s.app.order("ORD_EXP_DOWN").expect("detail").order.status, OrderStatus::Pending);
+    s.wechatpay.set_fault(None);
+
+    let closed = s.app.close_order("ORD_EXP_OK").expect("closed everywhere");
+    assert_eq!(closed.status, OrderStatus::Closed);
+    assert_eq!(audit_actions(&s.app, "ORD_EXP_OK"), ["platform_closed"]);
+    assert_eq!(
+        s.app.close_order("ORD_EXP_OK").expect("again").status,
+        OrderStatus::Closed,
+        "a repeat answers the order"
+    );
+}
+
+/// A crash between the platform's close and the local one: the row stays
+/// pending with its lease; once the lease runs out the pool asks again,
+/// hears "closed", and closes here, once.
+#[test]
+fn a_close_interrupted_after_the_platform_closed_finishes_once() {
+    let (s, clock) = expired("ORD_CRASH_1");
+    s.app.close_expired(100).expect("sweep");
+    // What a killed process leaves: both rows claimed (attempt 1, leased),
+    // both trades closed at the platforms, nothing recorded, the order PENDING.
+    let now = payonce::clock::format_ms(clock.now_ms());
+    let lease = payonce::clock::format_ms(clock.now_ms() + 3_000);
+    s.app
+        .store
+        .execute_raw(&format!(
+        "UPDATE platform_call SET attempts = 1, next_attempt_at = '{lease}', updated_at = '{now}' WHERE kind = 'close'"
+    ))
+        .expect("leased");
+    let wechat = s.app.config.platforms.wechatpay.clone().expect("wechatpay");
+    let alipay = s.app.config.platforms.alipay.clone().expect("alipay");
+    assert_eq!(wechat.close("ORD_CRASH_1", clock.now_ms()).meaning, payonce::platform::CloseAnswer::Closed);
+    assert_eq!(alipay.close("ORD_CRASH_1", clock.now_ms()).meaning, payonce::platform::CloseAnswer::Closed);
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "leased: nobody else takes it");
+    clock.advance_ms(3_001);
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2);
+    assert_eq!(s.app.order("ORD_CRASH_1").expect("detail").order.status, OrderStatus::Closed);
+    assert_eq!(audit_actions(&s.app, "ORD_CRASH_1"), ["platform_closed"]);
 }
