@@ -499,6 +499,14 @@ impl App {
             }
             let inserted = tx.insert_refund(refund_no, order.id, &now)?;
             assert!(inserted, "refund_no {refund_no} appeared inside its own transaction");
+            // The submission to the platform that took the payment is queued
+            // with the request, in its transaction: it cannot be lost.
+            let took = tx.callbacks_of_order(order.id)?.into_iter().find(|p| p.outcome == PaymentOutcome::Applied);
+            if let Some(channel) =
+                took.map(|p| p.channel).filter(|c| self.config.platforms.channels().contains(&c.as_str()))
+            {
+                tx.enqueue_platform_refund_call("refund", &channel, order_no, refund_no, &now, &now)?;
+            }
             let refunding = tx.order_by_id(order.id)?;
             let data = json!({"order": refunding.to_json(), "refund": {"refund_no": refund_no, "status": "REQUESTED"}});
             tx.emit_event(EventType::OrderRefunding, &format!("{order_no}/{refund_no}"), order_no, &data, &now)?;

@@ -167,6 +167,10 @@ calls are on when any of its outgoing-only settings is given; then all are requi
   --platform-timeout-ms N         one platform call's whole HTTP exchange [default: 10000]
   --platform-retry-s LIST         waits between attempts of a close at a platform, seconds; the
                                   last repeats [default: 5,30,120,600,1800,3600]
+  --refund-query-after-s N        a submitted refund without a result this long is queried
+                                  (then on --platform-retry-s) [default: 300]
+  --public-base-url URL           where platforms reach this payonce; WeChat Pay refunds then
+                                  carry notify_url = URL/v1/callbacks/wechatpay/refund
   --close-give-up-s N             after this long past expires_at without a platform's
                                   confirmation, close locally and report close_unconfirmed
                                   [default: 86400]
@@ -217,6 +221,8 @@ struct ServeArgs {
     platform_timeout_ms: u64,
     platform_retry_ms: Vec<u64>,
     close_give_up_s: i64,
+    refund_query_after_s: i64,
+    public_base_url: Option<String>,
     /// `payonce sync`'s ORDER_NO (serve takes no positional argument).
     positional: Vec<String>,
 }
@@ -329,6 +335,8 @@ fn parse_serve_like(mut parser: lexopt::Parser, accept_positional: bool, usage: 
         platform_timeout_ms: payonce::platform::PLATFORM_TIMEOUT_MS_DEFAULT,
         platform_retry_ms: parse_retry_schedule(payonce::platform::PLATFORM_RETRY_S_DEFAULT)?,
         close_give_up_s: payonce::platform::CLOSE_GIVE_UP_S_DEFAULT,
+        refund_query_after_s: payonce::platform::REFUND_QUERY_AFTER_S_DEFAULT,
+        public_base_url: None,
         positional: Vec::new(),
     };
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
@@ -425,6 +433,10 @@ fn parse_serve_like(mut parser: lexopt::Parser, accept_positional: bool, usage: 
                 args.platform_retry_ms = parse_retry_schedule(&string_value(&mut parser)?)
                     .map_err(|e| e.replace("--webhook-retry-s", "--platform-retry-s"))?
             }
+            Long("refund-query-after-s") => {
+                args.refund_query_after_s = int_value(&mut parser, "--refund-query-after-s", 1, 30 * 86_400)?
+            }
+            Long("public-base-url") => args.public_base_url = Some(http_url(&mut parser, "--public-base-url")?),
             Long("close-give-up-s") => {
                 args.close_give_up_s = int_value(&mut parser, "--close-give-up-s", 1, 365 * 86_400)?
             }
@@ -600,6 +612,7 @@ fn platforms_config(args: &ServeArgs) -> Result<Platforms, String> {
         timeout_ms: args.platform_timeout_ms,
         retry_schedule_ms: args.platform_retry_ms.clone(),
         close_give_up_ms: args.close_give_up_s.saturating_mul(1000),
+        refund_query_after_ms: args.refund_query_after_s.saturating_mul(1000),
         ..Platforms::default()
     };
     if wechatpay_outgoing(args) {
@@ -618,14 +631,19 @@ fn platforms_config(args: &ServeArgs) -> Result<Platforms, String> {
         let file = args.wechatpay_merchant_key.as_deref().unwrap_or_default();
         let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
         let key = MerchantKey::from_pem(&pem).map_err(|e| format!("--wechatpay-merchant-key {file}: {e}"))?;
-        platforms.wechatpay = Some(Arc::new(WechatpayApi::new(
+        let mut api = WechatpayApi::new(
             args.wechatpay_mchid.clone().unwrap_or_default(),
             args.wechatpay_merchant_serial.clone().unwrap_or_default(),
             key,
             &args.wechatpay_api_base,
             wechatpay_platform_keys(args)?,
             timeout,
-        )));
+        );
+        api.refund_notify_url = args
+            .public_base_url
+            .as_ref()
+            .map(|base| format!("{}/v1/callbacks/wechatpay/refund", base.trim_end_matches('/')));
+        platforms.wechatpay = Some(Arc::new(api));
     }
     if let Some(file) = &args.alipay_app_private_key {
         let missing: Vec<&str> = [

@@ -32,6 +32,14 @@ pub fn yuan_to_fen(text: &str, allow_negative: bool) -> Option<i64> {
     whole.checked_mul(100)?.checked_add(fraction)
 }
 
+/// Fen to yuan text with two decimals (`1050` is `"10.50"`), as Alipay's
+/// `refund_amount` takes it.
+pub fn fen_to_yuan(fen: i64) -> String {
+    let sign = if fen < 0 { "-" } else { "" };
+    let fen = fen.unsigned_abs();
+    format!("{sign}{}.{:02}", fen / 100, fen % 100)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -57,5 +65,15 @@ mod tests {
         check("9 9", false, None);
         check("１００", false, None);
         check("99999999999999.00", false, None);
+    }
+
+    #[test]
+    fn fen_to_yuan_is_exact() {
+        assert_eq!(fen_to_yuan(1050), "10.50");
+        assert_eq!(fen_to_yuan(5), "0.05");
+        assert_eq!(fen_to_yuan(100), "1.00");
+        for fen in [0, 1, 99, 100, 123_456, 1_000_000_000_000] {
+            assert_eq!(yuan_to_fen(&fen_to_yuan(fen), false), Some(fen));
+        }
     }
 }

@@ -14,13 +14,13 @@
 //! Each call is a `platform_call` row before it is made and is completed
 //! after it; no transaction spans a call.
 
-use crate::app::{App, PaymentCallback, ACTOR_SYSTEM};
+use crate::app::{App, PaymentCallback, RefundCallback, ACTOR_SYSTEM};
 use crate::clock::{format_ms, parse_rfc3339_ms};
-use crate::domain::{IdempotencySlot, Order, OrderStatus, PlatformStatus};
+use crate::domain::{IdempotencySlot, Order, OrderStatus, PlatformStatus, RefundStatus};
 use crate::error::{Error, ErrorKind};
 pub use crate::platform::Platforms;
 pub use crate::platform::SOURCE_QUERY;
-use crate::platform::{CloseAnswer, Exchange, TradeState, PLATFORM_WAITERS_MAX};
+use crate::platform::{CloseAnswer, Exchange, RefundAnswer, RefundState, TradeState, PLATFORM_WAITERS_MAX};
 use crate::store::{NewPlatformCall, PlatformCallRow};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -132,7 +132,7 @@ impl App {
         let now = format_ms(now_ms);
         let lease_ms = i64::try_from(self.config.platforms.timeout_ms).unwrap_or(i64::MAX).saturating_mul(2);
         let lease_until = format_ms(now_ms.saturating_add(lease_ms));
-        let due = self.store.read(|tx| tx.due_platform_closes(&now, limit))?;
+        let due = self.store.read(|tx| tx.due_platform_calls(&now, limit))?;
         let claimed: Vec<PlatformCallRow> = due
             .into_iter()
             .filter_map(|row| {
@@ -147,16 +147,94 @@ impl App {
         std::thread::scope(|scope| {
             for row in &claimed {
                 scope.spawn(move || {
-                    if let Err(e) = self.work_close(row) {
+                    let worked = match row.kind.as_str() {
+                        "close" => self.work_close(row),
+                        "refund" => self.work_refund(row),
+                        _ => self.work_refund_query(row),
+                    };
+                    if let Err(e) = worked {
                         crate::log::warn(
-                            "platform close failed, will retry",
-                            &[("order_no", &row.order_no), ("channel", &row.channel), ("error", &e)],
+                            "platform call failed, will retry",
+                            &[
+                                ("kind", &row.kind),
+                                ("order_no", &row.order_no),
+                                ("channel", &row.channel),
+                                ("error", &e),
+                            ],
                         );
                     }
                 });
             }
         });
         Ok(worked)
+    }
+
+    /// Whether a refund still waits for its result here.
+    fn refund_unsettled(&self, refund_no: &str) -> Result<bool, Error> {
+        Ok(self.store.read(|tx| tx.refund_by_no(refund_no))?.is_some_and(|r| r.status == RefundStatus::Requested))
+    }
+
+    /// One claimed refund submission: retried until the platform accepts it
+    /// (the refund_no is its idempotency key there); once accepted, its
+    /// query is queued for `--refund-query-after-s` later.
+    fn work_refund(&self, row: &PlatformCallRow) -> Result<(), Error> {
+        let refund_no = row.refund_no.clone().unwrap_or_default();
+        if !self.refund_unsettled(&refund_no)? {
+            return self.record_close(row, "done", None, "settled already".into(), None, "");
+        }
+        let order = self.order(&row.order_no)?.order;
+        let now_ms = self.clock.now_ms();
+        let platforms = &self.config.platforms;
+        let Some(exchange) = platforms.refund(&row.channel, &row.order_no, &refund_no, order.amount, now_ms) else {
+            return Ok(());
+        };
+        let response = recorded_response(&exchange);
+        if exchange.meaning == RefundAnswer::Accepted {
+            self.record_close(row, "done", None, response, exchange.http_status, &exchange.request)?;
+            let now = format_ms(now_ms);
+            let query_at = format_ms(now_ms.saturating_add(platforms.refund_query_after_ms));
+            self.store.write(|tx| {
+                tx.enqueue_platform_refund_call(
+                    "refund_query",
+                    &row.channel,
+                    &row.order_no,
+                    &refund_no,
+                    &query_at,
+                    &now,
+                )
+            })?;
+            return Ok(());
+        }
+        let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
+        self.record_close(row, "pending", Some(&next), response, exchange.http_status, &exchange.request)
+    }
+
+    /// One claimed refund query, for a refund whose result notification is
+    /// late: a settled answer goes through `deliver_refund`, like the
+    /// notification would; "not yet" is asked again on the schedule.
+    fn work_refund_query(&self, row: &PlatformCallRow) -> Result<(), Error> {
+        let refund_no = row.refund_no.clone().unwrap_or_default();
+        if !self.refund_unsettled(&refund_no)? {
+            return self.record_close(row, "done", None, "settled already".into(), None, "");
+        }
+        let now_ms = self.clock.now_ms();
+        let platforms = &self.config.platforms;
+        let Some(exchange) = platforms.refund_query(&row.channel, &row.order_no, &refund_no, now_ms) else {
+            return Ok(());
+        };
+        let response = recorded_response(&exchange);
+        if let RefundState::Settled(status) = exchange.meaning {
+            self.deliver_refund(&RefundCallback {
+                channel: row.channel.clone(),
+                refund_no: refund_no.clone(),
+                order_no: row.order_no.clone(),
+                status,
+                settled_at: None,
+            })?;
+            return self.record_close(row, "done", None, response, exchange.http_status, &exchange.request);
+        }
+        let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
+        self.record_close(row, "pending", Some(&next), response, exchange.http_status, &exchange.request)
     }
 
     /// One claimed close row: ask, then apply or close at the platform, and
@@ -495,4 +573,13 @@ fn channel_name(channel: &str) -> &'static str {
 
 fn not_configured(channel: &str) -> Exchange<TradeState> {
     Exchange::unknown(String::new(), None, String::new(), format!("{channel} is not configured"), TradeState::Unknown)
+}
+
+/// What `platform_call.response` keeps of an exchange: why it is not
+/// trusted, when it is not, then what was received.
+fn recorded_response<T>(exchange: &Exchange<T>) -> String {
+    match &exchange.distrust {
+        None => exchange.response.clone(),
+        Some(why) => format!("{why}\n{}", exchange.response),
+    }
 }

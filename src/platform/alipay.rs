@@ -5,8 +5,9 @@
 //! verified, as the exact text it is in the body, with the Alipay public key,
 //! then checked to name the `out_trade_no` asked about.
 
-use super::{agent, body_text, CloseAnswer, Exchange, MerchantKey, TradeState};
+use super::{agent, body_text, CloseAnswer, Exchange, MerchantKey, RefundAnswer, RefundState, TradeState};
 use crate::clock::{format_ms, UTC8_OFFSET_MS};
+use crate::domain::PlatformStatus;
 use base64::Engine as _;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
 use rsa::signature::Verifier;
@@ -107,6 +108,63 @@ impl AlipayApi {
                     CloseAnswer::Unknown,
                 )
             }
+        };
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
+    }
+
+    /// `alipay.trade.refund` with `out_request_no` = refund_no (Alipay's
+    /// idempotency key): success is accepted, also for a repeat
+    /// (`fund_change` `N`: the money moved the first time).
+    pub fn refund(&self, order_no: &str, refund_no: &str, amount: i64, now_ms: i64) -> Exchange<RefundAnswer> {
+        const METHOD: &str = "alipay.trade.refund";
+        let biz = json!({"out_trade_no": order_no, "refund_amount": crate::money::fen_to_yuan(amount),
+                         "out_request_no": refund_no});
+        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
+        match self.call(METHOD, &biz, now_ms) {
+            Ok((status, text, response))
+                if response["code"] == "10000" && response.get("out_trade_no").is_none_or(|n| n == order_no) =>
+            {
+                Exchange {
+                    request,
+                    http_status: Some(status),
+                    response: text,
+                    meaning: RefundAnswer::Accepted,
+                    distrust: None,
+                }
+            }
+            Ok((status, text, _)) => Exchange::unknown(
+                request,
+                Some(status),
+                text,
+                "Alipay did not accept the refund".into(),
+                RefundAnswer::Unknown,
+            ),
+            Err((status, text, why)) => Exchange::unknown(request, status, text, why, RefundAnswer::Unknown),
+        }
+    }
+
+    /// `alipay.trade.fastpay.refund.query`: `refund_status` REFUND_SUCCESS
+    /// settles it; without `refund_status` it is not yet, never failed.
+    pub fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
+        const METHOD: &str = "alipay.trade.fastpay.refund.query";
+        let biz = json!({"out_trade_no": order_no, "out_request_no": refund_no});
+        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
+        let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, RefundState::Unknown),
+        };
+        if response["code"] != "10000" || response.get("out_trade_no").is_some_and(|n| n != order_no) {
+            return Exchange::unknown(
+                request,
+                Some(status),
+                text,
+                "Alipay refused the query".into(),
+                RefundState::Unknown,
+            );
+        }
+        let meaning = match response["refund_status"].as_str() {
+            Some("REFUND_SUCCESS") => RefundState::Settled(PlatformStatus::Success),
+            _ => RefundState::NotYet,
         };
         Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }

@@ -27,6 +27,8 @@ pub const RESPONSE_BYTES_MAX: u64 = 64 * 1024;
 pub const PLATFORM_RETRY_S_DEFAULT: &str = "5,30,120,600,1800,3600";
 /// `--close-give-up-s`, counted from the order's `expires_at`.
 pub const CLOSE_GIVE_UP_S_DEFAULT: i64 = 86_400;
+/// `--refund-query-after-s`.
+pub const REFUND_QUERY_AFTER_S_DEFAULT: i64 = 300;
 /// API requests that may wait on the platforms at once (explicit closes);
 /// the rest get 503 `platform_unavailable`.
 pub const PLATFORM_WAITERS_MAX: usize = 4;
@@ -43,6 +45,8 @@ pub struct Platforms {
     /// The waits between attempts of a close, in ms; the last repeats.
     pub retry_schedule_ms: Vec<u64>,
     pub close_give_up_ms: i64,
+    /// How long after its submission a refund without a result is queried.
+    pub refund_query_after_ms: i64,
     /// API requests waiting on platforms right now.
     pub waiting: Arc<AtomicUsize>,
 }
@@ -55,6 +59,7 @@ impl Default for Platforms {
             timeout_ms: PLATFORM_TIMEOUT_MS_DEFAULT,
             retry_schedule_ms: crate::webhook::parse_retry_schedule(PLATFORM_RETRY_S_DEFAULT).unwrap_or_default(),
             close_give_up_ms: CLOSE_GIVE_UP_S_DEFAULT * 1000,
+            refund_query_after_ms: REFUND_QUERY_AFTER_S_DEFAULT * 1000,
             waiting: Arc::default(),
         }
     }
@@ -98,6 +103,35 @@ impl Platforms {
         match channel {
             "wechatpay" => self.wechatpay.as_ref().map(|api| api.close(order_no, now_ms)),
             "alipay" => self.alipay.as_ref().map(|api| api.close(order_no, now_ms)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn refund(
+        &self,
+        channel: &str,
+        order_no: &str,
+        refund_no: &str,
+        amount: i64,
+        now_ms: i64,
+    ) -> Option<Exchange<RefundAnswer>> {
+        match channel {
+            "wechatpay" => self.wechatpay.as_ref().map(|api| api.refund(order_no, refund_no, amount, now_ms)),
+            "alipay" => self.alipay.as_ref().map(|api| api.refund(order_no, refund_no, amount, now_ms)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn refund_query(
+        &self,
+        channel: &str,
+        order_no: &str,
+        refund_no: &str,
+        now_ms: i64,
+    ) -> Option<Exchange<RefundState>> {
+        match channel {
+            "wechatpay" => self.wechatpay.as_ref().map(|api| api.refund_query(refund_no, now_ms)),
+            "alipay" => self.alipay.as_ref().map(|api| api.refund_query(order_no, refund_no, now_ms)),
             _ => None,
         }
     }
@@ -148,6 +182,25 @@ pub enum CloseAnswer {
     /// The platform refused because the trade is paid: query again and apply.
     Paid,
     /// Unreachable, timed out, refused otherwise, or unverified.
+    Unknown,
+}
+
+/// What a platform says to a refund submission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefundAnswer {
+    /// Accepted (now or before: the refund_no is the platform's idempotency key).
+    Accepted,
+    /// Not accepted, or no trusted answer: submit again later.
+    Unknown,
+}
+
+/// What a platform says of a refund it accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefundState {
+    /// Settled: SUCCESS, or FAILED (WeChat CLOSED / ABNORMAL).
+    Settled(crate::domain::PlatformStatus),
+    /// Not settled yet.
+    NotYet,
     Unknown,
 }
 

@@ -4,8 +4,9 @@
 //! platform key of `Wechatpay-Serial`, a timestamp within 5 minutes), then
 //! checked to name this `mchid` and the `out_trade_no` asked about.
 
-use super::{agent, body_text, nonce, CloseAnswer, Exchange, MerchantKey, TradeState};
+use super::{agent, body_text, nonce, CloseAnswer, Exchange, MerchantKey, RefundAnswer, RefundState, TradeState};
 use crate::channel::wechatpay::verify_signed;
+use crate::domain::PlatformStatus;
 use rsa::RsaPublicKey;
 use serde_json::Value;
 use std::time::Duration;
@@ -26,6 +27,8 @@ pub struct WechatpayApi {
     pub api_base: String,
     platform_keys: Vec<(String, RsaPublicKey)>,
     agent: ureq::Agent,
+    /// `notify_url` of refund requests (`--public-base-url`), if any.
+    pub refund_notify_url: Option<String>,
 }
 
 impl WechatpayApi {
@@ -44,6 +47,7 @@ impl WechatpayApi {
             api_base: api_base.trim_end_matches('/').to_owned(),
             platform_keys,
             agent: agent(timeout),
+            refund_notify_url: None,
         }
     }
 
@@ -111,6 +115,104 @@ impl WechatpayApi {
 }
 
 impl WechatpayApi {
+    /// One signed call: (HTTP status, body) of an answer that verifies, or
+    /// (status if any, what was received, why) when there is none to trust.
+    fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        now_ms: i64,
+    ) -> Result<(u16, String), (Option<u16>, String, String)> {
+        let authorization =
+            self.authorization(method, path, body.unwrap_or(""), now_ms).map_err(|e| (None, String::new(), e))?;
+        let url = format!("{}{path}", self.api_base);
+        let sent = match body {
+            Some(body) => self
+                .agent
+                .post(url)
+                .header("Authorization", &authorization)
+                .header("Accept", "application/json")
+                .header("Content-Type", "application/json")
+                .send(body.as_bytes()),
+            None => {
+                self.agent.get(url).header("Authorization", &authorization).header("Accept", "application/json").call()
+            }
+        };
+        let mut answer = sent.map_err(|e| (None, e.to_string(), format!("no answer: {e}")))?;
+        let status = answer.status().as_u16();
+        let text = body_text(&mut answer).map_err(|e| (Some(status), String::new(), e))?;
+        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        match verify_signed(&self.platform_keys, now_ms, &header, text.as_bytes()) {
+            Ok(()) => Ok((status, text)),
+            Err(e) => Err((Some(status), text, format!("the answer does not verify: {}", e.message))),
+        }
+    }
+
+    /// `POST /v3/refund/domestic/refunds` with `out_refund_no` = refund_no
+    /// (WeChat Pay's idempotency key): a 200 naming it is accepted.
+    pub fn refund(&self, order_no: &str, refund_no: &str, amount: i64, now_ms: i64) -> Exchange<RefundAnswer> {
+        let path = "/v3/refund/domestic/refunds";
+        let mut body = serde_json::json!({
+            "out_trade_no": order_no, "out_refund_no": refund_no,
+            "amount": {"refund": amount, "total": amount, "currency": "CNY"},
+        });
+        if let Some(url) = &self.refund_notify_url {
+            body["notify_url"] = Value::String(url.clone());
+        }
+        let body = body.to_string();
+        let request = format!("POST {}{path} {body}", self.api_base);
+        match self.exchange("POST", path, Some(&body), now_ms) {
+            Ok((200, text)) if serde_json::from_str::<Value>(&text).is_ok_and(|j| j["out_refund_no"] == refund_no) => {
+                Exchange {
+                    request,
+                    http_status: Some(200),
+                    response: text,
+                    meaning: RefundAnswer::Accepted,
+                    distrust: None,
+                }
+            }
+            Ok((status, text)) => Exchange::unknown(
+                request,
+                Some(status),
+                text,
+                format!("HTTP {status}: not accepted"),
+                RefundAnswer::Unknown,
+            ),
+            Err((status, text, why)) => Exchange::unknown(request, status, text, why, RefundAnswer::Unknown),
+        }
+    }
+
+    /// `GET /v3/refund/domestic/refunds/{refund_no}`: SUCCESS settles it;
+    /// CLOSED and ABNORMAL settle it as failed; PROCESSING is not yet.
+    pub fn refund_query(&self, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
+        let path = format!("/v3/refund/domestic/refunds/{refund_no}");
+        let request = format!("GET {}{path}", self.api_base);
+        let (status, text) = match self.exchange("GET", &path, None, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, RefundState::Unknown),
+        };
+        let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if status != 200 || json["out_refund_no"] != refund_no {
+            return Exchange::unknown(request, Some(status), text, format!("HTTP {status}"), RefundState::Unknown);
+        }
+        let meaning = match json["status"].as_str() {
+            Some("SUCCESS") => RefundState::Settled(PlatformStatus::Success),
+            Some("CLOSED") | Some("ABNORMAL") => RefundState::Settled(PlatformStatus::Failed),
+            Some("PROCESSING") => RefundState::NotYet,
+            _ => {
+                return Exchange::unknown(
+                    request,
+                    Some(status),
+                    text,
+                    "unknown refund status".into(),
+                    RefundState::Unknown,
+                )
+            }
+        };
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
+    }
+
     /// `POST /v3/pay/transactions/out-trade-no/{order_no}/close`: 204 (also
     /// for an unknown out_trade_no) and `ORDER_CLOSED` mean closed;
     /// `ORDERPAID` means query again and apply.

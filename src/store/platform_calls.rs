@@ -25,6 +25,7 @@ pub struct PlatformCallRow {
     pub channel: String,
     pub kind: String,
     pub order_no: String,
+    pub refund_no: Option<String>,
     pub status: String,
     pub attempts: i64,
     pub next_attempt_at: Option<String>,
@@ -36,6 +37,7 @@ fn call_from_row(r: &Row) -> Result<PlatformCallRow, Error> {
         channel: r.text(1)?,
         kind: r.text(2)?,
         order_no: r.text(3)?,
+        refund_no: r.opt_text(7)?,
         status: r.text(4)?,
         attempts: r.int(5)?,
         next_attempt_at: r.opt_text(6)?,
@@ -55,11 +57,12 @@ impl ReadTx<'_> {
         )
     }
 
-    /// Pending close calls whose next attempt may start at `now`.
-    pub fn due_platform_closes(&self, now: &str, limit: usize) -> Result<Vec<PlatformCallRow>, Error> {
+    /// Pending calls of the pool (closes, refund submissions, refund
+    /// queries) whose next attempt may start at `now`.
+    pub fn due_platform_calls(&self, now: &str, limit: usize) -> Result<Vec<PlatformCallRow>, Error> {
         self.all(
-            "SELECT id, channel, kind, order_no, status, attempts, next_attempt_at FROM platform_call
-             WHERE status = 'pending' AND next_attempt_at <= ?1 AND kind = 'close'
+            "SELECT id, channel, kind, order_no, status, attempts, next_attempt_at, refund_no FROM platform_call
+             WHERE status = 'pending' AND next_attempt_at <= ?1 AND kind IN ('close', 'refund', 'refund_query')
              ORDER BY next_attempt_at, id LIMIT ?2",
             params![now, limit_param(limit)],
             call_from_row,
@@ -69,7 +72,7 @@ impl ReadTx<'_> {
     /// The close rows of an order, one per platform asked.
     pub fn platform_closes_of_order(&self, order_no: &str) -> Result<Vec<PlatformCallRow>, Error> {
         self.all(
-            "SELECT id, channel, kind, order_no, status, attempts, next_attempt_at FROM platform_call
+            "SELECT id, channel, kind, order_no, status, attempts, next_attempt_at, refund_no FROM platform_call
              WHERE order_no = ?1 AND kind = 'close' ORDER BY id",
             params![order_no],
             call_from_row,
@@ -89,6 +92,28 @@ impl WriteTx<'_> {
             params![channel, order_no, now],
         )?;
         one_row(changed, "enqueue platform close")
+    }
+
+    /// Queues a refund's submission (`kind` `refund`) or, once accepted, its
+    /// query (`refund_query`), due at `due_at`; a submission only once per
+    /// refund_no and platform (`uk_platform_call`).
+    pub fn enqueue_platform_refund_call(
+        &self,
+        kind: &str,
+        channel: &str,
+        order_no: &str,
+        refund_no: &str,
+        due_at: &str,
+        now: &str,
+    ) -> Result<bool, Error> {
+        let changed = self.execute(
+            "INSERT INTO platform_call (channel, kind, order_no, refund_no, status, attempts, next_attempt_at,
+                                        created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, 'pending', 0, ?5, ?6, ?6)
+             ON CONFLICT DO NOTHING",
+            params![channel, kind, order_no, refund_no, due_at, now],
+        )?;
+        one_row(changed, "enqueue platform refund call")
     }
 
     /// Claims the next attempt of a call read with `seen_next_attempt_at`:

@@ -19,6 +19,8 @@ const TIMEOUT: Duration = Duration::from_millis(1_500);
 /// `--close-give-up-s` of these tests: two minutes (the platforms' answers
 /// carry the real time, which payonce's clock must stay within 5 minutes of).
 const GIVE_UP_MS: i64 = 120_000;
+/// `--refund-query-after-s` of these tests: 10 s.
+const REFUND_QUERY_AFTER_MS: i64 = 10_000;
 
 struct Setup {
     app: App,
@@ -64,6 +66,7 @@ fn setup_with(clock: Clock) -> Setup {
         timeout_ms: TIMEOUT.as_millis() as u64,
         retry_schedule_ms: vec![1_000, 2_000],
         close_give_up_ms: GIVE_UP_MS,
+        refund_query_after_ms: REFUND_QUERY_AFTER_MS,
         ..Platforms::default()
     };
     let config = Config { platforms, ..Config::default() };
@@ -377,4 +380,94 @@ fn a_close_interrupted_after_the_platform_closed_finishes_once() {
     assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2);
     assert_eq!(s.app.order("ORD_CRASH_1").expect("detail").order.status, OrderStatus::Closed);
     assert_eq!(audit_actions(&s.app, "ORD_CRASH_1"), ["platform_closed"]);
+}
+
+/// A paid order whose payment was taken by `channel` (its notification
+/// delivered), the trade paid at that platform.
+fn paid_by(s: &Setup, channel: &str, order_no: &str) {
+    order(&s.app, order_no);
+    let api = if channel == "wechatpay" { &s.wechatpay } else { &s.alipay };
+    api.open_trade(order_no, 1000).expect("trade");
+    let pay_no = api.buyer_pays(order_no).expect("paid");
+    let reply = s
+        .app
+        .deliver_payment(&payonce::PaymentCallback {
+            channel: channel.into(),
+            pay_no,
+            order_no: order_no.into(),
+            amount: 1000,
+            status: payonce::PlatformStatus::Success,
+            paid_at: None,
+            raw_body: b"{}".to_vec(),
+        })
+        .expect("payment");
+    assert_eq!(reply.outcome_str(), "applied");
+}
+
+/// refund_submitted: one submission per refund_no across retries and
+/// rounds (a restart is a new round on the same rows); the late result is
+/// fetched by the refund query and settled through deliver_refund.
+#[test]
+fn a_refund_is_submitted_once_retried_until_accepted_and_its_late_result_queried() {
+    let clock = Clock::manual(Clock::System.now_ms());
+    let s = setup_with(clock.clone());
+    paid_by(&s, "wechatpay", "ORD_REFUND_1");
+    s.wechatpay.set_fault(Some(Fault::ServerError));
+    s.app.request_refund("ORD_REFUND_1", "RF_1").expect("refund requested");
+    s.app.request_refund("ORD_REFUND_1", "RF_1").expect("the same request again changes nothing");
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1);
+    assert!(s.wechatpay.refunds().is_empty(), "not accepted while WeChat Pay fails");
+    s.wechatpay.set_fault(None);
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "the retry waits");
+    clock.advance_ms(1_000);
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1);
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "accepted: never submitted again");
+    let refunds = s.wechatpay.refunds();
+    assert_eq!(refunds.len(), 1, "one refund at the platform");
+    assert_eq!((refunds[0].out_refund_no.as_str(), refunds[0].amount), ("RF_1", 1000));
+    let submissions = s.wechatpay.calls().into_iter().filter(|c| c.api == "/v3/refund/domestic/refunds").count();
+    assert_eq!(submissions, 2, "the failed attempt and the accepted one, both with out_refund_no RF_1");
+
+    // The result notification is late: after --refund-query-after-s the query asks.
+    clock.advance_ms(REFUND_QUERY_AFTER_MS - 1_000);
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "not before the query is due");
+    clock.advance_ms(1_000);
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1, "queried: still PROCESSING");
+    assert_eq!(s.app.order("ORD_REFUND_1").expect("detail").order.status, OrderStatus::Refunding);
+    assert!(s.wechatpay.settle_refund("RF_1", RefundStatus::Success));
+    clock.advance_ms(1_000);
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1);
+    assert_eq!(s.app.order("ORD_REFUND_1").expect("detail").order.status, OrderStatus::Refunded);
+    assert_eq!(s.wechatpay.refunds().len(), 1);
+}
+
+#[test]
+fn an_alipay_refund_settles_through_its_query_and_a_notification_first_stops_the_query() {
+    let clock = Clock::manual(Clock::System.now_ms());
+    let s = setup_with(clock.clone());
+    paid_by(&s, "alipay", "ORD_REFUND_2");
+    paid_by(&s, "alipay", "ORD_REFUND_3");
+    s.app.request_refund("ORD_REFUND_2", "RF_2").expect("refund");
+    s.app.request_refund("ORD_REFUND_3", "RF_3").expect("refund");
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2, "both submitted");
+    assert_eq!(s.alipay.refunds().len(), 2);
+    assert!(s.wechatpay.calls().is_empty(), "a refund goes only to the platform that took the payment");
+    // RF_3's notification arrives before its query is due: the query then asks nothing.
+    let settled = s
+        .app
+        .deliver_refund(&payonce::RefundCallback {
+            channel: "alipay".into(),
+            refund_no: "RF_3".into(),
+            order_no: "ORD_REFUND_3".into(),
+            status: payonce::PlatformStatus::Success,
+            settled_at: None,
+        })
+        .expect("notification");
+    assert_eq!(format!("{settled:?}"), format!("{:?}", payonce::RefundOutcome::Applied));
+    assert!(s.alipay.settle_refund("RF_2", RefundStatus::Success));
+    clock.advance_ms(REFUND_QUERY_AFTER_MS);
+    let before = s.alipay.calls().len();
+    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2);
+    assert_eq!(s.alipay.calls().len(), before + 1, "only RF_2 is queried");
+    assert_eq!(s.app.order("ORD_REFUND_2").expect("detail").order.status, OrderStatus::Refunded);
 }
