@@ -44,6 +44,8 @@
 //!   payonce calls (section 11: WeChat Pay v3 query, close, refund and refund
 //!   query; Alipay's gateway), on loopback, requests verified and answers
 //!   signed with this crate's code, with switchable faults;
+//! - [`standalone`]: `payonce-sim platforms`, those merchant APIs on their
+//!   own for a real `payonce serve` to call, driven from stdin;
 //! - [`judge`]: one order's verdict; [`table`]: the table and its rows;
 //! - [`client`]: the target and its keep-alive connections (over
 //!   `payonce-testclient`); [`workers`] and [`progress`]: threads and the
@@ -53,12 +55,14 @@ mod client;
 mod judge;
 mod local;
 mod platform;
-// The platforms' merchant APIs (PRODUCT.md section 11), for the scenarios and
-// tests that drive them in process; no scenario calls them yet.
+// The platforms' merchant APIs (PRODUCT.md section 11), served by
+// `payonce-sim platforms` and driven in process by tests; no scenario calls
+// them yet, so controls only the tests use are unused in the binary.
 #[cfg_attr(not(test), allow(dead_code))]
 mod platform_api;
 mod progress;
 mod scenarios;
+mod standalone;
 mod table;
 mod workers;
 
@@ -78,6 +82,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub const USAGE: &str = "\
 Usage: payonce simulate [--target URL] [--channel NAME] [options]
+       payonce simulate platforms [options]   (WeChat Pay's and Alipay's merchant
+                                  APIs for a payonce serve to call; its --help)
 
 Plays a payment platform against payonce and checks that every payment took
 effect exactly once. Without --target it starts its own payonce in this
@@ -331,7 +337,16 @@ fn main() -> ExitCode {
     if std::env::var_os("PAYONCE_LOG").is_none() {
         std::env::set_var("PAYONCE_LOG", "warn");
     }
-    match run(std::env::args_os().skip(1)) {
+    let mut args = std::env::args_os().skip(1).peekable();
+    // Any leading word used to be refused as unexpected, so no invocation
+    // that worked before changes meaning.
+    let result = if args.peek().is_some_and(|first| first == "platforms") {
+        args.next();
+        standalone::run(args)
+    } else {
+        run(args)
+    };
+    match result {
         Ok(code) => code,
         Err(message) => {
             eprintln!("payonce simulate: error: {message}");

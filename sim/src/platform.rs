@@ -547,7 +547,7 @@ pub fn first_secret(list: &str) -> Option<String> {
 }
 
 /// A platform's private key: PKCS#8 PEM (`PRIVATE KEY`), or PKCS#1 (`RSA PRIVATE KEY`).
-fn private_key_from_file(flag: &str, path: &str) -> Result<RsaPrivateKey, String> {
+pub(crate) fn private_key_from_file(flag: &str, path: &str) -> Result<RsaPrivateKey, String> {
     use rsa::pkcs1::DecodeRsaPrivateKey;
     use rsa::pkcs8::DecodePrivateKey;
     let pem = std::fs::read_to_string(path).map_err(|e| format!("{flag} {path}: {e}"))?;

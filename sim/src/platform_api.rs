@@ -2,7 +2,8 @@
 //! section 11): WeChat Pay v3's trade query, close, refund and refund query,
 //! and Alipay's OpenAPI gateway (`alipay.trade.query`, `.close`, `.refund`,
 //! `.fastpay.refund.query`), on loopback, for scenarios and tests to drive in
-//! process.
+//! process, and on their own for a real payonce (`payonce-sim platforms`,
+//! [`crate::standalone`]).
 //!
 //! Like the notifications of [`crate::platform`], this is the independent
 //! oracle of payonce's platform client: written from the contract and the
@@ -154,6 +155,8 @@ pub struct WechatpayApiConfig {
     pub platform_key: Option<RsaPrivateKey>,
     /// The platform key's serial, sent as `Wechatpay-Serial`.
     pub platform_serial: String,
+    /// The loopback port to listen on; 0 picks a free one.
+    pub port: u16,
 }
 
 impl WechatpayApiConfig {
@@ -167,6 +170,7 @@ impl WechatpayApiConfig {
             merchant_public_key,
             platform_key: None,
             platform_serial: SIM_WECHATPAY_SERIAL.to_owned(),
+            port: 0,
         }
     }
 }
@@ -180,12 +184,14 @@ pub struct AlipayApiConfig {
     /// Signs the answers ("the Alipay public key" is its public half);
     /// `None`: a throwaway key made for this run.
     pub alipay_key: Option<RsaPrivateKey>,
+    /// The loopback port to listen on; 0 picks a free one.
+    pub port: u16,
 }
 
 impl AlipayApiConfig {
     /// The simulator's app_id (2021000000000000) and a throwaway Alipay key.
     pub fn new(app_public_key: RsaPublicKey) -> AlipayApiConfig {
-        AlipayApiConfig { app_id: SIM_ALIPAY_APP_ID.to_owned(), app_public_key, alipay_key: None }
+        AlipayApiConfig { app_id: SIM_ALIPAY_APP_ID.to_owned(), app_public_key, alipay_key: None, port: 0 }
     }
 }
 
@@ -206,7 +212,7 @@ impl PlatformApi {
         let public_key = RsaPublicKey::from(&key);
         let ledger = Arc::new(Ledger::default());
         let api = wechatpay::Wechatpay::new(&config, key, Arc::clone(&ledger));
-        let server = http::Server::start("wechatpay", Arc::new(api))?;
+        let server = http::Server::start("wechatpay", config.port, Arc::new(api))?;
         Ok(PlatformApi {
             server,
             platform: Platform::Wechatpay,
@@ -222,7 +228,7 @@ impl PlatformApi {
         let public_key = RsaPublicKey::from(&key);
         let ledger = Arc::new(Ledger::default());
         let api = alipay::Alipay::new(&config, key, Arc::clone(&ledger));
-        let server = http::Server::start("alipay", Arc::new(api))?;
+        let server = http::Server::start("alipay", config.port, Arc::new(api))?;
         Ok(PlatformApi {
             server,
             platform: Platform::Alipay,
@@ -352,6 +358,11 @@ impl PlatformApi {
     /// Every request so far, in the order answered (unanswered ones when read).
     pub fn calls(&self) -> Vec<Call> {
         self.server.calls()
+    }
+
+    /// `observer` sees each call as it joins [`PlatformApi::calls`].
+    pub fn on_call(&self, observer: impl Fn(&Call) + Send + Sync + 'static) {
+        self.server.on_call(Arc::new(observer));
     }
 }
 

@@ -106,11 +106,25 @@ struct Shared {
     stopped: Condvar,
     fault: Mutex<FaultState>,
     calls: Mutex<Vec<Call>>,
+    /// Told of each call as it is recorded (the standalone mode's log).
+    observer: Mutex<Option<Observer>>,
     /// The open connections (a handle to shut each down) and their threads.
     connections: Mutex<Vec<(TcpStream, JoinHandle<()>)>>,
 }
 
+/// See [`Server::on_call`].
+pub(super) type Observer = Arc<dyn Fn(&Call) + Send + Sync>;
+
 impl Shared {
+    fn record(&self, call: Call) {
+        // A clone, so a slow observer holds neither lock.
+        let observer = self.observer.lock().clone();
+        if let Some(observer) = observer {
+            observer(&call);
+        }
+        self.calls.lock().push(call);
+    }
+
     fn is_stopping(&self) -> bool {
         *self.stopping.lock()
     }
@@ -136,9 +150,10 @@ pub(super) struct Server {
 }
 
 impl Server {
-    pub fn start<A: Api>(name: &str, api: Arc<A>) -> Result<Server, String> {
-        let listener =
-            TcpListener::bind("127.0.0.1:0").map_err(|e| format!("{name}: cannot listen on loopback: {e}"))?;
+    /// On `127.0.0.1:port`; port 0 picks a free one.
+    pub fn start<A: Api>(name: &str, port: u16, api: Arc<A>) -> Result<Server, String> {
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .map_err(|e| format!("{name}: cannot listen on 127.0.0.1:{port}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| format!("{name}: {e}"))?;
         let shared = Arc::new(Shared::default());
         let for_acceptor = Arc::clone(&shared);
@@ -163,6 +178,12 @@ impl Server {
 
     pub fn calls(&self) -> Vec<Call> {
         self.shared.calls.lock().clone()
+    }
+
+    /// `observer` is told of every call from now on, when it is recorded:
+    /// an unanswered one (refused, hanging) as it arrives.
+    pub fn on_call(&self, observer: Observer) {
+        *self.shared.observer.lock() = Some(observer);
     }
 }
 
@@ -244,11 +265,11 @@ fn serve<A: Api>(stream: TcpStream, api: &A, shared: &Shared) {
         match fault {
             Some(Fault::Refuse) => {
                 // Read, not acted on, never answered: the connection just ends.
-                shared.calls.lock().push(call);
+                shared.record(call);
                 break;
             }
             Some(Fault::Hang) => {
-                shared.calls.lock().push(call);
+                shared.record(call);
                 // Held open, unanswered, until the client gives up (or the
                 // server stops); whatever else it sends is ignored.
                 let mut sink = [0u8; 4096];
@@ -260,7 +281,7 @@ fn serve<A: Api>(stream: TcpStream, api: &A, shared: &Shared) {
         let answer = api.answer(&request, checked, fault.as_ref());
         call.status = Some(answer.status);
         call.code = answer.code.clone();
-        shared.calls.lock().push(call);
+        shared.record(call);
         if let Some(Fault::Slow(delay)) = fault {
             // Acted on already: only the answer is late.
             if !shared.sleep(delay) {

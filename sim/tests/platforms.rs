@@ -1,0 +1,457 @@
+//! `payonce-sim platforms` (`payonce simulate platforms`): the simulated
+//! WeChat Pay and Alipay merchant APIs on their own, for a real payonce.
+//! The flags it prints are what payonce is configured with, read from the
+//! files it wrote; payonce's sync finds the payment whose notification was
+//! lost; the stdin commands open trades, pay them and switch faults; each
+//! call is logged on stderr.
+//!
+//! The payonce here is the library's `App` behind its own HTTP edge in this
+//! process, configured from the printed flags as `payonce serve` reads them:
+//! the `payonce` binary belongs to another package, so `cargo test -p
+//! payonce-sim` does not build it (see tests/simulate.rs).
+
+use payonce::app::Config;
+use payonce::channel::alipay::public_key_from_text;
+use payonce::channel::wechatpay::public_key_from_pem;
+use payonce::http::Server;
+use payonce::platform::alipay::AlipayApi;
+use payonce::platform::wechatpay::WechatpayApi;
+use payonce::platform::MerchantKey;
+use payonce::platform_ops::Platforms;
+use payonce::{App, Clock};
+use payonce_testclient as client;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// payonce's merchant key fixture (2048 bits: ring signs with no less).
+const MERCHANT_KEY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/keys/merchant.pem");
+/// The flags `payonce serve` needs for both platforms' outgoing calls, in
+/// the order printed.
+const FLAGS: [&str; 9] = [
+    "--wechatpay-mchid",
+    "--wechatpay-merchant-serial",
+    "--wechatpay-merchant-key",
+    "--wechatpay-public-key",
+    "--wechatpay-api-base",
+    "--alipay-app-id",
+    "--alipay-app-private-key",
+    "--alipay-public-key",
+    "--alipay-gateway",
+];
+/// Unoptimised builds take seconds per 2048-bit key.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A scratch directory under Cargo's target tmp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "platforms-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `payonce-sim platforms`: its printed flags, its stdin for
+/// commands, its answers line by line. Killed on drop if still running, so
+/// a failed test leaves no server behind.
+struct Sim {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    stderr: Option<thread::JoinHandle<String>>,
+    flags: Vec<(String, String)>,
+}
+
+impl Sim {
+    fn start(args: &[&str]) -> Sim {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_payonce-sim"))
+            .arg("platforms")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run payonce-sim platforms");
+        let stdout = child.stdout.take().expect("stdout");
+        let (send, lines) = mpsc::channel();
+        // A reader thread, so a silent simulator fails the test instead of hanging it.
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut stderr = child.stderr.take().expect("stderr");
+        let stderr = thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+            text
+        });
+        let stdin = child.stdin.take();
+        let mut sim = Sim { child, stdin, lines, stderr: Some(stderr), flags: Vec::new() };
+        loop {
+            let line = sim.line(START_TIMEOUT);
+            if line == "ready" {
+                break;
+            }
+            let (flag, value) = line.split_once(' ').unwrap_or_else(|| panic!("not a flag line: {line:?}"));
+            sim.flags.push((flag.to_owned(), unquote(value)));
+        }
+        sim
+    }
+
+    fn line(&mut self, timeout: Duration) -> String {
+        match self.lines.recv_timeout(timeout) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = self.child.kill();
+                let stderr = self.stderr.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+                panic!("no line from payonce-sim platforms ({e}); stderr:\n{stderr}");
+            }
+        }
+    }
+
+    fn flag(&self, name: &str) -> &str {
+        self.flags.iter().find(|(flag, _)| flag == name).map(|(_, v)| v.as_str()).unwrap_or_else(|| {
+            panic!("{name} not printed: {:?}", self.flags);
+        })
+    }
+
+    fn send(&mut self, command: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{command}").and_then(|()| stdin.flush()).expect("write a command");
+    }
+
+    /// A command's one-line answer.
+    fn command(&mut self, command: &str) -> String {
+        self.send(command);
+        self.line(ANSWER_TIMEOUT)
+    }
+
+    /// `calls`: the lines before `end`.
+    fn calls(&mut self) -> Vec<String> {
+        self.send("calls");
+        let mut lines = Vec::new();
+        loop {
+            match self.line(ANSWER_TIMEOUT) {
+                end if end == "end" => return lines,
+                line => lines.push(line),
+            }
+        }
+    }
+
+    /// Waits for the exit (stdin closed first); the status and all of stderr.
+    fn finish(mut self) -> (ExitStatus, String) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + ANSWER_TIMEOUT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "payonce-sim platforms did not stop");
+            thread::sleep(Duration::from_millis(50));
+        };
+        let stderr = self.stderr.take().map(|h| h.join().expect("stderr")).unwrap_or_default();
+        (status, stderr)
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The printed value as a POSIX shell reads it.
+fn unquote(value: &str) -> String {
+    match value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')) {
+        Some(quoted) => quoted.replace(r"'\''", "'"),
+        None => value.to_owned(),
+    }
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// payonce on a fresh file database, its outgoing calls configured from the
+/// printed flags the way `payonce serve` reads them. Stopped on drop.
+struct Payonce {
+    addr: SocketAddr,
+    shutdown: Arc<AtomicBool>,
+    serving: Option<thread::JoinHandle<bool>>,
+    _dir: TempDir,
+}
+
+impl Payonce {
+    fn start(sim: &Sim) -> Payonce {
+        let timeout = Duration::from_secs(5);
+        let merchant_key = |flag: &str| MerchantKey::from_pem(&read(sim.flag(flag))).expect("the merchant key");
+        let (serial, file) = sim.flag("--wechatpay-public-key").split_once('=').expect("SERIAL=FILE");
+        let wechatpay_key = public_key_from_pem(&read(file)).expect("WeChat Pay's platform key");
+        let alipay_key = public_key_from_text(&read(sim.flag("--alipay-public-key"))).expect("the Alipay key");
+        let platforms = Platforms {
+            wechatpay: Some(Arc::new(WechatpayApi::new(
+                sim.flag("--wechatpay-mchid").to_owned(),
+                sim.flag("--wechatpay-merchant-serial").to_owned(),
+                merchant_key("--wechatpay-merchant-key"),
+                sim.flag("--wechatpay-api-base"),
+                vec![(serial.to_owned(), wechatpay_key)],
+                timeout,
+            ))),
+            alipay: Some(Arc::new(AlipayApi::new(
+                sim.flag("--alipay-app-id").to_owned(),
+                merchant_key("--alipay-app-private-key"),
+                sim.flag("--alipay-gateway"),
+                alipay_key,
+                timeout,
+            ))),
+            timeout_ms: timeout.as_millis() as u64,
+            ..Platforms::default()
+        };
+        let dir = TempDir::new("payonce");
+        let db = dir.0.join("payonce.db");
+        let config = Config { platforms, ..Config::default() };
+        let app = App::open(db.to_str().expect("utf-8 path"), Clock::System, config).expect("open payonce");
+        let server = Server::bind("127.0.0.1:0").expect("bind");
+        let addr = server.local_addr();
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&shutdown);
+        let serving = thread::spawn(move || server.serve(Arc::new(app), flag, 4));
+        Payonce { addr, shutdown, serving: Some(serving), _dir: dir }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let headers: &[(&str, &str)] = if body.is_empty() { &[] } else { &[("Content-Type", "application/json")] };
+        let reply = client::request(self.addr, method, path, headers, body.as_bytes(), HTTP_TIMEOUT).expect(path);
+        (reply.status, serde_json::from_slice(&reply.body).unwrap_or(Value::Null))
+    }
+
+    fn create_order(&self, order_no: &str, amount: i64) {
+        let order = json!({"order_no": order_no, "user_id": "u1", "amount": amount, "currency": "CNY"});
+        let (status, body) = self.call("POST", "/v1/orders", Some(order));
+        assert_eq!(status, 201, "{body}");
+    }
+
+    /// `POST /v1/orders/{no}/sync`: the order's status and each platform's state.
+    fn sync(&self, order_no: &str) -> (String, Vec<(String, String, Value)>) {
+        let (status, body) = self.call("POST", &format!("/v1/orders/{order_no}/sync"), None);
+        assert_eq!(status, 200, "{body}");
+        let platforms = body["platforms"].as_array().expect("platforms").iter();
+        let states = platforms
+            .map(|p| {
+                (
+                    p["channel"].as_str().unwrap_or("").to_owned(),
+                    p["state"].as_str().unwrap_or("").to_owned(),
+                    p["pay_no"].clone(),
+                )
+            })
+            .collect();
+        (body["order"]["status"].as_str().unwrap_or("").to_owned(), states)
+    }
+}
+
+impl Drop for Payonce {
+    fn drop(&mut self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        if let Some(serving) = self.serving.take() {
+            let _ = serving.join();
+        }
+    }
+}
+
+fn states(synced: &[(String, String, Value)]) -> Vec<(&str, &str)> {
+    synced.iter().map(|(channel, state, _)| (channel.as_str(), state.as_str())).collect()
+}
+
+/// With no key given, the merchant key is made and written with the
+/// platforms' public keys into a temporary directory, gone after the exit.
+/// payonce configured from the printed flags finds the payment the
+/// notification never brought; the commands play a trade at Alipay through
+/// a fault.
+#[test]
+fn payonce_pointed_at_the_printed_flags_syncs_a_lost_payment() {
+    let mut sim = Sim::start(&["--trade", "ORD_T1=1000:paid"]);
+    let printed: Vec<&str> = sim.flags.iter().map(|(flag, _)| flag.as_str()).collect();
+    assert_eq!(printed, FLAGS);
+    assert_eq!(sim.flag("--wechatpay-mchid"), "1900000100");
+    assert_eq!(sim.flag("--wechatpay-merchant-serial"), "SIMULATOR-MERCHANT");
+    assert_eq!(sim.flag("--alipay-app-id"), "2021000000000000");
+    assert!(sim.flag("--wechatpay-api-base").starts_with("http://127.0.0.1:"), "{:?}", sim.flags);
+    assert!(sim.flag("--alipay-gateway").ends_with("/gateway.do"), "{:?}", sim.flags);
+    let key_file = PathBuf::from(sim.flag("--wechatpay-merchant-key"));
+    assert_eq!(sim.flag("--alipay-app-private-key"), key_file.to_str().unwrap(), "one merchant key for both");
+    let dir = key_file.parent().expect("a directory").to_owned();
+    assert!(key_file.is_absolute() && key_file.ends_with("merchant-key.pem"), "{key_file:?}");
+    assert!(read(key_file.to_str().unwrap()).starts_with("-----BEGIN PRIVATE KEY-----"));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key_file).expect("key file").permissions().mode();
+        assert_eq!(mode & 0o077, 0, "the private key is the owner's only: {mode:o}");
+    }
+    assert_eq!(
+        sim.flag("--wechatpay-public-key"),
+        format!("PUB_KEY_ID_SIMULATOR={}", dir.join("wechatpay-platform.pem").display())
+    );
+    assert_eq!(Path::new(sim.flag("--alipay-public-key")), dir.join("alipay-public.pem"));
+
+    let payonce = Payonce::start(&sim);
+    payonce.create_order("ORD_T1", 1000);
+    let (status, synced) = payonce.sync("ORD_T1");
+    assert_eq!(status, "PAID");
+    assert_eq!(states(&synced), [("wechatpay", "paid"), ("alipay", "not_paid")]);
+    let pay_no = synced[0].2.as_str().expect("pay_no").to_owned();
+    let (_, detail) = payonce.call("GET", "/v1/orders/ORD_T1", None);
+    let payments = detail["payments"].as_array().expect("payments");
+    assert_eq!(payments.len(), 1, "{detail}");
+    assert_eq!(payments[0]["source"], "query");
+    assert_eq!(payments[0]["pay_no"], pay_no.as_str());
+    assert_eq!(sim.command("state ORD_T1"), "wechatpay=SUCCESS alipay=none");
+    assert_eq!(
+        sim.calls(),
+        [
+            "wechatpay GET /v3/pay/transactions/out-trade-no/ORD_T1?mchid=1900000100 verified 200",
+            "alipay POST alipay.trade.query verified 200 ACQ.TRADE_NOT_EXIST",
+        ],
+        "payonce's requests verify with the key the flags name"
+    );
+
+    // A trade at Alipay, driven from stdin.
+    assert_eq!(sim.command("open alipay ORD_T2 500"), "ok");
+    payonce.create_order("ORD_T2", 500);
+    assert_eq!(sim.command("fault alipay 5xx"), "ok");
+    let (status, synced) = payonce.sync("ORD_T2");
+    assert_eq!((status.as_str(), states(&synced)), ("PENDING", vec![("wechatpay", "not_paid"), ("alipay", "unknown")]));
+    assert_eq!(sim.command("fault alipay none"), "ok");
+    let (status, synced) = payonce.sync("ORD_T2");
+    assert_eq!(
+        (status.as_str(), states(&synced)),
+        ("PENDING", vec![("wechatpay", "not_paid"), ("alipay", "not_paid")])
+    );
+    let trade_no = sim.command("pay ORD_T2");
+    assert!(trade_no.len() == 28 && trade_no.bytes().all(|b| b.is_ascii_digit()), "{trade_no:?}");
+    assert_eq!(sim.command("pay ORD_T2"), format!("refused: already paid ({trade_no})"));
+    assert_eq!(sim.command("pay ORD_NONE"), "refused: no such trade");
+    let (status, synced) = payonce.sync("ORD_T2");
+    assert_eq!((status.as_str(), states(&synced)), ("PAID", vec![("wechatpay", "not_paid"), ("alipay", "paid")]));
+    assert_eq!(synced[1].2, trade_no.as_str());
+    assert_eq!(sim.command("state ORD_T2"), "wechatpay=none alipay=TRADE_SUCCESS");
+    assert!(sim.command("open ORD.T3 100").starts_with("error: "), "a number WeChat Pay cannot carry");
+    assert!(sim.command("fault paypal 5xx").starts_with("error: "));
+    assert!(sim.command("nonsense").starts_with("error: "));
+    let calls = sim.calls();
+    assert_eq!(calls.len(), 8, "{calls:#?}");
+    assert!(calls.contains(&"alipay POST alipay.trade.query verified 500 isp.unknow-error".to_owned()), "{calls:#?}");
+
+    let (exit, stderr) = sim.finish();
+    assert!(exit.success(), "{exit:?} {stderr}");
+    // Each call logged as it came, in the same words as `calls`.
+    let logged: Vec<&str> =
+        stderr.lines().filter(|l| l.starts_with("wechatpay GET ") || l.starts_with("alipay POST ")).collect();
+    assert_eq!(logged.len(), calls.len(), "{stderr}");
+    for call in &calls {
+        assert!(logged.contains(&call.as_str()), "{call} not logged: {stderr}");
+    }
+    assert!(!dir.exists(), "its own temporary directory is removed at the exit");
+}
+
+/// A given PKCS#1 merchant key is used where it is (not copied), the files
+/// go into --dir and stay; with --ignore-stdin only a signal stops it.
+#[cfg(unix)]
+#[test]
+fn a_given_key_and_dir_are_used_and_a_signal_stops_it() {
+    use rsa::pkcs1::EncodeRsaPrivateKey;
+    use rsa::pkcs8::DecodePrivateKey;
+    let dir = TempDir::new("given");
+    let key = rsa::RsaPrivateKey::from_pkcs8_pem(&read(MERCHANT_KEY)).expect("the fixture key");
+    let key_file = dir.0.join("merchant-pkcs1.pem");
+    std::fs::write(&key_file, key.to_pkcs1_pem(rsa::pkcs8::LineEnding::LF).expect("PKCS#1").as_bytes()).expect("write");
+    let files = dir.0.join("files");
+    let mut sim =
+        Sim::start(&["--merchant-key", key_file.to_str().unwrap(), "--dir", files.to_str().unwrap(), "--ignore-stdin"]);
+    let files = std::fs::canonicalize(&files).expect("--dir made");
+    assert_eq!(Path::new(sim.flag("--wechatpay-merchant-key")), std::fs::canonicalize(&key_file).unwrap());
+    assert!(!files.join("merchant-key.pem").exists(), "a given key is not copied");
+
+    // Both platforms answer this merchant's signature: an order they never
+    // had is not paid at either (a refused signature would be `unknown`).
+    let payonce = Payonce::start(&sim);
+    payonce.create_order("ORD_NOT_AT_ALL", 100);
+    let (status, synced) = payonce.sync("ORD_NOT_AT_ALL");
+    assert_eq!(
+        (status.as_str(), states(&synced)),
+        ("PENDING", vec![("wechatpay", "not_paid"), ("alipay", "not_paid")])
+    );
+
+    // Closing stdin does not stop it; SIGTERM does.
+    drop(sim.stdin.take());
+    thread::sleep(Duration::from_millis(300));
+    assert!(sim.child.try_wait().expect("wait").is_none(), "still serving with stdin closed");
+    let killed = Command::new("kill").args(["-TERM", &sim.child.id().to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let (exit, stderr) = sim.finish();
+    assert!(exit.success(), "{exit:?} {stderr}");
+    assert!(stderr.contains("stopping (a signal)"), "{stderr}");
+    assert_eq!(stderr.lines().filter(|l| l.contains(" verified ")).count(), 2, "{stderr}");
+    for name in ["wechatpay-platform.pem", "alipay-public.pem"] {
+        assert!(read(files.join(name).to_str().unwrap()).starts_with("-----BEGIN PUBLIC KEY-----"), "{name} kept");
+    }
+}
+
+#[test]
+fn help_and_setup_errors() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_payonce-sim")).arg("platforms").args(args).output().expect("run")
+    };
+    let help = run(&["--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{help:?}");
+    for word in ["--wechatpay-port", "--merchant-key", "--trade", "Commands on stdin", "fault PLATFORM", "calls"] {
+        assert!(text.contains(word), "{word} in the help");
+    }
+    for (args, says) in [
+        (&["--trade", "ORD_1=ten"][..], "--trade"),
+        (&["--trade", "paypal:ORD_1=10"][..], "--trade"),
+        (&["--wechatpay-port", "70000"][..], "--wechatpay-port"),
+        (&["--merchant-key", "/nonexistent/key.pem"][..], "--merchant-key"),
+        (&["--bogus"][..], "--bogus"),
+    ] {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    // The simulator's own help still names the scenarios, and the subcommand.
+    let main_help = Command::new(env!("CARGO_BIN_EXE_payonce-sim")).arg("--help").output().expect("run");
+    let text = String::from_utf8_lossy(&main_help.stdout);
+    assert!(main_help.status.success() && text.contains("--full-schedules") && text.contains("platforms"));
+}
