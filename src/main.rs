@@ -575,15 +575,29 @@ fn webhook_config(args: &ServeArgs) -> Result<WebhookConfig, String> {
 }
 
 /// The `--wechatpay-public-key SERIAL=FILE` keys.
-fn wechatpay_platform_keys(args: &ServeArgs) -> Result<payonce::channel::wechatpay::PlatformKeys, String> {
+/// The keys, and when those given as certificates expire (an answer or a
+/// notification signed by an expired one is refused); an expired one is
+/// warned about at start.
+fn wechatpay_platform_keys_and_expiries(
+    args: &ServeArgs,
+) -> Result<(payonce::channel::wechatpay::PlatformKeys, payonce::channel::wechatpay::KeyExpiries), String> {
+    let mut expiries = Vec::new();
     let mut platform_keys = Vec::new();
     for entry in &args.wechatpay_public_keys {
         let (serial, file) = entry.split_once('=').ok_or("--wechatpay-public-key takes SERIAL=FILE")?;
         let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
         let public_key = public_key_from_pem(&pem).map_err(|e| format!("{file}: {e}"))?;
+        if let Some(not_after) = payonce::channel::wechatpay::certificate_not_after_ms(&pem) {
+            if not_after < Clock::System.now_ms() {
+                eprintln!(
+                    "payonce: warning: the WeChat Pay platform certificate {file} expired; what it signs is refused"
+                );
+            }
+            expiries.push((serial.trim().to_owned(), not_after));
+        }
         platform_keys.push((serial.trim().to_owned(), public_key));
     }
-    Ok(platform_keys)
+    Ok((platform_keys, expiries))
 }
 
 /// WeChat Pay's outgoing calls are on once any outgoing-only setting is given.
@@ -601,7 +615,10 @@ fn wechatpay_config(args: &ServeArgs) -> Result<Option<WechatpayConfig>, String>
     }
     let key =
         key.as_deref().ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
-    WechatpayConfig::new(key, wechatpay_platform_keys(args)?).map(Some)
+    let (keys, expiries) = wechatpay_platform_keys_and_expiries(args)?;
+    let mut config = WechatpayConfig::new(key, keys)?;
+    config.expiries = expiries;
+    Ok(Some(config))
 }
 
 /// The platforms whose outgoing settings are given: all of a platform's are
@@ -631,14 +648,16 @@ fn platforms_config(args: &ServeArgs) -> Result<Platforms, String> {
         let file = args.wechatpay_merchant_key.as_deref().unwrap_or_default();
         let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
         let key = MerchantKey::from_pem(&pem).map_err(|e| format!("--wechatpay-merchant-key {file}: {e}"))?;
+        let (keys, expiries) = wechatpay_platform_keys_and_expiries(args)?;
         let mut api = WechatpayApi::new(
             args.wechatpay_mchid.clone().unwrap_or_default(),
             args.wechatpay_merchant_serial.clone().unwrap_or_default(),
             key,
             &args.wechatpay_api_base,
-            wechatpay_platform_keys(args)?,
+            keys,
             timeout,
         );
+        api.certificate_expiries = expiries;
         api.refund_notify_url = args
             .public_base_url
             .as_ref()

@@ -37,12 +37,28 @@ const SIGN_TEST_PREFIX: &str = "WECHATPAY/SIGNTEST/";
 
 /// WeChat Pay platform public keys by serial (or `PUB_KEY_ID_...`); two during rotation.
 pub type PlatformKeys = Vec<(String, RsaPublicKey)>;
+/// When a platform key given as a certificate stops being valid: (serial,
+/// the certificate's notAfter in Unix ms). Bare public keys never expire.
+pub type KeyExpiries = Vec<(String, i64)>;
+
+/// The notAfter of an X.509 certificate PEM, in Unix ms; `None` for a bare public key.
+pub fn certificate_not_after_ms(pem: &str) -> Option<i64> {
+    use x509_cert::der::DecodePem;
+    if !pem.contains("-----BEGIN CERTIFICATE-----") {
+        return None;
+    }
+    let cert = x509_cert::Certificate::from_pem(pem.as_bytes()).ok()?;
+    let not_after = cert.tbs_certificate.validity.not_after.to_unix_duration();
+    i64::try_from(not_after.as_millis()).ok()
+}
 
 #[derive(Clone, Debug)]
 pub struct WechatpayConfig {
     pub apiv3_key: Vec<u8>,
     /// (serial or `PUB_KEY_ID_...`, key); two during rotation.
     pub platform_keys: Vec<(String, RsaPublicKey)>,
+    /// The certificates' ends of validity, by serial.
+    pub expiries: KeyExpiries,
 }
 
 impl WechatpayConfig {
@@ -53,7 +69,7 @@ impl WechatpayConfig {
         if platform_keys.is_empty() {
             return Err("WeChat Pay needs at least one --wechatpay-public-key SERIAL=FILE".into());
         }
-        Ok(WechatpayConfig { apiv3_key: apiv3_key.as_bytes().to_vec(), platform_keys })
+        Ok(WechatpayConfig { apiv3_key: apiv3_key.as_bytes().to_vec(), platform_keys, expiries: Vec::new() })
     }
 }
 
@@ -81,6 +97,7 @@ pub fn public_key_from_pem(pem: &str) -> Result<RsaPublicKey, String> {
 /// with a timestamp within 5 minutes of `now_ms`.
 pub fn verify_signed(
     platform_keys: &[(String, RsaPublicKey)],
+    expiries: &[(String, i64)],
     now_ms: i64,
     header: &dyn Fn(&str) -> Option<String>,
     body: &[u8],
@@ -98,6 +115,9 @@ pub fn verify_signed(
         .find(|(s, _)| s.eq_ignore_ascii_case(&serial))
         .map(|(_, k)| k)
         .ok_or_else(|| unauthorized("Wechatpay-Serial names no configured platform key"))?;
+    if expiries.iter().any(|(s, not_after)| s.eq_ignore_ascii_case(&serial) && now_ms > *not_after) {
+        return Err(unauthorized("the platform certificate Wechatpay-Serial names has expired"));
+    }
     if signature.starts_with(SIGN_TEST_PREFIX) {
         return Err(unauthorized("a WECHATPAY/SIGNTEST/ probe signature never verifies"));
     }
@@ -130,7 +150,8 @@ impl Wechatpay {
     }
 
     fn verify(&self, now_ms: i64, req: &Request) -> Result<(), Error> {
-        verify_signed(&self.config.platform_keys, now_ms, &|name| req.header(name).map(str::to_owned), &req.body)
+        let header = |name: &str| req.header(name).map(str::to_owned);
+        verify_signed(&self.config.platform_keys, &self.config.expiries, now_ms, &header, &req.body)
     }
 
     /// The decrypted `resource` of an authentic notification.

@@ -29,6 +29,9 @@ pub struct WechatpayApi {
     agent: ureq::Agent,
     /// `notify_url` of refund requests (`--public-base-url`), if any.
     pub refund_notify_url: Option<String>,
+    /// The platform certificates' ends of validity: an answer signed by an
+    /// expired one counts as no answer.
+    pub certificate_expiries: crate::channel::wechatpay::KeyExpiries,
 }
 
 impl WechatpayApi {
@@ -48,6 +51,7 @@ impl WechatpayApi {
             platform_keys,
             agent: agent(timeout),
             refund_notify_url: None,
+            certificate_expiries: Vec::new(),
         }
     }
 
@@ -93,7 +97,8 @@ impl WechatpayApi {
             Err(e) => return unknown(Some(status), String::new(), e),
         };
         let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        if let Err(e) = verify_signed(&self.platform_keys, now_ms, &header, text.as_bytes()) {
+        if let Err(e) = verify_signed(&self.platform_keys, &self.certificate_expiries, now_ms, &header, text.as_bytes())
+        {
             return unknown(Some(status), text, format!("the answer does not verify: {}", e.message));
         }
         let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
@@ -143,7 +148,7 @@ impl WechatpayApi {
         let status = answer.status().as_u16();
         let text = body_text(&mut answer).map_err(|e| (Some(status), String::new(), e))?;
         let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        match verify_signed(&self.platform_keys, now_ms, &header, text.as_bytes()) {
+        match verify_signed(&self.platform_keys, &self.certificate_expiries, now_ms, &header, text.as_bytes()) {
             Ok(()) => Ok((status, text)),
             Err(e) => Err((Some(status), text, format!("the answer does not verify: {}", e.message))),
         }
@@ -247,7 +252,8 @@ impl WechatpayApi {
             Err(e) => return unknown(Some(status), String::new(), e),
         };
         let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        if let Err(e) = verify_signed(&self.platform_keys, now_ms, &header, text.as_bytes()) {
+        if let Err(e) = verify_signed(&self.platform_keys, &self.certificate_expiries, now_ms, &header, text.as_bytes())
+        {
             return unknown(Some(status), text, format!("the answer does not verify: {}", e.message));
         }
         let code = serde_json::from_str::<Value>(&text).ok().and_then(|j| j["code"].as_str().map(str::to_owned));

@@ -121,3 +121,133 @@ fn sync_asks_the_configured_platforms_and_says_when_one_cannot_answer() {
     assert_eq!(code, Some(2));
     assert!(stderr.contains("outgoing settings"), "{stderr}");
 }
+
+/// `payonce simulate platforms` (the simulator's standalone servers) as a
+/// child process: the `payonce serve` flags it printed, and its stdin for
+/// commands.
+struct SimulatedPlatforms {
+    child: std::process::Child,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    flags: Vec<String>,
+    _dir: TempDir,
+}
+
+impl SimulatedPlatforms {
+    /// `None` when payonce-sim was not built next to payonce (a lone `cargo test --test it`).
+    fn start(trade: &str) -> Option<SimulatedPlatforms> {
+        use std::io::BufRead;
+        let sim = std::path::Path::new(env!("CARGO_BIN_EXE_payonce")).with_file_name("payonce-sim");
+        if !sim.exists() {
+            let required = std::env::var("CI").is_ok();
+            assert!(!required, "payonce-sim is not built next to payonce ({})", sim.display());
+            eprintln!("=== payonce-sim not built: skipping (cargo build --workspace) ===");
+            return None;
+        }
+        let dir = TempDir::new("sim-platforms");
+        let mut child = std::process::Command::new(&sim)
+            .args(["platforms", "--trade", trade, "--dir"])
+            .arg(dir.path(""))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start payonce-sim platforms");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut flags = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(stdout.read_line(&mut line).expect("a line") > 0, "payonce-sim platforms ended before ready");
+            if line.trim() == "ready" {
+                break;
+            }
+            flags.extend(line.split_whitespace().map(|w| w.trim_matches('\'').to_owned()));
+        }
+        Some(SimulatedPlatforms { child, stdout, flags, _dir: dir })
+    }
+
+    /// The trade's state at each platform (`state ORDER_NO` on its stdin).
+    fn state(&mut self, order_no: &str) -> String {
+        use std::io::{BufRead, Write};
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "state {order_no}").expect("command");
+        stdin.flush().expect("flush");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("its answer");
+        line.trim().to_owned()
+    }
+}
+
+impl Drop for SimulatedPlatforms {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A SIGKILL between a platform's close and the local one: after the restart
+/// the order is closed, exactly once, with one `platform_closed` audit row.
+#[test]
+fn sigkill_between_the_platform_close_and_the_local_close_closes_once() {
+    let Some(mut platforms) = SimulatedPlatforms::start("ORD_KILL_1=1000") else {
+        return;
+    };
+    let dir = TempDir::new("platform-kill");
+    let db = dir.path("payonce.db");
+    let flags = platforms.flags.clone();
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["--sweep-interval-s", "1", "--platform-timeout-ms", "1000", "--platform-retry-s", "0.2"]);
+    let log = dir.path("first.log");
+    let mut first = Server::start_logged_env(
+        &db,
+        &args,
+        std::process::Stdio::from(std::fs::File::create(&log).expect("log")),
+        &[("PAYONCE_TEST_HOLD_AFTER_PLATFORM_CLOSE_MS", "30000")],
+    );
+    first.set_stderr_log(log);
+    let created = first.post_json(
+        "/v1/orders",
+        &json!({"order_no": "ORD_KILL_1", "user_id": "u1", "amount": 1000, "expires_in_s": 1}),
+    );
+    assert_eq!(created.status, 201, "{}", created.text());
+    // Expiry, then the sweeper queues and the pool works both closes; each
+    // platform confirms and the pool holds before recording it.
+    let closes_in_flight = || {
+        let conn = rusqlite::Connection::open(&db).expect("db");
+        conn.query_row(
+            "SELECT count(*) FROM platform_call WHERE kind = 'close' AND status = 'pending' AND attempts = 1",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap_or(0)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while closes_in_flight() < 2 {
+        assert!(std::time::Instant::now() < deadline, "the pool never started the closes");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The calls are made at once; the hold keeps payonce from recording them.
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    assert_eq!(first.get("/v1/orders/ORD_KILL_1").json()["status"], "PENDING");
+    let at_the_platform = platforms.state("ORD_KILL_1");
+    assert!(at_the_platform.contains("wechatpay=CLOSED"), "closed at WeChat Pay before the kill: {at_the_platform}");
+    first.kill();
+
+    let second = Server::start_on(&db, &args);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let detail = second.get("/v1/orders/ORD_KILL_1").json();
+        if detail["status"] == "CLOSED" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never closed after the restart: {detail}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let detail = second.get("/v1/orders/ORD_KILL_1").json();
+    let closed_rows =
+        detail["audit"].as_array().into_iter().flatten().filter(|a| a["action"] == "platform_closed").count();
+    assert_eq!(closed_rows, 1, "one platform_closed audit row: {detail}");
+    let closed_events =
+        detail["events"].as_array().into_iter().flatten().filter(|e| e["type"] == "order.closed").count();
+    assert_eq!(closed_events, 1, "closed once: {detail}");
+}

@@ -471,3 +471,72 @@ fn an_alipay_refund_settles_through_its_query_and_a_notification_first_stops_the
     assert_eq!(s.alipay.calls().len(), before + 1, "only RF_2 is queried");
     assert_eq!(s.app.order("ORD_REFUND_2").expect("detail").order.status, OrderStatus::Refunded);
 }
+
+/// WeChat Pay answers signed with the key of an expired platform
+/// certificate count as no answer; the same key in a valid certificate verifies.
+#[test]
+fn an_expired_platform_certificate_is_refused() {
+    let platform_key_pem = include_str!("../../../tests/fixtures/keys/platform.pem");
+    let expired_pem = include_str!("../../../tests/fixtures/keys/platform-cert-expired.pem");
+    let valid_pem = include_str!("../../../tests/fixtures/keys/platform-cert-valid.pem");
+    let mut config = WechatpayApiConfig::new(MERCHANT_SERIAL, merchant_public_key());
+    config.platform_key = Some(RsaPrivateKey::from_pkcs8_pem(platform_key_pem).expect("fixture"));
+    let wechatpay = PlatformApi::start_wechatpay(config).expect("the WeChat Pay API");
+    wechatpay.open_trade("ORD_CERT_1", 1000).expect("trade");
+    wechatpay.buyer_pays("ORD_CERT_1").expect("paid");
+    let serial = wechatpay.platform_serial().expect("serial").to_owned();
+    let client = |certificate: &str| {
+        let mut api = WechatpayApi::new(
+            wechatpay.merchant_id().to_owned(),
+            MERCHANT_SERIAL.to_owned(),
+            MerchantKey::from_pem(MERCHANT_KEY_PEM).expect("merchant key"),
+            &wechatpay.base_url(),
+            vec![(serial.clone(), payonce::channel::wechatpay::public_key_from_pem(certificate).expect("key"))],
+            TIMEOUT,
+        );
+        api.certificate_expiries = payonce::channel::wechatpay::certificate_not_after_ms(certificate)
+            .map(|not_after| vec![(serial.clone(), not_after)])
+            .unwrap_or_default();
+        api
+    };
+    let now = Clock::System.now_ms();
+    let refused = client(expired_pem).query("ORD_CERT_1", now);
+    assert_eq!(refused.meaning, TradeState::Unknown);
+    assert!(refused.distrust.as_deref().is_some_and(|why| why.contains("expired")), "{:?}", refused.distrust);
+    let trusted = client(valid_pem).query("ORD_CERT_1", now);
+    assert!(matches!(trusted.meaning, TradeState::Paid { .. }), "{:?}", trusted.distrust);
+}
+
+/// At most four API requests wait on the platforms at once; the rest are
+/// 503 `platform_unavailable` at once, not a fifth thread held up.
+#[test]
+fn at_most_four_explicit_closes_wait_on_the_platforms() {
+    let s = setup();
+    for n in 0..5 {
+        order(&s.app, &format!("ORD_WAIT_{n}"));
+    }
+    s.wechatpay.set_fault(Some(Fault::Hang));
+    let app = &s.app;
+    let answers: Vec<Result<payonce::domain::Order, payonce::Error>> = std::thread::scope(|scope| {
+        let waiting: Vec<_> = (0..4).map(|n| scope.spawn(move || app.close_order(&format!("ORD_WAIT_{n}")))).collect();
+        // The four are inside their platform calls (each bounded by the timeout).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while s.wechatpay.calls().iter().filter(|c| c.status.is_none()).count() < 4 {
+            assert!(std::time::Instant::now() < deadline, "the four closes never reached WeChat Pay");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let started = std::time::Instant::now();
+        let fifth = app.close_order("ORD_WAIT_4");
+        assert!(started.elapsed() < Duration::from_millis(500), "the fifth is refused at once");
+        let mut answers: Vec<_> = waiting.into_iter().map(|h| h.join().expect("close")).collect();
+        answers.push(fifth);
+        answers
+    });
+    for answer in &answers {
+        let e = answer.as_ref().expect_err("no platform confirmed");
+        assert_eq!((e.status, e.code), (503, "platform_unavailable"));
+    }
+    for n in 0..5 {
+        assert_eq!(s.app.order(&format!("ORD_WAIT_{n}")).expect("detail").order.status, OrderStatus::Pending);
+    }
+}
