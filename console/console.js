@@ -313,7 +313,26 @@ async function orderView(orderNo) {
       order.audit, 'No audit row.'));
 }
 
+function resolveCloseAction(finding) {
+  return h('button', {
+    type: 'button',
+    class: 'secondary',
+    'data-resolve-close': finding.order_no,
+    onclick: () => writeDialog({
+      title: `Resolve the close of ${finding.order_no}`,
+      explain: `payonce closed this order without ${finding.detail.platforms.join(' and ')} confirming it. ` +
+        'Check at the platform that the buyer did not pay, then say what you found.',
+      fields: [reasonField()],
+      submitLabel: 'Resolve',
+      send: (values, key) => api('POST', `/v1/admin/orders/${encodeURIComponent(finding.order_no)}/resolve-close`,
+        { key, json: { reason: values.reason } }),
+      done: () => findingsView(),
+    }),
+  }, 'Resolve…');
+}
+
 function resolveAction(finding) {
+  if (finding.kind === 'close_unconfirmed') return resolveCloseAction(finding);
   const target = finding.kind === 'refund_required'
     ? { noun: 'payment', id: finding.detail.pay_no, path: '/v1/admin/payments/' }
     : finding.kind === 'unexpected_refund'

@@ -36,9 +36,9 @@ const work = mkdtempSync(join(tmpdir(), 'payonce-console-'));
 const alipayKeys = generateKeyPairSync('rsa', { modulusLength: 2048 });
 writeFileSync(join(work, 'alipay.pem'), alipayKeys.publicKey.export({ type: 'spki', format: 'pem' }));
 
-function startPayonce() {
+function startPayonce(extra = [], dbName = 'payonce.db') {
   const child = spawn(BIN, [
-    'serve', '--db', join(work, 'payonce.db'), '--listen', '127.0.0.1:0',
+    'serve', '--db', join(work, dbName), '--listen', '127.0.0.1:0',
     '--callback-secret', CALLBACK_SECRET, '--api-token', `ops:${TOKEN}`,
     '--coupon', 'NEW10', '--points-per-yuan', '1',
     '--alipay-public-key', join(work, 'alipay.pem'), '--alipay-app-id', ALIPAY_APP_ID,
@@ -46,7 +46,7 @@ function startPayonce() {
     // the one retry, is a dead letter for the webhook view to retry.
     '--webhook-url', 'http://127.0.0.1:9/payonce', '--webhook-retry-s', '0.05',
     // The sweeper would decide the record-only records itself; the test drains them.
-    '--sweep-interval-s', '3600',
+    ...(extra.length ? extra : ['--sweep-interval-s', '3600']),
   ], {
     env: { ...process.env, PAYONCE_WEBHOOK_SECRET: 'whsec_Y29uc29sZS10ZXN0LXdlYmhvb2stc2VjcmV0', PAYONCE_LOG: 'warn' },
     stdio: ['ignore', 'pipe', 'inherit'],
@@ -64,7 +64,7 @@ function startPayonce() {
 
 const { child: payonce, base: BASE } = await startPayonce();
 
-async function call(method, path, { json, body, headers = {}, auth = true } = {}) {
+async function call(method, path, { json, body, headers = {}, auth = true, base = BASE } = {}) {
   const allHeaders = { ...headers };
   if (auth) allHeaders.Authorization = `Bearer ${TOKEN}`;
   let sent = body;
@@ -72,7 +72,7 @@ async function call(method, path, { json, body, headers = {}, auth = true } = {}
     allHeaders['Content-Type'] = 'application/json';
     sent = JSON.stringify(json);
   }
-  const response = await fetch(BASE + path, { method, headers: allHeaders, body: sent });
+  const response = await fetch(base + path, { method, headers: allHeaders, body: sent });
   const text = await response.text();
   return { status: response.status, headers: response.headers, body: text ? JSON.parse(text) : null };
 }
@@ -159,7 +159,7 @@ async function doubleSubmit() {
   return sent[0];
 }
 
-async function assertNoInjection() {
+async function assertNoInjection(base = BASE) {
   const injected = await page.evaluate(() => ({
     xss: window.__xss,
     images: document.querySelectorAll('img').length,
@@ -167,7 +167,7 @@ async function assertNoInjection() {
   }));
   assert.equal(injected.xss, undefined, 'no probe ran');
   assert.equal(injected.images, 0, 'no probe became an element');
-  assert.deepEqual(injected.scripts, [`${BASE}/console/console.js`], 'the only script is the console');
+  assert.deepEqual(injected.scripts, [`${base}/console/console.js`], 'the only script is the console');
 }
 
 const views = [];
@@ -341,6 +341,46 @@ try {
   const retriedOrder = await order(target.order_no);
   assert.equal(retriedOrder.audit.filter((a) => a.action === 'webhook_delivery_retried').length, 1, JSON.stringify(retriedOrder.audit));
   covered('webhooks', 'deliveries by status, retry once');
+
+  // close_unconfirmed (section 11): a second payonce whose WeChat Pay never answers gives up on an
+  // expired order's close, closes it here and says so; the console resolves it, once.
+  const second = await startPayonce([
+    '--wechatpay-mchid', '1900000100', '--wechatpay-merchant-serial', 'M1',
+    '--wechatpay-merchant-key', join(ROOT, 'tests/fixtures/keys/merchant.pem'),
+    '--wechatpay-public-key', `S1=${join(ROOT, 'tests/fixtures/keys/platform-cert-valid.pem')}`,
+    '--wechatpay-api-base', 'http://127.0.0.1:9', '--platform-timeout-ms', '500',
+    '--platform-retry-s', '0.1', '--close-give-up-s', '1', '--sweep-interval-s', '1',
+  ], 'second.db');
+  try {
+    const created = await call('POST', '/v1/orders', { json: { order_no: 'ORD_GIVEN_UP', user_id: 'u-gone', amount: 1000, expires_in_s: 1 }, base: second.base });
+    assert.equal(created.status, 201, JSON.stringify(created.body));
+    let unconfirmed = [];
+    const until = Date.now() + 20000;
+    while (!unconfirmed.length && Date.now() < until) {
+      unconfirmed = (await call('GET', '/v1/inspections', { base: second.base })).body.findings.filter((f) => f.kind === 'close_unconfirmed');
+      if (!unconfirmed.length) await new Promise((r) => setTimeout(r, 200));
+    }
+    assert.equal(unconfirmed.length, 1, 'payonce gave up and reported close_unconfirmed');
+    // Another origin, another tab's storage: sign in there too.
+    await page.goto(second.base + '/console');
+    await page.locator('input[name=token]').fill(TOKEN);
+    await page.locator('button[type=submit]').click();
+    await page.locator('h1', { hasText: 'Orders' }).waitFor();
+    await page.goto(second.base + '/console#/findings');
+    await page.locator('button[data-resolve-close="ORD_GIVEN_UP"]').click();
+    await page.locator('dialog[open] textarea[name=reason]').fill(`never paid, checked by hand ${PROBE}`);
+    await shot('11-close-unconfirmed');
+    await doubleSubmit();
+    await page.waitForFunction(() => !document.querySelector('button[data-resolve-close]'));
+    const gone = await call('GET', '/v1/orders/ORD_GIVEN_UP', { base: second.base });
+    assert.equal(gone.body.audit.filter((a) => a.action === 'close_resolved').length, 1, JSON.stringify(gone.body.audit));
+    await page.goto(second.base + '/console#/order/ORD_GIVEN_UP');
+    await page.locator('h2:has-text("Audit") + table', { hasText: 'never paid, checked by hand <img src=x' }).waitFor();
+    await assertNoInjection(second.base);
+    covered('findings', 'close_unconfirmed resolved once through resolve-close, the probe as its reason');
+  } finally {
+    second.child.kill();
+  }
 
   assert.deepEqual(pageErrors, [], 'no JavaScript error and no CSP violation');
   console.log('console: every view passed in', (await browser.version()));
