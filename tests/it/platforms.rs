@@ -251,3 +251,67 @@ fn sigkill_between_the_platform_close_and_the_local_close_closes_once() {
         detail["events"].as_array().into_iter().flatten().filter(|e| e["type"] == "order.closed").count();
     assert_eq!(closed_events, 1, "closed once: {detail}");
 }
+
+/// A payonce on `db` whose WeChat Pay never answers (nothing listens on port 9).
+fn app_with_dead_wechatpay(db: &crate::engines::Db, clock: payonce::Clock) -> payonce::App {
+    use payonce::platform::wechatpay::WechatpayApi;
+    use payonce::platform::{MerchantKey, Platforms};
+    let merchant = std::fs::read_to_string(MERCHANT_KEY).expect("fixture");
+    let certificate =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/keys/platform-cert-valid.pem"))
+            .expect("fixture");
+    let api = WechatpayApi::new(
+        "1900000100".into(),
+        "M1".into(),
+        MerchantKey::from_pem(&merchant).expect("key"),
+        "http://127.0.0.1:9",
+        vec![("S1".into(), payonce::channel::wechatpay::public_key_from_pem(&certificate).expect("key"))],
+        std::time::Duration::from_millis(500),
+    );
+    let platforms =
+        Platforms { wechatpay: Some(std::sync::Arc::new(api)), retry_schedule_ms: vec![1_000], ..Platforms::default() };
+    let config = payonce::Config { platforms, ..payonce::Config::default() };
+    payonce::App::open(&db.spec, clock, config).expect("payonce")
+}
+
+for_each_engine! {
+    /// The platform-call rows on both engines: a close queued at expiry,
+    /// claimed and rescheduled; a query kept as failed; a refund submission
+    /// queued in the REFUNDING transaction, once.
+    fn platform_calls_are_kept_alike(db) {
+        let clock = payonce::Clock::manual(crate::util::now_ms());
+        let app = app_with_dead_wechatpay(db, clock.clone());
+        let order = |order_no: &str, expires_in_s: Option<i64>| {
+            app.create_order(&payonce::CreateOrder {
+                order_no: order_no.into(), user_id: "u1".into(), amount: 100, currency: "CNY".into(), expires_in_s,
+            }).expect("order");
+        };
+        order("ORD-PC-1", Some(1));
+        clock.advance_ms(2_000);
+        assert_eq!(app.close_expired(10).expect("sweep"), 1, "{}: queued", db.label());
+        assert_eq!(app.close_expired(10).expect("sweep"), 0, "{}: queued once", db.label());
+        assert_eq!(app.run_platform_calls_once(8).expect("pool"), 1);
+        let store = db.store();
+        let count = |sql: &str| db.count(&store, sql);
+        assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'close' AND status = 'pending' AND attempts = 1"), 1);
+        assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'query' AND status = 'failed'"), 1);
+        assert_eq!(app.run_platform_calls_once(8).expect("pool"), 0, "{}: the retry waits", db.label());
+        assert_eq!(app.order("ORD-PC-1").expect("detail").order.status, payonce::OrderStatus::Pending);
+
+        order("ORD-PC-2", None);
+        let synced = app.sync_order("ORD-PC-2").expect("sync");
+        assert_eq!(synced.platforms[0].state, payonce::platform::TradeState::Unknown);
+        assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'query' AND status = 'failed'"), 2);
+
+        let paid = app.deliver_payment(&payonce::PaymentCallback {
+            channel: "wechatpay".into(), pay_no: "WX-PC-2".into(), order_no: "ORD-PC-2".into(), amount: 100,
+            status: payonce::PlatformStatus::Success, paid_at: None, raw_body: b"{}".to_vec(),
+        }).expect("payment");
+        assert_eq!(paid.outcome_str(), "applied");
+        app.request_refund("ORD-PC-2", "RF-PC-2").expect("refund");
+        app.request_refund("ORD-PC-2", "RF-PC-2").expect("the same request again");
+        assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'refund' AND refund_no = 'RF-PC-2'"), 1);
+        assert_eq!(app.run_platform_calls_once(8).expect("pool"), 1, "{}: the submission is tried", db.label());
+        assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'refund' AND status = 'pending' AND attempts = 1"), 1);
+    }
+}
