@@ -244,10 +244,10 @@ impl App {
         let Some(order) = self.store.read(|tx| tx.order_by_no(&row.order_no))? else {
             return self.record_close(row, "done", None, "no such order".into(), None, "");
         };
-        if order.status != OrderStatus::Pending {
-            let note = format!("nothing to close: the order is {}", order.status.as_str());
-            return self.record_close(row, "done", None, note, None, "");
-        }
+        // An order paid meanwhile (at another platform, or by a late
+        // notification) is still closed at this platform: its trade there
+        // stays open otherwise, and the buyer could pay it a second time.
+        // The local close below acts on a PENDING order only.
         let (step, request, http_status, response) = self.close_at(row.channel.as_str(), &row.order_no)?;
         if step == CloseStep::Confirmed {
             hold_after_platform_close();

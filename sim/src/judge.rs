@@ -37,6 +37,16 @@ pub struct OrderExpect {
     /// The pay_no the order must be paid by, when an answer said which one
     /// won (two_channels).
     pub pay_no: Option<String>,
+    /// Where the payment rows came from (`callback`, `query`), as a
+    /// multiset; `None`: not judged.
+    pub sources: Option<Vec<String>>,
+    /// The order's `audit_log` actions (`platform_closed`, ...), as a
+    /// multiset; `None`: not judged.
+    pub audit: Option<Vec<String>>,
+    /// What the simulated platforms and payonce's platform calls must show
+    /// of the order (the scenarios that talk to the platforms' APIs), as a
+    /// multiset of facts such as `wechatpay trade CLOSED`.
+    pub platform: Vec<String>,
 }
 
 /// One payment row as `GET /v1/orders/{order_no}` shows it.
@@ -45,6 +55,8 @@ pub struct SeenPayment {
     pub pay_no: String,
     pub outcome: String,
     pub state: String,
+    /// `callback`, `query`, `reconciliation`.
+    pub source: String,
 }
 
 /// What the simulator saw of one order: the answers to its deliveries and
@@ -67,6 +79,10 @@ pub struct OrderSeen {
     /// Answers the simulator never received (the gateway timed out).
     pub lost: usize,
     pub orders_of_user: Option<usize>,
+    /// The order's `audit_log` actions, oldest first.
+    pub audit: Vec<String>,
+    /// The facts the scenario saw at the platforms (see [`OrderExpect::platform`]).
+    pub platform: Vec<String>,
 }
 
 /// Every way `seen` breaks `expect`; empty means exactly once, as promised.
@@ -129,6 +145,30 @@ pub fn judge(expect: &OrderExpect, rewards: &RewardRule, seen: &OrderSeen) -> Ve
         if seen.orders_of_user != Some(want) {
             bad.push(format!("the user has {:?} orders, expected {want}", seen.orders_of_user));
         }
+    }
+    if let Some(want) = &expect.sources {
+        let sources: Vec<String> = seen.payments.iter().map(|p| p.source.clone()).collect();
+        let (missing, extra) = multiset_diff(want, &sources);
+        if !missing.is_empty() || !extra.is_empty() {
+            bad.push(format!(
+                "payment sources {}, expected {}",
+                counted(&multiset(&sources)),
+                counted(&multiset(want))
+            ));
+        }
+    }
+    if let Some(want) = &expect.audit {
+        let (missing, extra) = multiset_diff(want, &seen.audit);
+        if !missing.is_empty() || !extra.is_empty() {
+            bad.push(format!("audit rows {}, expected {}", counted(&multiset(&seen.audit)), counted(&multiset(want))));
+        }
+    }
+    let (missing, extra) = multiset_diff(&expect.platform, &seen.platform);
+    for (fact, n) in missing {
+        bad.push(format!("expected {n}x \"{fact}\", not seen"));
+    }
+    for (fact, n) in extra {
+        bad.push(format!("saw {n}x \"{fact}\", not expected"));
     }
     bad
 }
@@ -275,7 +315,12 @@ pub mod tests {
             amount: 9_900,
             status: Some("PAID".into()),
             pay_no: Some("PAY-1".into()),
-            payments: vec![SeenPayment { pay_no: "PAY-1".into(), outcome: "applied".into(), state: "decided".into() }],
+            payments: vec![SeenPayment {
+                pay_no: "PAY-1".into(),
+                outcome: "applied".into(),
+                state: "decided".into(),
+                source: "callback".into(),
+            }],
             coupons: vec![("SIM-COUPON".into(), "ACTIVE".into())],
             points: vec![("ORDER_PAID".into(), 99)],
             events: BTreeMap::from([("order.paid".to_owned(), 1)]),
@@ -337,6 +382,36 @@ pub mod tests {
         let expect_won = OrderExpect { pay_no: Some("PAY-2".into()), ..paid_expect() };
         let all = judge(&expect_won, &known, &exactly_once_seen()).join("\n");
         assert!(all.contains("the answers said PAY-2 won"), "{all}");
+    }
+
+    /// The checks of the scenarios that talk to the platforms: where the
+    /// payment came from, the audit rows, and what the platforms show.
+    #[test]
+    fn sources_audit_rows_and_platform_facts_are_judged_when_expected() {
+        let known = known();
+        let expect = OrderExpect {
+            sources: Some(vec!["query".into()]),
+            audit: Some(Vec::new()),
+            platform: vec!["wechatpay trade SUCCESS".into()],
+            ..paid_expect()
+        };
+        let mut seen = exactly_once_seen();
+        seen.payments[0].source = "query".into();
+        seen.platform = vec!["wechatpay trade SUCCESS".into()];
+        assert_eq!(judge(&expect, &known, &seen), Vec::<String>::new());
+
+        let mut wrong = seen.clone();
+        wrong.payments[0].source = "callback".into();
+        wrong.audit = vec!["platform_closed".into()];
+        wrong.platform = vec!["wechatpay trade CLOSED".into()];
+        let all = judge(&expect, &known, &wrong).join("\n");
+        assert!(all.contains("payment sources 1 callback, expected 1 query"), "{all}");
+        assert!(all.contains("audit rows 1 platform_closed, expected nothing"), "{all}");
+        assert!(all.contains("expected 1x \"wechatpay trade SUCCESS\", not seen"), "{all}");
+        assert!(all.contains("saw 1x \"wechatpay trade CLOSED\", not expected"), "{all}");
+
+        // Not expected, not judged: the other scenarios set none of them.
+        assert_eq!(judge(&paid_expect(), &known, &wrong).len(), 1, "only the unexpected platform fact");
     }
 
     #[test]

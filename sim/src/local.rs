@@ -1,6 +1,7 @@
-//! The in-process payonce: the library's `App` on `:memory:` behind its own
-//! HTTP edge on loopback, configured with the public halves of the keys the
-//! simulator signs with.
+//! The in-process payonce: the library's `App` behind its own HTTP edge on
+//! loopback, configured with the public halves of the keys the simulator
+//! signs with. The scenarios that talk to the platforms' APIs start more of
+//! them, each on its own database, clock and platform settings.
 
 use crate::platform::Keys;
 use crate::s;
@@ -22,43 +23,62 @@ pub const SIM_POINTS_PER_YUAN: i64 = 1;
 
 pub struct LocalServer {
     pub addr: SocketAddr,
+    /// The payonce it serves, for what has no HTTP API: its sweeper and
+    /// platform-call pool, driven a round at a time by the scenarios.
+    pub app: Arc<App>,
     shutdown: Arc<AtomicBool>,
     handle: Option<thread::JoinHandle<bool>>,
+}
+
+/// The in-process payonce's settings: the generic secret, the rewards, and
+/// the channels the simulator holds keys for, with their public halves.
+pub fn config(keys: &Keys) -> Result<Config, String> {
+    let wechatpay = match &keys.wechatpay {
+        Some(wx) => {
+            let public = RsaPublicKey::from(wx.signing_key.as_ref());
+            let apiv3_key = std::str::from_utf8(&wx.apiv3_key).map_err(|_| s("the APIv3 key is not UTF-8"))?;
+            Some(WechatpayConfig::new(apiv3_key, vec![(wx.serial.clone(), public)])?)
+        }
+        None => None,
+    };
+    let alipay = keys.alipay.as_ref().map(|ali| AlipayConfig {
+        public_key: RsaPublicKey::from(ali.signing_key.as_ref()),
+        app_id: ali.app_id.clone(),
+    });
+    Ok(Config {
+        callback_secrets: vec![keys.generic_secret.clone()],
+        rewards: Rewards { coupon_templates: vec![SIM_COUPON.into()], points_per_yuan: SIM_POINTS_PER_YUAN },
+        wechatpay,
+        alipay,
+        ..Config::default()
+    })
 }
 
 impl LocalServer {
     /// payonce on `:memory:` with the generic secret and the channels the
     /// simulator holds keys for, configured with their public halves.
     pub fn start(keys: &Keys) -> Result<LocalServer, String> {
-        let wechatpay = match &keys.wechatpay {
-            Some(wx) => {
-                let public = RsaPublicKey::from(wx.signing_key.as_ref());
-                let apiv3_key = std::str::from_utf8(&wx.apiv3_key).map_err(|_| s("the APIv3 key is not UTF-8"))?;
-                Some(WechatpayConfig::new(apiv3_key, vec![(wx.serial.clone(), public)])?)
-            }
-            None => None,
-        };
-        let alipay = keys.alipay.as_ref().map(|ali| AlipayConfig {
-            public_key: RsaPublicKey::from(ali.signing_key.as_ref()),
-            app_id: ali.app_id.clone(),
-        });
-        let config = Config {
-            callback_secrets: vec![keys.generic_secret.clone()],
-            rewards: Rewards { coupon_templates: vec![SIM_COUPON.into()], points_per_yuan: SIM_POINTS_PER_YUAN },
-            wechatpay,
-            alipay,
-            ..Config::default()
-        };
-        let app = App::open(":memory:", Clock::System, config).map_err(|e| e.message)?;
+        LocalServer::open(":memory:", Clock::System, config(keys)?)
+    }
+
+    /// payonce on `db` (`:memory:` or a file) with `clock` and `config`.
+    pub fn open(db: &str, clock: Clock, config: Config) -> Result<LocalServer, String> {
+        let app = App::open(db, clock, config).map_err(|e| e.message)?;
+        LocalServer::serve(Arc::new(app))
+    }
+
+    /// `app` behind its HTTP edge on a free loopback port.
+    pub fn serve(app: Arc<App>) -> Result<LocalServer, String> {
         let server = Server::bind("127.0.0.1:0").map_err(|e| e.message)?;
         let addr = server.local_addr();
         let shutdown = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&shutdown);
+        let served = Arc::clone(&app);
         let handle = thread::Builder::new()
             .name("payonce-simulated-server".into())
-            .spawn(move || server.serve(Arc::new(app), flag, WORKERS_DEFAULT))
+            .spawn(move || server.serve(served, flag, WORKERS_DEFAULT))
             .map_err(|e| format!("cannot start the in-process payonce: {e}"))?;
-        Ok(LocalServer { addr, shutdown, handle: Some(handle) })
+        Ok(LocalServer { addr, app, shutdown, handle: Some(handle) })
     }
 }
 

@@ -5,8 +5,11 @@
 //! real-world duplicate form (concurrent duplicates, a re-delivery 40 ms
 //! later, a gateway replay after a lost answer, the platforms' retry
 //! schedules, two payments of one order, a payment after close, a refund
-//! and its duplicate, a triple-clicked order creation), then reads the
-//! results back through payonce's own read API and judges them:
+//! and its duplicate, a triple-clicked order creation; and, against
+//! payonce's calls to the platforms' merchant APIs, a lost notification, a
+//! payment racing payonce's close, a platform that is down, a refund
+//! submitted through failures and a restart), then reads the results back
+//! through payonce's own read API and judges them:
 //!
 //! - the answers payonce gave (`applied`, `duplicate`, ...) are the ones the
 //!   contract prescribes, as a multiset (which of two racing deliveries wins
@@ -29,7 +32,9 @@
 //!
 //! - `main.rs` (here): the arguments and the wiring;
 //! - [`scenarios`]: what each scenario sends and expects, and reading the
-//!   results back;
+//!   results back; its `platform_calls`: the four scenarios of section 11
+//!   (lost_notification, close_race, platform_down, refund_submitted), each
+//!   against a payonce of its own that calls the simulated platforms' APIs;
 //! - [`platform`]: each [`Platform`]'s notifications, signed from the
 //!   platforms' documentation with this crate's own code (payonce's generic
 //!   HMAC format, WeChat Pay v3: SHA256-RSA over `"{ts}\n{nonce}\n{body}\n"`
@@ -56,8 +61,8 @@ mod judge;
 mod local;
 mod platform;
 // The platforms' merchant APIs (PRODUCT.md section 11), served by
-// `payonce-sim platforms` and driven in process by tests; no scenario calls
-// them yet, so controls only the tests use are unused in the binary.
+// `payonce-sim platforms` and played against payonce by the scenarios that
+// talk to the platforms; some controls only the tests use.
 #[cfg_attr(not(test), allow(dead_code))]
 mod platform_api;
 mod progress;
@@ -119,6 +124,30 @@ Scenarios (default: all, in this order):
   payment_after_close  the order is closed, then paid: paid_after_close
   refund               pay, request the refund twice, deliver its SUCCESS twice
   triple_click         three concurrent POST /v1/orders with one order_no
+The next four talk to the platforms' merchant APIs (PRODUCT.md section 11):
+each plays the simulated WeChat Pay and Alipay APIs against a payonce of its
+own in this process, configured with both platforms' outgoing settings, on a
+clock the simulator moves (seconds pass in milliseconds), its sweeper and
+platform-call pool run a round at a time. On wechatpay and alipay only (the
+buyer pays at that platform); skipped on generic, which has no API to ask,
+and with --target, whose payonce has neither these settings nor that clock.
+  lost_notification    the buyer pays, the notification is lost; at expiry payonce
+                       asks before it closes and applies the payment (source query);
+                       half the notifications come late anyway: duplicates
+  close_race           the buyer pays while payonce closes: between its query and
+                       its close (with and without the notification arriving
+                       meanwhile), after the platform's close (refused there), or
+                       at a random moment: paid or closed, never both
+  platform_down        the platform refuses connections, then hangs: the order stays
+                       PENDING, retried on the schedule, then closed here after
+                       the give-up and reported close_unconfirmed
+  refund_submitted     the refund is submitted to the platform that took the
+                       payment through a 5xx, a lost answer and a restart (onto
+                       the same database, next to a second payonce): one refund
+                       there per refund_no; its late result comes by the query
+lost_notification and close_race also play the same buyers against a payonce
+without platform settings (as before section 11) and print how both ended
+under the table; that pass is not judged.
 
 Channels (--channel; default generic):
   generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256); payonce

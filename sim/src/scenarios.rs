@@ -20,6 +20,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod platform_calls;
+
 /// WeChat Pay's notification retry intervals after the first delivery, in seconds.
 pub const WECHATPAY_RETRY_S: [u64; 15] =
     [15, 15, 30, 180, 600, 1_200, 1_800, 1_800, 1_800, 3_600, 10_800, 10_800, 10_800, 21_600, 21_600];
@@ -50,10 +52,14 @@ pub enum Scenario {
     PaymentAfterClose,
     Refund,
     TripleClick,
+    LostNotification,
+    CloseRace,
+    PlatformDown,
+    RefundSubmitted,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::Concurrent,
         Scenario::Redelivery40ms,
         Scenario::GatewayReplay,
@@ -62,6 +68,10 @@ impl Scenario {
         Scenario::PaymentAfterClose,
         Scenario::Refund,
         Scenario::TripleClick,
+        Scenario::LostNotification,
+        Scenario::CloseRace,
+        Scenario::PlatformDown,
+        Scenario::RefundSubmitted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,7 +84,21 @@ impl Scenario {
             Scenario::PaymentAfterClose => "payment_after_close",
             Scenario::Refund => "refund",
             Scenario::TripleClick => "triple_click",
+            Scenario::LostNotification => "lost_notification",
+            Scenario::CloseRace => "close_race",
+            Scenario::PlatformDown => "platform_down",
+            Scenario::RefundSubmitted => "refund_submitted",
         }
+    }
+
+    /// Played against the simulated platforms' merchant APIs, by a payonce
+    /// of its own that calls them (PRODUCT.md section 11): in process only,
+    /// and on the channels that have such an API.
+    pub fn calls_platforms(self) -> bool {
+        matches!(
+            self,
+            Scenario::LostNotification | Scenario::CloseRace | Scenario::PlatformDown | Scenario::RefundSubmitted
+        )
     }
 
     /// Two letters in order_nos, so an operator sees which scenario made an order.
@@ -88,6 +112,10 @@ impl Scenario {
             Scenario::PaymentAfterClose => "pc",
             Scenario::Refund => "rf",
             Scenario::TripleClick => "tk",
+            Scenario::LostNotification => "ln",
+            Scenario::CloseRace => "cr",
+            Scenario::PlatformDown => "pd",
+            Scenario::RefundSubmitted => "sb",
         }
     }
 
@@ -144,6 +172,19 @@ pub struct ScenarioRun {
     pub scenario: Scenario,
     pub channel: Platform,
     pub orders: Vec<OrderRun>,
+    /// Read back already, by a scenario that ran on a payonce of its own
+    /// (one per order, in order); `None`: read from the target at the end.
+    pub seen: Option<Vec<OrderSeen>>,
+    /// Why the scenario does not apply to this channel (or run); nothing was sent.
+    pub skipped: Option<&'static str>,
+    /// Lines printed under the table (the before/after comparisons).
+    pub notes: Vec<String>,
+}
+
+impl ScenarioRun {
+    fn skipped(scenario: Scenario, channel: Platform, why: &'static str) -> ScenarioRun {
+        ScenarioRun { scenario, channel, orders: Vec::new(), seen: None, skipped: Some(why), notes: Vec::new() }
+    }
 }
 
 /// One run against one target, for one channel (see [`Sim::for_channel`]).
@@ -285,7 +326,12 @@ impl Sim {
     }
 
     fn create(&self, conn: &mut Conn, order: &SimOrder) -> Result<Reply, String> {
-        let body = json!({"order_no": order.no, "user_id": order.user, "amount": order.amount, "expires_in_s": 3600});
+        self.create_expiring(conn, order, 3600)
+    }
+
+    fn create_expiring(&self, conn: &mut Conn, order: &SimOrder, expires_in_s: i64) -> Result<Reply, String> {
+        let body =
+            json!({"order_no": order.no, "user_id": order.user, "amount": order.amount, "expires_in_s": expires_in_s});
         self.api(conn, Req::post_json(s("/v1/orders"), &body))
     }
 
@@ -363,6 +409,14 @@ impl Sim {
     }
 
     fn run_scenario(&self, scenario: Scenario) -> Result<ScenarioRun, String> {
+        if scenario.calls_platforms() {
+            if self.channel == Platform::Generic {
+                return Ok(ScenarioRun::skipped(scenario, self.channel, "(generic has no platform API to ask)"));
+            }
+            let run = platform_calls::run(self, scenario);
+            self.progress.finish();
+            return run;
+        }
         let orders: Vec<SimOrder> = (0..self.orders).map(|i| self.order(scenario, i)).collect();
         let runs = match scenario {
             Scenario::Concurrent => self.concurrent(orders)?,
@@ -373,9 +427,12 @@ impl Sim {
             Scenario::PaymentAfterClose => self.payment_after_close(orders)?,
             Scenario::Refund => self.refund(orders)?,
             Scenario::TripleClick => self.triple_click(orders)?,
+            Scenario::LostNotification | Scenario::CloseRace | Scenario::PlatformDown | Scenario::RefundSubmitted => {
+                return Err(format!("{} runs on a payonce of its own", scenario.name()));
+            }
         };
         self.progress.finish();
-        Ok(ScenarioRun { scenario, channel: self.channel, orders: runs })
+        Ok(ScenarioRun { scenario, channel: self.channel, orders: runs, seen: None, skipped: None, notes: Vec::new() })
     }
 
     fn paid_expect(answers: Vec<String>) -> OrderExpect {
@@ -897,8 +954,14 @@ fn read_order_detail(detail: &Value, seen: &mut OrderSeen) {
     let list = |key: &str| detail[key].as_array().cloned().unwrap_or_default();
     seen.payments = list("payments")
         .iter()
-        .map(|p| SeenPayment { pay_no: text(p, "pay_no"), outcome: text(p, "outcome"), state: text(p, "state") })
+        .map(|p| SeenPayment {
+            pay_no: text(p, "pay_no"),
+            outcome: text(p, "outcome"),
+            state: text(p, "state"),
+            source: text(p, "source"),
+        })
         .collect();
+    seen.audit = list("audit").iter().map(|a| text(a, "action")).collect();
     seen.coupons = list("coupons").iter().map(|c| (text(c, "coupon_template_id"), text(c, "status"))).collect();
     seen.points = list("points").iter().map(|p| (text(p, "point_type"), p["points"].as_i64().unwrap_or(0))).collect();
 }
@@ -944,6 +1007,15 @@ pub fn simulate(
             "retry schedules' first hour (--full-schedules: 24 h)"
         }
     );
+    let against_target: Vec<&str> =
+        scenarios.iter().filter(|s| s.calls_platforms() && !in_process).map(|s| s.name()).collect();
+    if !against_target.is_empty() {
+        println!(
+            "payonce simulate: skipped against --target: {} (they need a payonce configured with the simulated \
+             platforms' keys and URLs, on a clock the simulator sets; run without --target to play them)",
+            against_target.join(", ")
+        );
+    }
     let _ = std::io::stdout().flush();
     // One simulator per channel; each pays two_channels' second payment
     // through the next selected channel.
@@ -953,12 +1025,17 @@ pub fn simulate(
         .map(|(i, channel)| sim.for_channel(*channel, channels[(i + 1) % channels.len()]))
         .collect();
     let mut runs = Vec::new();
-    for scenario in scenarios {
+    for scenario in scenarios.iter().filter(|s| in_process || !s.calls_platforms()) {
         for channel_sim in &sims {
             let started = Instant::now();
             let run = channel_sim.run_scenario(*scenario);
             channel_sim.progress.finish();
-            runs.push(run?);
+            let run = run?;
+            let skipped = run.skipped.is_some();
+            runs.push(run);
+            if skipped {
+                continue;
+            }
             // Progress as it goes, one line a scenario (and the bar on a terminal).
             let channel = if sims.len() > 1 { format!(" ({})", channel_sim.channel.name()) } else { String::new() };
             eprintln!(
@@ -972,10 +1049,24 @@ pub fn simulate(
     let findings = sim.findings(&mut conn)?;
     let mut rows = Vec::new();
     for run in &runs {
-        let seen = sim.observe(run, &events, &findings)?;
+        let seen = match &run.seen {
+            Some(seen) => seen.clone(),
+            None if run.skipped.is_some() => Vec::new(),
+            None => sim.observe(run, &events, &findings)?,
+        };
         rows.push(build_row(run, &seen, rewards));
     }
     print!("{}", render_table(&rows));
+    let notes: Vec<&String> = runs.iter().flat_map(|r| &r.notes).collect();
+    if !notes.is_empty() {
+        println!(
+            "\nBefore and after section 11 (the same buyers; before: a payonce without platform settings, which \
+             closes expired orders itself):"
+        );
+        for note in notes {
+            println!("  {note}");
+        }
+    }
     let _ = std::io::stdout().flush();
     Ok(if rows.iter().all(|r| r.violations.is_empty()) { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -86,9 +86,9 @@ Empty lines and lines starting with # are skipped.
 /// The serial payonce is told to name in WeChat Pay's `serial_no`. A real
 /// one is the hex serial of the merchant's API certificate; this one cannot
 /// be mistaken for it.
-const MERCHANT_SERIAL: &str = "SIMULATOR-MERCHANT";
+pub(crate) const MERCHANT_SERIAL: &str = "SIMULATOR-MERCHANT";
 /// ring, which payonce signs with, takes no smaller RSA key.
-const MERCHANT_KEY_BITS_MIN: usize = 2048;
+pub(crate) const MERCHANT_KEY_BITS_MIN: usize = 2048;
 const MERCHANT_KEY_FILE: &str = "merchant-key.pem";
 const WECHATPAY_KEY_FILE: &str = "wechatpay-platform.pem";
 const ALIPAY_KEY_FILE: &str = "alipay-public.pem";

@@ -18,6 +18,8 @@ pub struct Row {
     pub expected: String,
     pub observed: String,
     pub violations: Vec<String>,
+    /// Not played on this channel (or run): `expected` says why.
+    pub skipped: bool,
 }
 
 fn push_item(items: &mut Vec<String>, n: usize, what: &str) {
@@ -148,6 +150,17 @@ fn deliveries_cell(run: &ScenarioRun) -> String {
 }
 
 pub fn build_row(run: &ScenarioRun, seen: &[OrderSeen], rewards: &RewardRule) -> Row {
+    if let Some(why) = run.skipped {
+        return Row {
+            scenario: run.scenario.name().to_owned(),
+            channel: run.channel.name().to_owned(),
+            deliveries: s("-"),
+            expected: why.to_owned(),
+            observed: s("-"),
+            violations: Vec::new(),
+            skipped: true,
+        };
+    }
     let violations = run
         .orders
         .iter()
@@ -161,6 +174,7 @@ pub fn build_row(run: &ScenarioRun, seen: &[OrderSeen], rewards: &RewardRule) ->
         expected: expected_effects(&run.orders, rewards),
         observed: observed_effects(seen),
         violations,
+        skipped: false,
     }
 }
 
@@ -174,7 +188,11 @@ pub fn render_table(rows: &[Row]) -> String {
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let verdict = if r.violations.is_empty() { "ok" } else { "VIOLATION" };
+            let verdict = match (r.skipped, r.violations.is_empty()) {
+                (true, _) => "skipped",
+                (false, true) => "ok",
+                (false, false) => "VIOLATION",
+            };
             let mut row = vec![
                 r.scenario.clone(),
                 r.deliveries.clone(),
@@ -229,6 +247,7 @@ mod tests {
             expected: "1 PAID".into(),
             observed: "1 PAID".into(),
             violations,
+            skipped: false,
         }
     }
 

@@ -540,3 +540,20 @@ fn at_most_four_explicit_closes_wait_on_the_platforms() {
         assert_eq!(s.app.order(&format!("ORD_WAIT_{n}")).expect("detail").order.status, OrderStatus::Pending);
     }
 }
+
+/// Paid at one platform while its close was queued: the other platform's
+/// trade is closed all the same, so the buyer cannot pay the order twice.
+#[test]
+fn an_order_paid_at_one_platform_is_still_closed_at_the_other() {
+    let (s, _clock) = expired("ORD_OTHER_1");
+    s.wechatpay.buyer_pays("ORD_OTHER_1").expect("paid at WeChat Pay");
+    s.app.close_expired(100).expect("sweep");
+    // One row a round: WeChat Pay's first (it was queued first), which applies the payment.
+    assert_eq!(s.app.run_platform_calls_once(1).expect("pool"), 1);
+    assert_eq!(s.app.order("ORD_OTHER_1").expect("detail").order.status, OrderStatus::Paid);
+    assert_eq!(s.app.run_platform_calls_once(1).expect("pool"), 1);
+    assert_eq!(s.alipay.trade_state("ORD_OTHER_1"), Some("TRADE_CLOSED"), "closed at Alipay too");
+    assert!(s.alipay.buyer_pays("ORD_OTHER_1").is_err(), "no second payment there");
+    assert_eq!(s.app.order("ORD_OTHER_1").expect("detail").order.status, OrderStatus::Paid);
+    assert!(!audit_actions(&s.app, "ORD_OTHER_1").contains(&"platform_closed".to_owned()));
+}
