@@ -180,7 +180,7 @@ impl App {
     fn work_refund(&self, row: &PlatformCallRow) -> Result<(), Error> {
         let refund_no = row.refund_no.clone().unwrap_or_default();
         if !self.refund_unsettled(&refund_no)? {
-            return self.record_close(row, "done", None, "settled already".into(), None, "");
+            return self.record_attempt(row, "done", None, "settled already".into(), None, "");
         }
         let order = self.order(&row.order_no)?.order;
         let now_ms = self.clock.now_ms();
@@ -190,7 +190,7 @@ impl App {
         };
         let response = recorded_response(&exchange);
         if exchange.meaning == RefundAnswer::Accepted {
-            self.record_close(row, "done", None, response, exchange.http_status, &exchange.request)?;
+            self.record_attempt(row, "done", None, response, exchange.http_status, &exchange.request)?;
             let now = format_ms(now_ms);
             let query_at = format_ms(now_ms.saturating_add(platforms.refund_query_after_ms));
             self.store.write(|tx| {
@@ -206,7 +206,7 @@ impl App {
             return Ok(());
         }
         let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
-        self.record_close(row, "pending", Some(&next), response, exchange.http_status, &exchange.request)
+        self.record_attempt(row, "pending", Some(&next), response, exchange.http_status, &exchange.request)
     }
 
     /// One claimed refund query, for a refund whose result notification is
@@ -215,7 +215,7 @@ impl App {
     fn work_refund_query(&self, row: &PlatformCallRow) -> Result<(), Error> {
         let refund_no = row.refund_no.clone().unwrap_or_default();
         if !self.refund_unsettled(&refund_no)? {
-            return self.record_close(row, "done", None, "settled already".into(), None, "");
+            return self.record_attempt(row, "done", None, "settled already".into(), None, "");
         }
         let now_ms = self.clock.now_ms();
         let platforms = &self.config.platforms;
@@ -231,10 +231,10 @@ impl App {
                 status,
                 settled_at: None,
             })?;
-            return self.record_close(row, "done", None, response, exchange.http_status, &exchange.request);
+            return self.record_attempt(row, "done", None, response, exchange.http_status, &exchange.request);
         }
         let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
-        self.record_close(row, "pending", Some(&next), response, exchange.http_status, &exchange.request)
+        self.record_attempt(row, "pending", Some(&next), response, exchange.http_status, &exchange.request)
     }
 
     /// One claimed close row: ask, then apply or close at the platform, and
@@ -242,7 +242,7 @@ impl App {
     /// or once payonce gave up.
     fn work_close(&self, row: &PlatformCallRow) -> Result<(), Error> {
         let Some(order) = self.store.read(|tx| tx.order_by_no(&row.order_no))? else {
-            return self.record_close(row, "done", None, "no such order".into(), None, "");
+            return self.record_attempt(row, "done", None, "no such order".into(), None, "");
         };
         // An order paid meanwhile (at another platform, or by a late
         // notification) is still closed at this platform: its trade there
@@ -254,7 +254,7 @@ impl App {
         }
         match step {
             CloseStep::Confirmed | CloseStep::Paid => {
-                self.record_close(row, "done", None, response, http_status, &request)?;
+                self.record_attempt(row, "done", None, response, http_status, &request)?;
                 if step == CloseStep::Confirmed {
                     self.close_locally_if_confirmed(&row.order_no)?;
                 }
@@ -264,11 +264,11 @@ impl App {
                 let now_ms = self.clock.now_ms();
                 let expires_ms = parse_rfc3339_ms(&order.expires_at).unwrap_or(now_ms);
                 if now_ms >= expires_ms.saturating_add(self.config.platforms.close_give_up_ms) {
-                    self.record_close(row, "given_up", None, response, http_status, &request)?;
+                    self.record_attempt(row, "given_up", None, response, http_status, &request)?;
                     return self.close_locally_given_up(&row.order_no);
                 }
                 let next = format_ms(now_ms.saturating_add(self.config.platforms.retry_wait_ms(row.attempts)));
-                self.record_close(row, "pending", Some(&next), response, http_status, &request)
+                self.record_attempt(row, "pending", Some(&next), response, http_status, &request)
             }
         }
     }
@@ -348,7 +348,7 @@ impl App {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record_close(
+    fn record_attempt(
         &self,
         row: &PlatformCallRow,
         status: &str,
@@ -471,9 +471,9 @@ impl App {
                         );
                         match step {
                             CloseStep::Unconfirmed => {
-                                self.record_close(&row, "pending", Some(&next), response, http_status, &request)?
+                                self.record_attempt(&row, "pending", Some(&next), response, http_status, &request)?
                             }
-                            _ => self.record_close(&row, "done", None, response, http_status, &request)?,
+                            _ => self.record_attempt(&row, "done", None, response, http_status, &request)?,
                         }
                         Ok(step)
                     })

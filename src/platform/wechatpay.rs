@@ -74,48 +74,28 @@ impl WechatpayApi {
         if !can_carry(order_no) {
             return Exchange::<TradeState>::not_carried(request, "WeChat Pay");
         }
-        let unknown = |status: Option<u16>, response: String, why: String| {
-            Exchange::unknown(request.clone(), status, response, why, TradeState::Unknown)
+        let (status, text) = match self.exchange("GET", &path, None, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, TradeState::Unknown),
         };
-        let authorization = match self.authorization("GET", &path, "", now_ms) {
-            Ok(a) => a,
-            Err(e) => return unknown(None, String::new(), e),
-        };
-        let sent = self
-            .agent
-            .get(format!("{}{path}", self.api_base))
-            .header("Authorization", &authorization)
-            .header("Accept", "application/json")
-            .call();
-        let mut answer = match sent {
-            Ok(answer) => answer,
-            Err(e) => return unknown(None, e.to_string(), format!("no answer: {e}")),
-        };
-        let status = answer.status().as_u16();
-        let text = match body_text(&mut answer) {
-            Ok(text) => text,
-            Err(e) => return unknown(Some(status), String::new(), e),
-        };
-        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        if let Err(e) = verify_signed(&self.platform_keys, &self.certificate_expiries, now_ms, &header, text.as_bytes())
-        {
-            return unknown(Some(status), text, format!("the answer does not verify: {}", e.message));
-        }
         let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         let meaning = match status {
-            200 => {
-                if json["mchid"] != self.mchid.as_str() || json["out_trade_no"] != order_no {
-                    return unknown(Some(status), text, "the answer names another mchid or out_trade_no".into());
-                }
-                match trade_state(&json) {
-                    Some(state) => state,
-                    None => return unknown(Some(status), text, "the answer's trade_state is unknown".into()),
-                }
-            }
-            404 if json["code"] == "ORDER_NOT_EXIST" => TradeState::NotPaid { paying: false },
-            _ => return unknown(Some(status), text, format!("HTTP {status}")),
+            200 if json["mchid"] != self.mchid.as_str() || json["out_trade_no"] != order_no => None,
+            200 => trade_state(&json),
+            404 if json["code"] == "ORDER_NOT_EXIST" => Some(TradeState::NotPaid { paying: false }),
+            _ => None,
         };
-        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
+        match meaning {
+            Some(meaning) => Exchange { request, http_status: Some(status), response: text, meaning, distrust: None },
+            None => {
+                let why = if status == 200 {
+                    "the answer names another mchid or out_trade_no, or an unknown trade_state".to_owned()
+                } else {
+                    format!("HTTP {status}")
+                };
+                Exchange::unknown(request, Some(status), text, why, TradeState::Unknown)
+            }
+        }
     }
 }
 
@@ -228,39 +208,15 @@ impl WechatpayApi {
         if !can_carry(order_no) {
             return Exchange::<CloseAnswer>::not_carried(request, "WeChat Pay");
         }
-        let unknown = |status: Option<u16>, response: String, why: String| {
-            Exchange::unknown(request.clone(), status, response, why, CloseAnswer::Unknown)
+        let (status, text) = match self.exchange("POST", &path, Some(&body), now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, CloseAnswer::Unknown),
         };
-        let authorization = match self.authorization("POST", &path, &body, now_ms) {
-            Ok(a) => a,
-            Err(e) => return unknown(None, String::new(), e),
-        };
-        let sent = self
-            .agent
-            .post(format!("{}{path}", self.api_base))
-            .header("Authorization", &authorization)
-            .header("Accept", "application/json")
-            .header("Content-Type", "application/json")
-            .send(body.as_bytes());
-        let mut answer = match sent {
-            Ok(answer) => answer,
-            Err(e) => return unknown(None, e.to_string(), format!("no answer: {e}")),
-        };
-        let status = answer.status().as_u16();
-        let text = match body_text(&mut answer) {
-            Ok(text) => text,
-            Err(e) => return unknown(Some(status), String::new(), e),
-        };
-        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        if let Err(e) = verify_signed(&self.platform_keys, &self.certificate_expiries, now_ms, &header, text.as_bytes())
-        {
-            return unknown(Some(status), text, format!("the answer does not verify: {}", e.message));
-        }
         let code = serde_json::from_str::<Value>(&text).ok().and_then(|j| j["code"].as_str().map(str::to_owned));
         let meaning = match (status, code.as_deref()) {
             (204, _) | (400, Some("ORDER_CLOSED")) => CloseAnswer::Closed,
             (400, Some("ORDERPAID")) => CloseAnswer::Paid,
-            _ => return unknown(Some(status), text, format!("HTTP {status}")),
+            _ => return Exchange::unknown(request, Some(status), text, format!("HTTP {status}"), CloseAnswer::Unknown),
         };
         Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
