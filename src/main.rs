@@ -15,7 +15,7 @@ use payonce::platform::MerchantKey;
 use payonce::platform_ops::Platforms;
 use payonce::recon::Format;
 use payonce::relay::spawn_relay;
-use payonce::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, WebhookConfig};
+use payonce::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, parse_waits, WebhookConfig};
 use payonce::{App, Clock};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -333,7 +333,7 @@ fn parse_serve_like(mut parser: lexopt::Parser, accept_positional: bool, usage: 
         alipay_app_private_key: None,
         alipay_gateway: payonce::platform::alipay::GATEWAY_DEFAULT.to_owned(),
         platform_timeout_ms: payonce::platform::PLATFORM_TIMEOUT_MS_DEFAULT,
-        platform_retry_ms: parse_retry_schedule(payonce::platform::PLATFORM_RETRY_S_DEFAULT)?,
+        platform_retry_ms: parse_waits("--platform-retry-s", payonce::platform::PLATFORM_RETRY_S_DEFAULT)?,
         close_give_up_s: payonce::platform::CLOSE_GIVE_UP_S_DEFAULT,
         refund_query_after_s: payonce::platform::REFUND_QUERY_AFTER_S_DEFAULT,
         public_base_url: None,
@@ -430,8 +430,7 @@ fn parse_serve_like(mut parser: lexopt::Parser, accept_positional: bool, usage: 
             Long("alipay-app-private-key") => args.alipay_app_private_key = Some(string_value(&mut parser)?),
             Long("alipay-gateway") => args.alipay_gateway = http_url(&mut parser, "--alipay-gateway")?,
             Long("platform-retry-s") => {
-                args.platform_retry_ms = parse_retry_schedule(&string_value(&mut parser)?)
-                    .map_err(|e| e.replace("--webhook-retry-s", "--platform-retry-s"))?
+                args.platform_retry_ms = parse_waits("--platform-retry-s", &string_value(&mut parser)?)?
             }
             Long("refund-query-after-s") => {
                 args.refund_query_after_s = int_value(&mut parser, "--refund-query-after-s", 1, 30 * 86_400)?

@@ -102,6 +102,12 @@ pub fn parse_secrets(text: &str) -> Result<Vec<Vec<u8>>, String> {
 /// `--webhook-retry-s`: comma-separated waits in seconds (fractions allowed,
 /// so tests can shrink the schedule), at least one, each at most 7 days.
 pub fn parse_retry_schedule(text: &str) -> Result<Vec<u64>, String> {
+    parse_waits("--webhook-retry-s", text)
+}
+
+/// A schedule setting (`flag` names it in the error): comma-separated waits
+/// in seconds, fractions allowed, at least one, each at most 7 days; in ms.
+pub fn parse_waits(flag: &str, text: &str) -> Result<Vec<u64>, String> {
     const WAIT_S_MAX: f64 = 7.0 * 86_400.0;
     let waits: Option<Vec<u64>> = text
         .split(',')
@@ -112,9 +118,7 @@ pub fn parse_retry_schedule(text: &str) -> Result<Vec<u64>, String> {
         .collect();
     match waits {
         Some(waits) if !waits.is_empty() => Ok(waits),
-        _ => {
-            Err(format!("--webhook-retry-s {text:?}: expected comma-separated waits in seconds, each from 0 to 604800"))
-        }
+        _ => Err(format!("{flag} {text:?}: expected comma-separated waits in seconds, each from 0 to 604800")),
     }
 }
 

@@ -57,7 +57,8 @@ impl Default for Platforms {
             wechatpay: None,
             alipay: None,
             timeout_ms: PLATFORM_TIMEOUT_MS_DEFAULT,
-            retry_schedule_ms: crate::webhook::parse_retry_schedule(PLATFORM_RETRY_S_DEFAULT).unwrap_or_default(),
+            retry_schedule_ms: crate::webhook::parse_waits("--platform-retry-s", PLATFORM_RETRY_S_DEFAULT)
+                .unwrap_or_default(),
             close_give_up_ms: CLOSE_GIVE_UP_S_DEFAULT * 1000,
             refund_query_after_ms: REFUND_QUERY_AFTER_S_DEFAULT * 1000,
             waiting: Arc::default(),
