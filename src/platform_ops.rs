@@ -128,27 +128,15 @@ impl App {
     /// works each (at once, one thread each), then closes locally the
     /// orders every platform confirmed. Returns how many it worked.
     pub fn run_platform_calls_once(&self, limit: usize) -> Result<usize, Error> {
-        let now_ms = self.clock.now_ms();
-        let now = format_ms(now_ms);
-        let lease_ms = i64::try_from(self.config.platforms.timeout_ms).unwrap_or(i64::MAX).saturating_mul(2);
-        let lease_until = format_ms(now_ms.saturating_add(lease_ms));
+        let now = self.clock.now_text();
         let due = self.store.read(|tx| tx.due_platform_calls(&now, limit))?;
-        let claimed: Vec<PlatformCallRow> = due
-            .into_iter()
-            .filter_map(|row| {
-                let seen = row.next_attempt_at.clone().unwrap_or_default();
-                match self.store.write(|tx| tx.claim_platform_call(row.id, &seen, &lease_until, &now)) {
-                    Ok(true) => Some(PlatformCallRow { attempts: row.attempts + 1, ..row }),
-                    _ => None,
-                }
-            })
-            .collect();
+        let claimed: Vec<PlatformCallRow> = due.iter().filter_map(|row| self.claim(row).ok().flatten()).collect();
         let worked = claimed.len();
         std::thread::scope(|scope| {
             for row in &claimed {
                 scope.spawn(move || {
                     let worked = match row.kind.as_str() {
-                        "close" => self.work_close(row),
+                        "close" => self.work_close(row, true).map(drop),
                         "refund" => self.work_refund(row),
                         _ => self.work_refund_query(row),
                     };
@@ -167,6 +155,20 @@ impl App {
             }
         });
         Ok(worked)
+    }
+
+    /// Claims the next attempt of a pending call, like every worker of it
+    /// does (so the pool and an explicit close never work one row at once):
+    /// the row as claimed, or `None` when another holds it or it moved on.
+    fn claim(&self, row: &PlatformCallRow) -> Result<Option<PlatformCallRow>, Error> {
+        let now_ms = self.clock.now_ms();
+        // A close makes two calls (a query and the close), each bounded by the timeout.
+        let lease_ms = i64::try_from(self.config.platforms.timeout_ms).unwrap_or(i64::MAX).saturating_mul(2);
+        let (now, lease_until) = (format_ms(now_ms), format_ms(now_ms.saturating_add(lease_ms)));
+        let seen = row.next_attempt_at.clone().unwrap_or_default();
+        let won = row.status == "pending"
+            && self.store.write(|tx| tx.claim_platform_call(row.id, &seen, &lease_until, &now))?;
+        Ok(won.then(|| PlatformCallRow { attempts: row.attempts + 1, ..row.clone() }))
     }
 
     /// Whether a refund still waits for its result here.
@@ -238,11 +240,13 @@ impl App {
     }
 
     /// One claimed close row: ask, then apply or close at the platform, and
-    /// record the attempt; then the local close once every platform confirmed,
-    /// or once payonce gave up.
-    fn work_close(&self, row: &PlatformCallRow) -> Result<(), Error> {
+    /// record the attempt; then the local close once every platform
+    /// confirmed, or, with `may_give_up`, once payonce gave up (an explicit
+    /// close never gives up: it answers 503 instead).
+    fn work_close(&self, row: &PlatformCallRow, may_give_up: bool) -> Result<CloseStep, Error> {
         let Some(order) = self.store.read(|tx| tx.order_by_no(&row.order_no))? else {
-            return self.record_attempt(row, "done", None, "no such order".into(), None, "");
+            self.record_attempt(row, "done", None, "no such order".into(), None, "")?;
+            return Ok(CloseStep::Confirmed);
         };
         // An order paid meanwhile (at another platform, or by a late
         // notification) is still closed at this platform: its trade there
@@ -258,19 +262,20 @@ impl App {
                 if step == CloseStep::Confirmed {
                     self.close_locally_if_confirmed(&row.order_no)?;
                 }
-                Ok(())
             }
             CloseStep::Unconfirmed => {
                 let now_ms = self.clock.now_ms();
                 let expires_ms = parse_rfc3339_ms(&order.expires_at).unwrap_or(now_ms);
-                if now_ms >= expires_ms.saturating_add(self.config.platforms.close_give_up_ms) {
+                if may_give_up && now_ms >= expires_ms.saturating_add(self.config.platforms.close_give_up_ms) {
                     self.record_attempt(row, "given_up", None, response, http_status, &request)?;
-                    return self.close_locally_given_up(&row.order_no);
+                    self.close_locally_given_up(&row.order_no)?;
+                } else {
+                    let next = format_ms(now_ms.saturating_add(self.config.platforms.retry_wait_ms(row.attempts)));
+                    self.record_attempt(row, "pending", Some(&next), response, http_status, &request)?;
                 }
-                let next = format_ms(now_ms.saturating_add(self.config.platforms.retry_wait_ms(row.attempts)));
-                self.record_attempt(row, "pending", Some(&next), response, http_status, &request)
             }
         }
+        Ok(step)
     }
 
     /// Asks `channel` about the order and, unless it is paid (then applied)
@@ -279,7 +284,11 @@ impl App {
     fn close_at(&self, channel: &str, order_no: &str) -> Result<(CloseStep, String, Option<u16>, String), Error> {
         let platforms = &self.config.platforms;
         let now_ms = self.clock.now_ms();
-        let answer = self.ask(channel_name(channel), order_no, |now| {
+        let channel = crate::platform::CHANNELS
+            .into_iter()
+            .find(|c| *c == channel)
+            .ok_or_else(|| Error::internal(format!("platform_call names an unknown channel {channel:?}")))?;
+        let answer = self.ask(channel, order_no, |now| {
             platforms.query(channel, order_no, now).unwrap_or_else(|| not_configured(channel))
         })?;
         match answer.state {
@@ -310,17 +319,14 @@ impl App {
             meaning: CloseAnswer::Unknown,
             distrust: Some(format!("{channel} is not configured")),
         });
-        let response = match &exchange.distrust {
-            None => exchange.response.clone(),
-            Some(why) => format!("{why}\n{}", exchange.response),
-        };
+        let response = recorded_response(&exchange);
         let step = match exchange.meaning {
             CloseAnswer::Closed => CloseStep::Confirmed,
             // Paid meanwhile: the next attempt queries again and applies it.
             CloseAnswer::Paid | CloseAnswer::Unknown => CloseStep::Unconfirmed,
         };
         if step == CloseStep::Unconfirmed && exchange.meaning == CloseAnswer::Paid {
-            let again = self.ask(channel_name(channel), order_no, |now| {
+            let again = self.ask(channel, order_no, |now| {
                 platforms.query(channel, order_no, now).unwrap_or_else(|| not_configured(channel))
             })?;
             if matches!(again.state, TradeState::Paid { .. }) {
@@ -372,7 +378,7 @@ impl App {
         })?;
         if !recorded {
             crate::log::warn(
-                "a platform close moved on during its call; its result is not recorded",
+                "a platform call moved on during its call; its result is not recorded",
                 &[("order_no", &row.order_no), ("channel", &row.channel)],
             );
         }
@@ -441,41 +447,19 @@ impl App {
             }
             Ok(())
         })?;
-        let lease_until = format_ms(
-            self.clock
-                .now_ms()
-                .saturating_add(i64::try_from(self.config.platforms.timeout_ms).unwrap_or(i64::MAX).saturating_mul(2)),
-        );
         let closes = self.store.read(|tx| tx.platform_closes_of_order(order_no))?;
         let steps: Vec<CloseStep> = std::thread::scope(|scope| {
             let calls: Vec<_> = closes
                 .iter()
                 .map(|row| {
-                    let lease_until = &lease_until;
                     scope.spawn(move || -> Result<CloseStep, Error> {
                         if row.status == "done" {
                             return Ok(CloseStep::Confirmed);
                         }
-                        // Claimed like the pool does, so the two never work one row at once.
-                        let seen = row.next_attempt_at.clone().unwrap_or_default();
-                        let now = self.clock.now_text();
-                        if row.status != "pending"
-                            || !self.store.write(|tx| tx.claim_platform_call(row.id, &seen, lease_until, &now))?
-                        {
-                            return Ok(CloseStep::Unconfirmed);
+                        match self.claim(row)? {
+                            Some(claimed) => self.work_close(&claimed, false),
+                            None => Ok(CloseStep::Unconfirmed),
                         }
-                        let row = PlatformCallRow { attempts: row.attempts + 1, ..row.clone() };
-                        let (step, request, http_status, response) = self.close_at(row.channel.as_str(), order_no)?;
-                        let next = format_ms(
-                            self.clock.now_ms().saturating_add(self.config.platforms.retry_wait_ms(row.attempts)),
-                        );
-                        match step {
-                            CloseStep::Unconfirmed => {
-                                self.record_attempt(&row, "pending", Some(&next), response, http_status, &request)?
-                            }
-                            _ => self.record_attempt(&row, "done", None, response, http_status, &request)?,
-                        }
-                        Ok(step)
                     })
                 })
                 .collect();
@@ -549,14 +533,18 @@ impl App {
         };
         let id = self.store.write(|tx| tx.insert_platform_call(&call))?;
         let exchange = query(now_ms);
-        let recorded = match &exchange.distrust {
-            None => exchange.response.clone(),
-            Some(why) => format!("{why}\n{}", exchange.response),
+        let row = PlatformCallRow {
+            id,
+            channel: channel.to_owned(),
+            kind: "query".to_owned(),
+            order_no: order_no.to_owned(),
+            refund_no: None,
+            status: "pending".to_owned(),
+            attempts: 1,
+            next_attempt_at: Some(lease_until.clone()),
         };
-        let finished = self.clock.now_text();
-        self.store.write(|tx| {
-            tx.finish_platform_call(id, exchange.distrust.is_none(), exchange.http_status, &recorded, &finished)
-        })?;
+        let status = if exchange.distrust.is_none() { "done" } else { "failed" };
+        self.record_attempt(&row, status, None, recorded_response(&exchange), exchange.http_status, &exchange.request)?;
         if let Some(why) = &exchange.distrust {
             crate::log::warn(
                 "platform query unanswered",
@@ -564,13 +552,6 @@ impl App {
             );
         }
         Ok(PlatformAnswer { channel, state: exchange.meaning, answer: exchange.response })
-    }
-}
-
-fn channel_name(channel: &str) -> &'static str {
-    match channel {
-        "wechatpay" => "wechatpay",
-        _ => "alipay",
     }
 }
 

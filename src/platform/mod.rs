@@ -23,6 +23,9 @@ pub const PLATFORM_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 pub const RESPONSE_BYTES_MAX: u64 = 64 * 1024;
 
 /// The platforms whose outgoing settings are complete, and how calls to them are paced.
+/// The channels with a merchant API, as `platform_call.channel` holds them.
+pub const CHANNELS: [&str; 2] = ["wechatpay", "alipay"];
+
 /// `--platform-retry-s`: the waits between attempts; the last repeats.
 pub const PLATFORM_RETRY_S_DEFAULT: &str = "5,30,120,600,1800,3600";
 /// `--close-give-up-s`, counted from the order's `expires_at`.

@@ -169,23 +169,4 @@ impl WriteTx<'_> {
             |r| r.int(0),
         )
     }
-
-    /// Completes a call made: `done` (it was answered and the answer is
-    /// trusted) or `failed` (no answer, or one that does not verify).
-    pub fn finish_platform_call(
-        &self,
-        id: i64,
-        done: bool,
-        http_status: Option<u16>,
-        response: &str,
-        now: &str,
-    ) -> Result<bool, Error> {
-        let status = if done { "done" } else { "failed" };
-        let changed = self.execute(
-            "UPDATE platform_call SET status = ?2, next_attempt_at = NULL, http_status = ?3, response = ?4, updated_at = ?5
-             WHERE id = ?1 AND status = 'pending'",
-            params![id, status, http_status, response, now],
-        )?;
-        one_row(changed, "finish platform call")
-    }
 }
