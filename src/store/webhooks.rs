@@ -45,6 +45,19 @@ fn delivery_from_row(r: &Row) -> Result<DeliveryRow, Error> {
     })
 }
 
+/// `SELECT` the columns [`delivery_from_row`] reads `FROM webhook_delivery d`
+/// followed by `$rest`, as one literal (statements are cached by their text).
+macro_rules! select_deliveries {
+    ($rest:literal) => {
+        concat!(
+            "SELECT d.id, d.endpoint, d.event_seq, d.event_id, d.order_no, d.status, d.attempts, d.next_attempt_at,
+                    d.last_attempt_at, d.last_status, d.last_error, d.queued_at
+             FROM webhook_delivery d ",
+            $rest
+        )
+    };
+}
+
 /// Replay queues at most this many events per call.
 pub const REPLAY_EVENTS_MAX: usize = 10_000;
 
@@ -58,13 +71,7 @@ impl ReadTx<'_> {
     }
 
     pub fn webhook_delivery(&self, id: i64) -> Result<Option<DeliveryRow>, Error> {
-        self.optional(
-            "SELECT id, endpoint, event_seq, event_id, order_no, status, attempts, next_attempt_at,
-                    last_attempt_at, last_status, last_error, queued_at
-             FROM webhook_delivery WHERE id = ?1",
-            params![id],
-            delivery_from_row,
-        )
+        self.optional(select_deliveries!("WHERE d.id = ?1"), params![id], delivery_from_row)
     }
 
     /// One page of deliveries by id, after `after`, of one status or all.
@@ -76,16 +83,12 @@ impl ReadTx<'_> {
     ) -> Result<Vec<DeliveryRow>, Error> {
         match status {
             None => self.all(
-                "SELECT id, endpoint, event_seq, event_id, order_no, status, attempts, next_attempt_at,
-                        last_attempt_at, last_status, last_error, queued_at
-                 FROM webhook_delivery WHERE id > ?1 ORDER BY id LIMIT ?2",
+                select_deliveries!("WHERE d.id > ?1 ORDER BY d.id LIMIT ?2"),
                 params![after, limit_param(limit)],
                 delivery_from_row,
             ),
             Some(status) => self.all(
-                "SELECT id, endpoint, event_seq, event_id, order_no, status, attempts, next_attempt_at,
-                        last_attempt_at, last_status, last_error, queued_at
-                 FROM webhook_delivery WHERE status = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+                select_deliveries!("WHERE d.status = ?1 AND d.id > ?2 ORDER BY d.id LIMIT ?3"),
                 params![status.as_str(), after, limit_param(limit)],
                 delivery_from_row,
             ),
@@ -98,14 +101,13 @@ impl ReadTx<'_> {
     /// orders do not wait for it), soonest due first.
     pub fn due_webhook_deliveries(&self, endpoint: &str, now: &str, limit: usize) -> Result<Vec<DeliveryRow>, Error> {
         self.all(
-            "SELECT d.id, d.endpoint, d.event_seq, d.event_id, d.order_no, d.status, d.attempts, d.next_attempt_at,
-                    d.last_attempt_at, d.last_status, d.last_error, d.queued_at
-             FROM webhook_delivery d
-             WHERE d.status = 'pending' AND d.next_attempt_at <= ?2 AND d.endpoint = ?1
-               AND NOT EXISTS (SELECT 1 FROM webhook_delivery e
-                               WHERE e.endpoint = d.endpoint AND e.order_no = d.order_no
-                                 AND e.status = 'pending' AND e.event_seq < d.event_seq)
-             ORDER BY d.next_attempt_at, d.id LIMIT ?3",
+            select_deliveries!(
+                "WHERE d.status = 'pending' AND d.next_attempt_at <= ?2 AND d.endpoint = ?1
+                   AND NOT EXISTS (SELECT 1 FROM webhook_delivery e
+                                   WHERE e.endpoint = d.endpoint AND e.order_no = d.order_no
+                                     AND e.status = 'pending' AND e.event_seq < d.event_seq)
+                 ORDER BY d.next_attempt_at, d.id LIMIT ?3"
+            ),
             params![endpoint, now, limit_param(limit)],
             delivery_from_row,
         )
