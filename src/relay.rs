@@ -69,19 +69,10 @@ impl Relay {
                 ],
             );
         }
-        let config = ureq::Agent::config_builder()
-            // One budget for connect, send and the answer's head and body.
-            .timeout_global(Some(Duration::from_millis(settings.timeout_ms)))
-            // A 4xx or 5xx is an answer to record, not an error.
-            .http_status_as_error(false)
-            // A redirect is a failed attempt: the endpoint is the configured URL, nothing else.
-            .max_redirects(0)
-            .max_redirects_will_error(false)
-            // The configured URL is called directly, whatever HTTP(S)_PROXY says.
-            .proxy(None)
-            .user_agent(format!("payonce/{}", env!("CARGO_PKG_VERSION")))
-            .build();
-        Ok(Relay { agent: config.into(), app, in_flight: AtomicUsize::new(0) })
+        // The whole call within the timeout, a 4xx or 5xx an answer to
+        // record, a redirect a failed attempt, the configured URL called directly.
+        let agent = crate::platform::agent(Duration::from_millis(settings.timeout_ms));
+        Ok(Relay { agent, app, in_flight: AtomicUsize::new(0) })
     }
 
     /// Steps 1 and 2, in one transaction per endpoint: queues a delivery

@@ -305,7 +305,8 @@ impl MerchantKey {
     }
 }
 
-/// The HTTP client of the platform calls: the whole call within `timeout`,
+/// The HTTP client of payonce's outgoing calls (the platforms, the webhook
+/// relay): the whole call within `timeout`,
 /// a 4xx or 5xx an answer to read, no redirect followed, no proxy.
 pub fn agent(timeout: Duration) -> ureq::Agent {
     ureq::Agent::config_builder()
