@@ -22,7 +22,7 @@ CREATE TABLE orders (
     amount      INTEGER NOT NULL CHECK (typeof(amount) = 'integer'
                                         AND amount BETWEEN 1 AND 1000000000000),
     currency    TEXT    NOT NULL CHECK (currency GLOB '[A-Z][A-Z][A-Z]'),
-    status      TEXT    NOT NULL CHECK (status IN ('PENDING', 'PAID', 'CLOSED', 'REFUNDING', 'REFUNDED')),
+    status      TEXT    NOT NULL CHECK ((status = 'PENDING' OR status = 'PAID' OR status = 'CLOSED' OR status = 'REFUNDING' OR status = 'REFUNDED')),
     pay_no      TEXT,
     created_at  TEXT    NOT NULL,
     expires_at  TEXT    NOT NULL,
@@ -95,17 +95,17 @@ CREATE TABLE pay_callback_log (
     id          INTEGER PRIMARY KEY,
     pay_no      TEXT    NOT NULL CHECK (length(pay_no) BETWEEN 1 AND 64
                                         AND pay_no NOT GLOB '*[^A-Za-z0-9_.-]*'),
-    channel     TEXT    NOT NULL CHECK (channel IN ('generic', 'wechatpay', 'alipay')),
+    channel     TEXT    NOT NULL CHECK ((channel = 'generic' OR channel = 'wechatpay' OR channel = 'alipay')),
     order_id    INTEGER NOT NULL REFERENCES orders (id),
     amount      INTEGER NOT NULL CHECK (typeof(amount) = 'integer'
                                         AND amount BETWEEN 1 AND 1000000000000),
     -- What the platform reported for this pay_no; FAILED may be superseded
     -- once by SUCCESS (the FAILED delivery is kept in audit_log).
     status      TEXT    NOT NULL CHECK (status IN ('SUCCESS', 'FAILED')),
-    outcome     TEXT    NOT NULL CHECK (outcome IN ('recorded', 'payment_failed', 'paid_after_close',
-                                                    'already_paid', 'amount_mismatch', 'applied')),
+    outcome     TEXT    NOT NULL CHECK ((outcome = 'recorded' OR outcome = 'payment_failed' OR outcome = 'paid_after_close'
+                                                    OR outcome = 'already_paid' OR outcome = 'amount_mismatch' OR outcome = 'applied')),
     state       TEXT    NOT NULL CHECK (state IN ('received', 'decided')),
-    source      TEXT    NOT NULL CHECK (source IN ('callback', 'reconciliation', 'query')),
+    source      TEXT    NOT NULL CHECK ((source = 'callback' OR source = 'reconciliation' OR source = 'query')),
     raw_body    BLOB    NOT NULL,
     -- The platform's own payment time when it sent one, else NULL.
     paid_at     TEXT,
@@ -124,7 +124,7 @@ CREATE TABLE pay_callback_log (
     CHECK ((state = 'decided') = (decided_at IS NOT NULL)),
     CHECK (state = 'received' OR (outcome = 'payment_failed') = (status = 'FAILED')),
     CHECK ((outcome = 'applied') = (rewards_due IS NOT NULL)),
-    CHECK (resolution IS NULL OR outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch')),
+    CHECK (resolution IS NULL OR (outcome = 'paid_after_close' OR outcome = 'already_paid' OR outcome = 'amount_mismatch')),
     CHECK ((resolution IS NULL) = (resolved_at IS NULL)),
     CHECK ((resolution IS NULL) = (resolution_reason IS NULL))
 );
@@ -182,7 +182,7 @@ CREATE TABLE refund (
     refund_no    TEXT    NOT NULL CHECK (length(refund_no) BETWEEN 1 AND 64
                                          AND refund_no NOT GLOB '*[^A-Za-z0-9_.-]*'),
     order_id     INTEGER NOT NULL REFERENCES orders (id),
-    status       TEXT    NOT NULL CHECK (status IN ('REQUESTED', 'SUCCEEDED', 'FAILED')),
+    status       TEXT    NOT NULL CHECK ((status = 'REQUESTED' OR status = 'SUCCEEDED' OR status = 'FAILED')),
     requested_at TEXT    NOT NULL,
     settled_at   TEXT,
     -- The platform's own time of a successful refund when its notice carries
@@ -222,7 +222,7 @@ CREATE TABLE user_coupon (
     order_id           INTEGER NOT NULL REFERENCES orders (id),
     coupon_template_id TEXT    NOT NULL CHECK (length(coupon_template_id) BETWEEN 1 AND 64
                                                AND coupon_template_id NOT GLOB '*[^A-Za-z0-9_.-]*'),
-    status             TEXT    NOT NULL CHECK (status IN ('ACTIVE', 'FROZEN', 'USED')),
+    status             TEXT    NOT NULL CHECK ((status = 'ACTIVE' OR status = 'FROZEN' OR status = 'USED')),
     created_at         TEXT    NOT NULL
 );
 CREATE UNIQUE INDEX uk_order_tpl ON user_coupon (order_id, coupon_template_id);
@@ -276,9 +276,9 @@ END;
 CREATE TABLE outbox_event (
     seq        INTEGER PRIMARY KEY AUTOINCREMENT,
     event_id   TEXT    NOT NULL,
-    type       TEXT    NOT NULL CHECK (type IN ('order.paid', 'order.closed', 'order.refunding',
-                                                'order.refunded', 'order.refund_failed',
-                                                'payment.refund_required')),
+    type       TEXT    NOT NULL CHECK ((type = 'order.paid' OR type = 'order.closed' OR type = 'order.refunding'
+                                                OR type = 'order.refunded' OR type = 'order.refund_failed'
+                                                OR type = 'payment.refund_required')),
     order_no   TEXT    NOT NULL,
     data       TEXT    NOT NULL CHECK (json_valid(data)),
     created_at TEXT    NOT NULL,
@@ -372,7 +372,7 @@ CREATE TABLE webhook_delivery (
     event_seq       INTEGER NOT NULL REFERENCES outbox_event (seq),
     event_id        TEXT    NOT NULL,
     order_no        TEXT    NOT NULL,
-    status          TEXT    NOT NULL CHECK (status IN ('pending', 'delivered', 'failed', 'disabled')),
+    status          TEXT    NOT NULL CHECK ((status = 'pending' OR status = 'delivered' OR status = 'failed' OR status = 'disabled')),
     attempts        INTEGER NOT NULL CHECK (attempts >= 0),
     -- Pending only: when the next attempt may start, or the lease of the one in flight.
     next_attempt_at TEXT,
@@ -398,10 +398,10 @@ CREATE INDEX ix_webhook_delivery_queued ON webhook_delivery (queued_at) WHERE st
 CREATE TABLE platform_call (
     id              INTEGER PRIMARY KEY,
     channel         TEXT    NOT NULL CHECK (channel IN ('wechatpay', 'alipay')),
-    kind            TEXT    NOT NULL CHECK (kind IN ('query', 'close', 'refund', 'refund_query')),
+    kind            TEXT    NOT NULL CHECK ((kind = 'query' OR kind = 'close' OR kind = 'refund' OR kind = 'refund_query')),
     order_no        TEXT    NOT NULL,
     refund_no       TEXT,
-    status          TEXT    NOT NULL CHECK (status IN ('pending', 'done', 'failed', 'given_up')),
+    status          TEXT    NOT NULL CHECK ((status = 'pending' OR status = 'done' OR status = 'failed' OR status = 'given_up')),
     attempts        INTEGER NOT NULL CHECK (attempts >= 0),
     -- Pending only: when the next attempt may start (or the lease of the one in flight).
     next_attempt_at TEXT,

@@ -35,7 +35,7 @@ use payonce::http::{Server, WORKERS_DEFAULT};
 use payonce::store::SCHEMA_SQL;
 use payonce::{App, Clock, Config, Rewards};
 use payonce_testclient as client;
-use rusqlite::{params, Connection, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde_json::json;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -633,23 +633,20 @@ impl BareSqlite {
         let (order_id, user_id): (i64, String) = tx
             .prepare_cached("SELECT id, user_id FROM orders WHERE order_no = ?1")?
             .query_row([&order_no], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        let claimed = tx
-            .prepare_cached(
-                "INSERT INTO pay_callback_log
-                     (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at)
-                 VALUES (?1, 'generic', ?2, ?3, 'SUCCESS', 'recorded', 'received', 'callback', ?4, NULL, ?5)
-                 ON CONFLICT (pay_no) DO NOTHING",
-            )?
-            .execute(params![pay_no, order_id, AMOUNT, body, now])?;
-        let record_id = tx.last_insert_rowid();
+        // payonce reads the pay_no's record inside the transaction; a new
+        // one is inserted further down, already decided.
+        let known: Option<i64> = tx
+            .prepare_cached("SELECT id FROM pay_callback_log WHERE pay_no = ?1")?
+            .query_row([&pay_no], |r| r.get(0))
+            .optional()?;
         let paid = tx
             .prepare_cached(
                 "UPDATE orders SET status = 'PAID', pay_no = ?3, paid_at = ?4
                  WHERE id = ?1 AND status = 'PENDING' AND amount = ?2",
             )?
             .execute(params![order_id, AMOUNT, pay_no, now])?;
-        if claimed != 1 || paid != 1 {
-            return Err(format!("claimed {claimed} and paid {paid} rows, expected 1 and 1").into());
+        if known.is_some() || paid != 1 {
+            return Err(format!("pay_no known: {}, paid {paid} rows, expected 1", known.is_some()).into());
         }
         tx.prepare_cached(
             "INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at)
@@ -663,6 +660,13 @@ impl BareSqlite {
              ON CONFLICT (order_id, point_type) DO NOTHING",
         )?
         .execute(params![user_id, order_id, AMOUNT / 100, now])?;
+        tx.prepare_cached(
+            "INSERT INTO pay_callback_log
+                 (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at,
+                  decided_at, applied_at, rewards_due)
+             VALUES (?1, 'generic', ?2, ?3, 'SUCCESS', 'applied', 'decided', 'callback', ?4, NULL, ?5, ?5, ?5, ?6)",
+        )?
+        .execute(params![pay_no, order_id, AMOUNT, body, now, self.rewards_due])?;
         // The payload payonce writes: the order object and the payment.
         let data = json!({
             "order": {"order_no": order_no, "user_id": user_id, "amount": AMOUNT, "currency": "CNY",
@@ -676,11 +680,6 @@ impl BareSqlite {
              ON CONFLICT (event_id) DO NOTHING",
         )?
         .execute(params![format!("order.paid:{order_no}"), order_no, data.to_string(), now])?;
-        tx.prepare_cached(
-            "UPDATE pay_callback_log SET outcome = 'applied', state = 'decided', decided_at = ?2, rewards_due = ?3
-             WHERE id = ?1 AND state = 'received'",
-        )?
-        .execute(params![record_id, now, self.rewards_due])?;
         tx.commit()?;
         Ok(())
     }

@@ -2,8 +2,9 @@
 //! HTTP with batching on and off, at 16 and 64 clients, against the physical
 //! limit of the same apply SQL, all in one run on one disk.
 //!
-//! - **L_min**: the apply SQL (find the order, claim the pay_no, CAS the
-//!   order, coupon, points, outbox event, decide) on a *minimal* schema (only
+//! - **L_min**: the apply SQL (find the order, look the pay_no up, CAS the
+//!   order, coupon, points, the payment recorded decided, outbox event), as
+//!   payonce runs it, on a *minimal* schema (only
 //!   the tables, columns and unique keys it needs), one connection, one
 //!   `BEGIN IMMEDIATE ... COMMIT` per payment, payonce's PRAGMAs,
 //!   synchronous=FULL: one fsync per payment, native code, no HTTP.
@@ -28,7 +29,7 @@ use payonce::http::Server;
 use payonce::store::StoreOptions;
 use payonce::{App, Clock, Config, Rewards};
 use payonce_testclient as client;
-use rusqlite::{params, Connection, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -169,14 +170,15 @@ impl Bare {
         let (order_id, user_id): (i64, String) = tx
             .prepare_cached("SELECT id, user_id FROM orders WHERE order_no = ?1")?
             .query_row([&order_no], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        let record_id: i64 = tx
-            .prepare_cached(
-                "INSERT INTO pay_callback_log
-                     (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at)
-                 VALUES (?1, 'generic', ?2, ?3, 'SUCCESS', 'recorded', 'received', 'callback', ?4, NULL, ?5)
-                 ON CONFLICT (pay_no) DO NOTHING RETURNING id",
-            )?
-            .query_row(params![pay_no, order_id, AMOUNT, callback_body(i).as_bytes(), now], |r| r.get(0))?;
+        // payonce reads the pay_no's record inside the transaction; a new
+        // one is inserted below, already decided.
+        let known: Option<i64> = tx
+            .prepare_cached("SELECT id FROM pay_callback_log WHERE pay_no = ?1")?
+            .query_row([&pay_no], |r| r.get(0))
+            .optional()?;
+        if known.is_some() {
+            return Err("the pay_no was recorded before".into());
+        }
         let paid = tx
             .prepare_cached(
                 "UPDATE orders SET status = 'PAID', pay_no = ?3, paid_at = ?4
@@ -196,6 +198,14 @@ impl Bare {
              VALUES (?1, ?2, 'ORDER_PAID', ?3, ?4) ON CONFLICT (order_id, point_type) DO NOTHING",
         )?
         .execute(params![user_id, order_id, AMOUNT / 100, now])?;
+        tx.prepare_cached(
+            "INSERT INTO pay_callback_log
+                 (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at,
+                  decided_at, applied_at, rewards_due)
+             VALUES (?1, 'generic', ?2, ?3, 'SUCCESS', 'applied', 'decided', 'callback', ?4, NULL, ?5, ?5, ?5, ?6)
+             ON CONFLICT (pay_no) DO NOTHING",
+        )?
+        .execute(params![pay_no, order_id, AMOUNT, callback_body(i).as_bytes(), now, self.rewards_due])?;
         let data = format!(
             r#"{{"order":{{"order_no":"{order_no}","user_id":"{user_id}","amount":{AMOUNT},"currency":"CNY","status":"PAID","pay_no":"{pay_no}","created_at":"{now}","expires_at":"{now}","paid_at":"{now}","closed_at":null,"refund_no":null,"refunded_at":null}},"payment":{{"pay_no":"{pay_no}","channel":"generic","amount":{AMOUNT},"outcome":"applied"}}}}"#
         );
@@ -204,12 +214,6 @@ impl Bare {
              VALUES (?1, 'order.paid', ?2, ?3, ?4) ON CONFLICT (event_id) DO NOTHING",
         )?
         .execute(params![format!("order.paid:{order_no}"), order_no, data, now])?;
-        tx.prepare_cached(
-            "UPDATE pay_callback_log SET outcome = 'applied', state = 'decided', decided_at = ?2, applied_at = ?2,
-                 rewards_due = ?3
-             WHERE id = ?1 AND state = 'received'",
-        )?
-        .execute(params![record_id, now, self.rewards_due])?;
         tx.commit()?;
         Ok(())
     }

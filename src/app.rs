@@ -27,7 +27,7 @@ pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, Refu
 use crate::error::{Error, ErrorKind};
 use crate::keylock::KeyedLocks;
 use crate::metrics::Metrics;
-use crate::store::{Claim, Store, StoreOptions, WriteTx};
+use crate::store::{Store, StoreOptions, WriteTx};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -141,10 +141,9 @@ pub struct CreateOrder {
     pub expires_in_s: Option<i64>,
 }
 
-/// A recorded payment waiting to be decided: what the decision needs.
+/// A payment to decide: what the decision needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Delivery {
-    pub id: i64,
     pub pay_no: String,
     pub channel: String,
     pub amount: i64,
@@ -152,12 +151,23 @@ pub(crate) struct Delivery {
     pub paid_at: Option<String>,
 }
 
+/// Where a decision is written: the `received` row of a recorded payment
+/// (record-only mode, drain, a superseded FAILED), or a delivery seen for the
+/// first time, inserted already decided. Either happens in the transaction
+/// that makes the decision's effects, so nobody ever sees the second kind
+/// `received`: recording and deciding it in one INSERT writes the row and
+/// its indexes once instead of twice.
+#[derive(Clone, Copy)]
+pub(crate) enum DecisionRow<'a> {
+    Received(i64),
+    New(&'a NewCallback<'a>),
+}
+
 impl Delivery {
     /// A `received` record read back (record-only mode, drain).
     pub(crate) fn from_record(record: &CallbackRecord) -> Delivery {
         assert!(!record.decided, "deciding a callback twice");
         Delivery {
-            id: record.id,
             pay_no: record.pay_no.clone(),
             channel: record.channel.clone(),
             amount: record.amount,
@@ -590,10 +600,18 @@ impl App {
             paid_at: cb.paid_at.as_deref(),
             received_at: now,
         };
-        // 3. Record the callback under uk_pay_no.
-        let record_id = match tx.claim_pay_no(&new)? {
-            Claim::New(id) => id,
-            Claim::Existing(prior) => {
+        // 3. The record that already holds this pay_no (uk_pay_no), read
+        //    inside the writer's transaction, so nothing can claim the pay_no
+        //    between this read and the INSERT below.
+        let row = match tx.callback_by_pay_no(&cb.pay_no)? {
+            None if tx.setting(SETTING_MODE)?.as_deref() == Some(MODE_RECORD_ONLY) => {
+                // Record-only mode (a setting every process on the file
+                // obeys): the record waits, `received`, to be decided later by `drain`.
+                tx.record_received(&new)?;
+                return Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(PaymentOutcome::Recorded) });
+            }
+            None => DecisionRow::New(&new),
+            Some(prior) => {
                 // A FAILED of this pay_no — decided `payment_failed`, or still
                 // waiting in record-only mode — may be superseded once by a
                 // SUCCESS for the same order. A pay_no never moves to another order.
@@ -611,24 +629,21 @@ impl App {
                                     "superseded_received_at": prior.received_at, "superseded_source": prior.source,
                                     "superseded_amount": prior.amount, "superseded_raw_body_base64": failed_body});
                 tx.audit(now, ACTOR_SYSTEM, "payment_failed_superseded", Some(&order.order_no), &detail)?;
-                prior.id
+                if tx.setting(SETTING_MODE)?.as_deref() == Some(MODE_RECORD_ONLY) {
+                    return Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(PaymentOutcome::Recorded) });
+                }
+                DecisionRow::Received(prior.id)
             }
         };
-        // Record-only mode (a setting every process on the file obeys):
-        // the record waits, `received`, to be decided later by `drain`.
-        if tx.setting(SETTING_MODE)?.as_deref() == Some(MODE_RECORD_ONLY) {
-            return Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(PaymentOutcome::Recorded) });
-        }
-        // 4-6. Decide: CAS, side effects, event.
+        // 4-6. Decide: CAS, side effects, event, and the record's outcome.
         let delivery = Delivery {
-            id: record_id,
             pay_no: cb.pay_no.clone(),
             channel: cb.channel.clone(),
             amount: cb.amount,
             status: cb.status,
             paid_at: cb.paid_at.clone(),
         };
-        let outcome = self.decide_payment(tx, &delivery, &order, now)?;
+        let outcome = self.decide_payment(tx, &delivery, row, &order, now)?;
         Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(outcome) })
     }
 
@@ -639,6 +654,7 @@ impl App {
         &self,
         tx: &WriteTx,
         record: &Delivery,
+        row: DecisionRow<'_>,
         order: &Order,
         now: &str,
     ) -> Result<PaymentOutcome, Error> {
@@ -673,9 +689,14 @@ impl App {
         } else {
             None
         };
-        let decided =
-            tx.decide_callback(record.id, outcome, now, rewards_due.as_ref().map(|v| v.to_string()).as_deref())?;
-        assert!(decided, "callback {} was decided by someone else inside our transaction", record.id);
+        let rewards_due = rewards_due.as_ref().map(Value::to_string);
+        match row {
+            DecisionRow::Received(id) => {
+                let decided = tx.decide_callback(id, outcome, now, rewards_due.as_deref())?;
+                assert!(decided, "callback {id} was decided by someone else inside our transaction");
+            }
+            DecisionRow::New(new) => tx.record_decided(new, outcome, now, rewards_due.as_deref())?,
+        }
         if let (Some(current), true) = (current, outcome == PaymentOutcome::Applied || outcome.requires_refund()) {
             let payment = json!({"pay_no": record.pay_no, "channel": record.channel,
                                  "amount": record.amount, "outcome": outcome.as_str()});

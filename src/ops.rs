@@ -3,7 +3,7 @@
 //! backup. The incident runbook in docs/operations.md walks through them.
 
 use crate::app::{
-    refuse_transition, App, Delivery, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE,
+    refuse_transition, App, DecisionRow, Delivery, PaymentCallback, MODE_NORMAL, MODE_RECORD_ONLY, SETTING_MODE,
     SOURCE_RECONCILIATION,
 };
 use crate::domain::{
@@ -201,7 +201,13 @@ impl App {
             for (id, _) in &batch {
                 let record = tx.callback_by_id(*id)?;
                 let order = tx.order_by_id(record.order_id)?;
-                outcomes.push(self.decide_payment(tx, &Delivery::from_record(&record), &order, &now)?);
+                outcomes.push(self.decide_payment(
+                    tx,
+                    &Delivery::from_record(&record),
+                    DecisionRow::Received(record.id),
+                    &order,
+                    &now,
+                )?);
             }
             if batch.len() < DRAIN_BATCH_MAX {
                 return Ok(Drained { applied: outcomes.len() });
@@ -222,7 +228,13 @@ impl App {
                 return Ok(None); // decided by another process meanwhile
             }
             let order = tx.order_by_id(record.order_id)?;
-            Ok(Some(self.decide_payment(tx, &Delivery::from_record(&record), &order, &now)?))
+            Ok(Some(self.decide_payment(
+                tx,
+                &Delivery::from_record(&record),
+                DecisionRow::Received(record.id),
+                &order,
+                &now,
+            )?))
         })?;
         if let Some(outcome) = outcome {
             self.metrics.observe_callback("payment", outcome.as_str());

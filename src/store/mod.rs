@@ -30,7 +30,6 @@ mod idempotency;
 mod orders;
 mod payments;
 mod platform_calls;
-pub use payments::Claim;
 pub use platform_calls::{NewPlatformCall, PlatformCallRow};
 pub mod postgres;
 mod reports;
@@ -51,7 +50,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -89,6 +88,11 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/0006_outbox_event_order_index.sql"),
     },
     Migration { version: 7, name: "platform_calls", sql: include_str!("../../migrations/0007_platform_calls.sql") },
+    Migration {
+        version: 8,
+        name: "check_value_lists",
+        sql: include_str!("../../migrations/0008_check_value_lists.sql"),
+    },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -114,6 +118,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         version: 7,
         name: "platform_calls",
         sql: include_str!("../../migrations/postgres/0007_platform_calls.sql"),
+    },
+    Migration {
+        version: 8,
+        name: "check_value_lists",
+        sql: include_str!("../../migrations/postgres/0008_check_value_lists.sql"),
     },
 ];
 
@@ -526,6 +535,29 @@ pub(crate) trait Conn {
         params: &[Param],
         each: &mut dyn FnMut(Row) -> Result<(), Error>,
     ) -> Result<(), Error>;
+    /// Runs an `INSERT ... RETURNING id` (`sql` ends with exactly that) and
+    /// answers the new row's id, or `None` when a conflict clause inserted
+    /// nothing. The default reads the RETURNING row; SQLite answers from
+    /// its last rowid instead, because RETURNING costs it an ephemeral table
+    /// per execution, on the one writer.
+    fn insert_returning_id(&self, sql: &'static str, params: &[Param]) -> Result<Option<i64>, Error> {
+        let mut id = None;
+        let mut rows = 0;
+        self.query_each(sql, params, &mut |row| {
+            rows += 1;
+            id = Some(row.int(0)?);
+            Ok(())
+        })?;
+        if rows > 1 {
+            return Err(Error::internal(format!("an INSERT returned {rows} ids")));
+        }
+        Ok(id)
+    }
+    /// The error for a write that found its read overtaken by a concurrent
+    /// commit: on PostgreSQL the whole body runs again (as after a
+    /// serialization failure); SQLite, with one writer at a time, never
+    /// meets it, so there it is an internal error.
+    fn stale_read(&self, what: &str) -> Error;
     /// Called just before a row goes into `outbox_event`, inside the
     /// transaction (PostgreSQL takes the outbox lock here).
     fn before_event_insert(&self) -> Result<(), Error>;
@@ -611,6 +643,10 @@ impl ReadTx<'_> {
 impl WriteTx<'_> {
     fn execute(&self, sql: &'static str, params: &[Param]) -> Result<usize, Error> {
         self.read.conn.execute(sql, params)
+    }
+
+    fn insert_returning_id(&self, sql: &'static str, params: &[Param]) -> Result<Option<i64>, Error> {
+        self.read.conn.insert_returning_id(sql, params)
     }
 }
 

@@ -1,17 +1,10 @@
 //! Payment deliveries: one `pay_callback_log` row per pay_no (`uk_pay_no`),
-//! `received` → `decided` by CAS, and the operator's resolutions.
+//! inserted decided, or `received` → `decided` by CAS, and the operator's
+//! resolutions.
 
 use super::{bad_value, limit_param, one_row, params, ReadTx, Row, WriteTx};
 use crate::domain::{CallbackRecord, NewCallback, PaymentOutcome, PlatformStatus};
 use crate::error::Error;
-
-/// What claiming a pay_no found.
-pub enum Claim {
-    /// This delivery is the first of its pay_no; the row waits to be decided.
-    New(i64),
-    /// The pay_no was recorded before.
-    Existing(CallbackRecord),
-}
 
 macro_rules! callback_columns {
     () => {
@@ -106,35 +99,79 @@ impl ReadTx<'_> {
 }
 
 impl WriteTx<'_> {
-    /// Claims the pay_no: inserts the delivery as `received`, or returns the
-    /// record that already holds it (`uk_pay_no`).
-    pub fn claim_pay_no(&self, cb: &NewCallback) -> Result<Claim, Error> {
-        let inserted = self.optional(
+    /// Records a delivery seen for the first time as `received`, to be
+    /// decided later (record-only mode). The caller read, inside this
+    /// transaction, that no record holds the pay_no; `uk_pay_no` refuses a
+    /// second one all the same.
+    pub fn record_received(&self, cb: &NewCallback) -> Result<(), Error> {
+        self.insert_callback(cb, PaymentOutcome::Recorded, None, None)
+    }
+
+    /// Records a delivery seen for the first time together with its
+    /// decision, in the transaction that made the decision's effects: one
+    /// INSERT where a `received` row and its decision would be two writes
+    /// of the row and of each of its indexes.
+    pub fn record_decided(
+        &self,
+        cb: &NewCallback,
+        outcome: PaymentOutcome,
+        decided_at: &str,
+        rewards_due: Option<&str>,
+    ) -> Result<(), Error> {
+        assert!(outcome != PaymentOutcome::Recorded, "deciding a callback as recorded");
+        assert_eq!(outcome == PaymentOutcome::Applied, rewards_due.is_some());
+        self.insert_callback(cb, outcome, Some(decided_at), rewards_due)
+    }
+
+    /// The one INSERT of a pay_no's record: `received` without a decision
+    /// time, `decided` with one.
+    fn insert_callback(
+        &self,
+        cb: &NewCallback,
+        outcome: PaymentOutcome,
+        decided_at: Option<&str>,
+        rewards_due: Option<&str>,
+    ) -> Result<(), Error> {
+        let state = if decided_at.is_some() { "decided" } else { "received" };
+        let applied_at = decided_at.filter(|_| outcome == PaymentOutcome::Applied);
+        let changed = self.execute(
             "INSERT INTO pay_callback_log
-                 (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'recorded', 'received', ?6, ?7, ?8, ?9)
-             ON CONFLICT (pay_no) DO NOTHING
-             RETURNING id",
+                 (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at,
+                  decided_at, applied_at, rewards_due)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+             ON CONFLICT (pay_no) DO NOTHING",
             params![
                 cb.pay_no,
                 cb.channel,
                 cb.order_id,
                 cb.amount,
                 cb.status.as_str(),
+                outcome.as_str(),
+                state,
                 cb.source,
                 cb.raw_body,
                 cb.paid_at,
-                cb.received_at
+                cb.received_at,
+                decided_at,
+                applied_at,
+                rewards_due
             ],
-            |r| r.int(0),
         )?;
-        if let Some(id) = inserted {
-            return Ok(Claim::New(id));
+        self.claimed(changed, cb.pay_no)
+    }
+
+    /// One row inserted, or the pay_no was claimed by a transaction this one
+    /// could not see when it read: a write that takes no pay_no lock (a
+    /// keyed reconciliation repair on PostgreSQL) meeting a callback that
+    /// committed meanwhile. Its decision was made on a stale read, so the
+    /// whole body runs again, where it sees the record (PostgreSQL re-runs
+    /// it; on SQLite, one writer at a time, it cannot happen).
+    fn claimed(&self, changed: usize, pay_no: &str) -> Result<(), Error> {
+        match changed {
+            1 => Ok(()),
+            0 => Err(self.read.conn.stale_read(&format!("pay_no {pay_no} was recorded by a concurrent transaction"))),
+            n => Err(Error::internal(format!("recording pay_no {pay_no} inserted {n} rows"))),
         }
-        let existing = self
-            .callback_by_pay_no(cb.pay_no)?
-            .ok_or_else(|| Error::internal(format!("pay_no {} conflicted but is not recorded", cb.pay_no)))?;
-        Ok(Claim::Existing(existing))
     }
 
     /// A SUCCESS of a pay_no recorded FAILED (decided `payment_failed`, or

@@ -477,6 +477,12 @@ impl Conn for PgTx<'_> {
         Ok(())
     }
 
+    fn stale_read(&self, what: &str) -> Error {
+        crate::log::info("write transaction will re-run: its read was overtaken", &[("why", &what)]);
+        self.conflict.set(true);
+        Error::database_busy()
+    }
+
     fn before_event_insert(&self) -> Result<(), Error> {
         if self.hooks.naive_outbox {
             return Ok(());

@@ -283,6 +283,8 @@ impl SqliteEngine {
     /// one runs each migration above its version, in order; a newer one is
     /// refused. Any failure rolls everything back, leaving the file as it was.
     fn apply_schema(&self) -> Result<(), Error> {
+        /// What a migration that edits the stored CREATE text says first.
+        const EDITS_SCHEMA_TEXT: &str = "PRAGMA writable_schema = ON;";
         let mut conn = self.pool.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -295,9 +297,26 @@ impl SqliteEngine {
             tx.execute_batch(SCHEMA_SQL)?;
         } else {
             for migration in MIGRATIONS.iter().filter(|m| m.version > version) {
-                tx.execute_batch(migration.sql).map_err(|e| {
+                let failed = |e: rusqlite::Error| {
                     Error::internal(format!("migration {} ({}) failed: {e}", migration.version, migration.name))
-                })?;
+                };
+                tx.execute_batch(migration.sql).map_err(failed)?;
+                if migration.sql.contains(EDITS_SCHEMA_TEXT) {
+                    // SQLite's procedure for editing sqlite_schema: a new
+                    // schema_version makes every connection parse the new
+                    // text; reading every object back here makes a text that
+                    // does not parse fail this migration, not a later statement.
+                    let cookie: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+                    tx.pragma_update(None, "schema_version", cookie + 1)?;
+                    tx.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(())).map_err(failed)?;
+                    let check: String = tx.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(failed)?;
+                    if check != "ok" {
+                        return Err(Error::internal(format!(
+                            "migration {} ({}) left the database failing quick_check: {check}",
+                            migration.version, migration.name
+                        )));
+                    }
+                }
                 let broken: Option<String> = tx.query_row("PRAGMA foreign_key_check", [], |r| r.get(0)).optional()?;
                 if let Some(table) = broken {
                     return Err(Error::internal(format!(
@@ -449,6 +468,7 @@ fn configure_connection(conn: &Connection, options: &StoreOptions, is_memory: bo
     };
     conn.pragma_update(None, "synchronous", synchronous)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(())
 }
@@ -504,6 +524,24 @@ impl Conn for SqliteTx<'_> {
             each(Row(cells))?;
         }
         Ok(())
+    }
+
+    fn insert_returning_id(&self, sql: &'static str, params: &[Param]) -> Result<Option<i64>, Error> {
+        let insert = sql
+            .trim_end()
+            .strip_suffix("RETURNING id")
+            .ok_or_else(|| Error::internal("insert_returning_id needs SQL ending in RETURNING id"))?;
+        // `changes()` and the last rowid count only this statement's own row:
+        // trigger bodies restore both when they finish.
+        match self.conn.prepare_cached(insert)?.execute(rusqlite::params_from_iter(params))? {
+            0 => Ok(None),
+            1 => Ok(Some(self.conn.last_insert_rowid())),
+            n => Err(Error::internal(format!("an INSERT inserted {n} rows"))),
+        }
+    }
+
+    fn stale_read(&self, what: &str) -> Error {
+        Error::internal(format!("{what}, which one writer at a time rules out"))
     }
 
     /// One writer at a time (`BEGIN IMMEDIATE`): `seq` order is commit order.

@@ -816,6 +816,9 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
         &conn,
         "INSERT INTO refund (refund_no, order_id, status, requested_at) VALUES ('R-OK', 1, 'REQUESTED', 't')",
     );
+    // Migration 8 rewrote the value lists in place: the pool that migrated
+    // the file and a connection opened afterwards enforce them alike.
+    assert_value_lists_enforced(&conn);
     drop((conn, app));
 
     // Opening it again changes nothing.
@@ -823,7 +826,42 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
     let again = App::open(&old.display().to_string(), Clock::manual(T0), config()).expect("reopen");
     let conn = again.store.raw_connection().expect("conn");
     assert_eq!(schema_objects(&conn), objects);
+    assert_value_lists_enforced(&conn);
     assert_eq!(conn.query_row("SELECT count(*) FROM refund", [], |r| r.get::<_, i64>(0)).expect("count"), 3);
+}
+
+/// The CHECKs that list three or more values (OR chains since migration 8)
+/// refuse a value outside the list and let each listed one through.
+fn assert_value_lists_enforced(conn: &Connection) {
+    let id: i64 = conn
+        .query_row("SELECT id FROM orders WHERE status = 'PENDING' LIMIT 1", [], |r| r.get(0))
+        .expect("a PENDING order");
+    assert_refused(conn, &format!("UPDATE orders SET status = 'LOST' WHERE id = {id}"));
+    let insert_callback = |channel: &str, source: &str| {
+        format!(
+            "INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body,
+                                           received_at)
+             VALUES ('P-LIST-{channel}-{source}', '{channel}', {id}, 1, 'SUCCESS', 'recorded', 'received', '{source}',
+                     x'00', 't')"
+        )
+    };
+    assert_refused(conn, &insert_callback("paypal", "callback"));
+    assert_refused(conn, &insert_callback("alipay", "guess"));
+    conn.execute_batch("SAVEPOINT lists").expect("savepoint");
+    for channel in ["generic", "wechatpay", "alipay"] {
+        for source in ["callback", "reconciliation", "query"] {
+            conn.execute_batch(&insert_callback(channel, source)).expect("a listed channel and source");
+        }
+    }
+    conn.execute_batch("ROLLBACK TO lists; RELEASE lists").expect("roll back");
+    assert_refused(
+        conn,
+        &format!("INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at) VALUES ('u', {id}, 'T', 'LOST', 't')"),
+    );
+    assert_refused(
+        conn,
+        "INSERT INTO outbox_event (event_id, type, order_no, data, created_at) VALUES ('e-list', 'order.lost', 'O', '{}', 't')",
+    );
 }
 
 #[test]
