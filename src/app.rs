@@ -321,10 +321,10 @@ impl App {
     /// refusal commits (its audit row stays) and, with a `slot`, the answer —
     /// success ([`Answer`]) or refusal — is stored in the same
     /// transaction. Any other error rolls everything back and stores nothing.
-    pub(crate) fn write_op<T: Answer>(
+    pub(crate) fn write_op<T: Answer + Send>(
         &self,
         slot: Option<&IdempotencySlot>,
-        mut work: impl FnMut(&WriteTx) -> Result<T, Error>,
+        mut work: impl FnMut(&WriteTx) -> Result<T, Error> + Send,
     ) -> Result<T, Error> {
         self.store.write(|tx| {
             let result = match work(tx) {

@@ -198,7 +198,9 @@ impl WriteTx<'_> {
             params![&event_type.event_id(subject), event_type.as_str(), order_no, &data.to_string(), now],
         )?;
         self.read.conn.after_event_insert();
-        self.emitted.set(self.emitted.get() || changed > 0);
+        if changed > 0 {
+            self.emitted.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         one_row(changed, "emit event")
     }
 }

@@ -2,37 +2,48 @@
 //! one `BEGIN IMMEDIATE` transaction and one COMMIT (one fsync), each in its
 //! own SAVEPOINT, none answered before that COMMIT returned.
 //!
-//! The writer connection is the baton. An operation (its caller already
-//! holds its key locks) waits for the baton; the first of a batch opens
-//! `BEGIN IMMEDIATE`; each runs `SAVEPOINT op` / its work / `RELEASE op` (or
-//! `ROLLBACK TO op` on an error or a panic, caught right there, on the
-//! caller's own thread) and then either hands the baton to the next queued
-//! operation, leaving the transaction open, or, when nobody is queued or the
-//! batch is full, COMMITs for the whole batch and publishes the batch's
-//! outcome under its epoch. Every operation of the batch waits for that
-//! outcome before it returns, so its caller's key locks drop after the
-//! COMMIT that made its work durable, by scope order, as before.
+//! An operation (its caller already holds its key locks) joins the queue.
+//! If no thread is leading a batch, the caller leads one: it takes the
+//! writer connection, opens `BEGIN IMMEDIATE`, and runs the queued
+//! operations one after another, its own among them, each in `SAVEPOINT op`
+//! / work / `RELEASE op` (or `ROLLBACK TO op` after an error or a caught
+//! panic), until the queue is empty or the batch is full; then it COMMITs
+//! and tells each operation of the batch how the COMMIT went. The other
+//! callers sleep meanwhile, each woken once, when its batch is over. Every
+//! caller returns only after that, so its key locks drop after the COMMIT
+//! that made its work durable, by scope order, as before.
 //!
 //! ```text
-//! lock keys → queue for the baton → [BEGIN IMMEDIATE if none is open]
-//!   SAVEPOINT op; work; RELEASE op | ROLLBACK TO op; RELEASE op
-//!   → hand the baton on (the next op joins this transaction)
-//!     or COMMIT (ROLLBACK if it fails) → publish the epoch's outcome
-//! → wait for my epoch's outcome → return → key guards drop
+//! lock keys → queue → lead, or sleep until my batch is over
+//!   leader: [BEGIN IMMEDIATE;
+//!            for each queued op: SAVEPOINT op; work; RELEASE op | ROLLBACK TO op; RELEASE op
+//!            COMMIT (ROLLBACK if it fails)] → wake every op of the batch
+//!           → lead the next batch while my own op is still queued,
+//!             else wake the next queued op to lead → return
+//! → return → key guards drop
 //! ```
 //!
-//! Closures never cross threads (no `'static + Send` bound on the work), and
-//! a panic unwinds only to this thread's `catch_unwind`.
+//! Why the leader runs the others' work rather than passing the connection
+//! from thread to thread: handing the writer to the next operation's thread
+//! costs a wake-up and a context switch per operation, in the serial part
+//! (measured 30-40 µs of about 150 µs per payment on this machine type,
+//! docs/performance.md); the leader runs them back to back with SQLite's
+//! pages in its cache, and each waiting thread is woken once. The work is
+//! `Send`, and its caller stays blocked here, its stack alive, until the
+//! leader has finished with it (see [`Slot`]); a panic in the work is caught
+//! on the leader, in that operation's savepoint, and becomes its caller's
+//! error.
 
 use super::sqlite::SqliteTx;
 use super::Conn;
 use crate::error::Error;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::Connection;
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 pub const GROUP_COMMIT_MAX_DEFAULT: usize = 64;
@@ -51,34 +62,45 @@ pub(super) struct GroupCommitter {
     max: usize,
     wait: Duration,
     state: Mutex<State>,
-    /// Wakes an operation queued for the baton.
-    turn: Condvar,
-    /// Wakes the operations of a batch once its outcome is published.
-    done: Condvar,
-    /// Wakes a committer waiting `--group-commit-wait-us` for more operations.
-    arrived: Condvar,
     pub(super) counters: GroupCommitCounters,
     /// Test hook: the next COMMIT fails (it rolls back instead).
     fail_next_commit: AtomicBool,
 }
 
+/// One operation's work, type-erased: runs it in its savepoint on the
+/// writer connection and keeps the result where its caller will read it;
+/// answers why when the transaction is gone (the batch is poisoned).
+type Job<'a> = dyn FnMut(&Connection) -> Result<(), String> + Send + 'a;
+
+/// A queued operation: its job, on its caller's stack, and the thread to wake.
+///
+/// The caller of [`GroupCommitter::run`] does not return before its slot's
+/// batch is over (its `finished` entry is set), and nobody touches the job
+/// after that, so the pointer is valid whenever the leader uses it.
+struct Slot {
+    ticket: u64,
+    job: *mut Job<'static>,
+    thread: Thread,
+}
+
+// SAFETY: the job is `Send`; the pointer is dereferenced by one thread at a
+// time (the leader), while its owner is blocked in `run` (see `Slot`).
+unsafe impl Send for Slot {}
+
 #[derive(Default)]
 struct State {
-    /// The writer connection, here while nobody holds the baton.
+    /// The writer connection, here while nobody leads.
     conn: Option<Pooled>,
-    /// Someone holds the baton (and the connection).
-    busy: bool,
-    /// Operations waiting for the baton.
-    queued: usize,
-    /// A transaction is open on the connection.
-    in_transaction: bool,
-    /// The open (or next) batch.
-    epoch: u64,
-    /// Operations that ran in the open batch.
-    batch_ops: usize,
-    /// Outcomes of finished batches not yet read by all their operations:
-    /// epoch → (outcome, operations still to read it).
-    outcomes: HashMap<u64, (Result<(), String>, usize)>,
+    /// A thread is leading a batch.
+    leading: bool,
+    /// The leader is waiting `--group-commit-wait-us` for more operations.
+    leader_waiting: Option<Thread>,
+    /// Operations waiting for a leader, oldest first.
+    queue: VecDeque<Slot>,
+    /// Tickets whose batch is over, with the batch's outcome, until their
+    /// callers read them.
+    finished: Vec<(u64, Result<(), Error>)>,
+    next_ticket: u64,
 }
 
 /// How one operation's savepoint ended.
@@ -95,9 +117,6 @@ impl GroupCommitter {
             max: max.max(1),
             wait: Duration::from_micros(wait_us),
             state: Mutex::new(State::default()),
-            turn: Condvar::new(),
-            done: Condvar::new(),
-            arrived: Condvar::new(),
             counters: GroupCommitCounters::default(),
             fail_next_commit: AtomicBool::new(false),
         }
@@ -107,135 +126,203 @@ impl GroupCommitter {
         self.fail_next_commit.store(true, Ordering::SeqCst);
     }
 
-    /// Operations waiting for the baton right now (tests use it to know a batch is forming).
+    /// Operations waiting for a leader right now (tests use it to know a batch is forming).
     pub(super) fn queued(&self) -> usize {
-        self.state.lock().queued
+        self.state.lock().queue.len()
     }
 
     /// Runs `work` as one operation of a batch; returns once the batch's
     /// COMMIT returned (or failed). `connect` gives the writer connection
     /// the first time one is needed.
-    pub(super) fn run<T>(
+    pub(super) fn run<T: Send>(
         &self,
         connect: impl Fn() -> Result<Pooled, Error>,
-        work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>,
+        work: &mut (dyn FnMut(&dyn Conn) -> Result<T, Error> + Send),
     ) -> Result<T, Error> {
-        // 1. The baton.
+        let mut ran: Option<Ran<T>> = None;
+        let mut job = |conn: &Connection| {
+            let result = run_in_savepoint(conn, work);
+            let alive = match &result {
+                Ran::Poisoned(e) => Err(e.message.clone()),
+                Ran::Done(_) => Ok(()),
+            };
+            ran = Some(result);
+            alive
+        };
+        let job: *mut Job<'_> = &mut job;
+        // SAFETY: only the lifetime is erased. This function neither returns
+        // nor unwinds while the slot is queued or in a batch (the loop below
+        // leaves only once its ticket is finished, and nothing in it panics),
+        // and nobody uses the job after that (see `Slot`).
+        let job: *mut Job<'static> = unsafe { std::mem::transmute::<*mut Job<'_>, *mut Job<'static>>(job) };
+
         let mut state = self.state.lock();
-        state.queued += 1;
-        self.arrived.notify_one();
-        while state.busy {
-            self.turn.wait(&mut state);
+        let ticket = state.next_ticket;
+        state.next_ticket += 1;
+        state.queue.push_back(Slot { ticket, job, thread: std::thread::current() });
+        if let Some(leader) = &state.leader_waiting {
+            leader.unpark();
         }
-        state.queued -= 1;
-        state.busy = true;
-        let taken = state.conn.take();
-        let open = state.in_transaction;
+        let outcome = loop {
+            if let Some(at) = state.finished.iter().position(|(t, _)| *t == ticket) {
+                break state.finished.swap_remove(at).1;
+            }
+            if state.leading {
+                drop(state);
+                std::thread::park();
+            } else {
+                state.leading = true;
+                let taken = state.conn.take();
+                drop(state);
+                self.lead(taken, &connect);
+            }
+            state = self.state.lock();
+        };
         drop(state);
-        let conn = match taken.map_or_else(&connect, Ok) {
-            Ok(conn) => conn,
+        match (outcome, ran) {
+            (Ok(()), Some(Ran::Done(result))) => result,
+            (Ok(()), Some(Ran::Poisoned(e))) => Err(e),
+            (Ok(()), None) => Err(Error::internal("the operation's batch committed without running it")),
+            (Err(e), _) => Err(e),
+        }
+    }
+
+    /// Leads one batch: the queued operations, oldest first, up to
+    /// `--group-commit-max`, in one transaction; then publishes its outcome
+    /// and gives up leadership (the caller leads again if its own operation
+    /// did not fit in this batch).
+    fn lead(&self, taken: Option<Pooled>, connect: &dyn Fn() -> Result<Pooled, Error>) {
+        let mut batch = Batch { committer: self, members: Vec::new(), conn: None };
+        let outcome = self.run_batch(&mut batch, taken, connect);
+        batch.publish(outcome);
+    }
+
+    /// BEGIN, the operations, COMMIT; the operations taken are `batch.members`.
+    fn run_batch(
+        &self,
+        batch: &mut Batch<'_>,
+        taken: Option<Pooled>,
+        connect: &dyn Fn() -> Result<Pooled, Error>,
+    ) -> Result<(), Error> {
+        // Without a connection or a transaction nothing can run: the oldest
+        // operation fails with the reason (`database_busy` after another
+        // process held the file past the busy timeout), the rest stay queued.
+        let conn = match taken.map_or_else(connect, Ok) {
+            Ok(conn) => batch.conn.insert(conn),
             Err(e) => {
-                self.hand_on(None);
+                batch.take_next();
                 return Err(e);
             }
         };
-        if !open {
-            if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-                self.hand_on(Some(conn));
-                return Err(e.into());
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            batch.take_next();
+            return Err(e.into());
+        }
+        while let Some(job) = batch.take_next() {
+            let conn = batch.conn.as_ref().expect("the batch's connection");
+            // SAFETY: see `Slot`: the job's owner is blocked in `run` until
+            // `publish` finishes its ticket, and only this thread uses it.
+            unsafe { (*job)(conn) }.map_err(|why| did_not_commit(&why))?;
+            if batch.members.len() >= self.max || self.queue_empty_after_wait() {
+                break;
             }
         }
-        let epoch = {
-            let mut state = self.state.lock();
-            state.in_transaction = true;
-            state.batch_ops += 1;
-            state.epoch
-        };
-
-        // 2. This operation's savepoint, on this thread.
-        let ran = run_in_savepoint(&conn, work);
-
-        // 3. Hand on, or commit the batch.
-        let mut state = self.state.lock();
-        let poisoned = matches!(ran, Ran::Poisoned(_));
-        let mut commit_now = poisoned || state.queued == 0 || state.batch_ops >= self.max;
-        if commit_now && !poisoned && state.queued == 0 && state.batch_ops < self.max && !self.wait.is_zero() {
-            // Wait a little for more operations, holding the open transaction.
-            let deadline = Instant::now() + self.wait;
-            while state.queued == 0 && !self.arrived.wait_until(&mut state, deadline).timed_out() {}
-            commit_now = state.queued == 0;
-        }
-        if !commit_now {
-            state.conn = Some(conn);
-            state.busy = false;
-            self.turn.notify_one();
-            return self.await_outcome(state, epoch, ran);
-        }
-        let ops = state.batch_ops;
-        drop(state);
-        let outcome = match &ran {
-            Ran::Poisoned(e) => Err(e.message.clone()),
-            Ran::Done(_) => self.commit(&conn),
-        };
-        if outcome.is_err() && !conn.is_autocommit() {
-            let _ = conn.execute_batch("ROLLBACK");
-        }
-        self.counters.batches.fetch_add(1, Ordering::Relaxed);
-        self.counters.operations.fetch_add(ops as u64, Ordering::Relaxed);
-        let mut state = self.state.lock();
-        state.outcomes.insert(epoch, (outcome, ops));
-        state.epoch += 1;
-        state.batch_ops = 0;
-        state.in_transaction = false;
-        state.conn = Some(conn);
-        state.busy = false;
-        self.done.notify_all();
-        self.turn.notify_one();
-        self.await_outcome(state, epoch, ran)
+        self.commit(batch.conn.as_ref().expect("the batch's connection"))
     }
 
-    fn commit(&self, conn: &Connection) -> Result<(), String> {
+    /// Whether no operation is queued, after waiting up to
+    /// `--group-commit-wait-us` for one.
+    fn queue_empty_after_wait(&self) -> bool {
+        let mut state = self.state.lock();
+        if !state.queue.is_empty() || self.wait.is_zero() {
+            return state.queue.is_empty();
+        }
+        let deadline = Instant::now() + self.wait;
+        state.leader_waiting = Some(std::thread::current());
+        while state.queue.is_empty() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            drop(state);
+            std::thread::park_timeout(deadline - now);
+            state = self.state.lock();
+        }
+        state.leader_waiting = None;
+        state.queue.is_empty()
+    }
+
+    fn commit(&self, conn: &Connection) -> Result<(), Error> {
         if self.fail_next_commit.swap(false, Ordering::SeqCst) {
-            return Err("injected COMMIT failure (test hook)".to_owned());
+            return Err(did_not_commit("injected COMMIT failure (test hook)"));
         }
-        conn.execute_batch("COMMIT").map_err(|e| e.to_string())
+        conn.execute_batch("COMMIT").map_err(|e| did_not_commit(&e.to_string()))
+    }
+}
+
+/// Every operation of a batch whose transaction did not commit gets this.
+fn did_not_commit(why: &str) -> Error {
+    Error::internal(format!("the batch's transaction did not commit: {why}"))
+}
+
+/// The batch being led: the operations it took (ticket and thread) and the
+/// connection. [`Batch::publish`] ends it; if the leader unwinds before
+/// that, `Drop` ends it with a failure, so no caller waits forever and no
+/// job is used after its caller returned.
+struct Batch<'c> {
+    committer: &'c GroupCommitter,
+    members: Vec<(u64, Thread)>,
+    conn: Option<Pooled>,
+}
+
+impl Batch<'_> {
+    /// The oldest queued operation's job, now part of this batch.
+    fn take_next(&mut self) -> Option<*mut Job<'static>> {
+        let slot = self.committer.state.lock().queue.pop_front()?;
+        self.members.push((slot.ticket, slot.thread));
+        Some(slot.job)
     }
 
-    /// Gives the baton back when this operation could not join a batch (no
-    /// connection, or BEGIN failed): no transaction is open then, since an
-    /// open one keeps its connection in the state and skips BEGIN.
-    fn hand_on(&self, conn: Option<Pooled>) {
-        let mut state = self.state.lock();
-        if conn.is_some() {
-            state.conn = conn;
-        }
-        state.busy = false;
-        self.turn.notify_one();
+    fn publish(mut self, outcome: Result<(), Error>) {
+        self.end(outcome);
+        std::mem::forget(self);
     }
 
-    /// Waits until batch `epoch` is committed or failed; then this
-    /// operation's own result, or the batch's failure.
-    fn await_outcome<T>(
-        &self,
-        mut state: parking_lot::MutexGuard<'_, State>,
-        epoch: u64,
-        ran: Ran<T>,
-    ) -> Result<T, Error> {
-        while !state.outcomes.contains_key(&epoch) {
-            self.done.wait(&mut state);
+    /// Rolls back what did not commit, gives the connection back, finishes
+    /// every ticket of the batch with `outcome`, releases leadership, and
+    /// wakes the batch's callers and, if operations are still queued, the
+    /// oldest one's thread, to lead the next batch.
+    fn end(&mut self, outcome: Result<(), Error>) {
+        let committer = self.committer;
+        if let Some(conn) = &self.conn {
+            if outcome.is_err() && !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
         }
-        let (outcome, readers) = state.outcomes.get_mut(&epoch).expect("outcome present");
-        let outcome = outcome.clone();
-        *readers -= 1;
-        if *readers == 0 {
-            state.outcomes.remove(&epoch);
+        committer.counters.batches.fetch_add(1, Ordering::Relaxed);
+        committer.counters.operations.fetch_add(self.members.len() as u64, Ordering::Relaxed);
+        let mut state = committer.state.lock();
+        if let Some(conn) = self.conn.take() {
+            state.conn = Some(conn);
         }
+        for (ticket, _) in &self.members {
+            state.finished.push((*ticket, outcome.clone()));
+        }
+        state.leading = false;
+        let next_leader = state.queue.front().map(|slot| slot.thread.clone());
         drop(state);
-        match (outcome, ran) {
-            (Ok(()), Ran::Done(result)) => result,
-            (Ok(()), Ran::Poisoned(e)) => Err(e),
-            (Err(why), _) => Err(Error::internal(format!("the batch's transaction did not commit: {why}"))),
+        for (_, thread) in self.members.drain(..) {
+            thread.unpark();
         }
+        if let Some(thread) = next_leader {
+            thread.unpark();
+        }
+    }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        self.end(Err(did_not_commit("the batch's leader panicked outside any operation")));
     }
 }
 
@@ -244,7 +331,7 @@ impl GroupCommitter {
 /// rolled the whole transaction back (FULL, IOERR, NOMEM, BUSY): then the
 /// connection is in autocommit and the batch is poisoned. A SAVEPOINT is
 /// never opened in autocommit mode (it would start a DEFERRED transaction).
-fn run_in_savepoint<T>(conn: &Connection, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Ran<T> {
+fn run_in_savepoint<T>(conn: &Connection, work: &mut (dyn FnMut(&dyn Conn) -> Result<T, Error> + Send)) -> Ran<T> {
     if conn.is_autocommit() {
         return Ran::Poisoned(Error::internal("no open transaction for the savepoint"));
     }

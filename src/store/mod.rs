@@ -41,6 +41,7 @@ use crate::error::{Error, ErrorKind};
 pub use crate::store::sqlite::{Synchronous, WalRescue};
 
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// The whole current SQLite schema, applied to a new database.
@@ -259,17 +260,17 @@ impl Store {
     /// committed (a retry after the restart finds it, exactly once).
     /// PostgreSQL: `work` may run again after a serialization failure or a
     /// deadlock, on a new transaction.
-    pub fn write<T>(&self, mut work: impl FnMut(&WriteTx) -> Result<T, Error>) -> Result<T, Error> {
-        let emitted = std::cell::Cell::new(false);
+    pub fn write<T: Send>(&self, mut work: impl FnMut(&WriteTx) -> Result<T, Error> + Send) -> Result<T, Error> {
+        let emitted = AtomicBool::new(false);
         let mut attempt = |conn: &dyn Conn| {
-            emitted.set(false);
+            emitted.store(false, Relaxed);
             work(&WriteTx { read: ReadTx { conn }, emitted: &emitted })
         };
         let result = match &self.engine {
             Engine::Sqlite(engine) => engine.write(&mut attempt),
             Engine::Postgres(engine) => engine.write(&mut attempt),
         };
-        if result.is_ok() && emitted.get() {
+        if result.is_ok() && emitted.load(Relaxed) {
             self.outbox_signal.ring();
         }
         result
@@ -349,7 +350,6 @@ impl Store {
     /// (batches, operations) group-committed so far; `None` on PostgreSQL,
     /// whose concurrent commits share fsyncs by themselves.
     pub fn group_commit_totals(&self) -> Option<(u64, u64)> {
-        use std::sync::atomic::Ordering::Relaxed;
         match &self.engine {
             Engine::Sqlite(engine) => {
                 engine.group_commit().map(|c| (c.counters.batches.load(Relaxed), c.counters.operations.load(Relaxed)))
@@ -587,7 +587,7 @@ pub struct ReadTx<'t> {
 pub struct WriteTx<'t> {
     read: ReadTx<'t>,
     /// Set when this attempt wrote an outbox event.
-    emitted: &'t std::cell::Cell<bool>,
+    emitted: &'t AtomicBool,
 }
 
 impl<'t> std::ops::Deref for WriteTx<'t> {

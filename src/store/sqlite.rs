@@ -336,7 +336,10 @@ impl SqliteEngine {
     /// Runs `work` in one `BEGIN IMMEDIATE` transaction, after this
     /// process's writer queue, with the storage checks around it (see
     /// [`crate::store::Store::write`]).
-    pub(super) fn write<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {
+    pub(super) fn write<T: Send>(
+        &self,
+        work: &mut (dyn FnMut(&dyn Conn) -> Result<T, Error> + Send),
+    ) -> Result<T, Error> {
         self.check_storage()?;
         let result = self.write_queued(work);
         // Outside the writer queue (the next writer need not wait for it),
@@ -345,7 +348,7 @@ impl SqliteEngine {
         result
     }
 
-    fn write_queued<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {
+    fn write_queued<T: Send>(&self, work: &mut (dyn FnMut(&dyn Conn) -> Result<T, Error> + Send)) -> Result<T, Error> {
         match &self.writer {
             // Queued behind this process's other writers, batched with them
             // into one transaction and one COMMIT (group_commit.rs).

@@ -35,11 +35,13 @@ fn order_exists(store: &Store, order_no: &str) -> bool {
 fn one_batch<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (Result<(), Error>, Vec<Result<T, Error>>) {
     let (entered_tx, entered_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
+    // The work of a write is Send (the leader of its batch may run it).
+    let release_rx = std::sync::Mutex::new(release_rx);
     thread::scope(|s| {
         let gate = s.spawn(move || {
             store.write(|tx| {
                 let _ = entered_tx.send(());
-                release_rx.recv().map_err(|_| Error::internal("gate released"))?;
+                release_rx.lock().expect("gate").recv().map_err(|_| Error::internal("gate released"))?;
                 tx.insert_order(&new_order("GATE")).map(drop)
             })
         });
@@ -197,4 +199,60 @@ fn group_commit_max_one_turns_batching_off() {
     assert!(results.iter().all(|r| matches!(r, Ok(true))));
     let after = totals(&store);
     assert_eq!((after.0 - before.0, after.1 - before.1), (3, 3), "one COMMIT per operation");
+}
+
+/// The leader of a batch runs the queued operations' work on its own thread.
+/// With batches of at most 3 and 8 writers at once, some leaders find their
+/// own operation left for a later batch (they lead again) and some wake to
+/// find it done by another leader: every operation still runs exactly once,
+/// returns its own result, and its caller sees its row committed.
+#[test]
+fn a_small_batch_limit_under_many_writers_runs_every_operation_once() {
+    const WRITERS: usize = 8;
+    const EACH: usize = 40;
+    let options = StoreOptions { group_commit_max: 3, ..StoreOptions::default() };
+    let store = Store::open(":memory:", &options).expect("open");
+    let before = totals(&store);
+    thread::scope(|s| {
+        for w in 0..WRITERS {
+            let store = &store;
+            s.spawn(move || {
+                for i in 0..EACH {
+                    let order_no = format!("W{w}-{i}");
+                    let inserted =
+                        store.write(|tx| tx.insert_order(&new_order(&order_no)).map(|r| r.is_ok())).expect("write");
+                    assert!(inserted, "{order_no} inserted by its own operation");
+                    assert!(order_exists(store, &order_no), "{order_no} committed before its write returned");
+                }
+            });
+        }
+    });
+    let after = totals(&store);
+    let (batches, ops) = (after.0 - before.0, after.1 - before.1);
+    assert_eq!(ops, (WRITERS * EACH) as u64, "every operation once");
+    assert!(batches * 3 >= ops, "no batch above the limit: {ops} operations in {batches} batches");
+    assert!(batches < ops, "8 writers at once shared commits: {ops} operations in {batches} batches");
+}
+
+/// `--group-commit-wait-us`: a leader whose queue ran dry holds its open
+/// transaction that long for more operations, so a write arriving a little
+/// later joins the same COMMIT. Here the wait (500 ms) dwarfs the gap (20 ms).
+#[test]
+fn the_commit_wait_lets_a_later_operation_join_the_batch() {
+    let options = StoreOptions { group_commit_wait_us: 500_000, ..StoreOptions::default() };
+    let store = Store::open(":memory:", &options).expect("open");
+    let before = totals(&store);
+    let started = Instant::now();
+    thread::scope(|s| {
+        let first = s.spawn(|| store.write(|tx| tx.insert_order(&new_order("WAIT-1")).map(|r| r.is_ok())));
+        thread::sleep(Duration::from_millis(20));
+        let second = s.spawn(|| store.write(|tx| tx.insert_order(&new_order("WAIT-2")).map(|r| r.is_ok())));
+        assert!(matches!(first.join().expect("first"), Ok(true)));
+        assert!(matches!(second.join().expect("second"), Ok(true)));
+    });
+    let after = totals(&store);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 2), "both writes in one COMMIT");
+    // After the second write nobody came: the leader waited the whole
+    // setting before it committed, and only then did either write return.
+    assert!(started.elapsed() >= Duration::from_millis(520), "the leader waited after the second write");
 }
