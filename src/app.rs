@@ -540,10 +540,6 @@ impl App {
     /// `reconciliation`).
     pub fn deliver_payment_from(&self, cb: &PaymentCallback, source: &str) -> Result<PaymentReply, Error> {
         validate_payment(cb)?;
-        // Not even a duplicate is acknowledged once the files are lost: the
-        // record it would vouch for may live only in a deleted -wal, and a
-        // platform that hears 2xx stops retrying.
-        self.store.check_storage()?;
         // 1. The key is the payment's own serial number, not the order: two
         //    payments of one order are not serialised here; the database decides.
         let _pay_key = self.locks.lock(&format!("pay:{}", cb.pay_no));
@@ -551,8 +547,13 @@ impl App {
         // without queueing for the writer: a decided outcome is final (trigger
         // pay_callback_log_outcome_final), except payment_failed, which a
         // SUCCESS may supersede; that case, and everything else, takes the
-        // write path. Nothing is written on this path.
+        // write path (whose storage checks come before and after its commit).
+        // Nothing is written on this path.
         if let Some(original) = self.settled_outcome(cb)? {
+            // Not even a duplicate is acknowledged once the files are lost:
+            // the record it vouches for may live only in a deleted -wal, and
+            // a platform that hears 2xx stops retrying.
+            self.store.check_storage()?;
             return Ok(PaymentReply { outcome: PaymentReplyOutcome::Duplicate { original } });
         }
         let now = self.clock.now_text();

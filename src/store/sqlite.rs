@@ -118,7 +118,11 @@ impl SqliteEngine {
         // Connections are kept for the process's life (no idle timeout, no
         // maximum lifetime): each new one opens the paths afresh, and after
         // a deleted `-wal` it would create a new one under the old name.
+        // No test on check-out: a SQLite connection does not go stale the way
+        // a socket does (a lost file is `check_storage`'s business), and
+        // r2d2_sqlite's test prepared and ran `SELECT 1` on every read.
         let pool = r2d2::Pool::builder()
+            .test_on_check_out(false)
             .max_size(options.pool_size)
             .min_idle(Some(1))
             .idle_timeout(None)
@@ -372,10 +376,14 @@ impl SqliteEngine {
 
     /// Runs `work` on one read snapshot (a DEFERRED transaction that only reads).
     pub(super) fn read<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {
-        let mut conn = self.pool.get()?;
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
-        let value = work(&SqliteTx { conn: &tx })?;
-        tx.commit()?;
+        let conn = self.pool.get()?;
+        // BEGIN and COMMIT through the statement cache: every callback's
+        // duplicate check is a read, and preparing the two each time was a
+        // fifth of its cost.
+        conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
+        let snapshot = ReadSnapshot { conn: &conn };
+        let value = work(&SqliteTx { conn: snapshot.conn })?;
+        snapshot.conn.prepare_cached("COMMIT")?.execute([])?;
         Ok(value)
     }
 
@@ -433,6 +441,20 @@ impl SqliteEngine {
     /// schema tests use it to prove the database refuses what it must).
     pub fn raw_connection(&self) -> Result<r2d2::PooledConnection<SqliteConnectionManager>, Error> {
         Ok(self.pool.get()?)
+    }
+}
+
+/// A read transaction in progress: ended by its COMMIT, or rolled back here
+/// when the work fails or panics, so no pooled connection keeps a snapshot.
+struct ReadSnapshot<'c> {
+    conn: &'c Connection,
+}
+
+impl Drop for ReadSnapshot<'_> {
+    fn drop(&mut self) {
+        if !self.conn.is_autocommit() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
     }
 }
 
