@@ -150,10 +150,11 @@ impl GroupCommitter {
             alive
         };
         let job: *mut Job<'_> = &mut job;
-        // SAFETY: only the lifetime is erased. This function neither returns
-        // nor unwinds while the slot is queued or in a batch (the loop below
-        // leaves only once its ticket is finished, and nothing in it panics),
-        // and nobody uses the job after that (see `Slot`).
+        // SAFETY: only the lifetime is erased. This function does not return
+        // while the slot is queued or in a batch (the loop below leaves only
+        // once its ticket is finished); if its own `lead` unwinds, that
+        // batch is finished by `Batch`'s Drop and the slot leaves the queue
+        // in `Unqueue`'s; nobody uses the job after that (see `Slot`).
         let job: *mut Job<'static> = unsafe { std::mem::transmute::<*mut Job<'_>, *mut Job<'static>>(job) };
 
         let mut state = self.state.lock();
@@ -163,6 +164,9 @@ impl GroupCommitter {
         if let Some(leader) = &state.leader_waiting {
             leader.unpark();
         }
+        // Only this thread's own `lead` can unwind out of the loop below;
+        // then its slot, if still queued, must not outlive this frame.
+        let _unqueue_on_unwind = Unqueue { committer: self, ticket };
         let outcome = loop {
             if let Some(at) = state.finished.iter().position(|(t, _)| *t == ticket) {
                 break state.finished.swap_remove(at).1;
@@ -263,6 +267,24 @@ impl GroupCommitter {
 /// Every operation of a batch whose transaction did not commit gets this.
 fn did_not_commit(why: &str) -> Error {
     Error::internal(format!("the batch's transaction did not commit: {why}"))
+}
+
+/// Takes a caller's slot out of the queue when its thread unwinds (a panic
+/// in its own `lead` outside any operation), so no later leader runs a job
+/// whose stack frame is gone.
+struct Unqueue<'c> {
+    committer: &'c GroupCommitter,
+    ticket: u64,
+}
+
+impl Drop for Unqueue<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut state = self.committer.state.lock();
+            state.queue.retain(|slot| slot.ticket != self.ticket);
+            state.finished.retain(|(ticket, _)| *ticket != self.ticket);
+        }
+    }
 }
 
 /// The batch being led: the operations it took (ticket and thread) and the
