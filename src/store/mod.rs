@@ -535,24 +535,6 @@ pub(crate) trait Conn {
         params: &[Param],
         each: &mut dyn FnMut(Row) -> Result<(), Error>,
     ) -> Result<(), Error>;
-    /// Runs an `INSERT ... RETURNING id` (`sql` ends with exactly that) and
-    /// answers the new row's id, or `None` when a conflict clause inserted
-    /// nothing. The default reads the RETURNING row; SQLite answers from
-    /// its last rowid instead, because RETURNING costs it an ephemeral table
-    /// per execution, on the one writer.
-    fn insert_returning_id(&self, sql: &'static str, params: &[Param]) -> Result<Option<i64>, Error> {
-        let mut id = None;
-        let mut rows = 0;
-        self.query_each(sql, params, &mut |row| {
-            rows += 1;
-            id = Some(row.int(0)?);
-            Ok(())
-        })?;
-        if rows > 1 {
-            return Err(Error::internal(format!("an INSERT returned {rows} ids")));
-        }
-        Ok(id)
-    }
     /// The error for a write that found its read overtaken by a concurrent
     /// commit: on PostgreSQL the whole body runs again (as after a
     /// serialization failure); SQLite, with one writer at a time, never
@@ -643,10 +625,6 @@ impl ReadTx<'_> {
 impl WriteTx<'_> {
     fn execute(&self, sql: &'static str, params: &[Param]) -> Result<usize, Error> {
         self.read.conn.execute(sql, params)
-    }
-
-    fn insert_returning_id(&self, sql: &'static str, params: &[Param]) -> Result<Option<i64>, Error> {
-        self.read.conn.insert_returning_id(sql, params)
     }
 }
 

@@ -160,13 +160,13 @@ impl WriteTx<'_> {
     /// The row of a call about to be made, pending with its first attempt
     /// in flight; returns its id.
     pub fn insert_platform_call(&self, call: &NewPlatformCall) -> Result<i64, Error> {
-        self.insert_returning_id(
+        self.one(
             "INSERT INTO platform_call (channel, kind, order_no, refund_no, status, attempts, next_attempt_at,
                                         request, created_at, updated_at)
              VALUES (?1, ?2, ?3, ?4, 'pending', 1, ?5, ?6, ?7, ?7)
              RETURNING id",
             params![call.channel, call.kind, call.order_no, call.refund_no, call.lease_until, call.request, call.now],
-        )?
-        .ok_or_else(|| Error::internal("the platform_call INSERT inserted no row"))
+            |r| r.int(0),
+        )
     }
 }

@@ -551,20 +551,6 @@ impl Conn for SqliteTx<'_> {
         Ok(())
     }
 
-    fn insert_returning_id(&self, sql: &'static str, params: &[Param]) -> Result<Option<i64>, Error> {
-        let insert = sql
-            .trim_end()
-            .strip_suffix("RETURNING id")
-            .ok_or_else(|| Error::internal("insert_returning_id needs SQL ending in RETURNING id"))?;
-        // `changes()` and the last rowid count only this statement's own row:
-        // trigger bodies restore both when they finish.
-        match self.conn.prepare_cached(insert)?.execute(rusqlite::params_from_iter(params))? {
-            0 => Ok(None),
-            1 => Ok(Some(self.conn.last_insert_rowid())),
-            n => Err(Error::internal(format!("an INSERT inserted {n} rows"))),
-        }
-    }
-
     fn stale_read(&self, what: &str) -> Error {
         Error::internal(format!("{what}, which one writer at a time rules out"))
     }
