@@ -21,15 +21,13 @@ mod support;
 
 use payonce::Clock;
 use payonce_testclient as client;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
-use support::{fresh_postgres_database, Measured};
+use support::{fresh_postgres_database, payonce_binary, serve, Measured, Served};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -62,46 +60,6 @@ fn parse_options() -> Result<Options, String> {
         }
     }
     Ok(options)
-}
-
-/// The `payonce` binary beside this example's directory (target/release/).
-fn payonce_binary() -> Result<PathBuf, BoxError> {
-    let exe = std::env::current_exe()?;
-    let release = exe.parent().and_then(|examples| examples.parent()).ok_or("no target directory")?;
-    let binary = release.join("payonce");
-    if !binary.exists() {
-        return Err(format!("{} not found: run `cargo build --release` first", binary.display()).into());
-    }
-    Ok(binary)
-}
-
-struct Process {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(binary: &PathBuf, db: &str, env: &[(&str, &str)]) -> Result<Process, BoxError> {
-    let mut child = Command::new(binary)
-        .args(["serve", "--db", db, "--listen", "127.0.0.1:0", "--callback-secret", SECRET])
-        .args(["--coupon", "NEW10", "--points-per-yuan", "1"])
-        .env("PAYONCE_LOG", "warn")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
-    let addr =
-        line.trim().strip_prefix("listening on http://").ok_or_else(|| format!("unexpected {line:?}"))?.parse()?;
-    Ok(Process { child, addr })
 }
 
 fn order_no(i: usize) -> String {
@@ -192,14 +150,16 @@ struct Row {
 
 fn run_one(
     options: &Options,
-    binary: &PathBuf,
+    binary: &Path,
     engine: &str,
     db: &str,
     processes: usize,
     env: &[(&str, &str)],
 ) -> Result<Row, BoxError> {
     eprintln!("bench_processes: {engine}, {processes} process(es)...");
-    let servers: Vec<Process> = (0..processes).map(|_| serve(binary, db, env)).collect::<Result<_, _>>()?;
+    let rewards = ["--coupon", "NEW10", "--points-per-yuan", "1"];
+    let servers: Vec<Served> =
+        (0..processes).map(|_| serve(binary, db, SECRET, &rewards, env)).collect::<Result<_, _>>()?;
     let addrs: Vec<SocketAddr> = servers.iter().map(|p| p.addr).collect();
     let created = round(&addrs, options.clients, options.orders, create_request, br#""status":"PENDING""#)?;
     if created.errors > 0 {

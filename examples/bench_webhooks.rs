@@ -11,15 +11,17 @@
 //!
 //! `cargo build --release && cargo run --release --example bench_webhooks [-- --events N --clients C]`
 
+#[path = "support/mod.rs"]
+mod support;
+
 use payonce::clock::parse_rfc3339_ms;
 use payonce::Clock;
 use payonce_testclient as client;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use support::{payonce_binary, serve};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -46,25 +48,6 @@ fn parse_options() -> Result<Options, String> {
         }
     }
     Ok(options)
-}
-
-fn payonce_binary() -> Result<PathBuf, BoxError> {
-    let exe = std::env::current_exe()?;
-    let release = exe.parent().and_then(|examples| examples.parent()).ok_or("no target directory")?;
-    let binary = release.join("payonce");
-    if !binary.exists() {
-        return Err(format!("{} not found: run `cargo build --release` first", binary.display()).into());
-    }
-    Ok(binary)
-}
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A keep-alive HTTP/1.1 receiver that answers 204 to everything and sends
@@ -120,23 +103,6 @@ fn serve_connection(stream: TcpStream, arrivals: &mpsc::Sender<(i64, i64)>) {
             return;
         }
     }
-}
-
-fn serve(binary: &PathBuf, db: &str, webhook_url: &str) -> Result<(Process, SocketAddr), BoxError> {
-    let mut child = Command::new(binary)
-        .args(["serve", "--db", db, "--listen", "127.0.0.1:0", "--callback-secret", SECRET])
-        .args(["--webhook-url", webhook_url])
-        .env("PAYONCE_WEBHOOK_SECRET", WEBHOOK_SECRET)
-        .env("PAYONCE_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
-    let addr =
-        line.trim().strip_prefix("listening on http://").ok_or_else(|| format!("unexpected {line:?}"))?.parse()?;
-    Ok((Process(child), addr))
 }
 
 fn pay(connection: &mut client::Connection, i: usize) -> Result<(), BoxError> {
@@ -235,7 +201,15 @@ fn run(options: &Options) -> Result<(), BoxError> {
     let db = dir.join("payonce.db");
     let (tx, arrivals) = mpsc::channel();
     let receiver = start_receiver(tx)?;
-    let (_server, addr) = serve(&binary, &db.display().to_string(), &format!("http://{receiver}/hooks"))?;
+    let webhook_url = format!("http://{receiver}/hooks");
+    let server = serve(
+        &binary,
+        &db.display().to_string(),
+        SECRET,
+        &["--webhook-url", &webhook_url],
+        &[("PAYONCE_WEBHOOK_SECRET", WEBHOOK_SECRET)],
+    )?;
+    let addr = server.addr;
     println!("webhook latency, event created_at (in the transaction, before COMMIT) to arrival at a local receiver");
     println!("SQLite file, synchronous=FULL; defaults otherwise (--webhook-concurrency 8, --webhook-poll-ms 200)");
     println!("| load | events | p50 ms | p99 ms | max ms |");

@@ -1,6 +1,6 @@
-//! What `bench_group_commit` and `bench_processes` share (included with
-//! `#[path]`; a directory without `main.rs` is not an example of its own).
-//! Each uses only part of it.
+//! What `bench_group_commit`, `bench_processes` and `bench_webhooks` share
+//! (included with `#[path]`; a directory without `main.rs` is not an example
+//! of its own). Each uses only part of it.
 #![allow(dead_code)]
 
 /// Latencies and a wall time: throughput and percentiles.
@@ -65,4 +65,59 @@ pub fn fresh_postgres_database(server: &str, name: &str) -> Result<String, Box<d
         _ => base,
     };
     Ok(format!("{base}/{name}{query}"))
+}
+
+/// The `payonce` binary beside this example's directory (target/release/).
+pub fn payonce_binary() -> Result<std::path::PathBuf, Box<dyn std::error::Error + Send + Sync>> {
+    let exe = std::env::current_exe()?;
+    let release = exe.parent().and_then(|examples| examples.parent()).ok_or("no target directory")?;
+    let binary = release.join("payonce");
+    if !binary.exists() {
+        return Err(format!("{} not found: run `cargo build --release` first", binary.display()).into());
+    }
+    Ok(binary)
+}
+
+/// A `payonce serve` child listening on `addr`; killed on drop.
+pub struct Served {
+    child: std::process::Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `binary serve --db db --listen 127.0.0.1:0 --callback-secret
+/// secret` with `args` and `env` added and `PAYONCE_LOG=warn`, and reads the
+/// address it prints.
+pub fn serve(
+    binary: &std::path::Path,
+    db: &str,
+    secret: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Served, Box<dyn std::error::Error + Send + Sync>> {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(binary)
+        .args(["serve", "--db", db, "--listen", "127.0.0.1:0", "--callback-secret", secret])
+        .args(args)
+        .env("PAYONCE_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take();
+    // Killed on drop from here, should the address not come.
+    let mut served = Served { child, addr: ([0, 0, 0, 0], 0).into() };
+    let mut line = String::new();
+    std::io::BufReader::new(stdout.ok_or("no stdout")?).read_line(&mut line)?;
+    let addr = line.trim().strip_prefix("listening on http://").ok_or_else(|| format!("unexpected {line:?}"))?;
+    served.addr = addr.parse()?;
+    Ok(served)
 }
