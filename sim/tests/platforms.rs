@@ -10,6 +10,9 @@
 //! the `payonce` binary belongs to another package, so `cargo test -p
 //! payonce-sim` does not build it (see tests/simulate.rs).
 
+mod common;
+
+use common::{Payonce, TempDir};
 use payonce::app::Config;
 use payonce::channel::alipay::public_key_from_text;
 use payonce::channel::wechatpay::public_key_from_pem;
@@ -22,10 +25,8 @@ use payonce::{App, Clock};
 use payonce_testclient as client;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -49,29 +50,6 @@ const FLAGS: [&str; 9] = [
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A scratch directory under Cargo's target tmp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "platforms-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A running `payonce-sim platforms`: its printed flags, its stdin for
 /// commands, its answers line by line. Killed on drop if still running, so
@@ -201,15 +179,9 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// payonce on a fresh file database, its outgoing calls configured from the
-/// printed flags the way `payonce serve` reads them. Stopped on drop.
-struct Payonce {
-    addr: SocketAddr,
-    shutdown: Arc<AtomicBool>,
-    serving: Option<thread::JoinHandle<bool>>,
-    _dir: TempDir,
-}
-
+/// payonce on a fresh file database, in process (`common::Payonce`), its
+/// outgoing calls configured from the printed flags the way `payonce serve`
+/// reads them.
 impl Payonce {
     fn start(sim: &Sim) -> Payonce {
         let timeout = Duration::from_secs(5);
@@ -240,12 +212,12 @@ impl Payonce {
         let db = dir.0.join("payonce.db");
         let config = Config { platforms, ..Config::default() };
         let app = App::open(db.to_str().expect("utf-8 path"), Clock::System, config).expect("open payonce");
-        let server = Server::bind("127.0.0.1:0").expect("bind");
-        let addr = server.local_addr();
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&shutdown);
-        let serving = thread::spawn(move || server.serve(Arc::new(app), flag, 4));
-        Payonce { addr, shutdown, serving: Some(serving), _dir: dir }
+        Payonce::serve(
+            Server::bind("127.0.0.1:0").expect("bind"),
+            move |server, flag| server.serve(Arc::new(app), flag, 4),
+            db,
+            dir,
+        )
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
@@ -276,15 +248,6 @@ impl Payonce {
             })
             .collect();
         (body["order"]["status"].as_str().unwrap_or("").to_owned(), states)
-    }
-}
-
-impl Drop for Payonce {
-    fn drop(&mut self) {
-        self.shutdown.store(true, Ordering::SeqCst);
-        if let Some(serving) = self.serving.take() {
-            let _ = serving.join();
-        }
     }
 }
 

@@ -5,6 +5,9 @@
 //! says VIOLATION when effects are not exactly once; setup errors are errors
 //! (exit 2), not verdicts.
 
+mod common;
+
+use common::{Payonce, TempDir};
 use payonce::api::{Request, Response};
 use payonce::app::Config;
 use payonce::channel::alipay::{public_key_from_text, AlipayConfig};
@@ -14,12 +17,9 @@ use payonce::http::Server;
 use payonce::{App, Clock};
 use payonce_testclient as client;
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread;
 use std::time::Duration;
 
 /// What a run of the binary came to.
@@ -89,40 +89,7 @@ const APIV3_KEY: &str = "TESTONLYapiv3key0123456789abcdef";
 const ALIPAY_APP_ID: &str = "2021000000000001";
 const SECRET: &str = "test-secret";
 
-/// A scratch directory under Cargo's target tmp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-            "sim-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// payonce on a fresh file database, served by the library's own HTTP edge
-/// in this process (the `payonce` binary belongs to another package, so
-/// Cargo builds it for its own tests only). Stopped on drop.
-struct Payonce {
-    addr: SocketAddr,
-    db: PathBuf,
-    shutdown: Arc<AtomicBool>,
-    serving: Option<thread::JoinHandle<bool>>,
-    _dir: TempDir,
-}
-
+/// payonce on a fresh file database, in process (`common::Payonce`).
 impl Payonce {
     /// The generic secret, the simulator's reward settings (SIM-COUPON, 1
     /// point per yuan) and, with `platforms`, the TEST_ONLY platform keys.
@@ -156,19 +123,6 @@ impl Payonce {
         )
     }
 
-    fn serve(
-        server: Server,
-        run: impl FnOnce(Server, Arc<AtomicBool>) -> bool + Send + 'static,
-        db: PathBuf,
-        dir: TempDir,
-    ) -> Payonce {
-        let addr = server.local_addr();
-        let shutdown = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&shutdown);
-        let serving = thread::spawn(move || run(server, flag));
-        Payonce { addr, db, shutdown, serving: Some(serving), _dir: dir }
-    }
-
     fn target(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -182,15 +136,6 @@ impl Payonce {
     fn events(&self, kind: &str) -> usize {
         let events = self.get("/v1/events?limit=1000");
         events["events"].as_array().expect("events").iter().filter(|e| e["type"] == kind).count()
-    }
-}
-
-impl Drop for Payonce {
-    fn drop(&mut self) {
-        self.shutdown.store(true, Ordering::SeqCst);
-        if let Some(serving) = self.serving.take() {
-            let _ = serving.join();
-        }
     }
 }
 
