@@ -49,24 +49,9 @@ fn sync_asks_the_configured_platforms_and_says_when_one_cannot_answer() {
     let dir = TempDir::new("platform-sync");
     let public = public_pem(&dir);
     let key = format!("S1={public}");
-    // Nothing listens on port 9: every platform call fails at once.
-    let server = Server::start_on(
-        &dir.path("payonce.db"),
-        &[
-            "--wechatpay-mchid",
-            "1900000100",
-            "--wechatpay-merchant-serial",
-            "M1",
-            "--wechatpay-merchant-key",
-            MERCHANT_KEY,
-            "--wechatpay-public-key",
-            &key,
-            "--wechatpay-api-base",
-            "http://127.0.0.1:9",
-            "--platform-timeout-ms",
-            "2000",
-        ],
-    );
+    let wechatpay = unreachable_wechatpay(&key);
+    let server =
+        Server::start_on(&dir.path("payonce.db"), &[&wechatpay[..], &["--platform-timeout-ms", "2000"]].concat());
     let created = server.post_json("/v1/orders", &json!({"order_no": "ORD-SYNC-HTTP", "user_id": "u1", "amount": 100}));
     assert_eq!(created.status, 201);
     let synced = server.post_json("/v1/orders/ORD-SYNC-HTTP/sync", &json!({}));
@@ -98,10 +83,19 @@ fn sync_asks_the_configured_platforms_and_says_when_one_cannot_answer() {
     assert_eq!(failed, 2, "each call kept");
 
     // payonce sync: the same, offline; exit 1 because a platform could not answer.
-    let (code, stdout, stderr) = payonce_cli(&[
-        "sync",
-        "--db",
-        &db,
+    let (code, stdout, stderr) = payonce_cli(&[&["sync", "--db", &db][..], &wechatpay, &["ORD-SYNC-HTTP"]].concat());
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    let printed: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    assert_eq!(printed["platforms"][0]["state"], "unknown");
+    let (code, _, stderr) = payonce_cli(&["sync", "--db", &db, "ORD-SYNC-HTTP"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("outgoing settings"), "{stderr}");
+}
+
+/// WeChat Pay's outgoing settings with `key` as its public key, at a base
+/// URL where nothing listens (port 9): every platform call fails at once.
+fn unreachable_wechatpay(key: &str) -> [&str; 10] {
+    [
         "--wechatpay-mchid",
         "1900000100",
         "--wechatpay-merchant-serial",
@@ -109,17 +103,10 @@ fn sync_asks_the_configured_platforms_and_says_when_one_cannot_answer() {
         "--wechatpay-merchant-key",
         MERCHANT_KEY,
         "--wechatpay-public-key",
-        &key,
+        key,
         "--wechatpay-api-base",
         "http://127.0.0.1:9",
-        "ORD-SYNC-HTTP",
-    ]);
-    assert_eq!(code, Some(1), "{stdout}{stderr}");
-    let printed: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
-    assert_eq!(printed["platforms"][0]["state"], "unknown");
-    let (code, _, stderr) = payonce_cli(&["sync", "--db", &db, "ORD-SYNC-HTTP"]);
-    assert_eq!(code, Some(2));
-    assert!(stderr.contains("outgoing settings"), "{stderr}");
+    ]
 }
 
 /// `payonce simulate platforms` (the simulator's standalone servers) as a
