@@ -218,7 +218,8 @@ impl GroupCommitter {
                 return Err(e);
             }
         };
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        // BEGIN and COMMIT through the statement cache, as SAVEPOINT and RELEASE.
+        if let Err(e) = conn.prepare_cached("BEGIN IMMEDIATE").and_then(|mut s| s.execute([])) {
             batch.take_next();
             return Err(e.into());
         }
@@ -260,7 +261,10 @@ impl GroupCommitter {
         if self.fail_next_commit.swap(false, Ordering::SeqCst) {
             return Err(did_not_commit("injected COMMIT failure (test hook)"));
         }
-        conn.execute_batch("COMMIT").map_err(|e| did_not_commit(&e.to_string()))
+        conn.prepare_cached("COMMIT")
+            .and_then(|mut s| s.execute([]))
+            .map(drop)
+            .map_err(|e| did_not_commit(&e.to_string()))
     }
 }
 
