@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-/// Orders closed per sweep batch; the sweep repeats until none are due.
+/// Orders closed, or expired Idempotency-Key results removed, per sweep
+/// batch; the sweep repeats batches until none are due.
 pub const SWEEP_BATCH_MAX: usize = 500;
 pub const SWEEP_INTERVAL_S_DEFAULT: u64 = 1;
 pub const INSPECT_INTERVAL_S_DEFAULT: u64 = 300;
@@ -64,20 +65,30 @@ fn sweep_once(app: &App, shutdown: &AtomicBool) {
     // Record-only freezes order state too: no order expires while payments
     // for it may be waiting undecided.
     if mode == Mode::Normal {
-        close_all_expired(app, shutdown);
+        in_batches_until_none_due(shutdown, "expiry sweep failed, will retry", || app.close_expired(SWEEP_BATCH_MAX));
     }
-    if let Err(e) = app.purge_expired_responses(SWEEP_BATCH_MAX) {
-        log::warn("purging expired Idempotency-Key results failed, will retry", &[("error", &e)]);
-    }
+    // Batches until none is due, like the expiry above: one batch per sweep
+    // fell behind any keyed load faster than SWEEP_BATCH_MAX per interval,
+    // and the table then grew without bound.
+    in_batches_until_none_due(shutdown, "purging expired Idempotency-Key results failed, will retry", || {
+        app.purge_expired_responses(SWEEP_BATCH_MAX)
+    });
 }
 
-fn close_all_expired(app: &App, shutdown: &AtomicBool) {
+/// Runs `batch` (which does at most SWEEP_BATCH_MAX rows and says how many)
+/// again while it found a full batch, so a sweep leaves nothing due behind.
+/// Each batch is its own short write transaction: requests interleave.
+fn in_batches_until_none_due(
+    shutdown: &AtomicBool,
+    failure: &str,
+    batch: impl Fn() -> Result<usize, crate::error::Error>,
+) {
     loop {
-        match app.close_expired(SWEEP_BATCH_MAX) {
+        match batch() {
             Ok(n) if n == SWEEP_BATCH_MAX && !shutdown.load(Ordering::SeqCst) => continue,
             Ok(_) => return,
             Err(e) => {
-                log::warn("expiry sweep failed, will retry", &[("error", &e)]);
+                log::warn(failure, &[("error", &e)]);
                 return;
             }
         }
