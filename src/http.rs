@@ -529,6 +529,18 @@ fn to_hyper(response: Response) -> HyperResponse {
             out.headers_mut().append(name, value);
         }
     }
+    // Answers carry orders, payments and tokens' results: no browser or
+    // proxy keeps them (an operator's console would otherwise leave payment
+    // data in its disk cache), and none is sniffed into another type. Set
+    // here, once, so no route and no refusal of the edge can forget them; a
+    // handler that chose its own caching (the console's files) keeps it.
+    let headers = out.headers_mut();
+    if !headers.contains_key(hyper::header::CACHE_CONTROL) {
+        headers.insert(hyper::header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    if !headers.contains_key(hyper::header::X_CONTENT_TYPE_OPTIONS) {
+        headers.insert(hyper::header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    }
     out
 }
 

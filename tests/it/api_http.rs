@@ -1545,3 +1545,40 @@ fn wait_with_timeout(child: &mut std::process::Child, timeout: Duration) -> Opti
         }
     }
 }
+
+/// Every `/v1` answer — a route's, an error, a replay, a callback's, one the
+/// HTTP edge refuses before a worker sees it, and an unknown path's — tells
+/// browsers and proxies not to keep it and not to sniff it: an operator's
+/// browser would otherwise keep payment data in its disk cache.
+#[test]
+fn every_v1_answer_is_no_store_and_nosniff() {
+    let server = Server::start(&["--api-token", "admin:tok-admin"]);
+    let auth = ("Authorization", "Bearer tok-admin");
+    let json = ("Content-Type", "application/json");
+    let body = br#"{"order_no":"ORD-HDR","user_id":"u1","amount":100}"#;
+    let keyed = [auth, json, ("Idempotency-Key", "hdr-1")];
+    let pay = Pay { pay_no: "PAY-HDR", order_no: "ORD-HDR", amount: 100, status: "SUCCESS" };
+    let answers: Vec<(&str, HttpResponse)> = vec![
+        ("created", util::request(server.addr, "POST", "/v1/orders", &keyed, body)),
+        ("replayed", util::request(server.addr, "POST", "/v1/orders", &keyed, body)),
+        ("read", util::request(server.addr, "GET", "/v1/orders/ORD-HDR", &[auth], b"")),
+        ("list", util::request(server.addr, "GET", "/v1/orders?limit=1", &[auth], b"")),
+        ("inspection", util::request(server.addr, "GET", "/v1/inspections", &[auth], b"")),
+        ("not found", util::request(server.addr, "GET", "/v1/orders/NO-SUCH", &[auth], b"")),
+        ("no token", util::request(server.addr, "GET", "/v1/orders/ORD-HDR", &[], b"")),
+        ("unknown path", util::request(server.addr, "GET", "/v1/nothing-here", &[auth], b"")),
+        ("callback", pay.send(&server)),
+    ];
+    let mut answers = answers;
+    let declared_too_large = b"POST /v1/orders HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer tok-admin\r\n\
+        Content-Type: application/json\r\nContent-Length: 107374182400\r\n\r\n";
+    let refused = util::parse_response(&util::raw(server.addr, declared_too_large)).expect("an answer");
+    answers.push(("too large at the edge", refused));
+    for (what, answer) in &answers {
+        assert_eq!(answer.header("Cache-Control"), Some("no-store"), "{what}: {} {:?}", answer.status, answer.headers);
+        assert_eq!(answer.header("X-Content-Type-Options"), Some("nosniff"), "{what}: {:?}", answer.headers);
+    }
+    let statuses: Vec<u16> = answers.iter().map(|(_, a)| a.status).collect();
+    assert_eq!(statuses, [201, 201, 200, 200, 200, 404, 401, 404, 200, 413], "each case is the answer it names");
+    assert_eq!(answers[1].1.header("Idempotent-Replayed"), Some("true"));
+}
