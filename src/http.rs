@@ -59,6 +59,11 @@ pub const WORKERS_DEFAULT: usize = 16;
 const IO_THREADS: usize = 2;
 /// How long shutdown waits for requests in flight.
 pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
+/// How long shutdown still waits, after the grace period, for the requests
+/// a worker had already begun: their work may commit, and a committed
+/// request is answered before its connection closes. Their own timeouts
+/// (busy timeout, platform timeout, key waits) end them well before.
+const SHUTDOWN_RUNNING_WAIT_MS_MAX: u64 = 60_000;
 /// How often the runtime looks at the shutdown flag the signal handler sets.
 const SHUTDOWN_POLL_MS: u64 = 50;
 
@@ -240,8 +245,17 @@ impl Server {
             drop(listener);
             // Every connection holds one permit until it closes.
             let all = u32::try_from(edge.limits.max_connections).unwrap_or(u32::MAX);
-            let drained = tokio::time::timeout(grace, permits.acquire_many(all)).await.is_ok();
-            drained
+            if tokio::time::timeout(grace, permits.acquire_many(all)).await.is_ok() {
+                return true;
+            }
+            // The grace period is over: what no worker has begun is refused
+            // from now on, never run, and what a worker is running may
+            // commit, so its connection stays open until its answer is
+            // written (bounded: the work has its own timeouts).
+            pool.refuse_queued();
+            let running_wait = Duration::from_millis(SHUTDOWN_RUNNING_WAIT_MS_MAX);
+            let _ = tokio::time::timeout(running_wait, permits.acquire_many(all)).await;
+            false
         });
         // Nothing is queued after this; the workers finish what is and exit.
         edge.jobs.lock().take();
@@ -274,17 +288,28 @@ struct Job {
 /// The fixed pool of synchronous worker threads.
 struct WorkerPool {
     handles: Vec<thread::JoinHandle<()>>,
+    /// Set when shutdown's grace period ends: a job taken from the queue
+    /// after that is answered 503 without running.
+    refusing: Arc<AtomicBool>,
 }
 
 impl WorkerPool {
     fn start(handler: Arc<dyn Handler>, queue: crossbeam_channel::Receiver<Job>, workers: usize) -> WorkerPool {
+        let refusing = Arc::new(AtomicBool::new(false));
         let handles = (0..workers.max(1))
             .filter_map(|i| {
-                let (handler, queue) = (Arc::clone(&handler), queue.clone());
-                thread::Builder::new().name(format!("payonce-worker-{i}")).spawn(move || work(&*handler, &queue)).ok()
+                let (handler, queue, refusing) = (Arc::clone(&handler), queue.clone(), Arc::clone(&refusing));
+                thread::Builder::new()
+                    .name(format!("payonce-worker-{i}"))
+                    .spawn(move || work(&*handler, &queue, &refusing))
+                    .ok()
             })
             .collect();
-        WorkerPool { handles }
+        WorkerPool { handles, refusing }
+    }
+
+    fn refuse_queued(&self) {
+        self.refusing.store(true, Ordering::SeqCst);
     }
 
     /// Waits for every worker until `deadline`; whether all finished.
@@ -296,12 +321,17 @@ impl WorkerPool {
     }
 }
 
-fn work(handler: &dyn Handler, queue: &crossbeam_channel::Receiver<Job>) {
+fn work(handler: &dyn Handler, queue: &crossbeam_channel::Receiver<Job>, refusing: &AtomicBool) {
     loop {
         let job = queue.recv();
         let Ok(Job { request, reply }) = job else {
             return;
         };
+        if refusing.load(Ordering::SeqCst) {
+            let err = Error::new(ErrorKind::ShuttingDown, "payonce is shutting down; retry shortly");
+            let _ = reply.send(handler.refuse(&request, &err).closing());
+            continue;
+        }
         // `api::serve` guards itself; this is the last resort for any handler.
         let response = catch_unwind(AssertUnwindSafe(|| handler.handle(&request))).unwrap_or_else(|_| {
             log::error("handler panicked", &[("method", &request.method), ("path", &request.path)]);
