@@ -324,7 +324,7 @@ impl App {
     pub(crate) fn write_op<T: Answer + Send>(
         &self,
         slot: Option<&IdempotencySlot>,
-        mut work: impl FnMut(&WriteTx) -> Result<T, Error> + Send,
+        work: impl Fn(&WriteTx) -> Result<T, Error> + Send + Sync,
     ) -> Result<T, Error> {
         self.store.write(|tx| {
             let result = match work(tx) {

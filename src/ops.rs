@@ -97,9 +97,13 @@ pub struct RefundResolution {
 }
 
 /// What a keyed drain decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Drained {
     pub applied: usize,
+    /// Each decision's outcome, counted in the metrics once committed. The
+    /// write body returns them: a body that pushed into a list outside it
+    /// counted a rolled-back attempt too when PostgreSQL re-ran it.
+    outcomes: Vec<PaymentOutcome>,
 }
 
 /// What a reconciliation found (and repaired).
@@ -192,28 +196,30 @@ impl App {
     /// `received`) keeps it exactly-once without the pay_no locks.
     pub fn drain_keyed(&self, slot: Option<&IdempotencySlot>) -> Result<Drained, Error> {
         let Some(slot) = slot else {
-            return Ok(Drained { applied: self.drain()? });
+            return Ok(Drained { applied: self.drain()?, outcomes: Vec::new() });
         };
         let now = self.clock.now_text();
-        let mut outcomes = Vec::new();
-        let decided = self.write_op(Some(slot), |tx| loop {
-            let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
-            for (id, _) in &batch {
-                let record = tx.callback_by_id(*id)?;
-                let order = tx.order_by_id(record.order_id)?;
-                outcomes.push(self.decide_payment(
-                    tx,
-                    &Delivery::from_record(&record),
-                    DecisionRow::Received(record.id),
-                    &order,
-                    &now,
-                )?);
-            }
-            if batch.len() < DRAIN_BATCH_MAX {
-                return Ok(Drained { applied: outcomes.len() });
+        let decided = self.write_op(Some(slot), |tx| {
+            let mut outcomes = Vec::new();
+            loop {
+                let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
+                for (id, _) in &batch {
+                    let record = tx.callback_by_id(*id)?;
+                    let order = tx.order_by_id(record.order_id)?;
+                    outcomes.push(self.decide_payment(
+                        tx,
+                        &Delivery::from_record(&record),
+                        DecisionRow::Received(record.id),
+                        &order,
+                        &now,
+                    )?);
+                }
+                if batch.len() < DRAIN_BATCH_MAX {
+                    return Ok(Drained { applied: outcomes.len(), outcomes });
+                }
             }
         })?;
-        for outcome in &outcomes {
+        for outcome in &decided.outcomes {
             self.metrics.observe_callback("payment", outcome.as_str());
         }
         Ok(decided)

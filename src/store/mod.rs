@@ -19,10 +19,13 @@
 //! `IS DISTINCT FROM`), and run only through the engine's statement cache.
 //! No query uses JSON functions: JSON is built and read in Rust.
 //!
-//! A write's body is `FnMut`: PostgreSQL re-runs the whole transaction after
-//! a serialization failure or a deadlock (at most [`WRITE_ATTEMPTS_MAX`]
-//! times, then 503 `database_busy`), so a body must have no effect outside
-//! its transaction.
+//! A write's body is `Fn`, not `FnMut`: PostgreSQL re-runs the whole
+//! transaction after a serialization failure or a deadlock (at most
+//! [`WRITE_ATTEMPTS_MAX`] times, then 503 `database_busy`), so a body must
+//! have no effect outside its transaction. `Fn` makes the compiler keep that
+//! rule: a body cannot push to, count in or otherwise change anything it
+//! captured, so a rolled-back attempt leaves nothing behind. What a body
+//! learns, it returns.
 
 mod effects;
 pub mod group_commit;
@@ -260,7 +263,7 @@ impl Store {
     /// committed (a retry after the restart finds it, exactly once).
     /// PostgreSQL: `work` may run again after a serialization failure or a
     /// deadlock, on a new transaction.
-    pub fn write<T: Send>(&self, mut work: impl FnMut(&WriteTx) -> Result<T, Error> + Send) -> Result<T, Error> {
+    pub fn write<T: Send>(&self, work: impl Fn(&WriteTx) -> Result<T, Error> + Send + Sync) -> Result<T, Error> {
         let emitted = AtomicBool::new(false);
         let mut attempt = |conn: &dyn Conn| {
             emitted.store(false, Relaxed);

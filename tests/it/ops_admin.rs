@@ -1693,3 +1693,50 @@ for_each_engine! {
         );
     }
 }
+
+/// `payonce_callback_outcomes_total{kind="payment",outcome=...}` of `app`.
+fn payment_outcome_count(app: &App, outcome: &str) -> u64 {
+    let req = Request {
+        method: "GET".into(),
+        path: "/metrics".into(),
+        query: String::new(),
+        headers: Vec::new(),
+        body: Vec::new(),
+    };
+    let text = String::from_utf8(api::handle(app, &req).body).expect("metrics text");
+    let series = format!("payonce_callback_outcomes_total{{kind=\"payment\",outcome=\"{outcome}\"}} ");
+    text.lines().find_map(|line| line.strip_prefix(&series)).map_or(0, |n| n.parse().expect("a count"))
+}
+
+for_each_engine! {
+    /// A keyed drain whose transaction PostgreSQL re-runs (two forced
+    /// serialization failures) decides, answers, stores and counts each
+    /// record once: the answer stored under the key and the metrics come
+    /// from the attempt that committed, never from the rolled-back ones.
+    /// (On SQLite nothing re-runs; the same case holds on one attempt.)
+    fn a_keyed_drain_rerun_after_serialization_failures_answers_and_counts_once(db) {
+        let app = app_on(&db.spec);
+        for order_no in ["RR-1", "RR-2", "RR-3"] {
+            create(&app, order_no, 300);
+        }
+        set_mode(&app, "record_only");
+        for (pay_no, order_no) in [("RRP-1", "RR-1"), ("RRP-2", "RR-2"), ("RRP-3", "RR-3")] {
+            let answer = pay(&app, Pay { pay_no, order_no, amount: 300, status: "SUCCESS" });
+            assert_eq!(answer, json!({"code": "SUCCESS", "outcome": "recorded"}), "{pay_no}");
+        }
+        app.store.fail_next_writes_serializing(2);
+        let keyed = || {
+            let headers = vec![
+                ("Content-Type".to_owned(), "application/json".to_owned()),
+                ("Idempotency-Key".to_owned(), "drain-rerun".to_owned()),
+            ];
+            handle(&app, "POST", "/v1/admin/drain", headers, b"{}".to_vec())
+        };
+        assert_eq!(keyed(), (200, json!({"applied": 3})), "{}: three records, decided once each", db.label());
+        assert_eq!(keyed(), (200, json!({"applied": 3})), "{}: the stored answer replays", db.label());
+        assert_eq!(payment_outcome_count(&app, "applied"), 3, "{}: counted once each", db.label());
+        for order_no in ["RR-1", "RR-2", "RR-3"] {
+            assert_eq!(app.order(order_no).expect("order").order.status.as_str(), "PAID", "{order_no}");
+        }
+    }
+}

@@ -170,25 +170,27 @@ fn a_serialization_failure_reruns_the_whole_body_at_most_five_times() {
     let Some(db) = crate::engines::Db::postgres("retry") else { return };
     let store = db.store();
     store.fail_next_writes_serializing(2);
-    let mut runs = 0;
+    // The body counts its runs through an atomic: `Fn` lets a body change
+    // nothing it captured except on purpose, as here.
+    let runs = std::sync::atomic::AtomicUsize::new(0);
     let created = store
         .write(|tx| {
-            runs += 1;
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tx.insert_order(&crate::util::new_order("RETRY-1")).map(|r| r.is_ok())
         })
         .expect("the third attempt commits");
     assert!(created, "each attempt starts from nothing: the first two were rolled back");
-    assert_eq!(runs, 3, "the body ran once per attempt");
+    assert_eq!(runs.into_inner(), 3, "the body ran once per attempt");
 
     store.fail_next_writes_serializing(5);
-    let mut runs = 0;
+    let runs = std::sync::atomic::AtomicUsize::new(0);
     let err = store
         .write(|tx| {
-            runs += 1;
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tx.insert_order(&crate::util::new_order("RETRY-2")).map(|r| r.is_ok())
         })
         .expect_err("five failures in a row");
-    assert_eq!(runs, 5, "at most 5 attempts");
+    assert_eq!(runs.into_inner(), 5, "at most 5 attempts");
     assert_eq!((err.status, err.code), (503, "database_busy"), "{err}");
     assert_eq!(db.count(&store, "SELECT count(*) FROM orders WHERE order_no = 'RETRY-1'"), 1);
     assert_eq!(db.count(&store, "SELECT count(*) FROM orders WHERE order_no = 'RETRY-2'"), 0, "nothing written");
