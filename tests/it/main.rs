@@ -19,6 +19,7 @@ mod http_pool;
 mod idempotency;
 mod incident;
 mod ledger;
+mod nul_bytes;
 mod openapi;
 mod ops_admin;
 mod payment_edges;
