@@ -285,12 +285,49 @@ fn route(app: &App, req: &Request) -> Result<Response, Error> {
         Found::Nothing => return Err(Error::new(ErrorKind::NotFound, format!("no route for {}", req.path))),
     };
     let caller = if route.needs_token { authenticate(app, req)? } else { CALLER_ANONYMOUS.to_owned() };
+    refuse_nul_in_path(route, &params)?;
+    if let Err(err) = refuse_nul_bytes(route, req) {
+        // A payment channel answers in its platform's own protocol.
+        if route.template.starts_with("/v1/callbacks/") {
+            let channel = params.first().copied().unwrap_or("");
+            return Ok(with_channel(app, channel, |chosen| chosen.refuse(&err).with_outcome(err.code)));
+        }
+        return Err(err);
+    }
     let call =
         |slot: Option<&IdempotencySlot>| (route.handler)(&Call { app, req, params: &params, caller: &caller, slot });
     match req.header("Idempotency-Key") {
         Some(raw_key) if route.keyed => with_idempotency_key(app, req, &caller, raw_key, call),
         _ => call(None),
     }
+}
+
+/// A path parameter holding a NUL byte, percent-encoded (`%00`) or raw, is
+/// 400. Paths are routed undecoded, but a proxy or a later reader may
+/// decode it, and PostgreSQL's text refuses 0x00 (docs/operations.md,
+/// "Someone else's bytes, and NUL bytes").
+fn refuse_nul_in_path(route: &Route, params: &[&str]) -> Result<(), Error> {
+    let names = route.template.split('/').filter_map(|part| part.strip_prefix('{').and_then(|p| p.strip_suffix('}')));
+    match names.zip(params).find(|(_, value)| value.contains("%00") || value.contains('\0')) {
+        Some((name, _)) => Err(Error::invalid(format!("{name} in the path must not contain a NUL byte (%00)"))),
+        None => Ok(()),
+    }
+}
+
+/// A NUL byte in a query parameter, a header or a statement is 400 before
+/// any handler runs, on every route, so none reaches the store; JSON bodies
+/// are checked where they are parsed (`wire::parse_object`).
+fn refuse_nul_bytes(route: &Route, req: &Request) -> Result<(), Error> {
+    if let Some(name) = crate::wire::query_param_with_nul(&req.query) {
+        return Err(Error::invalid(format!("query parameter {name} must not contain a NUL byte")));
+    }
+    if let Some((name, _)) = req.headers.iter().find(|(_, value)| value.contains('\0')) {
+        return Err(Error::invalid(format!("header {} must not contain a NUL byte", name.escape_debug())));
+    }
+    if route.template == RECONCILIATIONS_PATH && req.body.contains(&0) {
+        return Err(Error::invalid("the statement must not contain a NUL byte"));
+    }
+    Ok(())
 }
 
 /// The caller's name from `Authorization: Bearer <token>` (the scheme is

@@ -364,18 +364,34 @@ impl App {
         request: &str,
     ) -> Result<(), Error> {
         let now = self.clock.now_text();
-        let recorded = self.store.write(|tx| {
-            tx.record_platform_attempt(
-                row.id,
-                row.attempts,
-                status,
-                next_attempt_at,
-                request,
-                http_status,
-                &response,
-                &now,
-            )
-        })?;
+        let record = |response: &str| {
+            self.store.write(|tx| {
+                tx.record_platform_attempt(
+                    row.id,
+                    row.attempts,
+                    status,
+                    next_attempt_at,
+                    request,
+                    http_status,
+                    response,
+                    &now,
+                )
+            })
+        };
+        // The platform's text must never decide whether the call's schedule
+        // moves on: when it cannot be stored, the same state change is
+        // recorded with payonce's own words (docs/operations.md, "Someone
+        // else's bytes, and NUL bytes").
+        let recorded = match record(&response) {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                crate::log::warn(
+                    "a platform call's answer could not be recorded as received; recording it without it",
+                    &[("order_no", &row.order_no), ("channel", &row.channel), ("error", &e)],
+                );
+                record(&format!("the platform's answer could not be recorded: {e}"))?
+            }
+        };
         if !recorded {
             crate::log::warn(
                 "a platform call moved on during its call; its result is not recorded",

@@ -27,6 +27,7 @@ use crate::domain::{AttemptResult, DeliveryRow, EventRow};
 use crate::error::Error;
 use crate::log;
 use crate::render;
+use crate::store::escape_foreign_text;
 use crate::webhook::{next_wait_ms, random_unit, retry_after_ms, signature_header, ERROR_TEXT_MAX};
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -159,7 +160,8 @@ impl Relay {
             }
             Err(e) => (None, e.to_string(), None),
         };
-        let error: String = error.chars().take(ERROR_TEXT_MAX).collect();
+        // Escaped before it is cut, so what is recorded stays within the limit.
+        let error: String = escape_foreign_text(&error).chars().take(ERROR_TEXT_MAX).collect();
         let result = match next_wait_ms(&settings.retry_schedule_ms, claimed.attempt, retry_after, random_unit()) {
             Some(wait_ms) => AttemptResult::Retry {
                 status,
@@ -173,32 +175,38 @@ impl Relay {
 
     fn record(&self, claimed: &Attempt, result: AttemptResult, now_ms: i64) -> AttemptResult {
         let delivery = &claimed.delivery;
-        let now = format_ms(now_ms);
         let label = match &result {
             AttemptResult::Delivered { .. } => "delivered",
             AttemptResult::Retry { .. } => "retried",
             AttemptResult::Failed { .. } => "failed",
             AttemptResult::Gone => "disabled",
         };
-        match self.app.store.write(|tx| tx.finish_webhook_attempt(delivery, claimed.attempt, &result, &now)) {
-            Ok(true) => self.app.metrics.observe_webhook(label),
-            // Its lease ran out and another attempt was claimed, or the endpoint was disabled meanwhile.
-            Ok(false) => log::warn(
-                "webhook attempt result not recorded: the delivery moved on during the call",
-                &[("delivery", &delivery.id), ("attempt", &claimed.attempt), ("result", &label)],
-            ),
-            // The lease runs out and the attempt is made again: at least once.
-            Err(e) => log::warn(
-                "recording a webhook attempt failed; it will be retried when its lease runs out",
-                &[("delivery", &delivery.id), ("error", &e)],
-            ),
-        }
         let fields: [(&str, &dyn std::fmt::Display); 4] = [
             ("delivery", &delivery.id),
             ("endpoint", &delivery.endpoint),
             ("event_id", &delivery.event_id),
             ("attempt", &claimed.attempt),
         ];
+        let recorded = match self.finish(claimed, &result, now_ms) {
+            Ok(recorded) => recorded,
+            // The lease runs out and the attempt is made again: at least once.
+            Err(e) => {
+                log::warn(
+                    "recording a webhook attempt failed; it will be retried when its lease runs out",
+                    &[fields[0], fields[1], fields[2], fields[3], ("result", &label), ("error", &e)],
+                );
+                return result;
+            }
+        };
+        if !recorded {
+            // Its lease ran out and another attempt was claimed, or the endpoint was disabled meanwhile.
+            log::warn(
+                "webhook attempt result not recorded: the delivery moved on during the call",
+                &[fields[0], fields[1], fields[2], fields[3], ("result", &label)],
+            );
+            return result;
+        }
+        self.app.metrics.observe_webhook(label);
         match &result {
             AttemptResult::Delivered { .. } => log::debug("webhook delivered", &fields),
             AttemptResult::Retry { error, next_attempt_at, .. } => log::warn(
@@ -216,6 +224,35 @@ impl Relay {
             ),
         }
         result
+    }
+
+    /// Step 4's write: true when this attempt's result was recorded. When
+    /// the receiver's text cannot be stored, a second write records the
+    /// same state change with payonce's own words instead, so the schedule
+    /// moves on whatever the receiver sent (docs/operations.md, "Someone
+    /// else's bytes, and NUL bytes").
+    fn finish(&self, claimed: &Attempt, result: &AttemptResult, now_ms: i64) -> Result<bool, Error> {
+        let now = format_ms(now_ms);
+        let delivery = &claimed.delivery;
+        let first = self.app.store.write(|tx| tx.finish_webhook_attempt(delivery, claimed.attempt, result, &now));
+        let Err(e) = first else {
+            return first;
+        };
+        let why = format!("the receiver's answer could not be recorded: {e}");
+        let why: String = escape_foreign_text(&why).chars().take(ERROR_TEXT_MAX).collect();
+        let fallback = match result {
+            AttemptResult::Retry { status, next_attempt_at, .. } => {
+                AttemptResult::Retry { status: *status, error: why, next_attempt_at: next_attempt_at.clone() }
+            }
+            AttemptResult::Failed { status, .. } => AttemptResult::Failed { status: *status, error: why },
+            // Nothing of the receiver's is in these: the first error was the database's.
+            AttemptResult::Delivered { .. } | AttemptResult::Gone => return Err(e),
+        };
+        log::warn(
+            "a webhook attempt's result could not be recorded as received; recording it without the receiver's text",
+            &[("delivery", &delivery.id), ("attempt", &claimed.attempt), ("error", &e)],
+        );
+        self.app.store.write(|tx| tx.finish_webhook_attempt(delivery, claimed.attempt, &fallback, &now))
     }
 
     /// One whole round, for tests and tools that drive the relay by hand:

@@ -100,10 +100,48 @@ pub fn json_object(req: &Request, allowed: &[&str]) -> Result<Map<String, Value>
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
     // serde_json refuses nesting deeper than 128, so hostile depth is a 400, not a stack overflow.
     match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
+        Ok(Value::Object(map)) => {
+            for (key, value) in &map {
+                refuse_nul_in_json(key, value)?;
+            }
+            Ok(map)
+        }
         Ok(_) => Err(Error::invalid("the body must be a JSON object")),
         Err(e) => Err(Error::new(ErrorKind::InvalidJson, format!("the body is not valid JSON: {e}"))),
     }
+}
+
+/// A NUL byte (`\u0000`) in any string or key of a body is refused here,
+/// before any field is read: PostgreSQL's text refuses it, so it would
+/// otherwise turn into a 500 wherever the string reaches the store
+/// (docs/operations.md, "Someone else's bytes, and NUL bytes").
+fn refuse_nul_in_json(field: &str, value: &Value) -> Result<(), Error> {
+    let refused = || Error::invalid(format!("{} must not contain a NUL byte", field.escape_debug()));
+    if field.contains('\0') {
+        return Err(refused());
+    }
+    match value {
+        Value::String(text) if text.contains('\0') => Err(refused()),
+        Value::Array(items) => {
+            items.iter().enumerate().try_for_each(|(n, item)| refuse_nul_in_json(&format!("{field}[{n}]"), item))
+        }
+        Value::Object(map) => {
+            map.iter().try_for_each(|(key, item)| refuse_nul_in_json(&format!("{field}.{key}"), item))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The first query parameter whose decoded name or value holds a NUL byte,
+/// by its name (escaped). Pairs whose percent-encoding is malformed are
+/// left to the handler that reads them.
+pub fn query_param_with_nul(query: &str) -> Option<String> {
+    query.split('&').filter(|pair| !pair.is_empty()).find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let key = form_decode(key.as_bytes())?;
+        let value = form_decode(value.as_bytes())?;
+        (key.contains(&0) || value.contains(&0)).then(|| String::from_utf8_lossy(&key).escape_debug().to_string())
+    })
 }
 
 pub fn required_str(body: &Map<String, Value>, field: &str) -> Result<String, Error> {
@@ -236,6 +274,18 @@ mod tests {
         assert!(parse_query("a=%ff").is_err());
         assert!(parse_query("a=%4").is_err());
         assert!(parse_query("a=%+f").is_err());
+    }
+
+    #[test]
+    fn nul_bytes_are_found_wherever_a_caller_put_them() {
+        let refused = |body: &str| parse_object(body.as_bytes()).err().map(|e| e.message);
+        assert_eq!(refused(r#"{"reason":"a\u0000b"}"#).as_deref(), Some("reason must not contain a NUL byte"));
+        assert_eq!(refused(r#"{"a":{"b":["x","\u0000"]}}"#).as_deref(), Some("a.b[1] must not contain a NUL byte"));
+        assert_eq!(refused(r#"{"k\u0000":1}"#).as_deref(), Some("k\\0 must not contain a NUL byte"));
+        assert_eq!(refused(r#"{"reason":"\\u0000 is six characters"}"#), None);
+        assert_eq!(query_param_with_nul("a=1&user_id=%00"), Some("user_id".to_owned()));
+        assert_eq!(query_param_with_nul("a%00b=1"), Some("a\\0b".to_owned()));
+        assert_eq!(query_param_with_nul("a=%zz&b=%2500"), None);
     }
 
     #[test]

@@ -662,3 +662,17 @@ fn limit_param(limit: usize) -> i64 {
 fn bad_value(what: &str, value: &str) -> Error {
     Error::internal(format!("unexpected {what} {value:?} in the database"))
 }
+
+/// Someone else's text (a webhook receiver's error body, a platform's
+/// answer) as payonce records it: each NUL byte becomes the six characters
+/// `\u0000`, JSON's spelling of it. PostgreSQL's `text` refuses 0x00, and a
+/// write that fails on it must never decide whether a retry schedule moves
+/// on (docs/operations.md, "Someone else's bytes, and NUL bytes"). Invalid UTF-8 never
+/// reaches here: it is decoded with U+FFFD where it is read.
+pub fn escape_foreign_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\\u0000"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
+}

@@ -2,7 +2,7 @@
 //! to a platform's API and completed after it, outside any transaction that
 //! spans the call. Never deleted.
 
-use super::{limit_param, one_row, params, ReadTx, Row, WriteTx};
+use super::{escape_foreign_text, limit_param, one_row, params, ReadTx, Row, WriteTx};
 use crate::error::Error;
 
 /// A call about to be made.
@@ -135,7 +135,8 @@ impl WriteTx<'_> {
 
     /// Records the claimed attempt `attempt` of a call: `status` `pending`
     /// with `next_attempt_at` (retry), or `done` / `given_up` / `failed`.
-    /// False when the call moved on meanwhile (changes nothing).
+    /// False when the call moved on meanwhile (changes nothing). The texts
+    /// hold the platform's bytes, so they are stored escaped.
     #[allow(clippy::too_many_arguments)]
     pub fn record_platform_attempt(
         &self,
@@ -152,7 +153,16 @@ impl WriteTx<'_> {
             "UPDATE platform_call
              SET status = ?3, next_attempt_at = ?4, request = ?5, http_status = ?6, response = ?7, updated_at = ?8
              WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
-            params![id, attempt, status, next_attempt_at, request, http_status, response, now],
+            params![
+                id,
+                attempt,
+                status,
+                next_attempt_at,
+                escape_foreign_text(request).as_ref(),
+                http_status,
+                escape_foreign_text(response).as_ref(),
+                now
+            ],
         )?;
         one_row(changed, "record platform attempt")
     }
@@ -165,7 +175,15 @@ impl WriteTx<'_> {
                                         request, created_at, updated_at)
              VALUES (?1, ?2, ?3, ?4, 'pending', 1, ?5, ?6, ?7, ?7)
              RETURNING id",
-            params![call.channel, call.kind, call.order_no, call.refund_no, call.lease_until, call.request, call.now],
+            params![
+                call.channel,
+                call.kind,
+                call.order_no,
+                call.refund_no,
+                call.lease_until,
+                escape_foreign_text(call.request).as_ref(),
+                call.now
+            ],
             |r| r.int(0),
         )
     }

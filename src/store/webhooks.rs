@@ -8,7 +8,7 @@
 //! stale finisher (a lease that expired and was claimed again) changes
 //! nothing.
 
-use super::{limit_param, one_row, params, ReadTx, Row, WriteTx};
+use super::{escape_foreign_text, limit_param, one_row, params, ReadTx, Row, WriteTx};
 use crate::domain::{AttemptResult, DeliveryRow, DeliveryStatus, EndpointRow};
 use crate::error::Error;
 
@@ -209,13 +209,13 @@ impl WriteTx<'_> {
             AttemptResult::Retry { status, error, next_attempt_at } => self.execute(
                 "UPDATE webhook_delivery SET next_attempt_at = ?3, last_status = ?4, last_error = ?5
                  WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
-                params![delivery.id, attempt, next_attempt_at, *status, error],
+                params![delivery.id, attempt, next_attempt_at, *status, escape_foreign_text(error).as_ref()],
             )?,
             AttemptResult::Failed { status, error } => self.execute(
                 "UPDATE webhook_delivery
                  SET status = 'failed', next_attempt_at = NULL, last_status = ?3, last_error = ?4
                  WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
-                params![delivery.id, attempt, *status, error],
+                params![delivery.id, attempt, *status, escape_foreign_text(error).as_ref()],
             )?,
             AttemptResult::Gone => {
                 let changed = self.execute(

@@ -88,7 +88,7 @@ impl Receiver {
     }
 
     /// How `path` answers from now on (see receiver.py: status, fail_first,
-    /// fail_status, fail_orders, delay_ms, delay_orders, retry_after).
+    /// fail_status, fail_orders, fail_ids, fail_body_hex, delay_ms, delay_orders, retry_after).
     pub fn behave(&self, path: &str, behaviour: Value) {
         let mut body = behaviour;
         body["path"] = json!(path);

@@ -402,6 +402,35 @@ for_each_engine! {
         }
     }
 
+    /// A receiver's error body with NUL bytes and invalid UTF-8 is recorded
+    /// escaped, and the delivery still fails after its schedule's attempts,
+    /// no more; the order's next event is delivered after it.
+    fn a_receivers_nul_bytes_and_invalid_utf8_do_not_stop_the_schedule(db) {
+        let receiver = Receiver::start();
+        let body: &[u8] = b"bad\x00answer \xff\xfe end";
+        let hex: String = body.iter().map(|b| format!("{b:02x}")).collect();
+        receiver.behave("/nul", json!({"fail_ids": ["order.paid:"], "fail_body_hex": hex}));
+        let flags = ["--webhook-retry-s", "0.1,0.1", "--webhook-timeout-ms", "1000"];
+        let server = serve_with_webhooks(db, &[receiver.url("/nul")], &flags);
+        pay_order(&server, "NUL-1");
+        refund_order(&server, "NUL-1");
+        let calls = receiver.wait_for("the order's next event", |log| {
+            log.iter().any(|c| webhook_id(c).starts_with("order.refunding:") && c["status"] == 200)
+        });
+        let paid_calls = |calls: &[Value]| calls.iter().filter(|c| webhook_id(c).starts_with("order.paid:")).count();
+        assert_eq!(paid_calls(&calls), 3, "one attempt and two retries: {calls:#?}");
+        let failed = deliveries(&server, "?status=failed");
+        assert_eq!(failed.len(), 1, "{failed:#?}");
+        assert_eq!(failed[0]["attempts"], 3);
+        assert_eq!(failed[0]["last_status"], 500);
+        let error = failed[0]["last_error"].as_str().unwrap_or_default();
+        assert_eq!(error, "HTTP 500: bad\\u0000answer \u{fffd}\u{fffd} end", "recorded escaped");
+        wait_until("the next event delivered", || deliveries(&server, "?status=delivered").len() == 1);
+        std::thread::sleep(Duration::from_millis(1_500));
+        assert_eq!(paid_calls(&receiver.log()), 3, "nothing more after the dead letter");
+        assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"failed\"}"), 1.0);
+    }
+
     fn a_410_disables_the_endpoint_until_the_admin_call_enables_it(db) {
         let receiver = Receiver::start();
         receiver.behave("/gone", json!({"status": 410}));

@@ -91,11 +91,11 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):
         pass
 
-    def answer(self, status, value, extra_headers=()):
+    def answer(self, status, value, extra_headers=(), raw=None):
         # 204 and 304 have no body by definition (RFC 9110): a body there
         # would be read as the next response on the kept-alive connection.
         bodiless = status in (204, 304)
-        data = b"" if bodiless else json.dumps(value).encode()
+        data = b"" if bodiless else (raw if raw is not None else json.dumps(value).encode())
         self.send_response(status)
         if not bodiless:
             self.send_header("Content-Type", "application/json")
@@ -165,6 +165,8 @@ class Handler(BaseHTTPRequestHandler):
                 status = 400
             elif order_no is not None and order_no in b.get("fail_orders", []):
                 status = fail_status
+            elif any((msg_id or "").startswith(p) for p in b.get("fail_ids", [])):
+                status = fail_status
             elif earlier < b.get("fail_first", 0):
                 status = fail_status
             else:
@@ -193,10 +195,15 @@ class Handler(BaseHTTPRequestHandler):
         extra = []
         if not 200 <= status < 300 and b.get("retry_after") is not None:
             extra.append(("Retry-After", str(b["retry_after"])))
+        # fail_body_hex: the exact bytes of a failing answer's body (NUL
+        # bytes, invalid UTF-8), as a hostile receiver would send them.
+        raw = None
+        if not 200 <= status < 300 and b.get("fail_body_hex") is not None:
+            raw = bytes.fromhex(b["fail_body_hex"])
         if verified is False:
             self.answer(400, {"error": "verification failed"}, extra)
         else:
-            self.answer(status, {"ok": 200 <= status < 300}, extra)
+            self.answer(status, {"ok": 200 <= status < 300}, extra, raw)
 
 
 def main():
