@@ -22,6 +22,7 @@ mod ledger;
 mod openapi;
 mod ops_admin;
 mod payment_edges;
+mod pg_faults;
 mod postgres_cli;
 mod reads;
 mod receiver;
