@@ -25,13 +25,13 @@ use super::{
 };
 use crate::error::{Error, ErrorKind};
 use bytes::BytesMut;
-use postgres::error::SqlState;
+use postgres::error::{Severity, SqlState};
 use postgres::types::{IsNull, ToSql, Type};
 use postgres::{Client, IsolationLevel, NoTls, Statement, Transaction};
 use r2d2_postgres::PostgresConnectionManager;
 use std::cell::{Cell as Flag, RefCell};
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +64,8 @@ impl Hooks {
 
 pub struct PostgresEngine {
     pool: r2d2::Pool<Manager>,
+    /// [`Manager::reachable`], read when the pool times out.
+    reachable: Arc<AtomicBool>,
     storage_ok: Arc<AtomicBool>,
     hooks: Hooks,
     /// Test hook: this many coming write attempts end, after their body ran,
@@ -75,12 +77,20 @@ pub struct PostgresEngine {
 pub(super) struct PgConnection {
     client: Client,
     statements: HashMap<&'static str, Statement>,
+    /// Set when a statement on it failed because the connection or the
+    /// server went away: the pool drops it instead of handing it out again
+    /// (the client may not have seen its socket close yet).
+    broken: Flag<bool>,
 }
 
 struct Manager {
     inner: Connector,
     /// Session settings every new connection gets.
     session: String,
+    /// Whether the last attempt to open a connection succeeded: a pool
+    /// that times out while the server refuses connections is
+    /// `database_unavailable`, one that is merely full is `database_busy`.
+    reachable: Arc<AtomicBool>,
 }
 
 /// Plain TCP, or TLS when the URL says `sslmode=require`.
@@ -143,9 +153,12 @@ impl r2d2::ManageConnection for Manager {
     type Error = postgres::Error;
 
     fn connect(&self) -> Result<PgConnection, postgres::Error> {
-        let mut client = self.inner.connect()?;
-        client.batch_execute(&self.session)?;
-        Ok(PgConnection { client, statements: HashMap::new() })
+        let connected = self.inner.connect().and_then(|mut client| {
+            client.batch_execute(&self.session)?;
+            Ok(client)
+        });
+        self.reachable.store(connected.is_ok(), Ordering::SeqCst);
+        Ok(PgConnection { client: connected?, statements: HashMap::new(), broken: Flag::new(false) })
     }
 
     fn is_valid(&self, conn: &mut PgConnection) -> Result<(), postgres::Error> {
@@ -153,7 +166,7 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut PgConnection) -> bool {
-        conn.client.is_closed()
+        conn.broken.get() || conn.client.is_closed()
     }
 }
 
@@ -214,7 +227,8 @@ impl PostgresEngine {
             "SET application_name = 'payonce'; SET lock_timeout = '{}ms'; SET TIME ZONE 'UTC'",
             options.busy_timeout_ms
         );
-        let manager = Manager { inner: Connector::new(config, &shown)?, session };
+        let reachable = Arc::new(AtomicBool::new(true));
+        let manager = Manager { inner: Connector::new(config, &shown)?, session, reachable: Arc::clone(&reachable) };
         // One connection first, directly: an unreachable server or a refused
         // login fails here at once with its cause (the pool would retry for
         // POOL_WAIT_MS and report a timeout).
@@ -229,6 +243,7 @@ impl PostgresEngine {
             .map_err(|e| Error::internal(format!("cannot open database {shown}: {e}")))?;
         let engine = PostgresEngine {
             pool,
+            reachable,
             storage_ok: Arc::new(AtomicBool::new(true)),
             hooks: Hooks::from_env(),
             serialization_failures: std::sync::atomic::AtomicU32::new(0),
@@ -237,8 +252,15 @@ impl PostgresEngine {
         Ok(engine)
     }
 
+    /// A pooled connection, waiting at most [`POOL_WAIT_MS`] for one.
     fn connection(&self) -> Result<r2d2::PooledConnection<Manager>, Error> {
-        Ok(self.pool.get()?)
+        self.pool.get().map_err(|e| {
+            if self.reachable.load(Ordering::SeqCst) {
+                Error::from(e)
+            } else {
+                Error::new(ErrorKind::DatabaseUnavailable, format!("cannot connect to the database: {e}"))
+            }
+        })
     }
 
     /// Brings the database to [`SCHEMA_VERSION`] in one transaction under a
@@ -297,22 +319,23 @@ impl PostgresEngine {
         let keys: Vec<i64> = crate::keylock::held_keys().iter().map(|k| lock_key(k)).collect();
         for attempt in 1..=WRITE_ATTEMPTS_MAX {
             let mut conn = self.connection()?;
-            let PgConnection { client, statements } = &mut *conn;
+            let PgConnection { client, statements, broken } = &mut *conn;
             let tx = client
                 .build_transaction()
                 .isolation_level(IsolationLevel::ReadCommitted)
                 .start()
-                .map_err(plain_error)?;
+                .map_err(|e| forget_if_gone(broken, plain_error(e)))?;
             let pg = PgTx::new(tx, statements, &self.hooks);
             let result = keys
                 .iter()
                 .try_for_each(|key| pg.execute("SELECT pg_advisory_xact_lock(?1)", params![*key]).map(drop))
                 .and_then(|()| work(&pg))
                 .and_then(|value| self.maybe_fail_serialization(&pg).map(|()| value));
-            let result = match result {
-                Ok(value) => pg.commit().map(|()| value),
-                Err(e) => Err(e), // dropping the transaction rolls it back
-            };
+            // Dropping the transaction after an error rolls it back. A
+            // COMMIT whose answer was lost is an error too: nothing is
+            // acknowledged that is not known to have committed, and the
+            // client's retry finds it by its business key.
+            let result = result.and_then(|value| pg.commit().map(|()| value)).map_err(|e| forget_if_gone(broken, e));
             match result {
                 Err(_) if pg.conflict.get() && attempt < WRITE_ATTEMPTS_MAX => {
                     crate::log::info(
@@ -351,17 +374,15 @@ impl PostgresEngine {
 
     pub(super) fn read<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {
         let mut conn = self.connection()?;
-        let PgConnection { client, statements } = &mut *conn;
+        let PgConnection { client, statements, broken } = &mut *conn;
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
             .read_only(true)
             .start()
-            .map_err(plain_error)?;
+            .map_err(|e| forget_if_gone(broken, plain_error(e)))?;
         let pg = PgTx::new(tx, statements, &self.hooks);
-        let value = work(&pg)?;
-        pg.commit()?;
-        Ok(value)
+        work(&pg).and_then(|value| pg.commit().map(|()| value)).map_err(|e| forget_if_gone(broken, e))
     }
 
     pub(super) fn storage_flag(&self) -> Arc<AtomicBool> {
@@ -572,18 +593,62 @@ fn with_causes(err: &dyn std::error::Error) -> String {
     text
 }
 
-/// An error outside a write body: lost connections are `database_unavailable`.
+/// Whether `err` means the connection or the server is gone rather than
+/// that this statement was refused: then the request is 503
+/// `database_unavailable` (docs/postgres.md, "When the database goes
+/// away") and the connection leaves the pool.
+fn connection_gone(err: &postgres::Error) -> bool {
+    if err.is_closed() {
+        return true;
+    }
+    match err.as_db_error() {
+        Some(db) => gone(db.code(), db.parsed_severity()),
+        // No answer from the server at all: an I/O error, a broken
+        // protocol exchange.
+        None => true,
+    }
+}
+
+/// SQLSTATE classes 08 (connection exception) and 57 (operator
+/// intervention: admin_shutdown on `pg_ctl restart -m fast`,
+/// `pg_terminate_backend` or a postmaster that died; crash_shutdown;
+/// cannot_connect_now ...), 53300 too_many_connections, and any FATAL or
+/// PANIC error, after which the server closes the session whatever its
+/// code. `severity` is the unlocalized one (PostgreSQL 9.6+).
+fn gone(code: &SqlState, severity: Option<Severity>) -> bool {
+    let class = code.code().get(..2);
+    class == Some("08")
+        || class == Some("57")
+        || *code == SqlState::TOO_MANY_CONNECTIONS
+        || matches!(severity, Some(Severity::Fatal | Severity::Panic))
+}
+
+/// Marks the connection for the pool to drop when `err` says it is gone.
+fn forget_if_gone(broken: &Flag<bool>, err: Error) -> Error {
+    if err.kind == ErrorKind::DatabaseUnavailable {
+        broken.set(true);
+    }
+    err
+}
+
+/// An error outside a write body's conflicts (which [`PgTx::error`] sorts
+/// first): a connection or server gone is `database_unavailable`, anything
+/// else the server refused is payonce's own fault.
 fn plain_error(err: postgres::Error) -> Error {
-    if err.is_closed() || err.as_db_error().is_none() {
-        return Error::new(ErrorKind::DatabaseUnavailable, format!("database unavailable: {err}"));
+    if connection_gone(&err) {
+        return Error::new(
+            ErrorKind::DatabaseUnavailable,
+            format!("the database connection was lost ({}); retry shortly", message_of(&err)),
+        );
     }
     Error::internal(format!("database error: {}", message_of(&err)))
 }
 
 impl From<r2d2::Error> for Error {
     fn from(err: r2d2::Error) -> Error {
-        // The pool timed out waiting for a connection: the server is saturated
-        // (or, on PostgreSQL, unreachable).
+        // The pool timed out waiting for a connection while the server
+        // accepts them: it is saturated. (PostgreSQL's engine tells an
+        // unreachable server apart, see PostgresEngine::connection.)
         Error::new(ErrorKind::DatabaseBusy, format!("no database connection available: {err}"))
     }
 }
@@ -609,6 +674,42 @@ mod tests {
     #[test]
     fn placeholders_become_dollar_numbers() {
         assert_eq!(postgres_sql("SELECT ?1, ?2 WHERE a = ?10"), "SELECT $1, $2 WHERE a = $10");
+    }
+
+    #[test]
+    fn a_connection_or_server_gone_is_told_from_a_refused_statement() {
+        use Severity::{Error as Refused, Fatal};
+        for code in [
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CRASH_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::DATABASE_DROPPED,
+            SqlState::IDLE_SESSION_TIMEOUT,
+            SqlState::QUERY_CANCELED,
+            SqlState::CONNECTION_EXCEPTION,
+            SqlState::CONNECTION_FAILURE,
+            SqlState::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+            SqlState::PROTOCOL_VIOLATION,
+            SqlState::TOO_MANY_CONNECTIONS,
+        ] {
+            assert!(gone(&code, Some(Refused)), "{}", code.code());
+            assert!(gone(&code, None), "{}", code.code());
+        }
+        for code in [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::RAISE_EXCEPTION,
+            SqlState::CHARACTER_NOT_IN_REPERTOIRE,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::LOCK_NOT_AVAILABLE,
+            SqlState::DISK_FULL,
+            SqlState::IN_FAILED_SQL_TRANSACTION,
+        ] {
+            assert!(!gone(&code, Some(Refused)), "{}", code.code());
+            assert!(!gone(&code, None), "{}", code.code());
+        }
+        // The server ends the session after any FATAL, whatever its code.
+        assert!(gone(&SqlState::INVALID_PASSWORD, Some(Fatal)));
+        assert!(gone(&SqlState::INTERNAL_ERROR, Some(Severity::Panic)));
     }
 
     #[test]

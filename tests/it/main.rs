@@ -23,6 +23,7 @@ mod nul_bytes;
 mod openapi;
 mod ops_admin;
 mod payment_edges;
+mod pg_faults;
 mod platform_bytes;
 mod postgres_cli;
 mod reads;

@@ -49,7 +49,7 @@ pub fn fresh_database(label: &str) -> Option<String> {
     }
 }
 
-fn required() -> bool {
+pub(crate) fn required() -> bool {
     std::env::var("PAYONCE_REQUIRE_PG").is_ok_and(|v| v == "1")
 }
 
@@ -111,12 +111,12 @@ fn find_server() -> Result<String, String> {
     Err(why)
 }
 
-fn cluster_dir(attempt: u32) -> PathBuf {
+pub(crate) fn cluster_dir(attempt: u32) -> PathBuf {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     std::env::temp_dir().join(format!("payonce-pg-{}-{nanos}-{attempt}", std::process::id()))
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
     listener.local_addr().map(|a| a.port()).map_err(|e| format!("no free port: {e}"))
 }
@@ -125,7 +125,7 @@ fn free_port() -> Result<u16, String> {
 /// removes the cluster. Its own process group and ignored signals keep a
 /// Ctrl-C aimed at `cargo test` from killing it before its work is done;
 /// no inherited pipe keeps a `| tee` of the test output waiting for it.
-fn spawn_watchdog(script: &Path, dir: &Path) -> Result<(), String> {
+pub(crate) fn spawn_watchdog(script: &Path, dir: &Path) -> Result<(), String> {
     Command::new("sh")
         .arg("-c")
         .arg(r#"trap '' INT TERM HUP; while kill -0 "$1" 2>/dev/null; do sleep 1; done; exec "$2" stop "$3""#)
