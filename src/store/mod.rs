@@ -28,7 +28,7 @@
 //! learns, it returns.
 
 mod effects;
-pub mod group_commit;
+pub use sqlite::group_commit;
 mod idempotency;
 mod orders;
 mod payments;
@@ -367,6 +367,18 @@ impl Store {
         if let Engine::Sqlite(engine) = &self.engine {
             if let Some(c) = engine.group_commit() {
                 c.fail_next_commit();
+            }
+        }
+    }
+
+    /// Test hook: on SQLite, the next group-commit batch's leader panics
+    /// after its operations ran and before its COMMIT, outside any
+    /// operation (the batch must fail whole, and nobody may wait forever).
+    #[doc(hidden)]
+    pub fn panic_next_batch_leader(&self) {
+        if let Engine::Sqlite(engine) = &self.engine {
+            if let Some(c) = engine.group_commit() {
+                c.panic_next_leader();
             }
         }
     }

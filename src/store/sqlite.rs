@@ -8,12 +8,14 @@
 //! process has open (`storage_lost` otherwise), and one anchor connection
 //! outside the pool keeps `-wal` and `-shm` in place.
 
-use super::group_commit::GroupCommitter;
+pub mod group_commit;
+
 use super::{
     Cell, Conn, Param, ReadTx, Row, StoreOptions, BUSY_TIMEOUT_MS, MIGRATIONS, POOL_WAIT_MS, SCHEMA_SQL, SCHEMA_VERSION,
 };
 use crate::error::Error;
 use crate::filewatch::{Verdict, WatchedFiles};
+use group_commit::GroupCommitter;
 use parking_lot::Mutex;
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -356,7 +358,7 @@ impl SqliteEngine {
         match &self.writer {
             // Queued behind this process's other writers, batched with them
             // into one transaction and one COMMIT (group_commit.rs).
-            Some(committer) => committer.run(|| Ok(self.pool.get()?), work),
+            Some(committer) => committer.run(|| Ok(self.pool.get()?), &mut |conn| work(&SqliteTx { conn })),
             // Without the queue (measured only): a pooled connection, its own
             // BEGIN IMMEDIATE and COMMIT, SQLite's busy handler between them.
             None => {

@@ -33,6 +33,19 @@ fn order_exists(store: &Store, order_no: &str) -> bool {
 /// Runs `ops` as one batch: a gate operation takes the writer and waits
 /// until every op is queued behind it. Returns each op's result, in order.
 fn one_batch<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (Result<(), Error>, Vec<Result<T, Error>>) {
+    let (gate, results) = one_batch_joined(store, ops);
+    (gate.expect("gate thread"), results)
+}
+
+/// The gate's thread as joined: its write's result, or its panic.
+type GateJoined = thread::Result<Result<(), Error>>;
+
+/// [`one_batch`], with the gate's thread as joined: a panic of the gate
+/// (the batch's leader) is its `Err`.
+fn one_batch_joined<'s, T: Send>(
+    store: &'s Store,
+    ops: Vec<Op<'s, T>>,
+) -> (GateJoined, Vec<Result<T, Error>>) {
     let (entered_tx, entered_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     // The work of a write is Send (the leader of its batch may run it).
@@ -51,7 +64,7 @@ fn one_batch<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (Result<(), 
         wait_until_queued(store, n);
         release_tx.send(()).expect("release the gate");
         let results = handles.into_iter().map(|h| h.join().expect("op thread")).collect();
-        (gate.join().expect("gate thread"), results)
+        (gate.join(), results)
     })
 }
 
@@ -111,6 +124,38 @@ fn a_failed_commit_fails_every_operation_of_the_batch_and_leaves_nothing() {
     // The writer recovers: the next operation commits on its own.
     assert!(store.write(|tx| tx.insert_order(&new_order("AFTER")).map(|r| r.is_ok())).expect("next write"));
     assert!(order_exists(&store, "AFTER"));
+}
+
+/// The leader of a batch panics after its operations ran and before its
+/// COMMIT, outside any operation's savepoint: the whole batch fails (no
+/// operation is acknowledged, none of their rows is visible), no caller
+/// waits forever, and the writer serves the next operation. Each job ran on
+/// the leader's thread from its caller's stack; this is the path where a
+/// job used after its caller returned would be a use-after-free.
+#[test]
+fn a_leader_that_panics_outside_any_operation_fails_its_whole_batch_and_the_writer_recovers() {
+    let store = Store::open(":memory:", &StoreOptions::default()).expect("open");
+    store.panic_next_batch_leader();
+    let (gate, results) = one_batch_joined(&store, vec![insert("P-1"), insert("P-2"), insert("P-3")]);
+    let panic = gate.expect_err("the gate led the batch and panicked");
+    let what = panic.downcast_ref::<&str>().copied().unwrap_or_default();
+    assert!(what.contains("outside any operation"), "{what:?}");
+    for (i, result) in results.iter().enumerate() {
+        let e = result.as_ref().expect_err("no operation of the batch is acknowledged");
+        assert!(e.message.contains("leader panicked"), "op {i}: {e}");
+    }
+    for order_no in ["GATE", "P-1", "P-2", "P-3"] {
+        assert!(!order_exists(&store, order_no), "{order_no} is not visible");
+    }
+    assert_eq!(store.queued_writers(), 0, "no slot of the failed batch stays queued");
+    // The writer recovers, for one operation and for a batch.
+    assert!(store.write(|tx| tx.insert_order(&new_order("AFTER")).map(|r| r.is_ok())).expect("next write"));
+    let (gate, results) = one_batch(&store, vec![insert("Q-1"), insert("Q-2")]);
+    gate.expect("the next batch commits");
+    assert!(results.iter().all(|r| matches!(r, Ok(true))), "{results:?}");
+    for order_no in ["AFTER", "Q-1", "Q-2"] {
+        assert!(order_exists(&store, order_no), "{order_no}");
+    }
 }
 
 #[test]

@@ -34,8 +34,6 @@
 //! on the leader, in that operation's savepoint, and becomes its caller's
 //! error.
 
-use super::sqlite::SqliteTx;
-use super::Conn;
 use crate::error::Error;
 use parking_lot::Mutex;
 use r2d2_sqlite::SqliteConnectionManager;
@@ -58,13 +56,16 @@ pub struct GroupCommitCounters {
     pub operations: AtomicU64,
 }
 
-pub(super) struct GroupCommitter {
+pub(in crate::store) struct GroupCommitter {
     max: usize,
     wait: Duration,
     state: Mutex<State>,
-    pub(super) counters: GroupCommitCounters,
+    pub(in crate::store) counters: GroupCommitCounters,
     /// Test hook: the next COMMIT fails (it rolls back instead).
     fail_next_commit: AtomicBool,
+    /// Test hook: the next batch's leader panics after its operations ran,
+    /// before its COMMIT, outside any operation.
+    panic_next_leader: AtomicBool,
 }
 
 /// One operation's work, type-erased: runs it in its savepoint on the
@@ -112,32 +113,37 @@ enum Ran<T> {
 }
 
 impl GroupCommitter {
-    pub(super) fn new(max: usize, wait_us: u64) -> GroupCommitter {
+    pub(in crate::store) fn new(max: usize, wait_us: u64) -> GroupCommitter {
         GroupCommitter {
             max: max.max(1),
             wait: Duration::from_micros(wait_us),
             state: Mutex::new(State::default()),
             counters: GroupCommitCounters::default(),
             fail_next_commit: AtomicBool::new(false),
+            panic_next_leader: AtomicBool::new(false),
         }
     }
 
-    pub(super) fn fail_next_commit(&self) {
+    pub(in crate::store) fn panic_next_leader(&self) {
+        self.panic_next_leader.store(true, Ordering::SeqCst);
+    }
+
+    pub(in crate::store) fn fail_next_commit(&self) {
         self.fail_next_commit.store(true, Ordering::SeqCst);
     }
 
     /// Operations waiting for a leader right now (tests use it to know a batch is forming).
-    pub(super) fn queued(&self) -> usize {
+    pub(in crate::store) fn queued(&self) -> usize {
         self.state.lock().queue.len()
     }
 
     /// Runs `work` as one operation of a batch; returns once the batch's
     /// COMMIT returned (or failed). `connect` gives the writer connection
     /// the first time one is needed.
-    pub(super) fn run<T: Send>(
+    pub(in crate::store) fn run<T: Send>(
         &self,
         connect: impl Fn() -> Result<Pooled, Error>,
-        work: &mut (dyn FnMut(&dyn Conn) -> Result<T, Error> + Send),
+        work: &mut (dyn FnMut(&Connection) -> Result<T, Error> + Send),
     ) -> Result<T, Error> {
         let mut ran: Option<Ran<T>> = None;
         let mut job = |conn: &Connection| {
@@ -169,6 +175,10 @@ impl GroupCommitter {
         let _unqueue_on_unwind = Unqueue { committer: self, ticket };
         let outcome = loop {
             if let Some(at) = state.finished.iter().position(|(t, _)| *t == ticket) {
+                debug_assert!(
+                    state.queue.iter().all(|slot| slot.ticket != ticket),
+                    "a finished ticket is no longer queued"
+                );
                 break state.finished.swap_remove(at).1;
             }
             if state.leading {
@@ -223,7 +233,10 @@ impl GroupCommitter {
             batch.take_next();
             return Err(e.into());
         }
-        while let Some(job) = batch.take_next() {
+        while let Some((ticket, job)) = batch.take_next() {
+            // A job runs only as a member of the batch that will finish its
+            // ticket: that is what keeps its caller blocked meanwhile.
+            assert_eq!(batch.members.last().map(|(t, _)| *t), Some(ticket), "the job's ticket is a member");
             let conn = batch.conn.as_ref().expect("the batch's connection");
             // SAFETY: see `Slot`: the job's owner is blocked in `run` until
             // `publish` finishes its ticket, and only this thread uses it.
@@ -231,6 +244,10 @@ impl GroupCommitter {
             if batch.members.len() >= self.max || self.queue_empty_after_wait() {
                 break;
             }
+        }
+        assert!(batch.members.len() <= self.max, "a batch holds at most --group-commit-max operations");
+        if self.panic_next_leader.swap(false, Ordering::SeqCst) {
+            panic!("the batch's leader panics outside any operation (test hook)");
         }
         self.commit(batch.conn.as_ref().expect("the batch's connection"))
     }
@@ -302,11 +319,16 @@ struct Batch<'c> {
 }
 
 impl Batch<'_> {
-    /// The oldest queued operation's job, now part of this batch.
-    fn take_next(&mut self) -> Option<*mut Job<'static>> {
-        let slot = self.committer.state.lock().queue.pop_front()?;
+    /// The oldest queued operation's ticket and job, now part of this batch.
+    fn take_next(&mut self) -> Option<(u64, *mut Job<'static>)> {
+        let mut state = self.committer.state.lock();
+        assert!(state.leading, "only a batch's leader takes operations");
+        let slot = state.queue.pop_front()?;
+        debug_assert!(state.queue.iter().all(|queued| queued.ticket != slot.ticket), "a ticket is queued once");
+        drop(state);
+        debug_assert!(self.members.iter().all(|(t, _)| *t != slot.ticket), "a ticket joins one batch once");
         self.members.push((slot.ticket, slot.thread));
-        Some(slot.job)
+        Some((slot.ticket, slot.job))
     }
 
     fn publish(mut self, outcome: Result<(), Error>) {
@@ -328,10 +350,12 @@ impl Batch<'_> {
         committer.counters.batches.fetch_add(1, Ordering::Relaxed);
         committer.counters.operations.fetch_add(self.members.len() as u64, Ordering::Relaxed);
         let mut state = committer.state.lock();
+        assert!(state.leading, "a batch ends while its leader still leads");
         if let Some(conn) = self.conn.take() {
             state.conn = Some(conn);
         }
         for (ticket, _) in &self.members {
+            debug_assert!(state.queue.iter().all(|slot| slot.ticket != *ticket), "a member left the queue");
             state.finished.push((*ticket, outcome.clone()));
         }
         state.leading = false;
@@ -357,7 +381,7 @@ impl Drop for Batch<'_> {
 /// rolled the whole transaction back (FULL, IOERR, NOMEM, BUSY): then the
 /// connection is in autocommit and the batch is poisoned. A SAVEPOINT is
 /// never opened in autocommit mode (it would start a DEFERRED transaction).
-fn run_in_savepoint<T>(conn: &Connection, work: &mut (dyn FnMut(&dyn Conn) -> Result<T, Error> + Send)) -> Ran<T> {
+fn run_in_savepoint<T>(conn: &Connection, work: &mut (dyn FnMut(&Connection) -> Result<T, Error> + Send)) -> Ran<T> {
     if conn.is_autocommit() {
         return Ran::Poisoned(Error::internal("no open transaction for the savepoint"));
     }
@@ -365,7 +389,7 @@ fn run_in_savepoint<T>(conn: &Connection, work: &mut (dyn FnMut(&dyn Conn) -> Re
     if let Err(e) = conn.prepare_cached("SAVEPOINT op").and_then(|mut s| s.execute([])) {
         return Ran::Poisoned(e.into());
     }
-    let result = match catch_unwind(AssertUnwindSafe(|| work(&SqliteTx { conn }))) {
+    let result = match catch_unwind(AssertUnwindSafe(|| work(conn))) {
         Ok(result) => result,
         Err(panic) => {
             let what = panic
