@@ -85,7 +85,8 @@ example:
 # over HTTP vs a trivial handler; group commit on and off at 16 and 64
 # clients against the apply SQL on a minimal schema and pgbench -M prepared;
 # then 1, 2 and 4 payonce serve on SQLite and on PostgreSQL, with the outbox
-# lock's cost; then webhook latency from commit to a local receiver.
+# lock's cost; then webhook latency from commit to a local receiver; then
+# the server's peak memory while it reconciles 16 MiB statements.
 # PostgreSQL is a throwaway durable cluster (when initdb is found, or
 # PAYONCE_BENCH_PG names a server). `make bench BENCH_ARGS=--quick` for a smoke run.
 bench: build
@@ -93,6 +94,7 @@ bench: build
 	$(CARGO) build --release --locked --example bench_group_commit --example bench_processes
 	bash scripts/bench-with-pg $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
 	$(CARGO) run --release --locked --example bench_webhooks -- $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
+	$(CARGO) run --release --locked --example bench_reconcile -- $(if $(findstring --quick,$(BENCH_ARGS)),--quick)
 
 clean:
 	$(CARGO) clean

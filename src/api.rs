@@ -765,7 +765,29 @@ fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> 
         Some(_) => return Err(Error::invalid("repair must be true or false")),
     };
     let date = query_value(&query, "date");
-    Ok(answered(&app.reconcile_keyed(format, &req.body, date, repair, slot)?))
+    let (status, body) = app.reconcile_keyed(format, &req.body, date, repair, slot)?.answer_body();
+    if req.body.len() >= RELEASE_AFTER_STATEMENT_BYTES_MIN {
+        release_freed_memory();
+    }
+    Ok(Response { status, headers: vec![("Content-Type".into(), "application/json".into())], body, outcome: None })
+}
+
+/// A statement at least this large is followed by [`release_freed_memory`].
+const RELEASE_AFTER_STATEMENT_BYTES_MIN: usize = 1024 * 1024;
+
+/// Gives the memory a large statement's comparison freed back to the
+/// system. glibc keeps freed memory in its per-thread arenas for reuse, so
+/// without this the peak of the largest statement a worker ever compared
+/// stays resident for the life of the process (docs/performance.md,
+/// "Reconciliation memory"). `malloc_trim` walks the arenas once, which is
+/// negligible next to comparing a statement of a megabyte.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of the allocator's own
+    // arenas to the kernel; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// `limit`: default 100; values above 1000 are served as 1000.

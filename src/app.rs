@@ -114,6 +114,21 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// refusals answer [`Error::to_json`].
 pub trait Answer {
     fn answer(&self) -> (u16, Value);
+    /// [`Answer::answer`] as the bytes sent and stored; an answer that can
+    /// be large writes them without building the `Value` first.
+    fn answer_body(&self) -> (u16, Vec<u8>) {
+        let (status, body) = self.answer();
+        (status, body.to_string().into_bytes())
+    }
+}
+
+impl<T: Answer> Answer for &T {
+    fn answer(&self) -> (u16, Value) {
+        (**self).answer()
+    }
+    fn answer_body(&self) -> (u16, Vec<u8>) {
+        (**self).answer_body()
+    }
 }
 
 /// One payonce: a store, the key locks, a clock and the settings.
@@ -333,10 +348,10 @@ impl App {
             };
             if let Some(slot) = slot {
                 let (status, body) = match &result {
-                    Ok(value) => value.answer(),
-                    Err(refusal) => (refusal.status, refusal.to_json()),
+                    Ok(value) => value.answer_body(),
+                    Err(refusal) => (refusal.status, refusal.to_json().to_string().into_bytes()),
                 };
-                if !tx.store_response(slot, status, body.to_string().as_bytes())? {
+                if !tx.store_response(slot, status, &body)? {
                     return Err(Error::new(ErrorKind::IdempotencyKeyInUse, "another request stored this key first"));
                 }
             }

@@ -11,9 +11,10 @@ use crate::domain::{
 };
 use crate::domain::{CouponRow, Finding, IdempotencySlot, PointRow};
 use crate::error::{Error, ErrorKind};
-use crate::recon::{self, Format, RowKind, StatementRow};
+use crate::recon::{self, Format, Listed, RowKind, Statement, StatementRow, Verdict};
+use crate::store::ReadTx;
 use serde_json::{json, Value};
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -431,26 +432,44 @@ impl App {
         repair: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Reconciliation, Error> {
-        let (mut result, missing) = self.compare(format, statement, date, progress)?;
+        let statement = Statement::read(format, statement)?;
+        let (mut result, missing) = self.compare(format, &statement, date, repair, progress)?;
         if repair {
-            result.repaired = Some(self.repair_missing(format, &missing));
+            result.repaired = Some(self.repair_missing(format, &statement, &missing)?);
         }
         Ok(result)
     }
 
-    /// The comparison of [`App::reconcile`], reading only, and the statement
-    /// rows payonce has no record of (what a repair would apply).
+    /// The comparison of [`App::reconcile`], reading only, and (with
+    /// `keep_missing`) the lines of the payment rows payonce has no record
+    /// of (what a repair would apply). The statement is read twice, row by
+    /// row: first to check every row and find the period, then to compare
+    /// rows in batches of [`COMPARE_BATCH_ROWS`], one read transaction a
+    /// batch; only the ids it lists are kept for `missing_remote`.
     fn compare(
         &self,
         format: Format,
-        statement: &[u8],
+        statement: &Statement,
         date: Option<&str>,
+        keep_missing: bool,
         progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<(Reconciliation, Vec<StatementRow>), Error> {
+    ) -> Result<(Reconciliation, Vec<usize>), Error> {
         let offset = format.day_offset_ms();
-        let statement = recon::parse(format, statement)?;
         let compares = |kind: RowKind| statement.compared.contains(&kind);
         let day = |r: &StatementRow| r.at_ms.map(|at| recon::day_of(at, offset));
+        // Every row's day, and how many rows of a compared kind each day has.
+        let mut days = BTreeSet::new();
+        let mut compared_on: BTreeMap<String, usize> = BTreeMap::new();
+        let mut compared_untimed = 0;
+        for row in statement.rows() {
+            let row = row?;
+            match day(&row) {
+                Some(d) if compares(row.kind) => *compared_on.entry(d.clone()).or_default() += 1,
+                None if compares(row.kind) => compared_untimed += 1,
+                _ => {}
+            }
+            days.extend(day(&row));
+        }
         // The period: `date=`, else the days of the rows that have a time of
         // their own (a row dated by something else never widens it).
         let period: BTreeSet<String> = match date {
@@ -458,52 +477,69 @@ impl App {
                 recon::day_bounds(day, offset).ok_or_else(|| Error::invalid("date must be YYYY-MM-DD"))?;
                 BTreeSet::from([day.to_owned()])
             }
-            None => statement.rows.iter().filter_map(day).collect(),
+            None => days,
         };
         // Compared: the rows of a declared kind inside the period, and the
         // rows without a time of their own (they belong to the statement).
-        let rows: Vec<&StatementRow> =
-            statement.rows.iter().filter(|r| compares(r.kind) && day(r).is_none_or(|d| period.contains(&d))).collect();
+        let total = compared_untimed + period.iter().filter_map(|d| compared_on.get(d)).sum::<usize>();
         let mut result = Reconciliation {
             period: period.iter().cloned().collect(),
             compared: statement.compared.iter().map(|k| k.as_str()).collect(),
             ..Reconciliation::default()
         };
-        let mut missing_rows = Vec::new();
-        for (done, row) in rows.iter().enumerate() {
-            let local = match row.kind {
-                RowKind::Payment => self.store.read(|tx| tx.money_moved_payment(&row.id))?.map(|p| p.amount),
-                RowKind::Refund => self.store.read(|tx| tx.succeeded_refund(&row.id))?.map(|(_, amount)| amount),
-            };
-            match local {
-                Some(amount) if amount == row.amount => result.matched += 1,
-                Some(amount) => result.amount_mismatch.push(diff_row(row, Some(amount))),
-                None => {
-                    result.missing_local.push(diff_row(row, None));
-                    missing_rows.push((*row).clone());
+        let mut listed = Listed::default();
+        let mut missing = Vec::new();
+        let mut batch = Vec::with_capacity(COMPARE_BATCH_ROWS);
+        let mut done = 0;
+        let mut rows = statement.rows();
+        loop {
+            let next = rows.next().transpose()?;
+            let end = next.is_none();
+            if let Some(row) = next.filter(|r| compares(r.kind) && day(r).is_none_or(|d| period.contains(&d))) {
+                listed.insert(row.kind, &row.id)?;
+                batch.push(row);
+            }
+            if batch.len() == COMPARE_BATCH_ROWS || (end && !batch.is_empty()) {
+                let locals: Vec<Option<i64>> =
+                    self.store.read(|tx| batch.iter().map(|row| local_amount(tx, row)).collect())?;
+                for (row, local) in batch.drain(..).zip(locals) {
+                    match recon::judge(&row, local) {
+                        Verdict::Matched => result.matched += 1,
+                        Verdict::AmountMismatch => result.amount_mismatch.push(diff_row(&row, local)),
+                        Verdict::MissingLocal => {
+                            result.missing_local.push(diff_row(&row, None));
+                            if keep_missing && row.kind == RowKind::Payment {
+                                missing.push(row.line);
+                            }
+                        }
+                    }
+                    done += 1;
+                    progress(done, total);
                 }
             }
-            progress(done + 1, rows.len());
+            if end {
+                break;
+            }
         }
-        let listed: HashSet<(RowKind, &str)> = rows.iter().map(|r| (r.kind, r.id.as_str())).collect();
+        let listed = listed.seal();
         for day in &period {
             let (from, to) = recon::day_bounds(day, offset).ok_or_else(|| Error::internal("bad period day"))?;
             if compares(RowKind::Payment) {
-                for p in self.store.read(|tx| tx.applied_payments_between(&from, &to))? {
-                    if !listed.contains(&(RowKind::Payment, p.pay_no.as_str())) {
-                        result.missing_remote.push(local_only_row(RowKind::Payment, p.pay_no, p.order_no, p.amount));
-                    }
+                let unlisted = |pay_no: &str| !listed.contains(RowKind::Payment, pay_no);
+                for p in self.store.read(|tx| tx.applied_payments_between(&from, &to, &unlisted))? {
+                    result.missing_remote.push(local_only_row(RowKind::Payment, p.pay_no, p.order_no, p.amount));
                 }
             }
             if compares(RowKind::Refund) {
-                for (refund_no, order_no, amount) in self.store.read(|tx| tx.refunds_settled_between(&from, &to))? {
-                    if !listed.contains(&(RowKind::Refund, refund_no.as_str())) {
-                        result.missing_remote.push(local_only_row(RowKind::Refund, refund_no, order_no, amount));
-                    }
+                let unlisted = |refund_no: &str| !listed.contains(RowKind::Refund, refund_no);
+                for (refund_no, order_no, amount) in
+                    self.store.read(|tx| tx.refunds_settled_between(&from, &to, &unlisted))?
+                {
+                    result.missing_remote.push(local_only_row(RowKind::Refund, refund_no, order_no, amount));
                 }
             }
         }
-        Ok((result, missing_rows))
+        Ok((result, missing))
     }
 
     /// [`App::reconcile`] for the API. With an Idempotency-Key and `repair`,
@@ -519,18 +555,22 @@ impl App {
     ) -> Result<Reconciliation, Error> {
         if slot.is_none() || !repair {
             let result = self.reconcile(format, statement, date, repair, &mut |_, _| {})?;
-            return self.write_op(slot, |_| Ok(result.clone()));
+            // Stored by reference: a large answer is never copied.
+            self.write_op(slot, |_| Ok(&result))?;
+            return Ok(result);
         }
-        let (result, missing) = self.compare(format, statement, date, &mut |_, _| {})?;
+        let statement = Statement::read(format, statement)?;
+        let (result, missing) = self.compare(format, &statement, date, true, &mut |_, _| {})?;
         let now = self.clock.now_text();
         self.write_op(slot, |tx| {
             let mut repaired = Vec::new();
-            for row in missing.iter().filter(|r| r.kind == RowKind::Payment) {
-                let callback = repair_callback(format, row);
+            for row in missing_rows(&statement, &missing) {
+                let row = row?;
+                let callback = repair_callback(format, &row);
                 repaired.push(match self.record_and_decide(tx, &callback, SOURCE_RECONCILIATION, &now) {
-                    Ok(reply) => repaired_row(row, Ok(reply.outcome_str())),
+                    Ok(reply) => repaired_row(&row, Ok(reply.outcome_str())),
                     // A refusal (unknown order) wrote nothing; anything else rolls back every repair.
-                    Err(e) if e.is_refusal() => repaired_row(row, Err(e)),
+                    Err(e) if e.is_refusal() => repaired_row(&row, Err(e)),
                     Err(e) => return Err(e),
                 });
             }
@@ -539,12 +579,14 @@ impl App {
         })
     }
 
-    fn repair_missing(&self, format: Format, rows: &[StatementRow]) -> Vec<Repaired> {
-        rows.iter()
-            .filter(|r| r.kind == RowKind::Payment)
-            .map(|row| match self.deliver_payment_from(&repair_callback(format, row), SOURCE_RECONCILIATION) {
-                Ok(reply) => repaired_row(row, Ok(reply.outcome_str())),
-                Err(e) => repaired_row(row, Err(e)),
+    fn repair_missing(&self, format: Format, statement: &Statement, missing: &[usize]) -> Result<Vec<Repaired>, Error> {
+        missing_rows(statement, missing)
+            .map(|row| {
+                let row = row?;
+                Ok(match self.deliver_payment_from(&repair_callback(format, &row), SOURCE_RECONCILIATION) {
+                    Ok(reply) => repaired_row(&row, Ok(reply.outcome_str())),
+                    Err(e) => repaired_row(&row, Err(e)),
+                })
             })
             .collect()
     }
@@ -691,6 +733,25 @@ fn remove_partial(partial: &Path) {
     for suffix in ["", "-journal", "-wal", "-shm"] {
         let _ = std::fs::remove_file(with_suffix(partial, suffix));
     }
+}
+
+/// Statement rows compared per read transaction.
+pub const COMPARE_BATCH_ROWS: usize = 512;
+
+/// payonce's amount for a statement row's pay_no or refund_no, if it has one.
+fn local_amount(tx: &ReadTx, row: &StatementRow) -> Result<Option<i64>, Error> {
+    Ok(match row.kind {
+        RowKind::Payment => tx.money_moved_payment(&row.id)?.map(|p| p.amount),
+        RowKind::Refund => tx.succeeded_refund(&row.id)?.map(|(_, amount)| amount),
+    })
+}
+
+/// The statement's rows at `lines` (ascending), read again.
+fn missing_rows<'s>(
+    statement: &'s Statement,
+    lines: &'s [usize],
+) -> impl Iterator<Item = Result<StatementRow, Error>> + 's {
+    statement.rows().filter(move |row| row.as_ref().map_or(true, |r| lines.binary_search(&r.line).is_ok()))
 }
 
 /// A platform's payment as the exactly-once path takes it, from reconciliation.

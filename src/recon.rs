@@ -30,6 +30,7 @@
 use crate::clock::{format_ms, local_time_ms, parse_rfc3339_ms};
 use crate::domain::{is_amount, is_identifier};
 use crate::error::{Error, ErrorKind};
+use std::borrow::Cow;
 
 /// Largest statement accepted (bytes).
 pub const STATEMENT_BYTES_MAX: usize = 16 * 1024 * 1024;
@@ -71,7 +72,7 @@ impl Format {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RowKind {
     Payment,
     Refund,
@@ -89,13 +90,19 @@ impl RowKind {
 /// Both kinds, as the answer's `compared` lists them.
 pub const BOTH_KINDS: &[RowKind] = &[RowKind::Payment, RowKind::Refund];
 
-/// A parsed statement: the kinds it declares it lists, and its rows.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Statement {
+/// A statement checked whole (size, compression, encoding) and read up to
+/// its header: what it declares it lists, and its rows, read one line at a
+/// time as often as the caller asks ([`Statement::rows`]). Nothing holds a
+/// decoded or parsed copy of the whole statement: a 16 MiB statement is
+/// compared in a few times its size of memory (docs/performance.md).
+pub struct Statement<'a> {
     /// What the statement is complete for. A kind it does not list is not
     /// compared: payonce's payments are not `missing_remote` from a refund bill.
     pub compared: &'static [RowKind],
-    pub rows: Vec<StatementRow>,
+    text: Text<'a>,
+    layout: Layout,
+    /// The 1-based line of the header row; the rows follow it.
+    header_line: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,22 +125,97 @@ pub struct StatementRow {
     pub raw: String,
 }
 
-pub fn parse(format: Format, bytes: &[u8]) -> Result<Statement, Error> {
-    if bytes.len() > STATEMENT_BYTES_MAX {
-        return Err(Error::new(ErrorKind::PayloadTooLarge, "a statement is at most 16 MiB"));
+/// The statement's text: borrowed from the body when it is UTF-8, decoded
+/// line by line when it is GBK.
+enum Text<'a> {
+    Utf8(&'a str),
+    /// Checked to decode without errors; decoded one line at a time. A line
+    /// break is a line break in GBK too: 0x0A and 0x0D are never part of a
+    /// GBK (GB18030) multi-byte sequence, so each line decodes on its own
+    /// exactly as it does inside the whole.
+    Gbk(&'a [u8]),
+    /// A non-UTF-8 Alipay statement beginning with a byte order mark, which
+    /// names the encoding it is decoded from: decoded whole, as a BOM says.
+    Decoded(String),
+}
+
+/// How the rows after the header are read.
+enum Layout {
+    /// A statement without a single non-blank line: no rows.
+    Empty,
+    Generic,
+    Wechat {
+        bill: BillType,
+        columns: WechatColumns,
+    },
+    Alipay(AlipayColumns),
+}
+
+impl<'a> Statement<'a> {
+    /// Checks the statement's size and encoding and reads its header.
+    pub fn read(format: Format, bytes: &'a [u8]) -> Result<Statement<'a>, Error> {
+        if bytes.len() > STATEMENT_BYTES_MAX {
+            return Err(Error::new(ErrorKind::PayloadTooLarge, "a statement is at most 16 MiB"));
+        }
+        let text = decode(format, bytes)?;
+        let (compared, layout, header_line) = read_header(format, lines(&text))?;
+        Ok(Statement { compared, text, layout, header_line })
     }
-    let text = decode(format, bytes)?;
-    match format {
-        Format::Generic => Ok(Statement { compared: BOTH_KINDS, rows: parse_generic(&text)? }),
-        Format::Wechatpay => parse_wechatpay(&text),
-        Format::Alipay => Ok(Statement { compared: BOTH_KINDS, rows: parse_alipay(&text)? }),
+
+    /// The statement's rows, in order, read from the start again on every
+    /// call; the first bad row ends them with its error.
+    pub fn rows(&self) -> Rows<'_> {
+        Rows { statement: self, lines: lines(&self.text), done: false }
     }
+}
+
+/// The rows of a [`Statement`]: payments and refunds that moved money.
+pub struct Rows<'s> {
+    statement: &'s Statement<'s>,
+    lines: Lines<'s>,
+    done: bool,
+}
+
+impl Iterator for Rows<'_> {
+    type Item = Result<StatementRow, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.done {
+            let (line, text) = match self.lines.next()? {
+                Ok((line, _)) if line <= self.statement.header_line => continue,
+                Ok(next) => next,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            };
+            match read_row(&self.statement.layout, line, &text) {
+                Ok(Read::Row(row)) => return Some(Ok(row)),
+                Ok(Read::Skip) => {}
+                Ok(Read::End) => self.done = true,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// What one line after the header is.
+enum Read {
+    Row(StatementRow),
+    /// A line that moved no money, or is not a detail row.
+    Skip,
+    /// The end of the detail rows (a WeChat bill's summary block).
+    End,
 }
 
 /// UTF-8 (a BOM is dropped); Alipay statements that are not UTF-8 are GBK.
 /// The platforms hand their files out compressed (WeChat's `tar_type=GZIP`,
 /// Alipay's zip of 业务明细 and 汇总): those are refused with that said.
-fn decode(format: Format, bytes: &[u8]) -> Result<String, Error> {
+fn decode(format: Format, bytes: &[u8]) -> Result<Text<'_>, Error> {
     if bytes.starts_with(b"\x1f\x8b") {
         return Err(Error::invalid("the statement is gzip-compressed; send the decompressed bill"));
     }
@@ -141,17 +223,176 @@ fn decode(format: Format, bytes: &[u8]) -> Result<String, Error> {
         return Err(Error::invalid("the statement is a zip archive; send the 业务明细 CSV inside it"));
     }
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    let neither = || Error::invalid("the statement is neither UTF-8 nor GBK");
     match std::str::from_utf8(bytes) {
-        Ok(text) => Ok(text.to_owned()),
+        Ok(text) => Ok(Text::Utf8(text)),
         Err(_) if format == Format::Alipay => {
-            let (text, _, had_errors) = encoding_rs::GBK.decode(bytes);
-            if had_errors {
-                return Err(Error::invalid("the statement is neither UTF-8 nor GBK"));
+            if encoding_rs::Encoding::for_bom(bytes).is_some() {
+                let (text, _, had_errors) = encoding_rs::GBK.decode(bytes);
+                return if had_errors { Err(neither()) } else { Ok(Text::Decoded(text.into_owned())) };
             }
-            Ok(text.into_owned())
+            if !is_gbk(bytes.chunks(GBK_CHECK_PIECE_BYTES)) {
+                return Err(neither());
+            }
+            Ok(Text::Gbk(bytes))
         }
         Err(_) => Err(Error::invalid("the statement is not UTF-8")),
     }
+}
+
+/// The GBK check reads the statement in pieces of this many bytes.
+const GBK_CHECK_PIECE_BYTES: usize = 64 * 1024;
+
+/// Whether `pieces`, one after the other, are GBK without a malformed
+/// sequence: decoded incrementally (a character may straddle two pieces)
+/// into a small buffer that is thrown away.
+fn is_gbk<'p>(pieces: impl Iterator<Item = &'p [u8]>) -> bool {
+    let mut decoder = encoding_rs::GBK.new_decoder_without_bom_handling();
+    let mut scratch = vec![0u8; 16 * 1024];
+    let mut pieces = pieces.peekable();
+    loop {
+        let mut piece = pieces.next().unwrap_or_default();
+        let last = pieces.peek().is_none();
+        loop {
+            let (result, read, _) = decoder.decode_to_utf8_without_replacement(piece, &mut scratch, last);
+            piece = piece.get(read..).unwrap_or_default();
+            match result {
+                encoding_rs::DecoderResult::InputEmpty => break,
+                encoding_rs::DecoderResult::OutputFull => {}
+                encoding_rs::DecoderResult::Malformed(..) => return false,
+            }
+        }
+        if last {
+            return true;
+        }
+    }
+}
+
+/// The lines of a statement as `str::lines` splits them (a `\r` before a
+/// `\n` is dropped), numbered from 1, blank lines skipped.
+struct Lines<'a> {
+    rest: &'a [u8],
+    gbk: bool,
+    number: usize,
+}
+
+fn lines<'a>(text: &'a Text<'_>) -> Lines<'a> {
+    let (rest, gbk) = match text {
+        Text::Utf8(text) => (text.as_bytes(), false),
+        Text::Gbk(bytes) => (*bytes, true),
+        Text::Decoded(text) => (text.as_bytes(), false),
+    };
+    Lines { rest, gbk, number: 0 }
+}
+
+impl<'a> Iterator for Lines<'a> {
+    type Item = Result<(usize, Cow<'a, str>), Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.rest.is_empty() {
+            let line = match self.rest.iter().position(|b| *b == b'\n') {
+                Some(end) => {
+                    let line = &self.rest[..end];
+                    self.rest = &self.rest[end + 1..];
+                    line.strip_suffix(b"\r").unwrap_or(line)
+                }
+                None => std::mem::take(&mut self.rest),
+            };
+            self.number += 1;
+            let text = if self.gbk {
+                encoding_rs::GBK.decode_without_bom_handling_and_without_replacement(line)
+            } else {
+                std::str::from_utf8(line).ok().map(Cow::Borrowed)
+            };
+            match text {
+                Some(text) if text.trim().is_empty() => {}
+                Some(text) => return Some(Ok((self.number, text))),
+                None => {
+                    self.rest = &[];
+                    return Some(Err(invalid_row(self.number, "not UTF-8 or GBK")));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The fields of one line, trimmed. Each physical line is read on its own:
+/// the platforms' files have no multi-line fields, and summary blocks
+/// change the column count. A line that is not CSV has no fields.
+fn fields_of(line: &str) -> Vec<String> {
+    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(line.as_bytes());
+    reader
+        .records()
+        .next()
+        .and_then(Result::ok)
+        .map(|r| r.iter().map(|f| f.trim().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// Finds the header row: what the statement compares, how its rows are
+/// read, and the header's line.
+fn read_header<'a>(
+    format: Format,
+    mut lines: impl Iterator<Item = Result<(usize, Cow<'a, str>), Error>>,
+) -> Result<(&'static [RowKind], Layout, usize), Error> {
+    match format {
+        Format::Generic => {
+            let Some((line, text)) = lines.next().transpose()? else {
+                return Ok((BOTH_KINDS, Layout::Empty, 0));
+            };
+            if fields_of(&text) != ["pay_no", "order_no", "amount", "status", "paid_at"] {
+                return Err(Error::invalid(
+                    "a generic statement starts with the header pay_no,order_no,amount,status,paid_at",
+                ));
+            }
+            Ok((BOTH_KINDS, Layout::Generic, line))
+        }
+        Format::Wechatpay => {
+            for next in lines {
+                let (line, text) = next?;
+                let header = fields_of(&text);
+                if header.first().is_some_and(|c| c == "交易时间") {
+                    let bill = BillType::of_header(&header);
+                    let columns = WechatColumns::of(&header, bill)?;
+                    return Ok((bill.compared(), Layout::Wechat { bill, columns }, line));
+                }
+            }
+            Err(Error::invalid("a wechatpay trade bill starts with a header row beginning 交易时间"))
+        }
+        Format::Alipay => {
+            for next in lines {
+                let (line, text) = next?;
+                let header = fields_of(&text);
+                if header.first().is_some_and(|c| c == "支付宝交易号") {
+                    return Ok((BOTH_KINDS, Layout::Alipay(AlipayColumns::of(&header)?), line));
+                }
+            }
+            Err(Error::invalid("an alipay statement has a header row beginning 支付宝交易号"))
+        }
+    }
+}
+
+fn read_row(layout: &Layout, line: usize, text: &str) -> Result<Read, Error> {
+    let fields = fields_of(text);
+    let row = match layout {
+        Layout::Empty => return Ok(Read::End),
+        Layout::Generic => generic_row(line, &fields)?,
+        Layout::Wechat { bill, columns } => {
+            if fields.first().is_some_and(|c| c.starts_with("总")) {
+                return Ok(Read::End); // the summary block
+            }
+            match wechat_row(*bill, columns, line, &fields)? {
+                Some(row) => row,
+                None => return Ok(Read::Skip),
+            }
+        }
+        Layout::Alipay(columns) => match alipay_row(columns, line, &fields)? {
+            Some(row) => row,
+            None => return Ok(Read::Skip),
+        },
+    };
+    Ok(Read::Row(StatementRow { raw: text.to_owned(), ..row }))
 }
 
 /// The calendar day (`YYYY-MM-DD`) of an instant at a UTC offset.
@@ -183,61 +424,30 @@ fn check_ids(line: usize, id: &str, order_no: &str) -> Result<(), Error> {
     Ok(())
 }
 
-fn csv_records(text: &str) -> Vec<(usize, Vec<String>, String)> {
-    // Each physical line is read on its own: the platforms' files have no
-    // multi-line fields, and summary blocks change the column count.
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, line)| {
-            let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(line.as_bytes());
-            let fields = reader
-                .records()
-                .next()
-                .and_then(Result::ok)
-                .map(|r| r.iter().map(|f| f.trim().to_owned()).collect())
-                .unwrap_or_default();
-            (i + 1, fields, line.to_owned())
-        })
-        .collect()
-}
-
-fn parse_generic(text: &str) -> Result<Vec<StatementRow>, Error> {
-    let mut records = csv_records(text).into_iter();
-    let Some((_, header, _)) = records.next() else {
-        return Ok(Vec::new());
+fn generic_row(line: usize, fields: &[String]) -> Result<StatementRow, Error> {
+    let [pay_no, order_no, amount, status, paid_at] = fields else {
+        return Err(invalid_row(line, "expected 5 columns"));
     };
-    if header != ["pay_no", "order_no", "amount", "status", "paid_at"] {
-        return Err(Error::invalid("a generic statement starts with the header pay_no,order_no,amount,status,paid_at"));
-    }
-    records
-        .map(|(line, fields, raw)| {
-            let [pay_no, order_no, amount, status, paid_at] = fields.as_slice() else {
-                return Err(invalid_row(line, "expected 5 columns"));
-            };
-            check_ids(line, pay_no, order_no)?;
-            let amount = amount.parse::<i64>().ok().filter(|a| is_amount(*a));
-            let amount =
-                amount.ok_or_else(|| invalid_row(line, "amount must be an integer from 1 to 10^12 (minor units)"))?;
-            let kind = match status.as_str() {
-                "SUCCESS" => RowKind::Payment,
-                "REFUND" => RowKind::Refund,
-                _ => return Err(invalid_row(line, "status must be SUCCESS or REFUND")),
-            };
-            let at_ms = parse_rfc3339_ms(paid_at)
-                .ok_or_else(|| invalid_row(line, "paid_at must be RFC 3339 with an offset"))?;
-            Ok(StatementRow {
-                kind,
-                id: pay_no.clone(),
-                order_no: order_no.clone(),
-                amount,
-                at_ms: Some(at_ms),
-                coupon_amount: None,
-                line,
-                raw,
-            })
-        })
-        .collect()
+    check_ids(line, pay_no, order_no)?;
+    let amount = amount.parse::<i64>().ok().filter(|a| is_amount(*a));
+    let amount = amount.ok_or_else(|| invalid_row(line, "amount must be an integer from 1 to 10^12 (minor units)"))?;
+    let kind = match status.as_str() {
+        "SUCCESS" => RowKind::Payment,
+        "REFUND" => RowKind::Refund,
+        _ => return Err(invalid_row(line, "status must be SUCCESS or REFUND")),
+    };
+    let at_ms =
+        parse_rfc3339_ms(paid_at).ok_or_else(|| invalid_row(line, "paid_at must be RFC 3339 with an offset"))?;
+    Ok(StatementRow {
+        kind,
+        id: pay_no.clone(),
+        order_no: order_no.clone(),
+        amount,
+        at_ms: Some(at_ms),
+        coupon_amount: None,
+        line,
+        raw: String::new(),
+    })
 }
 
 /// Finds a column by its header name.
@@ -321,26 +531,6 @@ impl WechatColumns {
     }
 }
 
-fn parse_wechatpay(text: &str) -> Result<Statement, Error> {
-    let records = csv_records(text);
-    let Some(start) = records.iter().position(|(_, f, _)| f.first().is_some_and(|c| c == "交易时间")) else {
-        return Err(Error::invalid("a wechatpay trade bill starts with a header row beginning 交易时间"));
-    };
-    let header = &records[start].1;
-    let bill = BillType::of_header(header);
-    let columns = WechatColumns::of(header, bill)?;
-    let mut rows = Vec::new();
-    for (line, fields, raw) in &records[start + 1..] {
-        if fields.first().is_some_and(|c| c.starts_with("总")) {
-            break; // the summary block
-        }
-        if let Some(row) = wechat_row(bill, &columns, *line, fields)? {
-            rows.push(StatementRow { raw: raw.clone(), ..row });
-        }
-    }
-    Ok(Statement { compared: bill.compared(), rows })
-}
-
 /// One detail row of a WeChat bill, or `None` for a row that moved no money
 /// (NOTPAY, CLOSED, REVOKED..., a refund still PROCESSING).
 fn wechat_row(
@@ -390,7 +580,7 @@ fn wechat_row(
             };
             (value(refund_no), yuan(amount, "the refund amount")?, own, None)
         }
-        (RowKind::Refund, None) => unreachable!("a bill with refund rows has refund columns"),
+        (RowKind::Refund, None) => return Err(Error::internal("a bill with refund rows has refund columns")),
     };
     let order_no = value(columns.order_no);
     check_ids(line, id, order_no)?;
@@ -409,51 +599,134 @@ fn wechat_row(
     }))
 }
 
-fn parse_alipay(text: &str) -> Result<Vec<StatementRow>, Error> {
-    let records: Vec<_> =
-        csv_records(text).into_iter().filter(|(_, f, _)| !f.first().is_some_and(|c| c.starts_with('#'))).collect();
-    let Some(start) = records.iter().position(|(_, f, _)| f.first().is_some_and(|c| c == "支付宝交易号")) else {
-        return Err(Error::invalid("an alipay statement has a header row beginning 支付宝交易号"));
-    };
-    let header = &records[start].1;
-    let trade_col = column(header, "支付宝交易号", "alipay")?;
-    let order_col = column(header, "商户订单号", "alipay")?;
-    let type_col = column(header, "业务类型", "alipay")?;
-    let done_col = column(header, "完成时间", "alipay")?;
-    let amount_col = column(header, "订单金额（元）", "alipay")?;
-    let refund_col = column(header, "退款批次号/请求号", "alipay")?;
-    let mut rows = Vec::new();
-    for (line, fields, raw) in &records[start + 1..] {
-        let value = |i: usize| fields.get(i).map(|v| v.trim()).unwrap_or("");
-        let (kind, id, negative) = match value(type_col) {
-            "交易" => (RowKind::Payment, value(trade_col), false),
-            "退款" => (RowKind::Refund, value(refund_col), true),
-            _ => continue,
-        };
-        let at_ms = local_time_ms(value(done_col), UTC8_OFFSET_MS)
-            .ok_or_else(|| invalid_row(*line, "完成时间 must be YYYY-MM-DD HH:MM:SS"))?;
-        let order_no = value(order_col);
-        check_ids(*line, id, order_no)?;
-        let amount = yuan_to_fen(value(amount_col), negative)
-            .filter(|a| is_amount(*a))
-            .ok_or_else(|| invalid_row(*line, "订单金额（元） must be yuan with at most two decimals"))?;
-        rows.push(StatementRow {
-            kind,
-            id: id.to_owned(),
-            order_no: order_no.to_owned(),
-            amount,
-            at_ms: Some(at_ms),
-            coupon_amount: None,
-            line: *line,
-            raw: raw.clone(),
-        });
+/// The columns an Alipay 业务明细 is read by.
+struct AlipayColumns {
+    trade: usize,
+    order: usize,
+    kind: usize,
+    done: usize,
+    amount: usize,
+    refund: usize,
+}
+
+impl AlipayColumns {
+    fn of(header: &[String]) -> Result<AlipayColumns, Error> {
+        Ok(AlipayColumns {
+            trade: column(header, "支付宝交易号", "alipay")?,
+            order: column(header, "商户订单号", "alipay")?,
+            kind: column(header, "业务类型", "alipay")?,
+            done: column(header, "完成时间", "alipay")?,
+            amount: column(header, "订单金额（元）", "alipay")?,
+            refund: column(header, "退款批次号/请求号", "alipay")?,
+        })
     }
-    Ok(rows)
+}
+
+/// One row of an Alipay 业务明细, or `None` for a `#` metadata line or a
+/// row of another 业务类型.
+fn alipay_row(columns: &AlipayColumns, line: usize, fields: &[String]) -> Result<Option<StatementRow>, Error> {
+    if fields.first().is_some_and(|c| c.starts_with('#')) {
+        return Ok(None);
+    }
+    let value = |i: usize| fields.get(i).map(|v| v.trim()).unwrap_or("");
+    let (kind, id, negative) = match value(columns.kind) {
+        "交易" => (RowKind::Payment, value(columns.trade), false),
+        "退款" => (RowKind::Refund, value(columns.refund), true),
+        _ => return Ok(None),
+    };
+    let at_ms = local_time_ms(value(columns.done), UTC8_OFFSET_MS)
+        .ok_or_else(|| invalid_row(line, "完成时间 must be YYYY-MM-DD HH:MM:SS"))?;
+    let order_no = value(columns.order);
+    check_ids(line, id, order_no)?;
+    let amount = yuan_to_fen(value(columns.amount), negative)
+        .filter(|a| is_amount(*a))
+        .ok_or_else(|| invalid_row(line, "订单金额（元） must be yuan with at most two decimals"))?;
+    Ok(Some(StatementRow {
+        kind,
+        id: id.to_owned(),
+        order_no: order_no.to_owned(),
+        amount,
+        at_ms: Some(at_ms),
+        coupon_amount: None,
+        line,
+        raw: String::new(),
+    }))
+}
+
+/// What one compared statement row is against payonce's record of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Matched,
+    AmountMismatch,
+    /// payonce has no record of it.
+    MissingLocal,
+}
+
+/// One statement row against payonce's amount for its pay_no / refund_no
+/// (`None`: payonce recorded no such payment or refund).
+pub fn judge(row: &StatementRow, local_amount: Option<i64>) -> Verdict {
+    match local_amount {
+        Some(amount) if amount == row.amount => Verdict::Matched,
+        Some(_) => Verdict::AmountMismatch,
+        None => Verdict::MissingLocal,
+    }
+}
+
+/// The pay_nos and refund_nos a statement lists, for asking of every
+/// payment payonce applied in the period whether the platform knows it
+/// (`missing_remote`). Compact, because it is the one thing kept for every
+/// row: the ids side by side in one string and a sorted index of 12 bytes an
+/// id, instead of the rows or a hash set of owned strings.
+#[derive(Default)]
+pub struct Listed {
+    text: String,
+    /// (start in `text`, length, kind); sorted by (kind, id) once sealed.
+    ids: Vec<(u32, u32, RowKind)>,
+}
+
+impl Listed {
+    pub fn insert(&mut self, kind: RowKind, id: &str) -> Result<(), Error> {
+        let too_many = || Error::internal("a statement's ids exceed 4 GiB");
+        let start = u32::try_from(self.text.len()).map_err(|_| too_many())?;
+        let len = u32::try_from(id.len()).map_err(|_| too_many())?;
+        self.text.push_str(id);
+        self.ids.push((start, len, kind));
+        Ok(())
+    }
+
+    /// Sorts the index; [`Listed::contains`] answers only after this.
+    pub fn seal(mut self) -> Listed {
+        let text = &self.text;
+        self.ids.sort_unstable_by(|a, b| (a.2, id_at(text, a)).cmp(&(b.2, id_at(text, b))));
+        self.text.shrink_to_fit();
+        self.ids.shrink_to_fit();
+        self
+    }
+
+    pub fn contains(&self, kind: RowKind, id: &str) -> bool {
+        self.ids.binary_search_by(|e| (e.2, id_at(&self.text, e)).cmp(&(kind, id))).is_ok()
+    }
+}
+
+fn id_at<'t>(text: &'t str, (start, len, _): &(u32, u32, RowKind)) -> &'t str {
+    let (start, len) = (*start as usize, *len as usize);
+    text.get(start..start + len).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    struct Parsed {
+        compared: &'static [RowKind],
+        rows: Vec<StatementRow>,
+    }
+
+    fn parse(format: Format, bytes: &[u8]) -> Result<Parsed, Error> {
+        let statement = Statement::read(format, bytes)?;
+        let rows = statement.rows().collect::<Result<Vec<_>, _>>()?;
+        Ok(Parsed { compared: statement.compared, rows })
+    }
 
     #[test]
     fn days_in_beijing_time() {
@@ -482,7 +755,7 @@ mod tests {
         };
         // (kind, id, amount, own time, coupon)
         type Row = (RowKind, String, i64, Option<i64>, Option<i64>);
-        let summary = |s: Statement| -> (Vec<&'static str>, Vec<Row>) {
+        let summary = |s: Parsed| -> (Vec<&'static str>, Vec<Row>) {
             let rows = s.rows.into_iter().map(|r| (r.kind, r.id, r.amount, r.at_ms, r.coupon_amount)).collect();
             (s.compared.iter().map(|k| k.as_str()).collect(), rows)
         };
@@ -545,5 +818,66 @@ mod tests {
             b"pay_no,order_no,amount,status,paid_at\nP1,O1,99.5,SUCCESS,2024-01-01T10:00:00Z\n"
         )
         .is_err());
+    }
+
+    /// The GBK check reads in pieces, and a character may straddle two:
+    /// every piece size gives whole decoding's verdict, and the rows read
+    /// line by line from GBK are the rows of the same text read as UTF-8.
+    #[test]
+    fn gbk_in_pieces_decodes_as_whole() {
+        let text =
+            "#支付宝业务明细查询\r\n支付宝交易号,商户订单号,业务类型,完成时间,订单金额（元）,退款批次号/请求号\r\n\
+                    T1\t,O1\t,交易\t,2024-01-02 10:00:00\t,12.34\t,\t\r\n\
+                    T1\t,O1\t,退款\t,2024-01-02 11:00:00\t,-2.00\t,R1\t\r\n\
+                    #导出时间：[2024年01月03日 09:00:00]\r\n";
+        let (bytes, _, unmappable) = encoding_rs::GBK.encode(text);
+        assert!(!unmappable && std::str::from_utf8(&bytes).is_err());
+        let mut malformed = bytes.to_vec();
+        malformed.insert(40, 0x81);
+        let mut truncated = bytes.to_vec();
+        truncated.push(0x81);
+        for (input, whole_ok) in [(&bytes[..], true), (&malformed[..], false), (&truncated[..], false)] {
+            assert_eq!(!encoding_rs::GBK.decode(input).2, whole_ok);
+            for piece in 1..=7 {
+                assert_eq!(is_gbk(input.chunks(piece)), whole_ok, "pieces of {piece} bytes");
+            }
+        }
+        let from_gbk = parse(Format::Alipay, &bytes).map(|p| p.rows);
+        let from_utf8 = parse(Format::Alipay, text.as_bytes()).map(|p| p.rows);
+        assert_eq!(from_gbk.as_ref().map(Vec::len).ok(), Some(2));
+        assert_eq!(from_gbk, from_utf8);
+        assert!(parse(Format::Alipay, &malformed).is_err());
+    }
+
+    /// Lines split as `str::lines` splits them.
+    #[test]
+    fn lines_split_as_str_lines() {
+        for text in ["a\r", "a\r\nb\r", "a\n\rb", "\r\n", "a\n", "", "\n\nx\n \ny", "a\r\n\r\nb"] {
+            let ours: Vec<(usize, String)> = lines(&Text::Utf8(text))
+                .map(|l| l.map(|(n, t)| (n, t.into_owned())))
+                .collect::<Result<_, _>>()
+                .unwrap_or_default();
+            let std: Vec<(usize, String)> = text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+                .map(|(i, l)| (i + 1, l.to_owned()))
+                .collect();
+            assert_eq!(ours, std, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn listed_ids_by_kind() {
+        let mut listed = Listed::default();
+        for (kind, id) in
+            [(RowKind::Payment, "P2"), (RowKind::Refund, "P1"), (RowKind::Payment, "P10"), (RowKind::Payment, "P2")]
+        {
+            assert!(listed.insert(kind, id).is_ok());
+        }
+        let listed = listed.seal();
+        assert!(listed.contains(RowKind::Payment, "P2") && listed.contains(RowKind::Payment, "P10"));
+        assert!(listed.contains(RowKind::Refund, "P1"));
+        assert!(!listed.contains(RowKind::Payment, "P1") && !listed.contains(RowKind::Payment, "P"));
     }
 }

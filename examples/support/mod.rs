@@ -84,6 +84,13 @@ pub struct Served {
     pub addr: std::net::SocketAddr,
 }
 
+impl Served {
+    /// The child's process id, for reading its /proc/PID/status.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Served {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -306,33 +306,47 @@ impl ReadTx<'_> {
     /// way the paid time lies in that window, so the query reads only the
     /// payments decided within [from − 5 min, to + 72 h) (the index
     /// `ix_pay_callback_log_decided`) and the window is applied here.
-    pub fn applied_payments_between(&self, from: &str, to: &str) -> Result<Vec<LocalPayment>, Error> {
+    ///
+    /// Only the payments whose pay_no `wanted` accepts are returned: the
+    /// rows are read one at a time, so a period of many payments costs the
+    /// memory of the few wanted (reconciliation wants those its statement
+    /// does not list). The sort is stable, so they come in the order they
+    /// would have among all.
+    pub fn applied_payments_between(
+        &self,
+        from: &str,
+        to: &str,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<LocalPayment>, Error> {
         let decided_from = shifted(from, -PLATFORM_TIME_AFTER_MS_MAX)?;
         let decided_to = shifted(to, PLATFORM_TIME_BEFORE_MS_MAX)?;
         let mut placed = Vec::new();
-        for r in self.rows(
+        self.conn.query_each(
             "SELECT p.pay_no, o.order_no, p.amount, p.outcome, p.paid_at, p.decided_at
              FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
              WHERE p.outcome = 'applied' AND p.decided_at >= ?1 AND p.decided_at < ?2",
             params![&decided_from, &decided_to],
-        )? {
-            let decided_at = r.text(5)?;
-            let earliest = shifted(&decided_at, -PLATFORM_TIME_BEFORE_MS_MAX)?;
-            let latest = shifted(&decided_at, PLATFORM_TIME_AFTER_MS_MAX)?;
-            let paid_time = match r.opt_text(4)? {
-                Some(paid_at) if paid_at >= earliest && paid_at <= latest => paid_at,
-                _ => decided_at,
-            };
-            if paid_time.as_str() >= from && paid_time.as_str() < to {
-                placed.push(LocalPayment {
-                    pay_no: r.text(0)?,
-                    order_no: r.text(1)?,
-                    amount: r.int(2)?,
-                    outcome: r.text(3)?,
-                    paid_time,
-                });
-            }
-        }
+            &mut |r| {
+                let decided_at = r.text(5)?;
+                let earliest = shifted(&decided_at, -PLATFORM_TIME_BEFORE_MS_MAX)?;
+                let latest = shifted(&decided_at, PLATFORM_TIME_AFTER_MS_MAX)?;
+                let paid_time = match r.opt_text(4)? {
+                    Some(paid_at) if paid_at >= earliest && paid_at <= latest => paid_at,
+                    _ => decided_at,
+                };
+                let pay_no = r.text(0)?;
+                if paid_time.as_str() >= from && paid_time.as_str() < to && wanted(&pay_no) {
+                    placed.push(LocalPayment {
+                        pay_no,
+                        order_no: r.text(1)?,
+                        amount: r.int(2)?,
+                        outcome: r.text(3)?,
+                        paid_time,
+                    });
+                }
+                Ok(())
+            },
+        )?;
         placed.sort_by(|a, b| a.paid_time.cmp(&b.paid_time));
         Ok(placed)
     }
@@ -349,17 +363,31 @@ impl ReadTx<'_> {
 
     /// SUCCEEDED refunds settled in [from, to), by the platform's refund time
     /// when its notice carried one, else by when payonce settled them:
-    /// (refund_no, order_no, amount).
-    pub fn refunds_settled_between(&self, from: &str, to: &str) -> Result<Vec<(String, String, i64)>, Error> {
-        self.all(
+    /// (refund_no, order_no, amount), only those whose refund_no `wanted`
+    /// accepts (read one at a time, like [`ReadTx::applied_payments_between`]).
+    pub fn refunds_settled_between(
+        &self,
+        from: &str,
+        to: &str,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<(String, String, i64)>, Error> {
+        let mut out = Vec::new();
+        self.conn.query_each(
             "SELECT r.refund_no, o.order_no, o.amount FROM refund r JOIN orders o ON o.id = r.order_id
              WHERE r.status = 'SUCCEEDED'
                AND coalesce(r.platform_settled_at, r.settled_at) >= ?1
                AND coalesce(r.platform_settled_at, r.settled_at) < ?2
              ORDER BY coalesce(r.platform_settled_at, r.settled_at)",
             params![from, to],
-            |r| Ok((r.text(0)?, r.text(1)?, r.int(2)?)),
-        )
+            &mut |r| {
+                let refund_no = r.text(0)?;
+                if wanted(&refund_no) {
+                    out.push((refund_no, r.text(1)?, r.int(2)?));
+                }
+                Ok(())
+            },
+        )?;
+        Ok(out)
     }
 }
 

@@ -940,3 +940,114 @@ fn a_keyed_repair_applies_only_the_periods_missing_local_rows() {
         conn.query_row("SELECT status FROM orders WHERE order_no = 'RK-OUT'", [], |r| r.get(0)).expect("order");
     assert_eq!(status_out, "PENDING");
 }
+
+/// `request` with room for a debug build comparing a statement of several
+/// MiB on a busy machine.
+fn request_large(server: &Server, path: &str, headers: &[(&str, &str)], body: &[u8]) -> util::HttpResponse {
+    payonce_testclient::request(server.addr, "POST", path, headers, body, std::time::Duration::from_secs(180))
+        .map(util::HttpResponse::from)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The fixture's rows followed by `count` payments payonce never recorded,
+/// spread over DAY (in UTC and in Beijing time alike).
+fn with_generated(count: usize) -> Vec<Row> {
+    let mut rows = statement_rows();
+    for i in 0..count {
+        let leak = |text: String| -> &'static str { Box::leak(text.into_boxed_str()) };
+        let id = leak(format!("P-GEN-{i:06}"));
+        let fen = 100 + i as i64;
+        let utc = leak(format_ms(ms("2024-01-02T00:00:00Z") + i as i64 * 1_000));
+        rows.push(Row {
+            kind: Kind::Payment,
+            id,
+            pay_no: id,
+            order_no: leak(format!("RC-GEN-{i:06}")),
+            fen,
+            order_amount: fen,
+            utc,
+        });
+    }
+    rows
+}
+
+/// The fixture's differences, and every generated row `missing_local`.
+fn expected_with_generated(format: Format, count: usize) -> Expected {
+    let mut expected = expected_before_repair(format);
+    for i in 0..count {
+        expected.missing_local.push(diff(
+            &format!("P-GEN-{i:06}"),
+            &format!("RC-GEN-{i:06}"),
+            Some(100 + i as i64),
+            None,
+        ));
+    }
+    expected.missing_local.sort();
+    expected
+}
+
+/// A statement of several MiB, keyed, over HTTP: every row compared, the
+/// differences listed in statement order, the answer exactly its JSON
+/// (compact, as every answer), and a replay of the key the same bytes.
+#[test]
+fn a_statement_of_several_mib_is_compared_whole_and_replayed_over_http() {
+    const GENERATED: usize = 40_000;
+    let format = Format::Generic;
+    let dir = TempDir::new("recon-large");
+    let db = dir.path("large.db");
+    seed(&db);
+    let bytes = statement(format, &with_generated(GENERATED));
+    assert!(bytes.len() > 2 * 1024 * 1024, "a statement of several MiB: {} bytes", bytes.len());
+    let server = Server::start_on(&db, &REWARDS);
+    let headers = [("Content-Type", "text/csv"), ("Idempotency-Key", "large-statement")];
+    let first = request_large(&server, "/v1/reconciliations?format=generic", &headers, &bytes);
+    assert_eq!(first.status, 200, "{}", String::from_utf8_lossy(&first.body[..first.body.len().min(500)]));
+    let result = first.json();
+    check(&result, &expected_with_generated(format, GENERATED), "several MiB over HTTP");
+    let order: Vec<&str> =
+        result["missing_local"].as_array().into_iter().flatten().filter_map(|r| r["pay_no"].as_str()).collect();
+    let generated: Vec<String> = (0..GENERATED).map(|i| format!("P-GEN-{i:06}")).collect();
+    assert_eq!(order.len(), GENERATED + 2);
+    assert_eq!(&order[..2], ["P-L1", "RF-GONE"], "statement order");
+    assert!(order[2..].iter().zip(&generated).all(|(a, b)| a == b), "the generated rows in statement order");
+    assert_eq!(first.body, serde_json::to_vec(&result).unwrap_or_default(), "the answer is its compact JSON");
+    let replay = request_large(&server, "/v1/reconciliations?format=generic", &headers, &bytes);
+    assert_eq!((replay.status, replay.header("Idempotent-Replayed")), (200, Some("true")));
+    assert!(replay.body == first.body, "a replay answers the same bytes");
+}
+
+/// A GBK Alipay statement of a few MiB (checked and decoded line by line,
+/// never whole) answers exactly what the same statement in UTF-8 answers;
+/// a malformed GBK byte at its very end still refuses it whole, naming
+/// neither encoding, and changes nothing.
+#[test]
+fn a_gbk_statement_of_several_mib_answers_as_its_utf8_text_over_http() {
+    const GENERATED: usize = 10_000;
+    let format = Format::Alipay;
+    let dir = TempDir::new("recon-large-gbk");
+    let db = dir.path("gbk.db");
+    seed(&db);
+    let text = alipay_text(&with_generated(GENERATED));
+    let gbk_bytes = gbk(&text);
+    assert!(gbk_bytes.len() > 1024 * 1024, "a statement of several MiB: {} bytes", gbk_bytes.len());
+    let server = Server::start_on(&db, &REWARDS);
+    let post = |body: &[u8], content_type: &str| {
+        request_large(&server, "/v1/reconciliations?format=alipay", &[("Content-Type", content_type)], body)
+    };
+    let from_gbk = post(&gbk_bytes, "text/plain; charset=GBK");
+    let from_utf8 = post(text.as_bytes(), "text/plain; charset=utf-8");
+    assert_eq!(from_gbk.status, 200, "{}", String::from_utf8_lossy(&from_gbk.body[..from_gbk.body.len().min(500)]));
+    check(&from_gbk.json(), &expected_with_generated(format, GENERATED), "GBK, several MiB");
+    assert!(from_gbk.body == from_utf8.body, "GBK and UTF-8 answer the same bytes");
+
+    let before = footprint(&read_only(&db));
+    // 0x81 starts a two-byte GBK character; a line break cannot end it.
+    let mut malformed = gbk_bytes.clone();
+    malformed.extend_from_slice(b"\x81\n");
+    let refused = post(&malformed, "text/plain; charset=GBK");
+    assert_eq!(
+        (refused.status, refused.error_code(), refused.json()["error"]["message"].as_str()),
+        (400, "invalid_request".to_owned(), Some("the statement is neither UTF-8 nor GBK"))
+    );
+    assert_eq!(footprint(&read_only(&db)), before, "a refused statement changes nothing");
+}
