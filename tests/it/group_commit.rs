@@ -42,10 +42,7 @@ type GateJoined = thread::Result<Result<(), Error>>;
 
 /// [`one_batch`], with the gate's thread as joined: a panic of the gate
 /// (the batch's leader) is its `Err`.
-fn one_batch_joined<'s, T: Send>(
-    store: &'s Store,
-    ops: Vec<Op<'s, T>>,
-) -> (GateJoined, Vec<Result<T, Error>>) {
+fn one_batch_joined<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (GateJoined, Vec<Result<T, Error>>) {
     let (entered_tx, entered_rx) = mpsc::channel();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     // The work of a write is Send (the leader of its batch may run it).
