@@ -22,6 +22,7 @@ mod ledger;
 mod openapi;
 mod ops_admin;
 mod payment_edges;
+mod platform_answers;
 mod postgres_cli;
 mod reads;
 mod receiver;
