@@ -198,6 +198,9 @@ impl AlipayApi {
             (Some("40004"), Some("ACQ.TRADE_NOT_EXIST")) => TradeState::NotPaid { paying: false },
             _ => return unknown(Some(status), text, "Alipay refused the call".into()),
         };
+        if let Some(why) = super::unusable(&meaning) {
+            return unknown(Some(status), text, why);
+        }
         Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
 

@@ -85,6 +85,9 @@ impl WechatpayApi {
             404 if json["code"] == "ORDER_NOT_EXIST" => Some(TradeState::NotPaid { paying: false }),
             _ => None,
         };
+        if let Some(why) = meaning.as_ref().and_then(super::unusable) {
+            return Exchange::unknown(request, Some(status), text, why, TradeState::Unknown);
+        }
         match meaning {
             Some(meaning) => Exchange { request, http_status: Some(status), response: text, meaning, distrust: None },
             None => {
@@ -229,7 +232,7 @@ fn trade_state(json: &Value) -> Option<TradeState> {
         "SUCCESS" | "REFUND" => TradeState::Paid {
             pay_no: json["transaction_id"].as_str()?.to_owned(),
             amount: json["amount"]["total"].as_i64()?,
-            paid_at: json["success_time"].as_str().map(str::to_owned),
+            paid_at: json["success_time"].as_str().map(super::normalised_time),
         },
         "NOTPAY" | "PAYERROR" => TradeState::NotPaid { paying: false },
         "USERPAYING" => TradeState::NotPaid { paying: true },

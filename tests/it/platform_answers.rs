@@ -429,3 +429,164 @@ fn a_forged_alipay_close_answer_never_closes_an_order() {
     assert_eq!((closed.status, closed.error_code().as_str()), (503, "platform_unavailable"), "{}", closed.text());
     assert_eq!(server.get("/v1/orders/ORD_C1").json()["status"], "PENDING");
 }
+
+// ---- WeChat Pay ----
+
+const WECHATPAY_MCHID: &str = "1900000100";
+
+/// A WeChat Pay answer signed as the platform signs: SHA256-RSA over
+/// `"{timestamp}\n{nonce}\n{body}\n"`, serial `S1`.
+pub fn wechatpay_answer(status: u16, body: &str) -> Reply {
+    let timestamp = (crate::util::now_ms() / 1000).to_string();
+    let nonce = "5K8264ILTKCH16CQ2502SI8ZNMTM67VS".to_owned();
+    let signature = platform_sign(format!("{timestamp}\n{nonce}\n{body}\n").as_bytes());
+    let headers = [
+        ("Content-Type", "application/json".to_owned()),
+        ("Wechatpay-Serial", "S1".to_owned()),
+        ("Wechatpay-Timestamp", timestamp),
+        ("Wechatpay-Nonce", nonce),
+        ("Wechatpay-Signature", signature),
+    ];
+    (status, headers.into_iter().map(|(n, v)| (n.to_owned(), v)).collect(), body.to_owned())
+}
+
+/// The out_trade_no of a WeChat Pay trade path (`.../out-trade-no/{no}[/close]?...`).
+fn wechatpay_order_no(seen: &Seen) -> String {
+    let path = seen.target.split('?').next().unwrap_or_default();
+    path.split("/out-trade-no/").nth(1).unwrap_or_default().trim_end_matches("/close").to_owned()
+}
+
+/// A signed SUCCESS trade answer for `order_no`.
+fn wechatpay_paid(order_no: &str, transaction_id: &str, total: i64, currency: &str) -> String {
+    json!({"mchid": WECHATPAY_MCHID, "appid": "wx0000000000000001", "out_trade_no": order_no,
+           "transaction_id": transaction_id, "trade_type": "NATIVE", "trade_state": "SUCCESS",
+           "success_time": "2024-01-01T10:00:00+08:00",
+           "amount": {"total": total, "payer_total": total, "currency": currency, "payer_currency": currency}})
+    .to_string()
+}
+
+fn wechatpay_flags(gateway: &Gateway, public: &str) -> Vec<String> {
+    [
+        "--wechatpay-mchid",
+        WECHATPAY_MCHID,
+        "--wechatpay-merchant-serial",
+        "M1",
+        "--wechatpay-merchant-key",
+        MERCHANT_KEY,
+        "--wechatpay-public-key",
+        &format!("S1={public}"),
+        "--wechatpay-api-base",
+        &gateway.url(),
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The (amount, transaction_id) of a signed "paid" answer payonce cannot use.
+fn unusable_answers() -> Vec<(i64, String)> {
+    let fine = "4200000000202401010000000001".to_owned();
+    vec![
+        (-1, fine.clone()),
+        (0, fine.clone()),
+        (1_000_000_000_001, fine),
+        (1000, String::new()),
+        (1000, "..".into()),
+        (1000, "a b".into()),
+        (1000, "1".repeat(65)),
+    ]
+}
+
+fn query_responses(db: &std::path::Path, order_no: &str) -> Vec<(String, String)> {
+    let conn = crate::util::read_only(db);
+    let mut statement = conn
+        .prepare("SELECT status, response FROM platform_call WHERE kind = 'query' AND order_no = ?1 ORDER BY id")
+        .expect("prepare");
+    let rows = statement.query_map([order_no], |r| Ok((r.get(0)?, r.get(1)?))).expect("query");
+    rows.map(|r| r.expect("row")).collect()
+}
+
+/// A signed answer with an amount or transaction id outside the identifiers'
+/// rules is `unknown` for `/sync` and no answer for `/close` (503): never a
+/// 400 blaming the caller; each query is recorded as failed, with why.
+#[test]
+fn an_unusable_signed_answer_is_no_answer_never_a_4xx() {
+    let dir = TempDir::new("wechatpay-unusable");
+    let public = platform_public_pem(&dir);
+    let table: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let answers = Arc::clone(&table);
+    let gateway = Gateway::start(move |seen| {
+        let order_no = wechatpay_order_no(seen);
+        let answers = answers.lock().expect("table");
+        match answers.iter().find(|(o, _)| *o == order_no) {
+            Some((_, body)) => wechatpay_answer(200, body),
+            None => wechatpay_answer(404, r#"{"code":"ORDER_NOT_EXIST","message":"no such order"}"#),
+        }
+    });
+    let flags = wechatpay_flags(&gateway, &public);
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let server = Server::start_on(&dir.path("payonce.db"), &args);
+    for (i, (amount, transaction_id)) in unusable_answers().into_iter().enumerate() {
+        let order_no = format!("ORD-UNUSABLE-{i}");
+        table
+            .lock()
+            .expect("table")
+            .push((order_no.clone(), wechatpay_paid(&order_no, &transaction_id, amount, "CNY")));
+        let case = format!("amount {amount}, transaction_id {transaction_id:?}");
+        let created = server.post_json("/v1/orders", &json!({"order_no": order_no, "user_id": "u1", "amount": 1000}));
+        assert_eq!(created.status, 201, "{}", created.text());
+        let synced = server.post_json(&format!("/v1/orders/{order_no}/sync"), &json!({}));
+        assert_eq!(synced.status, 200, "{case}: /sync {}", synced.text());
+        assert_eq!(synced.json()["platforms"][0]["state"], "unknown", "{case}: {}", synced.text());
+        assert_eq!(synced.json()["order"]["status"], "PENDING", "{case}: {}", synced.text());
+        let closed = server.post_json(&format!("/v1/orders/{order_no}/close"), &json!({}));
+        assert_eq!((closed.status, closed.error_code().as_str()), (503, "platform_unavailable"), "{case}: /close");
+        let recorded = query_responses(&server.db, &order_no);
+        assert_eq!(recorded.len(), 2, "{case}: both queries recorded: {recorded:?}");
+        assert!(
+            recorded.iter().all(|(status, response)| status == "failed" && response.contains("the answer's")),
+            "{case}: recorded as failed with why: {recorded:?}"
+        );
+    }
+}
+
+/// An expired order whose platform keeps answering an unusable "paid" still
+/// closes when `--close-give-up-s` has passed, and each attempt is recorded.
+#[test]
+fn an_expired_order_with_an_unusable_paid_answer_gives_up_on_time() {
+    let dir = TempDir::new("wechatpay-unusable-expired");
+    let public = platform_public_pem(&dir);
+    let gateway = Gateway::start(|seen| {
+        let order_no = wechatpay_order_no(seen);
+        wechatpay_answer(200, &wechatpay_paid(&order_no, "4200000000202401010000000002", -1, "CNY"))
+    });
+    let flags = wechatpay_flags(&gateway, &public);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["--sweep-interval-s", "1", "--close-give-up-s", "2", "--platform-retry-s", "0.5"]);
+    args.extend(["--platform-timeout-ms", "1000"]);
+    let server = Server::start_on(&dir.path("payonce.db"), &args);
+    let created = server.post_json(
+        "/v1/orders",
+        &json!({"order_no": "ORD-GIVE-UP", "user_id": "u1", "amount": 1000, "expires_in_s": 1}),
+    );
+    assert_eq!(created.status, 201, "{}", created.text());
+    let deadline = Instant::now() + Duration::from_secs(12);
+    let detail = loop {
+        let detail = server.get("/v1/orders/ORD-GIVE-UP").json();
+        if detail["status"] != "PENDING" {
+            break detail;
+        }
+        assert!(Instant::now() < deadline, "still PENDING past --close-give-up-s: {detail}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(detail["status"], "CLOSED", "{detail}");
+    let actions: Vec<&Value> = detail["audit"].as_array().into_iter().flatten().map(|a| &a["action"]).collect();
+    assert_eq!(actions, [&json!("close_given_up")], "{detail}");
+    let conn = crate::util::read_only(&server.db);
+    let (status, response): (String, String) = conn
+        .query_row("SELECT status, response FROM platform_call WHERE kind = 'close'", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .expect("the close row");
+    assert_eq!(status, "given_up");
+    assert!(response.contains("amount -1"), "the attempt says why: {response}");
+}
