@@ -465,13 +465,23 @@ impl App {
         };
         let mut missing_rows = Vec::new();
         for (done, row) in rows.iter().enumerate() {
-            let local = match row.kind {
-                RowKind::Payment => self.store.read(|tx| tx.money_moved_payment(&row.id))?.map(|p| p.amount),
-                RowKind::Refund => self.store.read(|tx| tx.succeeded_refund(&row.id))?.map(|(_, amount)| amount),
-            };
+            let local = self.store.read(|tx| {
+                let local = match row.kind {
+                    RowKind::Payment => tx.money_moved_payment(&row.id)?.map(|p| (p.order_no, p.amount)),
+                    RowKind::Refund => tx.succeeded_refund(&row.id)?,
+                };
+                // Currency is part of the amount (docs/channels.md): a row
+                // in another currency than its order's does not match.
+                let Some((order_no, amount)) = local else { return Ok(None) };
+                let same_currency = match &row.currency {
+                    Some(currency) => tx.order_by_no(&order_no)?.is_some_and(|o| o.currency == *currency),
+                    None => true,
+                };
+                Ok(Some((amount, same_currency)))
+            })?;
             match local {
-                Some(amount) if amount == row.amount => result.matched += 1,
-                Some(amount) => result.amount_mismatch.push(diff_row(row, Some(amount))),
+                Some((amount, true)) if amount == row.amount => result.matched += 1,
+                Some((amount, _)) => result.amount_mismatch.push(diff_row(row, Some(amount))),
                 None => {
                     result.missing_local.push(diff_row(row, None));
                     missing_rows.push((*row).clone());
@@ -694,6 +704,7 @@ fn repair_callback(format: Format, row: &StatementRow) -> PaymentCallback {
         pay_no: row.id.clone(),
         order_no: row.order_no.clone(),
         amount: row.amount,
+        currency: row.currency.clone(),
         status: PlatformStatus::Success,
         paid_at: row.at_ms.map(crate::clock::format_ms),
         raw_body: row.raw.clone().into_bytes(),

@@ -196,10 +196,16 @@ impl App {
         let order = self.order(&row.order_no)?.order;
         let now_ms = self.clock.now_ms();
         let platforms = &self.config.platforms;
-        let Some(exchange) = platforms.refund(&row.channel, &row.order_no, &refund_no, order.amount, now_ms) else {
+        let Some(exchange) =
+            platforms.refund(&row.channel, &row.order_no, &refund_no, order.amount, &order.currency, now_ms)
+        else {
             return Ok(());
         };
         let response = recorded_response(&exchange);
+        if exchange.meaning == RefundAnswer::NotSendable {
+            // Failed for an operator to see: retrying cannot make it sendable.
+            return self.record_attempt(row, "failed", None, response, None, &exchange.request);
+        }
         if exchange.meaning == RefundAnswer::Accepted {
             self.record_attempt(row, "done", None, response, exchange.http_status, &exchange.request)?;
             let now = format_ms(now_ms);
@@ -358,12 +364,13 @@ impl App {
     }
 
     fn apply_queried(&self, answer: &PlatformAnswer, order_no: &str) -> Result<(), Error> {
-        if let TradeState::Paid { pay_no, amount, paid_at } = answer.state.clone() {
+        if let TradeState::Paid { pay_no, amount, currency, paid_at } = answer.state.clone() {
             let payment = PaymentCallback {
                 channel: answer.channel.to_owned(),
                 pay_no,
                 order_no: order_no.to_owned(),
                 amount,
+                currency: Some(currency),
                 status: PlatformStatus::Success,
                 paid_at,
                 raw_body: answer.answer.clone().into_bytes(),

@@ -116,11 +116,27 @@ impl AlipayApi {
     /// `alipay.trade.refund` with `out_request_no` = refund_no (Alipay's
     /// idempotency key): success is accepted, also for a repeat
     /// (`fund_change` `N`: the money moved the first time).
-    pub fn refund(&self, order_no: &str, refund_no: &str, amount: i64, now_ms: i64) -> Exchange<RefundAnswer> {
+    pub fn refund(
+        &self,
+        order_no: &str,
+        refund_no: &str,
+        amount: i64,
+        currency: &str,
+        now_ms: i64,
+    ) -> Exchange<RefundAnswer> {
         const METHOD: &str = "alipay.trade.refund";
         let biz = json!({"out_trade_no": order_no, "refund_amount": crate::money::fen_to_yuan(amount),
                          "out_request_no": refund_no});
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
+        // `refund_amount` is yuan: an order in another currency cannot be
+        // refunded through this API without refunding the wrong money.
+        if currency != crate::channel::alipay::CURRENCY {
+            let why = format!(
+                "not sent: Alipay refunds {}, and this order is in {currency}",
+                crate::channel::alipay::CURRENCY
+            );
+            return Exchange::unknown(request, None, String::new(), why, RefundAnswer::NotSendable);
+        }
         match self.call(METHOD, &biz, now_ms) {
             Ok((status, text, response))
                 if response["code"] == "10000" && response.get("out_trade_no").is_none_or(|n| n == order_no) =>
@@ -297,6 +313,7 @@ fn trade_state(response: &Value) -> Option<TradeState> {
         "TRADE_SUCCESS" | "TRADE_FINISHED" => TradeState::Paid {
             pay_no: response["trade_no"].as_str()?.to_owned(),
             amount: crate::money::yuan_to_fen(response["total_amount"].as_str()?, false)?,
+            currency: crate::channel::alipay::CURRENCY.to_owned(),
             paid_at: None,
         },
         "WAIT_BUYER_PAY" => TradeState::NotPaid { paying: false },
@@ -366,7 +383,12 @@ mod tests {
         let verified = api.verified_response(&body, "alipay.trade.query").expect("verifies");
         assert_eq!(
             trade_state(&verified),
-            Some(TradeState::Paid { pay_no: "2023111522001".into(), amount: 1050, paid_at: None })
+            Some(TradeState::Paid {
+                pay_no: "2023111522001".into(),
+                amount: 1050,
+                currency: "CNY".into(),
+                paid_at: None
+            })
         );
         let tampered = body.replace("10.50", "10.51");
         assert!(api.verified_response(&tampered, "alipay.trade.query").is_err(), "a tampered answer is refused");

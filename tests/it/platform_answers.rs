@@ -316,7 +316,7 @@ fn forged_alipay_answers_are_no_answer_for_every_method() {
                 (e.distrust.is_none(), e.meaning == CloseAnswer::Closed)
             }
             "alipay.trade.refund" => {
-                let e = api.refund("ORD_A1", "RF_1", 1000, now);
+                let e = api.refund("ORD_A1", "RF_1", 1000, "CNY", now);
                 (e.distrust.is_none(), e.meaning == RefundAnswer::Accepted)
             }
             _ => {
@@ -589,4 +589,60 @@ fn an_expired_order_with_an_unusable_paid_answer_gives_up_on_time() {
         .expect("the close row");
     assert_eq!(status, "given_up");
     assert!(response.contains("amount -1"), "the attempt says why: {response}");
+}
+
+/// A signed WeChat Pay answer in another currency than the order's is
+/// `amount_mismatch`, not a payment; a USD order paid in USD is refunded in USD.
+#[test]
+fn currency_is_part_of_a_queried_amount_and_refunds_go_in_the_orders_currency() {
+    let dir = TempDir::new("wechatpay-currency");
+    let public = platform_public_pem(&dir);
+    let gateway = Gateway::start(|seen| {
+        if seen.target.starts_with("/v3/refund/domestic/refunds") {
+            let asked: Value = serde_json::from_str(&seen.body).unwrap_or(Value::Null);
+            let body = json!({"out_refund_no": asked["out_refund_no"], "refund_id": "50000000001",
+                              "out_trade_no": asked["out_trade_no"], "status": "PROCESSING"});
+            return wechatpay_answer(200, &body.to_string());
+        }
+        let order_no = wechatpay_order_no(seen);
+        let transaction_id =
+            if order_no.ends_with('C') { "4200000001202401010000000011" } else { "4200000001202401010000000012" };
+        wechatpay_answer(200, &wechatpay_paid(&order_no, transaction_id, 1000, "USD"))
+    });
+    let flags = wechatpay_flags(&gateway, &public);
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend(["--sweep-interval-s", "1", "--coupon", "NEW10"]);
+    let server = Server::start_on(&dir.path("payonce.db"), &args);
+    for (order_no, currency) in [("ORD-CUR-C", "CNY"), ("ORD-CUR-U", "USD")] {
+        let body = json!({"order_no": order_no, "user_id": "u1", "amount": 1000, "currency": currency});
+        assert_eq!(server.post_json("/v1/orders", &body).status, 201);
+    }
+    let synced = server.post_json("/v1/orders/ORD-CUR-C/sync", &json!({}));
+    assert_eq!(synced.status, 200, "{}", synced.text());
+    let detail = server.get("/v1/orders/ORD-CUR-C").json();
+    assert_eq!(detail["status"], "PENDING", "1000 USD does not pay 1000 CNY: {detail}");
+    assert_eq!(detail["payments"][0]["outcome"], "amount_mismatch", "{detail}");
+    assert_eq!(detail["coupons"], json!([]), "{detail}");
+
+    let synced = server.post_json("/v1/orders/ORD-CUR-U/sync", &json!({}));
+    assert_eq!(synced.json()["order"]["status"], "PAID", "{}", synced.text());
+    let refund = server.post_json("/v1/orders/ORD-CUR-U/refund", &json!({"refund_no": "RF-CUR-U"}));
+    assert_eq!(refund.status, 200, "{}", refund.text());
+    gateway.wait_for(|s| s.target == "/v3/refund/domestic/refunds", 1, Duration::from_secs(10));
+    let submitted = gateway.seen().into_iter().find(|s| s.target == "/v3/refund/domestic/refunds").expect("sent");
+    let submitted: Value = serde_json::from_str(&submitted.body).expect("JSON");
+    assert_eq!(submitted["amount"], json!({"refund": 1000, "total": 1000, "currency": "USD"}), "{submitted}");
+}
+
+/// Alipay refunds yuan: a refund of an order in another currency is never
+/// sent (it would move the wrong money); the client says so without a call.
+#[test]
+fn an_alipay_refund_of_a_non_cny_order_is_not_sent() {
+    use payonce::platform::RefundAnswer;
+    let gateway = Gateway::start(|seen| alipay_answer(seen.alipay_method(), &alipay_yes(seen.alipay_method(), "X")));
+    let api = alipay_client(&gateway);
+    let exchange = api.refund("ORD_U1", "RF_U1", 1000, "USD", crate::util::now_ms());
+    assert_eq!(exchange.meaning, RefundAnswer::NotSendable);
+    assert!(exchange.distrust.as_deref().is_some_and(|why| why.contains("USD")), "{:?}", exchange.distrust);
+    assert!(gateway.seen().is_empty(), "nothing sent");
 }
