@@ -27,6 +27,7 @@ fn main() -> Result<(), payonce::Error> {
         pay_no: pay_no.into(),
         order_no: "ORD-20240101-0001".into(),
         amount: 9900,
+        currency: None,
         status: PlatformStatus::Success,
         paid_at: None,
         raw_body: format!(r#"{{"pay_no":"{pay_no}"}}"#).into_bytes(),

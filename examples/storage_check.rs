@@ -38,6 +38,7 @@ fn main() -> Result<(), payonce::Error> {
             pay_no: format!("SCP-{i}"),
             order_no,
             amount: 100,
+            currency: None,
             status: PlatformStatus::Success,
             paid_at: None,
             raw_body: b"{}".to_vec(),

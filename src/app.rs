@@ -162,6 +162,9 @@ pub(crate) struct Delivery {
     pub pay_no: String,
     pub channel: String,
     pub amount: i64,
+    /// `None`: the order's currency (a generic notice without one, or a
+    /// record read back: `pay_callback_log` keeps no currency).
+    pub currency: Option<String>,
     pub status: PlatformStatus,
     pub paid_at: Option<String>,
 }
@@ -186,6 +189,7 @@ impl Delivery {
             pay_no: record.pay_no.clone(),
             channel: record.channel.clone(),
             amount: record.amount,
+            currency: None,
             status: record.status,
             paid_at: record.paid_at.clone(),
         }
@@ -656,6 +660,7 @@ impl App {
             pay_no: cb.pay_no.clone(),
             channel: cb.channel.clone(),
             amount: cb.amount,
+            currency: cb.currency.clone(),
             status: cb.status,
             paid_at: cb.paid_at.clone(),
         };
@@ -675,11 +680,14 @@ impl App {
         now: &str,
     ) -> Result<PaymentOutcome, Error> {
         let paid_at = record.paid_at.clone().unwrap_or_else(|| now.to_owned());
+        // Currency is part of the amount: money in another currency never
+        // pays the order, whatever the number (docs/channels.md).
+        let same_currency = record.currency.as_deref().is_none_or(|c| c == order.currency);
         // The order as it stands after the decision (for the event), known
         // without another read when the CAS moved it.
         let (outcome, current) = if record.status == PlatformStatus::Failed {
             (PaymentOutcome::PaymentFailed, None)
-        } else if tx.cas_order_paid(order.id, record.amount, &record.pay_no, &paid_at)? {
+        } else if same_currency && tx.cas_order_paid(order.id, record.amount, &record.pay_no, &paid_at)? {
             let paid = Order {
                 status: OrderStatus::Paid,
                 pay_no: Some(record.pay_no.clone()),
@@ -698,7 +706,10 @@ impl App {
             let outcome = match current.status {
                 OrderStatus::Closed => PaymentOutcome::PaidAfterClose,
                 OrderStatus::Pending => {
-                    assert_ne!(current.amount, record.amount, "CAS refused a PENDING order at its own amount");
+                    assert!(
+                        !same_currency || current.amount != record.amount,
+                        "CAS refused a PENDING order at its own amount"
+                    );
                     PaymentOutcome::AmountMismatch
                 }
                 _ => PaymentOutcome::AlreadyPaid,
@@ -988,6 +999,9 @@ fn validate_payment(cb: &PaymentCallback) -> Result<(), Error> {
     }
     if !is_amount(cb.amount) {
         return Err(Error::invalid("amount must be an integer from 1 to 1000000000000 (minor units)"));
+    }
+    if cb.currency.as_deref().is_some_and(|c| !is_currency(c)) {
+        return Err(Error::invalid("currency must be 3 upper-case letters"));
     }
     Ok(())
 }

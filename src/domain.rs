@@ -380,6 +380,10 @@ pub struct PaymentCallback {
     pub pay_no: String,
     pub order_no: String,
     pub amount: i64,
+    /// The currency of `amount` (3 upper-case letters) as the platform
+    /// states it; `None`: the order's own (a generic notice without one).
+    /// Another currency than the order's is `amount_mismatch`.
+    pub currency: Option<String>,
     pub status: PlatformStatus,
     /// The platform's payment time, normalised to payonce's UTC text.
     pub paid_at: Option<String>,

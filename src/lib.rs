@@ -15,7 +15,7 @@
 //! }).unwrap();
 //! let callback = PaymentCallback {
 //!     channel: "generic".into(), pay_no: "PAY-1".into(), order_no: "ORD-1".into(),
-//!     amount: 9900, status: PlatformStatus::Success, paid_at: None, raw_body: b"{}".to_vec(),
+//!     amount: 9900, currency: None, status: PlatformStatus::Success, paid_at: None, raw_body: b"{}".to_vec(),
 //! };
 //! assert_eq!(app.deliver_payment(&callback).unwrap().outcome_str(), "applied");
 //! assert_eq!(app.deliver_payment(&callback).unwrap().outcome_str(), "duplicate");

@@ -11,7 +11,7 @@ use crate::domain::{
 };
 use crate::domain::{CouponRow, Finding, IdempotencySlot, PointRow};
 use crate::error::{Error, ErrorKind};
-use crate::recon::{self, Format, Listed, RowKind, Statement, StatementRow, Verdict};
+use crate::recon::{self, Format, Listed, LocalMoney, RowKind, Statement, StatementRow, Verdict};
 use crate::store::ReadTx;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
@@ -500,12 +500,12 @@ impl App {
                 batch.push(row);
             }
             if batch.len() == COMPARE_BATCH_ROWS || (end && !batch.is_empty()) {
-                let locals: Vec<Option<i64>> =
-                    self.store.read(|tx| batch.iter().map(|row| local_amount(tx, row)).collect())?;
+                let locals: Vec<Option<LocalMoney>> =
+                    self.store.read(|tx| batch.iter().map(|row| local_money(tx, row)).collect())?;
                 for (row, local) in batch.drain(..).zip(locals) {
-                    match recon::judge(&row, local) {
+                    match recon::judge(&row, local.as_ref()) {
                         Verdict::Matched => result.matched += 1,
-                        Verdict::AmountMismatch => result.amount_mismatch.push(diff_row(&row, local)),
+                        Verdict::AmountMismatch => result.amount_mismatch.push(diff_row(&row, local.map(|l| l.amount))),
                         Verdict::MissingLocal => {
                             result.missing_local.push(diff_row(&row, None));
                             if keep_missing && row.kind == RowKind::Payment {
@@ -739,11 +739,14 @@ fn remove_partial(partial: &Path) {
 pub const COMPARE_BATCH_ROWS: usize = 512;
 
 /// payonce's amount for a statement row's pay_no or refund_no, if it has one.
-fn local_amount(tx: &ReadTx, row: &StatementRow) -> Result<Option<i64>, Error> {
-    Ok(match row.kind {
-        RowKind::Payment => tx.money_moved_payment(&row.id)?.map(|p| p.amount),
-        RowKind::Refund => tx.succeeded_refund(&row.id)?.map(|(_, amount)| amount),
-    })
+fn local_money(tx: &ReadTx, row: &StatementRow) -> Result<Option<LocalMoney>, Error> {
+    let local = match row.kind {
+        RowKind::Payment => tx.money_moved_payment(&row.id)?.map(|p| (p.order_no, p.amount)),
+        RowKind::Refund => tx.succeeded_refund(&row.id)?,
+    };
+    let Some((order_no, amount)) = local else { return Ok(None) };
+    let order = tx.order_by_no(&order_no)?.ok_or_else(|| Error::internal(format!("no order {order_no:?}")))?;
+    Ok(Some(LocalMoney { amount, currency: order.currency }))
 }
 
 /// The statement's rows at `lines` (ascending), read again.
@@ -761,6 +764,7 @@ fn repair_callback(format: Format, row: &StatementRow) -> PaymentCallback {
         pay_no: row.id.clone(),
         order_no: row.order_no.clone(),
         amount: row.amount,
+        currency: row.currency.clone(),
         status: PlatformStatus::Success,
         paid_at: row.at_ms.map(crate::clock::format_ms),
         raw_body: row.raw.clone().into_bytes(),

@@ -69,6 +69,8 @@ pub struct PlatformAnswer {
     pub state: TradeState,
     /// The verified answer, kept as the payment's raw body when it says paid.
     pub answer: String,
+    /// Why the answer counts as none, when it does.
+    pub distrust: Option<String>,
 }
 
 /// `POST /v1/orders/{order_no}/sync`'s result: the order after the sync.
@@ -86,7 +88,7 @@ impl App {
     pub fn sync_order(&self, order_no: &str) -> Result<Synced, Error> {
         self.order(order_no)?;
         let platforms = &self.config.platforms;
-        let asked: Vec<PlatformAnswer> = std::thread::scope(|scope| {
+        let mut asked: Vec<PlatformAnswer> = std::thread::scope(|scope| {
             let mut calls = Vec::new();
             if let Some(api) = &platforms.wechatpay {
                 calls.push(scope.spawn(move || self.ask("wechatpay", order_no, |now| api.query(order_no, now))));
@@ -99,8 +101,15 @@ impl App {
                 .map(|c| c.join().unwrap_or_else(|_| Err(Error::internal("a platform query panicked"))))
                 .collect::<Result<Vec<_>, Error>>()
         })?;
-        for answer in &asked {
-            self.apply_queried(answer, order_no)?;
+        for answer in &mut asked {
+            // A platform's answer never makes payonce answer 4xx: an answer
+            // the payment path refuses is no answer (docs/channels.md).
+            if let Err(e) = self.apply_queried(answer, order_no) {
+                let why = no_answer_if_refused(e)?;
+                warn_unusable(answer.channel, order_no, &why);
+                answer.state = TradeState::Unknown;
+                answer.distrust = Some(why);
+            }
         }
         Ok(Synced { order: self.order(order_no)?.order, platforms: asked })
     }
@@ -187,10 +196,16 @@ impl App {
         let order = self.order(&row.order_no)?.order;
         let now_ms = self.clock.now_ms();
         let platforms = &self.config.platforms;
-        let Some(exchange) = platforms.refund(&row.channel, &row.order_no, &refund_no, order.amount, now_ms) else {
+        let Some(exchange) =
+            platforms.refund(&row.channel, &row.order_no, &refund_no, order.amount, &order.currency, now_ms)
+        else {
             return Ok(());
         };
         let response = recorded_response(&exchange);
+        if exchange.meaning == RefundAnswer::NotSendable {
+            // Failed for an operator to see: retrying cannot make it sendable.
+            return self.record_attempt(row, "failed", None, response, None, &exchange.request);
+        }
         if exchange.meaning == RefundAnswer::Accepted {
             self.record_attempt(row, "done", None, response, exchange.http_status, &exchange.request)?;
             let now = format_ms(now_ms);
@@ -252,7 +267,17 @@ impl App {
         // notification) is still closed at this platform: its trade there
         // stays open otherwise, and the buyer could pay it a second time.
         // The local close below acts on a PENDING order only.
-        let (step, request, http_status, response) = self.close_at(row.channel.as_str(), &row.order_no)?;
+        // A paid answer the payment path refuses counts as no answer: the
+        // attempt is still recorded, with why, and the give-up still comes
+        // on time. Only payonce's own failures (5xx) leave it to the lease.
+        let (step, request, http_status, response) = match self.close_at(row.channel.as_str(), &row.order_no) {
+            Ok(closed) => closed,
+            Err(e) => {
+                let why = no_answer_if_refused(e)?;
+                warn_unusable(&row.channel, &row.order_no, &why);
+                (CloseStep::Unconfirmed, format!("query {}", row.order_no), None, why)
+            }
+        };
         if step == CloseStep::Confirmed {
             hold_after_platform_close();
         }
@@ -303,12 +328,13 @@ impl App {
                 return Ok((CloseStep::Unconfirmed, format!("query {order_no}"), None, "the buyer is paying".into()))
             }
             TradeState::Unknown => {
+                let why = answer.distrust.as_deref().unwrap_or("no answer");
                 return Ok((
                     CloseStep::Unconfirmed,
                     format!("query {order_no}"),
                     None,
-                    "the query got no answer".into(),
-                ))
+                    format!("the query got no answer: {why}"),
+                ));
             }
             TradeState::NotPaid { paying: false } => {}
         }
@@ -338,12 +364,13 @@ impl App {
     }
 
     fn apply_queried(&self, answer: &PlatformAnswer, order_no: &str) -> Result<(), Error> {
-        if let TradeState::Paid { pay_no, amount, paid_at } = answer.state.clone() {
+        if let TradeState::Paid { pay_no, amount, currency, paid_at } = answer.state.clone() {
             let payment = PaymentCallback {
                 channel: answer.channel.to_owned(),
                 pay_no,
                 order_no: order_no.to_owned(),
                 amount,
+                currency: Some(currency),
                 status: PlatformStatus::Success,
                 paid_at,
                 raw_body: answer.answer.clone().into_bytes(),
@@ -567,8 +594,21 @@ impl App {
                 &[("channel", &channel), ("order_no", &order_no), ("why", why)],
             );
         }
-        Ok(PlatformAnswer { channel, state: exchange.meaning, answer: exchange.response })
+        Ok(PlatformAnswer { channel, state: exchange.meaning, answer: exchange.response, distrust: exchange.distrust })
     }
+}
+
+/// `Ok(why)` for a refusal of the payment path (a 4xx: the answer was
+/// unusable), `Err` for payonce's own failure, which keeps its status.
+fn no_answer_if_refused(e: Error) -> Result<String, Error> {
+    if e.is_server_error() {
+        return Err(e);
+    }
+    Ok(format!("the platform's paid answer is unusable: {}", e.message))
+}
+
+fn warn_unusable(channel: &str, order_no: &str, why: &str) {
+    crate::log::warn("platform answer unusable", &[("channel", &channel), ("order_no", &order_no), ("why", &why)]);
 }
 
 fn not_configured(channel: &str) -> Exchange<TradeState> {

@@ -28,7 +28,7 @@
 //!   kind, so it always compares both.
 
 use crate::clock::{format_ms, local_time_ms, parse_rfc3339_ms};
-use crate::domain::{is_amount, is_identifier};
+use crate::domain::{is_amount, is_currency, is_identifier};
 use crate::error::{Error, ErrorKind};
 use std::borrow::Cow;
 
@@ -119,6 +119,10 @@ pub struct StatementRow {
     pub at_ms: Option<i64>,
     /// The coupon share of a payment's amount (WeChat 代金券金额), when non-zero.
     pub coupon_amount: Option<i64>,
+    /// The currency of `amount`: WeChat's 货币种类 (CNY when the bill has
+    /// none), CNY for Alipay; `None` for the generic format, whose amounts
+    /// are in each order's own currency. Part of the amount compared.
+    pub currency: Option<String>,
     /// 1-based line number, for messages.
     pub line: usize,
     /// The row as read, kept as the record's raw body when repaired.
@@ -445,6 +449,7 @@ fn generic_row(line: usize, fields: &[String]) -> Result<StatementRow, Error> {
         amount,
         at_ms: Some(at_ms),
         coupon_amount: None,
+        currency: None,
         line,
         raw: String::new(),
     })
@@ -498,6 +503,7 @@ struct WechatColumns {
     state: usize,
     order_amount: usize,
     coupon: Option<usize>,
+    currency: Option<usize>,
     /// (商户退款单号, the refund amount compared, 退款状态), in ALL and REFUND bills.
     refund: Option<(usize, usize, Option<usize>)>,
     /// (退款成功时间, 退款申请时间), in REFUND bills.
@@ -525,6 +531,7 @@ impl WechatColumns {
             state: need("交易状态")?,
             order_amount: need("订单金额")?,
             coupon: find("代金券金额"),
+            currency: find("货币种类"),
             refund,
             refund_times: (find("退款成功时间"), find("退款申请时间")),
         })
@@ -587,6 +594,11 @@ fn wechat_row(
     if !is_amount(amount) {
         return Err(invalid_row(line, "the amount must be from 0.01 to 10^10 yuan"));
     }
+    let currency = match columns.currency.map(value).filter(|c| !c.is_empty()) {
+        None => "CNY",
+        Some(c) if is_currency(c) => c,
+        Some(_) => return Err(invalid_row(line, "货币种类 must be 3 upper-case letters")),
+    };
     Ok(Some(StatementRow {
         kind,
         id: id.to_owned(),
@@ -594,6 +606,7 @@ fn wechat_row(
         amount,
         at_ms,
         coupon_amount,
+        currency: Some(currency.to_owned()),
         line,
         raw: String::new(),
     }))
@@ -648,6 +661,8 @@ fn alipay_row(columns: &AlipayColumns, line: usize, fields: &[String]) -> Result
         amount,
         at_ms: Some(at_ms),
         coupon_amount: None,
+        // Alipay's statements are in yuan, as its notices (docs/channels.md).
+        currency: Some("CNY".to_owned()),
         line,
         raw: String::new(),
     }))
@@ -662,11 +677,24 @@ pub enum Verdict {
     MissingLocal,
 }
 
-/// One statement row against payonce's amount for its pay_no / refund_no
-/// (`None`: payonce recorded no such payment or refund).
-pub fn judge(row: &StatementRow, local_amount: Option<i64>) -> Verdict {
-    match local_amount {
-        Some(amount) if amount == row.amount => Verdict::Matched,
+/// What payonce recorded of a statement row's payment or refund: its
+/// amount, in its order's currency.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalMoney {
+    pub amount: i64,
+    pub currency: String,
+}
+
+/// One statement row against payonce's record for its pay_no / refund_no
+/// (`None`: payonce recorded no such payment or refund). Currency is part
+/// of the amount (docs/channels.md): a row in another currency than its
+/// order's does not match; a row that names none (the generic format) is in
+/// the order's own.
+pub fn judge(row: &StatementRow, local: Option<&LocalMoney>) -> Verdict {
+    match local {
+        Some(local) if local.amount == row.amount && row.currency.as_ref().is_none_or(|c| *c == local.currency) => {
+            Verdict::Matched
+        }
         Some(_) => Verdict::AmountMismatch,
         None => Verdict::MissingLocal,
     }

@@ -67,6 +67,12 @@ pub enum Fault {
     /// Acted on, answered correctly signed, about another trade: the
     /// answer's `out_trade_no` is not the one asked about.
     WrongTrade,
+    /// Acted on, answered correctly signed, with the trade's amount in this
+    /// currency: WeChat's trade answers carry it as `amount.currency`.
+    /// Alipay's answers name no currency (its amounts are yuan) and are
+    /// unchanged. payonce must take such a payment as `amount_mismatch`
+    /// for an order in another currency.
+    Currency(String),
 }
 
 /// Why the buyer could not pay.

@@ -30,6 +30,10 @@ use sha2::Sha256;
 use std::collections::BTreeMap;
 
 pub const NAME: &str = "alipay";
+/// The currency of every Alipay amount payonce reads (notices, answers,
+/// statements): the domestic API quotes yuan, and payonce reads no
+/// `trans_currency` (docs/channels.md).
+pub const CURRENCY: &str = "CNY";
 /// Parameters accepted in one notice (Alipay sends about 30).
 pub const FORM_FIELDS_MAX: usize = 128;
 
@@ -199,6 +203,8 @@ impl Channel for Alipay {
             pay_no: trade_no,
             order_no,
             amount,
+            // Alipay's domestic API quotes every amount in CNY yuan (docs/channels.md).
+            currency: Some(CURRENCY.to_owned()),
             status: PlatformStatus::Success,
             paid_at,
             raw_body: req.body.clone(),

@@ -53,6 +53,9 @@ impl Channel for Generic {
             pay_no: wire::required_str(&body, "pay_no")?,
             order_no: wire::required_str(&body, "order_no")?,
             amount: wire::required_i64(&body, "amount")?,
+            // Optional: a v1 notice has none, and its amount is in the
+            // order's own currency (docs/channels.md).
+            currency: wire::optional_str(&body, "currency")?,
             status: platform_status(&body)?,
             paid_at,
             raw_body: req.body.clone(),

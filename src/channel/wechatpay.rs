@@ -236,6 +236,7 @@ impl Channel for Wechatpay {
             pay_no: field("transaction_id")?,
             order_no: field("out_trade_no")?,
             amount,
+            currency: Some(currency_of(&plain["amount"])?),
             status,
             paid_at,
             raw_body: req.body.clone(),
@@ -252,5 +253,15 @@ impl Channel for Wechatpay {
             response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
         }
         response
+    }
+}
+
+/// `amount.currency` of a WeChat Pay transaction: CNY when absent (WeChat's
+/// default); anything but a string is refused.
+pub(crate) fn currency_of(amount: &Value) -> Result<String, Error> {
+    match &amount["currency"] {
+        Value::Null => Ok("CNY".to_owned()),
+        Value::String(currency) => Ok(currency.clone()),
+        _ => Err(Error::invalid("resource amount.currency must be a string")),
     }
 }

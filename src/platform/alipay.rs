@@ -12,6 +12,7 @@ use base64::Engine as _;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
 use rsa::signature::Verifier;
 use rsa::RsaPublicKey;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use sha2::Sha256;
 use std::collections::BTreeMap;
@@ -115,11 +116,27 @@ impl AlipayApi {
     /// `alipay.trade.refund` with `out_request_no` = refund_no (Alipay's
     /// idempotency key): success is accepted, also for a repeat
     /// (`fund_change` `N`: the money moved the first time).
-    pub fn refund(&self, order_no: &str, refund_no: &str, amount: i64, now_ms: i64) -> Exchange<RefundAnswer> {
+    pub fn refund(
+        &self,
+        order_no: &str,
+        refund_no: &str,
+        amount: i64,
+        currency: &str,
+        now_ms: i64,
+    ) -> Exchange<RefundAnswer> {
         const METHOD: &str = "alipay.trade.refund";
         let biz = json!({"out_trade_no": order_no, "refund_amount": crate::money::fen_to_yuan(amount),
                          "out_request_no": refund_no});
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
+        // `refund_amount` is yuan: an order in another currency cannot be
+        // refunded through this API without refunding the wrong money.
+        if currency != crate::channel::alipay::CURRENCY {
+            let why = format!(
+                "not sent: Alipay refunds {}, and this order is in {currency}",
+                crate::channel::alipay::CURRENCY
+            );
+            return Exchange::unknown(request, None, String::new(), why, RefundAnswer::NotSendable);
+        }
         match self.call(METHOD, &biz, now_ms) {
             Ok((status, text, response))
                 if response["code"] == "10000" && response.get("out_trade_no").is_none_or(|n| n == order_no) =>
@@ -197,16 +214,18 @@ impl AlipayApi {
             (Some("40004"), Some("ACQ.TRADE_NOT_EXIST")) => TradeState::NotPaid { paying: false },
             _ => return unknown(Some(status), text, "Alipay refused the call".into()),
         };
+        if let Some(why) = super::unusable(&meaning) {
+            return unknown(Some(status), text, why);
+        }
         Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
 
     /// The `*_response` object of `method`'s answer once its `sign` verifies
-    /// over the exact text of that value.
+    /// over the exact text of that value: the member that is verified is the
+    /// member that is read (docs/channels.md, "Alipay answers").
     fn verified_response(&self, body: &str, method: &str) -> Result<Value, String> {
         let name = format!("{}_response", method.replace('.', "_"));
-        let signed = raw_member(body, &name).ok_or_else(|| format!("the answer has no {name}"))?;
-        let json: Value = serde_json::from_str(body).map_err(|_| "the answer is not JSON".to_owned())?;
-        let sign = json["sign"].as_str().ok_or("the answer is not signed")?;
+        let (signed, sign) = signed_member(body, &name)?;
         let signature = base64::engine::general_purpose::STANDARD
             .decode(sign)
             .ok()
@@ -215,8 +234,62 @@ impl AlipayApi {
         VerifyingKey::<Sha256>::new(self.alipay_key.clone())
             .verify(signed.as_bytes(), &signature)
             .map_err(|_| "the answer's sign does not verify".to_owned())?;
-        Ok(json[name.as_str()].clone())
+        let response: Value = serde_json::from_str(signed).map_err(|_| format!("{name} is not JSON"))?;
+        if !response.is_object() {
+            return Err(format!("{name} is not an object"));
+        }
+        Ok(response)
     }
+}
+
+/// The top-level members of a JSON object in the order written, repeats
+/// kept (a map would keep one of them silently), each value as its exact text.
+struct Members<'b>(Vec<(String, &'b RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Members<'de>, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, &'de RawValue>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Visit)
+    }
+}
+
+/// The exact text of the one top-level member `name` of the JSON object
+/// `body` (what Alipay signed) and its `sign`. Anything else is refused:
+/// a body that is not one JSON object, a top-level member written twice
+/// (`name` or `sign`: which copy would be read is a parser's choice), or
+/// any other `*_response` member beside it (another method's answer).
+/// A copy of `name` nested deeper is part of some member's text: only the
+/// top-level one is verified, and only it is read.
+fn signed_member<'b>(body: &'b str, name: &str) -> Result<(&'b str, String), String> {
+    let Members(members) = serde_json::from_str(body).map_err(|_| "the answer is not one JSON object".to_owned())?;
+    let mut seen = std::collections::HashSet::new();
+    if let Some((repeated, _)) = members.iter().find(|(key, _)| !seen.insert(key.as_str())) {
+        return Err(format!("the answer holds {repeated} more than once"));
+    }
+    let responses: Vec<&str> =
+        members.iter().map(|(key, _)| key.as_str()).filter(|k| k.ends_with("_response")).collect();
+    if responses != [name] {
+        return Err(format!("the answer must hold exactly one *_response member, {name}; it holds {responses:?}"));
+    }
+    let member = |wanted: &str| members.iter().find(|(key, _)| key == wanted).map(|(_, value)| *value);
+    let signed = member(name).ok_or_else(|| format!("the answer has no {name}"))?;
+    let sign = member("sign")
+        .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+        .ok_or("the answer is not signed")?;
+    Ok((signed.get(), sign))
 }
 
 /// A verified answer: (HTTP status, body, the `*_response` object).
@@ -233,49 +306,6 @@ fn sign_content(form: &BTreeMap<&'static str, String>) -> String {
         .join("&")
 }
 
-/// The exact text of the value of the top-level member `name` of the JSON
-/// object `body` (what Alipay signed), found by scanning: strings and
-/// nesting are tracked so a `}` inside a string ends nothing.
-fn raw_member<'b>(body: &'b str, name: &str) -> Option<&'b str> {
-    let key = format!("\"{name}\"");
-    let start_of_key = body.find(&key)?;
-    let rest = &body[start_of_key + key.len()..];
-    let colon = rest.find(':')?;
-    if !rest[..colon].trim().is_empty() {
-        return None;
-    }
-    let value = rest[colon + 1..].trim_start();
-    let offset = body.len() - value.len();
-    let bytes = value.as_bytes();
-    if bytes.first() != Some(&b'{') {
-        return None;
-    }
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for (i, &b) in bytes.iter().enumerate() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(&body[offset..offset + i + 1]);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
 /// Section 11's table: TRADE_SUCCESS and TRADE_FINISHED are paid,
 /// WAIT_BUYER_PAY not paid, TRADE_CLOSED closed.
 fn trade_state(response: &Value) -> Option<TradeState> {
@@ -283,6 +313,7 @@ fn trade_state(response: &Value) -> Option<TradeState> {
         "TRADE_SUCCESS" | "TRADE_FINISHED" => TradeState::Paid {
             pay_no: response["trade_no"].as_str()?.to_owned(),
             amount: crate::money::yuan_to_fen(response["total_amount"].as_str()?, false)?,
+            currency: crate::channel::alipay::CURRENCY.to_owned(),
             paid_at: None,
         },
         "WAIT_BUYER_PAY" => TradeState::NotPaid { paying: false },
@@ -302,14 +333,28 @@ mod tests {
     }
 
     #[test]
-    fn the_signed_text_is_the_exact_response_value() {
+    fn the_signed_text_is_the_exact_text_of_the_one_top_level_member() {
+        let name = "alipay_trade_query_response";
         let body = r#"{"alipay_trade_query_response" : {"code":"10000","msg":"a } in \"text\"","sub":{"x":[1,{"y":2}]}},"sign":"abc"}"#;
         assert_eq!(
-            raw_member(body, "alipay_trade_query_response"),
-            Some(r#"{"code":"10000","msg":"a } in \"text\"","sub":{"x":[1,{"y":2}]}}"#)
+            signed_member(body, name),
+            Ok((r#"{"code":"10000","msg":"a } in \"text\"","sub":{"x":[1,{"y":2}]}}"#, "abc".to_owned()))
         );
-        assert_eq!(raw_member(body, "missing_response"), None);
-        assert_eq!(raw_member(r#"{"alipay_trade_query_response":"text"}"#, "alipay_trade_query_response"), None);
+        let refused = [
+            r#"{"sign":"abc"}"#,
+            r#"{"alipay_trade_query_response":{},"alipay_trade_query_response":{},"sign":"abc"}"#,
+            r#"{"alipay_trade_query_response":{},"alipay_trade_query\u005fresponse":{},"sign":"abc"}"#,
+            r#"{"alipay_trade_query_response":{},"sign":"abc","sign":"abd"}"#,
+            r#"{"alipay_trade_query_response":{},"alipay_trade_close_response":{},"sign":"abc"}"#,
+            r#"{"alipay_trade_close_response":{},"sign":"abc"}"#,
+            r#"{"alipay_trade_query_response":{}}"#,
+            r#"{"alipay_trade_query_response":{},"sign":7}"#,
+            r#"[{"alipay_trade_query_response":{},"sign":"abc"}]"#,
+            r#"{"alipay_trade_query_response":{},"sign":"abc"} trailing"#,
+        ];
+        for body in refused {
+            assert!(signed_member(body, name).is_err(), "refused: {body}");
+        }
     }
 
     #[test]
@@ -338,7 +383,12 @@ mod tests {
         let verified = api.verified_response(&body, "alipay.trade.query").expect("verifies");
         assert_eq!(
             trade_state(&verified),
-            Some(TradeState::Paid { pay_no: "2023111522001".into(), amount: 1050, paid_at: None })
+            Some(TradeState::Paid {
+                pay_no: "2023111522001".into(),
+                amount: 1050,
+                currency: "CNY".into(),
+                paid_at: None
+            })
         );
         let tampered = body.replace("10.50", "10.51");
         assert!(api.verified_response(&tampered, "alipay.trade.query").is_err(), "a tampered answer is refused");

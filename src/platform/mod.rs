@@ -117,11 +117,12 @@ impl Platforms {
         order_no: &str,
         refund_no: &str,
         amount: i64,
+        currency: &str,
         now_ms: i64,
     ) -> Option<Exchange<RefundAnswer>> {
         match channel {
-            "wechatpay" => self.wechatpay.as_ref().map(|api| api.refund(order_no, refund_no, amount, now_ms)),
-            "alipay" => self.alipay.as_ref().map(|api| api.refund(order_no, refund_no, amount, now_ms)),
+            "wechatpay" => self.wechatpay.as_ref().map(|api| api.refund(order_no, refund_no, amount, currency, now_ms)),
+            "alipay" => self.alipay.as_ref().map(|api| api.refund(order_no, refund_no, amount, currency, now_ms)),
             _ => None,
         }
     }
@@ -155,6 +156,8 @@ pub enum TradeState {
     Paid {
         pay_no: String,
         amount: i64,
+        /// The currency of `amount`, as the platform states it.
+        currency: String,
         paid_at: Option<String>,
     },
     /// Not paid (or no such trade). `paying`: the buyer is paying right now
@@ -178,6 +181,36 @@ impl TradeState {
     }
 }
 
+/// Why a verified "paid" answer cannot be used, if it cannot: its trade
+/// number must be a pay_no and its amount an order amount (the identifiers'
+/// rules of domain.rs), and a payment time must be RFC 3339. Such an answer
+/// is no answer (docs/channels.md): it is not the caller's mistake, so it
+/// must never become a 4xx, and a close must still give up on time.
+pub(crate) fn unusable(state: &TradeState) -> Option<String> {
+    let TradeState::Paid { pay_no, amount, currency, paid_at } = state else {
+        return None;
+    };
+    if !crate::domain::is_identifier(pay_no) {
+        return Some(format!("the answer's trade number {pay_no:?} is not 1-64 characters of [A-Za-z0-9_.-]"));
+    }
+    if !crate::domain::is_amount(*amount) {
+        return Some(format!("the answer's amount {amount} is not from 1 to 10^12 minor units"));
+    }
+    if !crate::domain::is_currency(currency) {
+        return Some(format!("the answer's currency {currency:?} is not 3 upper-case letters"));
+    }
+    if let Some(at) = paid_at.as_deref().filter(|at| crate::clock::parse_rfc3339_ms(at).is_none()) {
+        return Some(format!("the answer's payment time {at:?} is not RFC 3339"));
+    }
+    None
+}
+
+/// The payment time of an answer in payonce's own text (UTC, milliseconds),
+/// as notifications keep it; an unreadable one is left for [`unusable`].
+pub(crate) fn normalised_time(at: &str) -> String {
+    crate::clock::parse_rfc3339_ms(at).map_or_else(|| at.to_owned(), crate::clock::format_ms)
+}
+
 /// What a platform says to "close this trade".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CloseAnswer {
@@ -196,6 +229,9 @@ pub enum RefundAnswer {
     Accepted,
     /// Not accepted, or no trusted answer: submit again later.
     Unknown,
+    /// Not sent, and never will be: the platform cannot refund this order
+    /// (Alipay refunds CNY only); an operator refunds it by other means.
+    NotSendable,
 }
 
 /// What a platform says of a refund it accepted.

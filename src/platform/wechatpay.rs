@@ -85,6 +85,9 @@ impl WechatpayApi {
             404 if json["code"] == "ORDER_NOT_EXIST" => Some(TradeState::NotPaid { paying: false }),
             _ => None,
         };
+        if let Some(why) = meaning.as_ref().and_then(super::unusable) {
+            return Exchange::unknown(request, Some(status), text, why, TradeState::Unknown);
+        }
         match meaning {
             Some(meaning) => Exchange { request, http_status: Some(status), response: text, meaning, distrust: None },
             None => {
@@ -136,11 +139,19 @@ impl WechatpayApi {
 
     /// `POST /v3/refund/domestic/refunds` with `out_refund_no` = refund_no
     /// (WeChat Pay's idempotency key): a 200 naming it is accepted.
-    pub fn refund(&self, order_no: &str, refund_no: &str, amount: i64, now_ms: i64) -> Exchange<RefundAnswer> {
+    pub fn refund(
+        &self,
+        order_no: &str,
+        refund_no: &str,
+        amount: i64,
+        currency: &str,
+        now_ms: i64,
+    ) -> Exchange<RefundAnswer> {
         let path = "/v3/refund/domestic/refunds";
+        // The order's currency: the money goes back as it came (docs/channels.md).
         let mut body = serde_json::json!({
             "out_trade_no": order_no, "out_refund_no": refund_no,
-            "amount": {"refund": amount, "total": amount, "currency": "CNY"},
+            "amount": {"refund": amount, "total": amount, "currency": currency},
         });
         if let Some(url) = &self.refund_notify_url {
             body["notify_url"] = Value::String(url.clone());
@@ -229,7 +240,8 @@ fn trade_state(json: &Value) -> Option<TradeState> {
         "SUCCESS" | "REFUND" => TradeState::Paid {
             pay_no: json["transaction_id"].as_str()?.to_owned(),
             amount: json["amount"]["total"].as_i64()?,
-            paid_at: json["success_time"].as_str().map(str::to_owned),
+            currency: crate::channel::wechatpay::currency_of(&json["amount"]).ok()?,
+            paid_at: json["success_time"].as_str().map(super::normalised_time),
         },
         "NOTPAY" | "PAYERROR" => TradeState::NotPaid { paying: false },
         "USERPAYING" => TradeState::NotPaid { paying: true },
@@ -251,7 +263,13 @@ mod tests {
     #[test]
     fn trade_states_map_as_section_11_says() {
         let paid = serde_json::json!({"trade_state": "SUCCESS", "transaction_id": "4200", "amount": {"total": 100}});
-        assert_eq!(trade_state(&paid), Some(TradeState::Paid { pay_no: "4200".into(), amount: 100, paid_at: None }));
+        assert_eq!(
+            trade_state(&paid),
+            Some(TradeState::Paid { pay_no: "4200".into(), amount: 100, currency: "CNY".into(), paid_at: None })
+        );
+        let usd = serde_json::json!({"trade_state": "SUCCESS", "transaction_id": "4200",
+                                     "amount": {"total": 100, "currency": "USD"}});
+        assert!(matches!(trade_state(&usd), Some(TradeState::Paid { currency, .. }) if currency == "USD"));
         for (state, expected) in [
             ("NOTPAY", TradeState::NotPaid { paying: false }),
             ("PAYERROR", TradeState::NotPaid { paying: false }),

@@ -1971,3 +1971,70 @@ fn alipay_gmt_refund_is_kept_as_the_platform_settlement_time() {
     assert_ali_ok(&ali_post(&app, &ali_signed(&p)), "gmt_refund without milliseconds");
     assert_eq!(refund_times(&app, "ALRT-0002").1.as_deref(), Some("2023-11-14T22:21:00.000Z"));
 }
+
+// ---------------------------------------------------------------- currency, over sockets
+
+/// Currency is part of the amount (docs/channels.md): a WeChat Pay
+/// notification of 9900 USD does not pay a CNY order of 9900, nor 9900 CNY
+/// a USD order; a generic notice naming another currency is refused alike,
+/// and one naming none is in the order's currency (v1).
+#[test]
+fn a_payment_in_another_currency_is_amount_mismatch() {
+    use crate::util::{request, Server};
+    let apiv3 = format!("--wechatpay-apiv3-key={APIV3_KEY}");
+    let server = Server::start(&[
+        "--wechatpay-public-key",
+        &format!("{SERIAL_A}={WX_A_PUBLIC_PATH}"),
+        &apiv3,
+        "--coupon",
+        "NEW10",
+    ]);
+    let now_ms = crate::util::now_ms();
+    let create = |order_no: &str, currency: &str| {
+        let body = json!({"order_no": order_no, "user_id": "u1", "amount": 9900, "currency": currency});
+        let created = server.post_json("/v1/orders", &body);
+        assert_eq!(created.status, 201, "{}", created.text());
+    };
+    let wechatpay = |order_no: &str, transaction_id: &str, currency: &str| {
+        let mut plain = wx_transaction(order_no, transaction_id, json!(9900));
+        plain["amount"]["currency"] = json!(currency);
+        plain["success_time"] = json!(crate::util::utc8_rfc3339(now_ms));
+        let note = wx_sign(&keys().wx_a, SERIAL_A, now_ms / 1000, wx_body("TRANSACTION.SUCCESS", &plain));
+        let headers = note.headers();
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        let answer = request(server.addr, "POST", "/v1/callbacks/wechatpay", &headers, &note.body);
+        assert_eq!(answer.status, 204, "{}", answer.text());
+    };
+    let outcome_of = |order_no: &str| {
+        let detail = server.get(&format!("/v1/orders/{order_no}")).json();
+        (detail["status"].as_str().unwrap_or_default().to_owned(), detail["payments"][0]["outcome"].clone(), detail)
+    };
+
+    create("ORD-CNY-1", "CNY");
+    wechatpay("ORD-CNY-1", "4200000001202401010000000001", "USD");
+    let (status, outcome, detail) = outcome_of("ORD-CNY-1");
+    assert_eq!((status.as_str(), outcome), ("PENDING", json!("amount_mismatch")), "9900 USD for 9900 CNY: {detail}");
+    assert_eq!(detail["coupons"], json!([]), "{detail}");
+
+    create("ORD-USD-1", "USD");
+    wechatpay("ORD-USD-1", "4200000001202401010000000002", "CNY");
+    let (status, outcome, detail) = outcome_of("ORD-USD-1");
+    assert_eq!((status.as_str(), outcome), ("PENDING", json!("amount_mismatch")), "9900 CNY for 9900 USD: {detail}");
+    wechatpay("ORD-USD-1", "4200000001202401010000000003", "USD");
+    assert_eq!(outcome_of("ORD-USD-1").0, "PAID", "its own currency pays it");
+
+    create("ORD-GEN-1", "CNY");
+    let generic = |order_no: &str, pay_no: &str, currency: Option<&str>| {
+        let mut body = json!({"pay_no": pay_no, "order_no": order_no, "amount": 9900, "status": "SUCCESS"});
+        if let Some(currency) = currency {
+            body["currency"] = json!(currency);
+        }
+        server.callback("/v1/callbacks/generic", &body)
+    };
+    assert_eq!(generic("ORD-GEN-1", "GEN-PAY-1", Some("USD")).json()["outcome"], "amount_mismatch");
+    let refused = generic("ORD-GEN-1", "GEN-PAY-2", Some("cny"));
+    assert_eq!((refused.status, refused.error_code().as_str()), (400, "invalid_request"), "{}", refused.text());
+    assert_eq!(generic("ORD-GEN-1", "GEN-PAY-3", None).json()["outcome"], "applied", "v1: none named is the order's");
+    create("ORD-GEN-2", "USD");
+    assert_eq!(generic("ORD-GEN-2", "GEN-PAY-4", Some("USD")).json()["outcome"], "applied");
+}

@@ -33,6 +33,7 @@ fn payment(order_no: &str, pay_no: &str) -> PaymentCallback {
         pay_no: pay_no.into(),
         order_no: order_no.into(),
         amount: 500,
+        currency: None,
         status: PlatformStatus::Success,
         paid_at: None,
         raw_body: b"{}".to_vec(),

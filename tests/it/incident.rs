@@ -623,6 +623,7 @@ fn run_payonce(form: Form, db: &str) -> PayonceRun {
                     pay_no: format!("{pay_no}-{round}"),
                     order_no: order_no.clone(),
                     amount: AMOUNT,
+                    currency: None,
                     status: PlatformStatus::Success,
                     paid_at: None,
                     raw_body: b"{}".to_vec(),

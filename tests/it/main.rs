@@ -24,6 +24,7 @@ mod openapi;
 mod ops_admin;
 mod payment_edges;
 mod pg_faults;
+mod platform_answers;
 mod platform_bytes;
 mod postgres_cli;
 mod reads;

@@ -291,7 +291,7 @@ for_each_engine! {
         assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'query' AND status = 'failed'"), 2);
 
         let paid = app.deliver_payment(&payonce::PaymentCallback {
-            channel: "wechatpay".into(), pay_no: "WX-PC-2".into(), order_no: "ORD-PC-2".into(), amount: 100,
+            channel: "wechatpay".into(), pay_no: "WX-PC-2".into(), order_no: "ORD-PC-2".into(), amount: 100, currency: None,
             status: payonce::PlatformStatus::Success, paid_at: None, raw_body: b"{}".to_vec(),
         }).expect("payment");
         assert_eq!(paid.outcome_str(), "applied");

@@ -515,3 +515,57 @@ fn alipay_refunds_only_file_matches_and_still_compares_payments() {
     let (exit, cli) = reconcile_cli(&db, ALIPAY_REFUNDS, Format::Alipay, None);
     assert_eq!(exit, Some(1), "a difference: exit 1: {cli}");
 }
+
+/// Currency is part of the amount compared (docs/channels.md): a WeChat
+/// bill row in USD for a CNY payment is `amount_mismatch`, and repairing a
+/// USD row for a CNY order records `amount_mismatch`, never a payment.
+#[test]
+fn a_statement_row_in_another_currency_is_amount_mismatch() {
+    let server = crate::util::Server::start(&[]);
+    let now_ms = crate::util::now_ms();
+    let day = crate::util::utc8_rfc3339(now_ms);
+    let (date, time) = (&day[..10], &day[11..19]);
+    for order_no in ["BILL-CUR-A", "BILL-CUR-B"] {
+        let body = serde_json::json!({"order_no": order_no, "user_id": "u1", "amount": 2500});
+        assert_eq!(server.post_json("/v1/orders", &body).status, 201);
+    }
+    let paid = server.callback(
+        "/v1/callbacks/generic",
+        &serde_json::json!({"pay_no": "4200002201202403049999999991", "order_no": "BILL-CUR-A", "amount": 2500,
+                            "status": "SUCCESS"}),
+    );
+    assert_eq!(paid.json()["outcome"], "applied", "{}", paid.text());
+    let header = "交易时间,公众账号ID,商户号,特约商户号,设备号,微信订单号,商户订单号,用户标识,交易类型,交易状态,付款银行,货币种类,应结订单金额,代金券金额,商品名称,商户数据包,手续费,费率,订单金额,费率备注";
+    let row = |pay_no: &str, order_no: &str, currency: &str| {
+        format!(
+            "`{date} {time},`wx2421b1c4370ec43b,`1900000109,`0,`,`{pay_no},`{order_no},`oUpF8u,`JSAPI,`SUCCESS,`OTHERS,`{currency},`25.00,`0.00,`order,`,`0.15,`0.60%,`25.00,`"
+        )
+    };
+    let statement = |currency: &str| {
+        format!(
+            "{header}\n{}\n{}\n",
+            row("4200002201202403049999999991", "BILL-CUR-A", currency),
+            row("4200002201202403049999999992", "BILL-CUR-B", currency)
+        )
+    };
+    let post = |query: &str, text: &str| {
+        let answer = crate::util::request(
+            server.addr,
+            "POST",
+            &format!("/v1/reconciliations?format=wechatpay&date={date}{query}"),
+            &[("Content-Type", "text/csv")],
+            text.as_bytes(),
+        );
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        answer.json()
+    };
+    let same = post("", &statement("CNY"));
+    assert_eq!(same["matched"], 1, "{same}");
+    let other = post("&repair=true", &statement("USD"));
+    assert_eq!(other["matched"], 0, "{other}");
+    let mismatched: Vec<&str> =
+        other["amount_mismatch"].as_array().into_iter().flatten().filter_map(|r| r["pay_no"].as_str()).collect();
+    assert_eq!(mismatched, ["4200002201202403049999999991"], "{other}");
+    assert_eq!(other["repaired"][0]["outcome"], "amount_mismatch", "25.00 USD never pays 25.00 CNY: {other}");
+    assert_eq!(server.get("/v1/orders/BILL-CUR-B").json()["status"], "PENDING");
+}

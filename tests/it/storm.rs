@@ -602,6 +602,7 @@ fn in_process_storm(label: &str, db: &str, storm: &Storm) -> Vec<Answer> {
             pay_no: order.pay_nos[d.pay].clone(),
             order_no: order.order_no.clone(),
             amount: order.amount,
+            currency: None,
             status: PlatformStatus::Success,
             paid_at: None,
             raw_body: storm.body(d).to_string().into_bytes(),

@@ -235,6 +235,7 @@ impl Pay<'_> {
             pay_no: self.pay_no.into(),
             order_no: self.order_no.into(),
             amount: self.amount,
+            currency: None,
             status: PlatformStatus::parse(self.status).unwrap_or_else(|| panic!("status {:?}", self.status)),
             paid_at: None,
             raw_body: self.body().to_string().into_bytes(),

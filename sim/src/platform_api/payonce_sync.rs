@@ -132,7 +132,15 @@ fn a_payment_whose_notification_never_came_is_applied_once_through_the_query() {
     assert_eq!(
         states(&synced),
         [
-            ("wechatpay", TradeState::Paid { pay_no: pay_no.clone(), amount: 1000, paid_at: synced_paid_at(&synced) }),
+            (
+                "wechatpay",
+                TradeState::Paid {
+                    pay_no: pay_no.clone(),
+                    amount: 1000,
+                    currency: "CNY".into(),
+                    paid_at: synced_paid_at(&synced)
+                }
+            ),
             ("alipay", TradeState::NotPaid { paying: false })
         ]
     );
@@ -171,7 +179,10 @@ fn alipay_paid_closed_and_unknown_trades() {
     s.alipay.open_trade("ORD_ALI_OPEN", 1000).expect("trade");
 
     let paid = s.app.sync_order("ORD_ALI_PAID").expect("sync");
-    assert_eq!(paid.platforms[1].state, TradeState::Paid { pay_no, amount: 1000, paid_at: None });
+    assert_eq!(
+        paid.platforms[1].state,
+        TradeState::Paid { pay_no, amount: 1000, currency: "CNY".into(), paid_at: None }
+    );
     assert_eq!(paid.order.status, OrderStatus::Paid);
     let open = s.app.sync_order("ORD_ALI_OPEN").expect("sync");
     assert_eq!(open.platforms[1].state, TradeState::NotPaid { paying: false });
@@ -396,6 +407,7 @@ fn paid_by(s: &Setup, channel: &str, order_no: &str) {
             pay_no,
             order_no: order_no.into(),
             amount: 1000,
+            currency: None,
             status: payonce::PlatformStatus::Success,
             paid_at: None,
             raw_body: b"{}".to_vec(),
@@ -556,4 +568,27 @@ fn an_order_paid_at_one_platform_is_still_closed_at_the_other() {
     assert!(s.alipay.buyer_pays("ORD_OTHER_1").is_err(), "no second payment there");
     assert_eq!(s.app.order("ORD_OTHER_1").expect("detail").order.status, OrderStatus::Paid);
     assert!(!audit_actions(&s.app, "ORD_OTHER_1").contains(&"platform_closed".to_owned()));
+}
+
+#[test]
+fn a_payment_answered_in_another_currency_is_amount_mismatch_not_paid() {
+    let s = setup();
+    order(&s.app, "ORD_CURRENCY_1");
+    s.wechatpay.open_trade("ORD_CURRENCY_1", 1000).expect("trade");
+    let pay_no = s.wechatpay.buyer_pays("ORD_CURRENCY_1").expect("paid at WeChat Pay");
+    s.wechatpay.set_fault(Some(Fault::Currency("USD".into())));
+
+    let synced = s.app.sync_order("ORD_CURRENCY_1").expect("sync");
+    assert!(
+        matches!(&synced.platforms[0].state, TradeState::Paid { currency, .. } if currency == "USD"),
+        "{:?}",
+        synced.platforms[0].state
+    );
+    assert_eq!(synced.order.status, OrderStatus::Pending, "1000 USD does not pay 1000 CNY");
+    let detail = s.app.order("ORD_CURRENCY_1").expect("detail");
+    assert_eq!(detail.payments.len(), 1);
+    assert_eq!(
+        (detail.payments[0].pay_no.as_str(), detail.payments[0].outcome.as_str()),
+        (pay_no.as_str(), "amount_mismatch")
+    );
 }

@@ -215,10 +215,14 @@ impl Wechatpay {
             answer["success_time"] = json!(china_time(paid_at).rfc3339());
             answer["payer"] = json!({"openid": "oSimulatorPayonceBuyer0000000"});
         }
+        let currency = match fault {
+            Some(Fault::Currency(currency)) => currency.as_str(),
+            _ => "CNY",
+        };
         answer["amount"] = if paid {
-            json!({"total": trade.amount, "payer_total": trade.amount, "currency": "CNY", "payer_currency": "CNY"})
+            json!({"total": trade.amount, "payer_total": trade.amount, "currency": currency, "payer_currency": currency})
         } else {
-            json!({"total": trade.amount, "currency": "CNY", "payer_currency": "CNY"})
+            json!({"total": trade.amount, "currency": currency, "payer_currency": currency})
         };
         self.json(200, &answer, fault)
     }
