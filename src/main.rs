@@ -142,7 +142,7 @@ Options:
                             --alipay-app-id, turns the alipay channel on
   --alipay-app-id ID        the merchant's Alipay app_id
 
-Webhooks to the merchant's app (Standard Webhooks; the README's Webhooks section):
+Webhooks to the merchant's app (Standard Webhooks; docs/webhooks.md):
   --webhook-url URL               an endpoint that receives every event after it was first
                                   configured (repeatable); http:// or https://. Secrets in env
                                   PAYONCE_WEBHOOK_SECRET: comma-separated whsec_<base64>, all sign
@@ -154,7 +154,7 @@ Webhooks to the merchant's app (Standard Webhooks; the README's Webhooks section
   --webhook-poll-ms N             how often the relay looks for due retries and other processes'
                                   events (this process's events wake it at once) [default: 200]
 
-Talking to the platforms (query; the README's section of that name). A platform's outgoing
+Talking to the platforms (query; docs/platforms.md). A platform's outgoing
 calls are on when any of its outgoing-only settings is given; then all are required:
   --wechatpay-mchid ID            the merchant's WeChat Pay mchid
   --wechatpay-merchant-serial S   the serial of the merchant's API certificate

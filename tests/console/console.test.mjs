@@ -250,7 +250,7 @@ try {
   await page.locator('nav a', { hasText: 'Findings' }).click();
   await page.locator('button[data-resolve="ALI-T1"]').waitFor();
   await shot('06-findings');
-  // The README's picture (docs/console.png is a copy): the header and the findings, small.
+  // The picture of docs/console.md (docs/console.png is a copy): the header and the findings, small.
   await page.screenshot({ path: join(SHOTS, 'readme-findings.png'), clip: { x: 0, y: 0, width: 1280, height: 290 } });
   await page.locator('button[data-resolve="ALI-T1"]').click();
   await page.locator('dialog[open] textarea[name=reason]').fill(`refunded by hand ${PROBE}`);
