@@ -26,6 +26,7 @@ pub mod app;
 pub mod background;
 pub mod channel;
 pub mod clock;
+pub mod config;
 pub mod console;
 pub mod domain;
 pub mod error;

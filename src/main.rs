@@ -1,21 +1,10 @@
 //! `payonce`: argument parsing and wiring only; everything else is in the library.
 
-use payonce::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
-use payonce::background::{
-    handle_signals, spawn_inspector, spawn_platform_worker, spawn_storage_watch, spawn_sweeper,
-    INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT,
-};
-use payonce::channel::alipay::{public_key_from_text as alipay_public_key_from_text, AlipayConfig};
-use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
-use payonce::domain::{is_identifier, Rewards};
-use payonce::http::{Limits, Server, WORKERS_DEFAULT};
-use payonce::platform::alipay::AlipayApi;
-use payonce::platform::wechatpay::WechatpayApi;
-use payonce::platform::MerchantKey;
-use payonce::platform_ops::Platforms;
+use payonce::background::{handle_signals, spawn_inspector, spawn_platform_worker, spawn_storage_watch, spawn_sweeper};
+use payonce::config::{self, db_from_env, Checked, Settings, DEV_CALLBACK_SECRET};
+use payonce::http::Server;
 use payonce::recon::Format;
 use payonce::relay::spawn_relay;
-use payonce::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, parse_waits, WebhookConfig};
 use payonce::{App, Clock};
 use std::io::Write;
 use std::net::SocketAddr;
@@ -23,9 +12,6 @@ use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The fixed secret of `--dev`; printed loudly, never for production.
-const DEV_CALLBACK_SECRET: &str = "payonce-dev-secret";
 
 const USAGE: &str = "\
 payonce: exactly-once orders and payment callbacks on SQLite or PostgreSQL
@@ -191,42 +177,6 @@ HTTP edge limits (section 7; each holds without a reverse proxy):
   -h, --help                      this help
 ";
 
-struct ServeArgs {
-    db: String,
-    listen: String,
-    callback_secret: Option<String>,
-    dev: bool,
-    coupons: Vec<String>,
-    points_per_yuan: i64,
-    order_ttl_s: i64,
-    sweep_interval_s: u64,
-    store: payonce::store::StoreOptions,
-    api_tokens: Option<String>,
-    idempotency_ttl_s: i64,
-    inspect_interval_s: u64,
-    wechatpay_apiv3_key: Option<String>,
-    wechatpay_public_keys: Vec<String>,
-    alipay_public_key: Option<String>,
-    alipay_app_id: Option<String>,
-    limits: Limits,
-    workers: usize,
-    webhooks: WebhookConfig,
-    webhook_secret: Option<String>,
-    wechatpay_mchid: Option<String>,
-    wechatpay_merchant_serial: Option<String>,
-    wechatpay_merchant_key: Option<String>,
-    wechatpay_api_base: String,
-    alipay_app_private_key: Option<String>,
-    alipay_gateway: String,
-    platform_timeout_ms: u64,
-    platform_retry_ms: Vec<u64>,
-    close_give_up_s: i64,
-    refund_query_after_s: i64,
-    public_base_url: Option<String>,
-    /// `payonce sync`'s ORDER_NO (serve takes no positional argument).
-    positional: Vec<String>,
-}
-
 fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
@@ -254,12 +204,6 @@ fn run() -> Result<ExitCode, String> {
         }
         Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
     }
-}
-
-/// `PAYONCE_DB`: the database when `--db` is not given, so a PostgreSQL
-/// password need not appear on a command line.
-fn db_from_env() -> Option<String> {
-    std::env::var("PAYONCE_DB").ok().filter(|db| !db.is_empty())
 }
 
 /// The simulator's binary, which `payonce simulate` runs from this binary's directory.
@@ -298,208 +242,50 @@ fn simulate(args: impl Iterator<Item = std::ffi::OsString>) -> Result<ExitCode, 
     }
 }
 
-fn parse_serve(parser: lexopt::Parser) -> Result<ServeArgs, String> {
-    parse_serve_like(parser, false, SERVE_USAGE)
+fn parse_serve(parser: lexopt::Parser) -> Result<Settings, String> {
+    Ok(parse_settings(parser, false, SERVE_USAGE)?.0)
 }
 
-/// `serve`'s settings; `payonce sync` takes the same plus its ORDER_NO.
-fn parse_serve_like(mut parser: lexopt::Parser, accept_positional: bool, usage: &str) -> Result<ServeArgs, String> {
+/// `serve`'s settings from the command line, through the one table of
+/// `payonce::config`; `payonce sync` takes the same plus its ORDER_NO
+/// (the positional arguments, returned beside the settings).
+fn parse_settings(
+    mut parser: lexopt::Parser,
+    accept_positional: bool,
+    usage: &str,
+) -> Result<(Settings, Vec<String>), String> {
     use lexopt::prelude::*;
-    let mut args = ServeArgs {
-        db: db_from_env().unwrap_or_else(|| "payonce.db".into()),
-        listen: "127.0.0.1:8080".into(),
-        callback_secret: std::env::var("PAYONCE_CALLBACK_SECRET").ok().filter(|s| !s.is_empty()),
-        dev: false,
-        coupons: Vec::new(),
-        points_per_yuan: 0,
-        order_ttl_s: ORDER_TTL_S_DEFAULT,
-        sweep_interval_s: SWEEP_INTERVAL_S_DEFAULT,
-        store: payonce::store::StoreOptions::default(),
-        api_tokens: std::env::var("PAYONCE_API_TOKEN").ok().filter(|s| !s.is_empty()),
-        idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
-        inspect_interval_s: INSPECT_INTERVAL_S_DEFAULT,
-        wechatpay_apiv3_key: std::env::var("PAYONCE_WECHATPAY_APIV3_KEY").ok().filter(|s| !s.is_empty()),
-        wechatpay_public_keys: Vec::new(),
-        alipay_public_key: None,
-        alipay_app_id: None,
-        limits: Limits::default(),
-        workers: WORKERS_DEFAULT,
-        webhooks: WebhookConfig::default(),
-        webhook_secret: std::env::var("PAYONCE_WEBHOOK_SECRET").ok().filter(|s| !s.trim().is_empty()),
-        wechatpay_mchid: None,
-        wechatpay_merchant_serial: None,
-        wechatpay_merchant_key: None,
-        wechatpay_api_base: payonce::platform::wechatpay::API_BASE_DEFAULT.to_owned(),
-        alipay_app_private_key: None,
-        alipay_gateway: payonce::platform::alipay::GATEWAY_DEFAULT.to_owned(),
-        platform_timeout_ms: payonce::platform::PLATFORM_TIMEOUT_MS_DEFAULT,
-        platform_retry_ms: parse_waits("--platform-retry-s", payonce::platform::PLATFORM_RETRY_S_DEFAULT)?,
-        close_give_up_s: payonce::platform::CLOSE_GIVE_UP_S_DEFAULT,
-        refund_query_after_s: payonce::platform::REFUND_QUERY_AFTER_S_DEFAULT,
-        public_base_url: None,
-        positional: Vec::new(),
-    };
+    let mut settings = Settings::from_env()?;
+    let mut positional = Vec::new();
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
-            Long("db") => args.db = string_value(&mut parser)?,
-            Long("listen") => args.listen = string_value(&mut parser)?,
-            Long("callback-secret") => args.callback_secret = Some(string_value(&mut parser)?),
-            Long("dev") => args.dev = true,
-            Long("api-token") => args.api_tokens = Some(string_value(&mut parser)?),
-            Long("idempotency-ttl-s") => {
-                args.idempotency_ttl_s = int_value(&mut parser, "--idempotency-ttl-s", 1, 365 * 86_400)?
-            }
-            Long("coupon") => {
-                let template = string_value(&mut parser)?;
-                if !is_identifier(&template) {
-                    return Err(format!("--coupon {template:?}: 1-64 characters of [A-Za-z0-9_.-]"));
-                }
-                args.coupons.push(template);
-            }
-            Long("points-per-yuan") => {
-                args.points_per_yuan = int_value(&mut parser, "--points-per-yuan", 0, 1_000_000)?
-            }
-            Long("order-ttl-s") => args.order_ttl_s = int_value(&mut parser, "--order-ttl-s", 1, 86_400)?,
-            Long("wechatpay-apiv3-key") => args.wechatpay_apiv3_key = Some(string_value(&mut parser)?),
-            Long("wechatpay-public-key") => args.wechatpay_public_keys.push(string_value(&mut parser)?),
-            Long("alipay-public-key") => args.alipay_public_key = Some(string_value(&mut parser)?),
-            Long("alipay-app-id") => args.alipay_app_id = Some(string_value(&mut parser)?),
-            Long("inspect-interval-s") => {
-                args.inspect_interval_s = int_value(&mut parser, "--inspect-interval-s", 1, 86_400)?.unsigned_abs()
-            }
-            Long("db-pool-size") => {
-                args.store.pool_size = int_value(&mut parser, "--db-pool-size", 2, 1_000)?.unsigned_abs() as u32
-            }
-            Long("group-commit-max") => {
-                args.store.group_commit_max =
-                    int_value(&mut parser, "--group-commit-max", 1, 10_000)?.unsigned_abs() as usize
-            }
-            Long("group-commit-wait-us") => {
-                args.store.group_commit_wait_us =
-                    int_value(&mut parser, "--group-commit-wait-us", 0, 1_000_000)?.unsigned_abs()
-            }
-            Long("db-busy-timeout-ms") => {
-                args.store.busy_timeout_ms = int_value(&mut parser, "--db-busy-timeout-ms", 1, 600_000)?.unsigned_abs()
-            }
-            Long("sweep-interval-s") => {
-                args.sweep_interval_s = int_value(&mut parser, "--sweep-interval-s", 1, 86_400)?.unsigned_abs()
-            }
-            Long("max-connections") => {
-                args.limits.max_connections = positive(&mut parser, "--max-connections", 1_000_000)? as usize
-            }
-            Long("header-read-timeout-ms") => {
-                args.limits.header_read_timeout_ms = positive(&mut parser, "--header-read-timeout-ms", TIMEOUT_MS_MAX)?
-            }
-            Long("body-read-timeout-ms") => {
-                args.limits.body_read_timeout_ms = positive(&mut parser, "--body-read-timeout-ms", TIMEOUT_MS_MAX)?
-            }
-            Long("keep-alive-idle-ms") => {
-                args.limits.keep_alive_idle_ms = positive(&mut parser, "--keep-alive-idle-ms", TIMEOUT_MS_MAX)?
-            }
-            Long("response-write-timeout-ms") => {
-                args.limits.response_write_timeout_ms =
-                    positive(&mut parser, "--response-write-timeout-ms", TIMEOUT_MS_MAX)?
-            }
-            Long("fd-reserve") => {
-                args.limits.fd_reserve = int_value(&mut parser, "--fd-reserve", 0, 1_000_000)?.unsigned_abs()
-            }
-            Long("shutdown-grace-ms") => {
-                args.limits.shutdown_grace_ms = positive(&mut parser, "--shutdown-grace-ms", TIMEOUT_MS_MAX)?
-            }
-            Long("workers") => args.workers = positive(&mut parser, "--workers", 1024)? as usize,
-            Long("webhook-url") => {
-                let endpoint = parse_endpoint(&string_value(&mut parser)?)?;
-                if !args.webhooks.endpoints.contains(&endpoint) {
-                    args.webhooks.endpoints.push(endpoint);
-                }
-            }
-            Long("webhook-timeout-ms") => {
-                args.webhooks.timeout_ms = positive(&mut parser, "--webhook-timeout-ms", TIMEOUT_MS_MAX)?
-            }
-            Long("webhook-retry-s") => {
-                args.webhooks.retry_schedule_ms = parse_retry_schedule(&string_value(&mut parser)?)?
-            }
-            Long("webhook-concurrency") => {
-                args.webhooks.concurrency = positive(&mut parser, "--webhook-concurrency", 256)? as usize
-            }
-            Long("webhook-poll-ms") => args.webhooks.poll_ms = positive(&mut parser, "--webhook-poll-ms", 60_000)?,
-            Long("wechatpay-mchid") => args.wechatpay_mchid = Some(string_value(&mut parser)?),
-            Long("wechatpay-merchant-serial") => args.wechatpay_merchant_serial = Some(string_value(&mut parser)?),
-            Long("wechatpay-merchant-key") => args.wechatpay_merchant_key = Some(string_value(&mut parser)?),
-            Long("wechatpay-api-base") => args.wechatpay_api_base = http_url(&mut parser, "--wechatpay-api-base")?,
-            Long("alipay-app-private-key") => args.alipay_app_private_key = Some(string_value(&mut parser)?),
-            Long("alipay-gateway") => args.alipay_gateway = http_url(&mut parser, "--alipay-gateway")?,
-            Long("platform-retry-s") => {
-                args.platform_retry_ms = parse_waits("--platform-retry-s", &string_value(&mut parser)?)?
-            }
-            Long("refund-query-after-s") => {
-                args.refund_query_after_s = int_value(&mut parser, "--refund-query-after-s", 1, 30 * 86_400)?
-            }
-            Long("public-base-url") => args.public_base_url = Some(http_url(&mut parser, "--public-base-url")?),
-            Long("close-give-up-s") => {
-                args.close_give_up_s = int_value(&mut parser, "--close-give-up-s", 1, 365 * 86_400)?
-            }
-            Long("platform-timeout-ms") => {
-                args.platform_timeout_ms = positive(&mut parser, "--platform-timeout-ms", TIMEOUT_MS_MAX)?
-            }
-            Value(value) if accept_positional => {
-                args.positional.push(value.into_string().map_err(|v| format!("{v:?} is not UTF-8"))?)
-            }
             Short('h') | Long("help") => {
                 print!("{usage}");
                 std::process::exit(0);
             }
+            Long(name) if config::setting_named(name).is_some() => {
+                let setting = config::setting_named(name).ok_or("a known setting")?;
+                let value = if setting.takes_value { string_value(&mut parser)? } else { String::new() };
+                setting.apply(&mut settings, &value)?;
+            }
+            Value(value) if accept_positional => {
+                positional.push(value.into_string().map_err(|v| format!("{v:?} is not UTF-8"))?)
+            }
             other => return Err(format!("{}\n\n{usage}", other.unexpected())),
         }
     }
-    Ok(args)
-}
-
-/// An `http://` or `https://` base URL.
-fn http_url(parser: &mut lexopt::Parser, flag: &str) -> Result<String, String> {
-    let url = string_value(parser)?;
-    if url.starts_with("http://") || url.starts_with("https://") {
-        Ok(url)
-    } else {
-        Err(format!("{flag} {url:?}: expected an http:// or https:// URL"))
-    }
+    Ok((settings, positional))
 }
 
 fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
     parser.value().map_err(|e| e.to_string())?.into_string().map_err(|v| format!("{v:?} is not UTF-8"))
 }
 
-fn int_value(parser: &mut lexopt::Parser, flag: &str, min: i64, max: i64) -> Result<i64, String> {
-    let text = string_value(parser)?;
-    match text.parse::<i64>() {
-        Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(format!("{flag} {text:?}: expected an integer from {min} to {max}")),
+fn serve(args: Settings) -> Result<ExitCode, String> {
+    let Checked { config, warnings } = args.check()?;
+    for warning in &warnings {
+        eprintln!("payonce: {warning}");
     }
-}
-
-/// The longest timeout a setting takes: one day.
-const TIMEOUT_MS_MAX: u64 = 86_400_000;
-
-/// An integer from 1 to `max`.
-fn positive(parser: &mut lexopt::Parser, flag: &str, max: u64) -> Result<u64, String> {
-    let max = i64::try_from(max).unwrap_or(i64::MAX);
-    Ok(int_value(parser, flag, 1, max)?.unsigned_abs())
-}
-
-fn serve(args: ServeArgs) -> Result<ExitCode, String> {
-    let secrets = callback_secrets(&args)?;
-    let api_tokens = api_tokens(args.api_tokens.as_deref())?;
-    let config = Config {
-        rewards: Rewards { coupon_templates: args.coupons.clone(), points_per_yuan: args.points_per_yuan },
-        order_ttl_s: args.order_ttl_s,
-        callback_secrets: secrets,
-        idempotency_ttl_s: args.idempotency_ttl_s,
-        api_tokens,
-        wechatpay: wechatpay_config(&args)?,
-        alipay: alipay_config(&args)?,
-        webhooks: webhook_config(&args)?,
-        platforms: platforms_config(&args)?,
-    };
     let listen_addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(args.listen.as_str())
         .map_err(|e| format!("--listen {:?}: expected ADDR:PORT ({e})", args.listen))?
         .collect();
@@ -559,176 +345,6 @@ fn serve(args: ServeArgs) -> Result<ExitCode, String> {
     }
     eprintln!("payonce: stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-/// The relay's settings; `PAYONCE_WEBHOOK_SECRET` is required once an
-/// endpoint is configured and refused when malformed.
-fn webhook_config(args: &ServeArgs) -> Result<WebhookConfig, String> {
-    let mut config = args.webhooks.clone();
-    match (&args.webhook_secret, config.endpoints.is_empty()) {
-        (None, true) => {}
-        (Some(secrets), _) => config.secrets = parse_secrets(secrets)?,
-        (None, false) => return Err(parse_secrets("").unwrap_err()),
-    }
-    Ok(config)
-}
-
-/// The `--wechatpay-public-key SERIAL=FILE` keys.
-/// The keys, and when those given as certificates expire (an answer or a
-/// notification signed by an expired one is refused); an expired one is
-/// warned about at start.
-fn wechatpay_platform_keys_and_expiries(
-    args: &ServeArgs,
-) -> Result<(payonce::channel::wechatpay::PlatformKeys, payonce::channel::wechatpay::KeyExpiries), String> {
-    let mut expiries = Vec::new();
-    let mut platform_keys = Vec::new();
-    for entry in &args.wechatpay_public_keys {
-        let (serial, file) = entry.split_once('=').ok_or("--wechatpay-public-key takes SERIAL=FILE")?;
-        let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
-        let public_key = public_key_from_pem(&pem).map_err(|e| format!("{file}: {e}"))?;
-        if let Some(not_after) = payonce::channel::wechatpay::certificate_not_after_ms(&pem) {
-            if not_after < Clock::System.now_ms() {
-                eprintln!(
-                    "payonce: warning: the WeChat Pay platform certificate {file} expired; what it signs is refused"
-                );
-            }
-            expiries.push((serial.trim().to_owned(), not_after));
-        }
-        platform_keys.push((serial.trim().to_owned(), public_key));
-    }
-    Ok((platform_keys, expiries))
-}
-
-/// WeChat Pay's outgoing calls are on once any outgoing-only setting is given.
-fn wechatpay_outgoing(args: &ServeArgs) -> bool {
-    args.wechatpay_mchid.is_some() || args.wechatpay_merchant_serial.is_some() || args.wechatpay_merchant_key.is_some()
-}
-
-/// The notification channel: the APIv3 key and at least one platform key.
-/// With outgoing calls on, platform keys without an APIv3 key are valid:
-/// they verify the API's answers only.
-fn wechatpay_config(args: &ServeArgs) -> Result<Option<WechatpayConfig>, String> {
-    let (key, pems) = (&args.wechatpay_apiv3_key, &args.wechatpay_public_keys);
-    if key.is_none() && (pems.is_empty() || wechatpay_outgoing(args)) {
-        return Ok(None);
-    }
-    let key =
-        key.as_deref().ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
-    let (keys, expiries) = wechatpay_platform_keys_and_expiries(args)?;
-    let mut config = WechatpayConfig::new(key, keys)?;
-    config.expiries = expiries;
-    Ok(Some(config))
-}
-
-/// The platforms whose outgoing settings are given: all of a platform's are
-/// then required, or `serve` stops naming what is missing.
-fn platforms_config(args: &ServeArgs) -> Result<Platforms, String> {
-    let timeout = Duration::from_millis(args.platform_timeout_ms);
-    let mut platforms = Platforms {
-        timeout_ms: args.platform_timeout_ms,
-        retry_schedule_ms: args.platform_retry_ms.clone(),
-        close_give_up_ms: args.close_give_up_s.saturating_mul(1000),
-        refund_query_after_ms: args.refund_query_after_s.saturating_mul(1000),
-        ..Platforms::default()
-    };
-    if wechatpay_outgoing(args) {
-        let missing: Vec<&str> = [
-            ("--wechatpay-mchid", args.wechatpay_mchid.is_none()),
-            ("--wechatpay-merchant-serial", args.wechatpay_merchant_serial.is_none()),
-            ("--wechatpay-merchant-key", args.wechatpay_merchant_key.is_none()),
-            ("--wechatpay-public-key (to verify the answers)", args.wechatpay_public_keys.is_empty()),
-        ]
-        .into_iter()
-        .filter_map(|(flag, absent)| absent.then_some(flag))
-        .collect();
-        if !missing.is_empty() {
-            return Err(format!("WeChat Pay's outgoing calls also need {}", missing.join(", ")));
-        }
-        let file = args.wechatpay_merchant_key.as_deref().unwrap_or_default();
-        let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
-        let key = MerchantKey::from_pem(&pem).map_err(|e| format!("--wechatpay-merchant-key {file}: {e}"))?;
-        let (keys, expiries) = wechatpay_platform_keys_and_expiries(args)?;
-        let mut api = WechatpayApi::new(
-            args.wechatpay_mchid.clone().unwrap_or_default(),
-            args.wechatpay_merchant_serial.clone().unwrap_or_default(),
-            key,
-            &args.wechatpay_api_base,
-            keys,
-            timeout,
-        );
-        api.certificate_expiries = expiries;
-        api.refund_notify_url = args
-            .public_base_url
-            .as_ref()
-            .map(|base| format!("{}/v1/callbacks/wechatpay/refund", base.trim_end_matches('/')));
-        platforms.wechatpay = Some(Arc::new(api));
-    }
-    if let Some(file) = &args.alipay_app_private_key {
-        let missing: Vec<&str> = [
-            ("--alipay-app-id", args.alipay_app_id.is_none()),
-            ("--alipay-public-key (to verify the answers)", args.alipay_public_key.is_none()),
-        ]
-        .into_iter()
-        .filter_map(|(flag, absent)| absent.then_some(flag))
-        .collect();
-        if !missing.is_empty() {
-            return Err(format!("Alipay's outgoing calls also need {}", missing.join(", ")));
-        }
-        let pem = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
-        let key = MerchantKey::from_pem(&pem).map_err(|e| format!("--alipay-app-private-key {file}: {e}"))?;
-        let public_file = args.alipay_public_key.as_deref().unwrap_or_default();
-        let text = std::fs::read_to_string(public_file).map_err(|e| format!("cannot read {public_file}: {e}"))?;
-        let alipay_key = alipay_public_key_from_text(&text).map_err(|e| format!("{public_file}: {e}"))?;
-        platforms.alipay = Some(Arc::new(AlipayApi::new(
-            args.alipay_app_id.clone().unwrap_or_default(),
-            key,
-            &args.alipay_gateway,
-            alipay_key,
-            timeout,
-        )));
-    }
-    Ok(platforms)
-}
-
-fn alipay_config(args: &ServeArgs) -> Result<Option<AlipayConfig>, String> {
-    match (&args.alipay_public_key, &args.alipay_app_id) {
-        (None, None) => Ok(None),
-        (Some(file), Some(app_id)) => {
-            let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
-            let public_key = alipay_public_key_from_text(&text).map_err(|e| format!("{file}: {e}"))?;
-            Ok(Some(AlipayConfig { public_key, app_id: app_id.clone() }))
-        }
-        _ => Err("the alipay channel needs both --alipay-public-key and --alipay-app-id".into()),
-    }
-}
-
-fn api_tokens(raw: Option<&str>) -> Result<Vec<ApiToken>, String> {
-    let Some(raw) = raw else {
-        return Ok(Vec::new());
-    };
-    raw.split(',')
-        .filter(|entry| !entry.trim().is_empty())
-        .map(|entry| {
-            ApiToken::parse(entry).ok_or_else(|| {
-                "--api-token: each entry is `name:token` or a bare token; names are 1-64 characters of [A-Za-z0-9_.-], tokens printable ASCII without spaces".to_owned()
-            })
-        })
-        .collect()
-}
-
-fn callback_secrets(args: &ServeArgs) -> Result<Vec<Vec<u8>>, String> {
-    let configured = args.callback_secret.as_deref().map(|s| {
-        s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>()
-    });
-    match configured {
-        Some(secrets) if !secrets.is_empty() => Ok(secrets),
-        _ if args.dev => {
-            eprintln!("payonce: WARNING: --dev: the generic channel accepts callbacks signed with the PUBLIC dev secret {DEV_CALLBACK_SECRET:?}.");
-            eprintln!("payonce: WARNING: --dev: anyone can forge a payment. Never use --dev with real money.");
-            Ok(vec![DEV_CALLBACK_SECRET.as_bytes().to_vec()])
-        }
-        _ => Err("serve needs --callback-secret (or PAYONCE_CALLBACK_SECRET); use --dev for local development".into()),
-    }
 }
 
 fn sign(mut parser: lexopt::Parser) -> Result<ExitCode, String> {
@@ -800,11 +416,11 @@ fn parse_offline(mut parser: lexopt::Parser, usage: &str, allowed: &[&str]) -> R
 }
 
 fn sync(parser: lexopt::Parser) -> Result<ExitCode, String> {
-    let args = parse_serve_like(parser, true, SYNC_USAGE)?;
-    let [order_no] = args.positional.as_slice() else {
+    let (args, positional) = parse_settings(parser, true, SYNC_USAGE)?;
+    let [order_no] = positional.as_slice() else {
         return Err(format!("sync takes one ORDER_NO\n\n{SYNC_USAGE}"));
     };
-    let platforms = platforms_config(&args)?;
+    let platforms = args.platforms()?;
     if platforms.is_empty() {
         return Err(format!("sync needs the outgoing settings of at least one platform\n\n{SYNC_USAGE}"));
     }

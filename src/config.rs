@@ -1,0 +1,547 @@
+//! `payonce serve`'s settings: one table of every setting (its flag, whether
+//! it takes a value, where the value goes and how it is checked), the
+//! defaults and environment variables under them, and [`Settings::check`],
+//! which reads each key file once and builds the checked [`Config`] with the
+//! rest of what `serve` wires. `main.rs` only feeds the table from the
+//! command line (docs/settings.md lists every setting).
+
+use crate::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
+use crate::background::{INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT};
+use crate::channel::alipay::{public_key_from_text as alipay_public_key_from_text, AlipayConfig};
+use crate::channel::wechatpay::{public_key_from_pem, KeyExpiries, PlatformKeys, WechatpayConfig};
+use crate::clock::Clock;
+use crate::domain::{is_identifier, Rewards};
+use crate::http::{Limits, WORKERS_DEFAULT};
+use crate::platform::alipay::AlipayApi;
+use crate::platform::wechatpay::WechatpayApi;
+use crate::platform::MerchantKey;
+use crate::platform_ops::Platforms;
+use crate::store::StoreOptions;
+use crate::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, parse_waits, WebhookConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The fixed secret of `--dev`; printed loudly, never for production.
+pub const DEV_CALLBACK_SECRET: &str = "payonce-dev-secret";
+
+/// The longest timeout a setting takes: one day.
+const TIMEOUT_MS_MAX: u64 = 86_400_000;
+
+/// Every setting as given, before the files it names are read.
+pub struct Settings {
+    pub db: String,
+    pub listen: String,
+    callback_secret: Option<String>,
+    pub dev: bool,
+    coupons: Vec<String>,
+    points_per_yuan: i64,
+    order_ttl_s: i64,
+    pub sweep_interval_s: u64,
+    pub store: StoreOptions,
+    api_tokens: Option<String>,
+    idempotency_ttl_s: i64,
+    pub inspect_interval_s: u64,
+    wechatpay_apiv3_key: Option<String>,
+    wechatpay_public_keys: Vec<String>,
+    alipay_public_key: Option<String>,
+    alipay_app_id: Option<String>,
+    pub limits: Limits,
+    pub workers: usize,
+    webhooks: WebhookConfig,
+    webhook_secret: Option<String>,
+    wechatpay_mchid: Option<String>,
+    wechatpay_merchant_serial: Option<String>,
+    wechatpay_merchant_key: Option<String>,
+    wechatpay_api_base: String,
+    alipay_app_private_key: Option<String>,
+    alipay_gateway: String,
+    platform_timeout_ms: u64,
+    platform_retry_ms: Vec<u64>,
+    close_give_up_s: i64,
+    refund_query_after_s: i64,
+    public_base_url: Option<String>,
+}
+
+/// One setting: its flag without `--`, whether it takes a value, and what
+/// it does with the value (`""` for a switch).
+pub struct Setting {
+    pub name: &'static str,
+    pub takes_value: bool,
+    set: fn(&mut Settings, &str) -> Result<(), String>,
+}
+
+impl Setting {
+    /// Applies `value` (`""` for a switch), or says why it is refused,
+    /// naming the flag.
+    pub fn apply(&self, settings: &mut Settings, value: &str) -> Result<(), String> {
+        (self.set)(settings, value)
+    }
+}
+
+const fn setting(name: &'static str, set: fn(&mut Settings, &str) -> Result<(), String>) -> Setting {
+    Setting { name, takes_value: true, set }
+}
+
+const fn switch(name: &'static str, set: fn(&mut Settings, &str) -> Result<(), String>) -> Setting {
+    Setting { name, takes_value: false, set }
+}
+
+/// Every setting of `serve` (and of `sync`, which takes the same).
+pub const SETTINGS: &[Setting] = &[
+    setting("db", |s, v| text(&mut s.db, v)),
+    setting("listen", |s, v| text(&mut s.listen, v)),
+    setting("callback-secret", |s, v| some(&mut s.callback_secret, v)),
+    switch("dev", |s, _| {
+        s.dev = true;
+        Ok(())
+    }),
+    setting("api-token", |s, v| some(&mut s.api_tokens, v)),
+    setting("idempotency-ttl-s", |s, v| int_into(&mut s.idempotency_ttl_s, "idempotency-ttl-s", v, 1, 365 * 86_400)),
+    setting("coupon", |s, v| {
+        if !is_identifier(v) {
+            return Err(format!("--coupon {v:?}: 1-64 characters of [A-Za-z0-9_.-]"));
+        }
+        s.coupons.push(v.to_owned());
+        Ok(())
+    }),
+    setting("points-per-yuan", |s, v| int_into(&mut s.points_per_yuan, "points-per-yuan", v, 0, 1_000_000)),
+    setting("order-ttl-s", |s, v| int_into(&mut s.order_ttl_s, "order-ttl-s", v, 1, 86_400)),
+    setting("wechatpay-apiv3-key", |s, v| some(&mut s.wechatpay_apiv3_key, v)),
+    setting("wechatpay-public-key", |s, v| {
+        s.wechatpay_public_keys.push(v.to_owned());
+        Ok(())
+    }),
+    setting("alipay-public-key", |s, v| some(&mut s.alipay_public_key, v)),
+    setting("alipay-app-id", |s, v| some(&mut s.alipay_app_id, v)),
+    setting("inspect-interval-s", |s, v| unsigned(&mut s.inspect_interval_s, "inspect-interval-s", v, 1, 86_400)),
+    setting("db-pool-size", |s, v| {
+        s.store.pool_size = u32::try_from(int("db-pool-size", v, 2, 1_000)?).unwrap_or(u32::MAX);
+        Ok(())
+    }),
+    setting("group-commit-max", |s, v| {
+        s.store.group_commit_max = usize::try_from(int("group-commit-max", v, 1, 10_000)?).unwrap_or(usize::MAX);
+        Ok(())
+    }),
+    setting("group-commit-wait-us", |s, v| {
+        unsigned(&mut s.store.group_commit_wait_us, "group-commit-wait-us", v, 0, 1_000_000)
+    }),
+    setting("db-busy-timeout-ms", |s, v| unsigned(&mut s.store.busy_timeout_ms, "db-busy-timeout-ms", v, 1, 600_000)),
+    setting("sweep-interval-s", |s, v| unsigned(&mut s.sweep_interval_s, "sweep-interval-s", v, 1, 86_400)),
+    setting("max-connections", |s, v| {
+        s.limits.max_connections = usize::try_from(positive("max-connections", v, 1_000_000)?).unwrap_or(usize::MAX);
+        Ok(())
+    }),
+    setting("header-read-timeout-ms", |s, v| {
+        timeout(&mut s.limits.header_read_timeout_ms, "header-read-timeout-ms", v)
+    }),
+    setting("body-read-timeout-ms", |s, v| timeout(&mut s.limits.body_read_timeout_ms, "body-read-timeout-ms", v)),
+    setting("keep-alive-idle-ms", |s, v| timeout(&mut s.limits.keep_alive_idle_ms, "keep-alive-idle-ms", v)),
+    setting("response-write-timeout-ms", |s, v| {
+        timeout(&mut s.limits.response_write_timeout_ms, "response-write-timeout-ms", v)
+    }),
+    setting("fd-reserve", |s, v| unsigned(&mut s.limits.fd_reserve, "fd-reserve", v, 0, 1_000_000)),
+    setting("shutdown-grace-ms", |s, v| timeout(&mut s.limits.shutdown_grace_ms, "shutdown-grace-ms", v)),
+    setting("workers", |s, v| {
+        s.workers = usize::try_from(positive("workers", v, 1024)?).unwrap_or(usize::MAX);
+        Ok(())
+    }),
+    setting("webhook-url", |s, v| {
+        let endpoint = parse_endpoint(v)?;
+        if !s.webhooks.endpoints.contains(&endpoint) {
+            s.webhooks.endpoints.push(endpoint);
+        }
+        Ok(())
+    }),
+    setting("webhook-timeout-ms", |s, v| timeout(&mut s.webhooks.timeout_ms, "webhook-timeout-ms", v)),
+    setting("webhook-retry-s", |s, v| {
+        s.webhooks.retry_schedule_ms = parse_retry_schedule(v)?;
+        Ok(())
+    }),
+    setting("webhook-concurrency", |s, v| {
+        s.webhooks.concurrency = usize::try_from(positive("webhook-concurrency", v, 256)?).unwrap_or(usize::MAX);
+        Ok(())
+    }),
+    setting("webhook-poll-ms", |s, v| {
+        s.webhooks.poll_ms = positive("webhook-poll-ms", v, 60_000)?;
+        Ok(())
+    }),
+    setting("wechatpay-mchid", |s, v| some(&mut s.wechatpay_mchid, v)),
+    setting("wechatpay-merchant-serial", |s, v| some(&mut s.wechatpay_merchant_serial, v)),
+    setting("wechatpay-merchant-key", |s, v| some(&mut s.wechatpay_merchant_key, v)),
+    setting("wechatpay-api-base", |s, v| {
+        s.wechatpay_api_base = http_url("wechatpay-api-base", v)?;
+        Ok(())
+    }),
+    setting("alipay-app-private-key", |s, v| some(&mut s.alipay_app_private_key, v)),
+    setting("alipay-gateway", |s, v| {
+        s.alipay_gateway = http_url("alipay-gateway", v)?;
+        Ok(())
+    }),
+    setting("platform-retry-s", |s, v| {
+        s.platform_retry_ms = parse_waits("--platform-retry-s", v)?;
+        Ok(())
+    }),
+    setting("refund-query-after-s", |s, v| {
+        int_into(&mut s.refund_query_after_s, "refund-query-after-s", v, 1, 30 * 86_400)
+    }),
+    setting("public-base-url", |s, v| {
+        s.public_base_url = Some(http_url("public-base-url", v)?);
+        Ok(())
+    }),
+    setting("close-give-up-s", |s, v| int_into(&mut s.close_give_up_s, "close-give-up-s", v, 1, 365 * 86_400)),
+    setting("platform-timeout-ms", |s, v| timeout(&mut s.platform_timeout_ms, "platform-timeout-ms", v)),
+];
+
+/// The setting whose flag is `--name`.
+pub fn setting_named(name: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.name == name)
+}
+
+fn text(into: &mut String, value: &str) -> Result<(), String> {
+    value.clone_into(into);
+    Ok(())
+}
+
+fn some(into: &mut Option<String>, value: &str) -> Result<(), String> {
+    *into = Some(value.to_owned());
+    Ok(())
+}
+
+fn int(flag: &str, value: &str, min: i64, max: i64) -> Result<i64, String> {
+    match value.parse::<i64>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(format!("--{flag} {value:?}: expected an integer from {min} to {max}")),
+    }
+}
+
+fn int_into(into: &mut i64, flag: &str, value: &str, min: i64, max: i64) -> Result<(), String> {
+    *into = int(flag, value, min, max)?;
+    Ok(())
+}
+
+fn unsigned(into: &mut u64, flag: &str, value: &str, min: i64, max: i64) -> Result<(), String> {
+    *into = int(flag, value, min, max)?.unsigned_abs();
+    Ok(())
+}
+
+/// An integer from 1 to `max`.
+fn positive(flag: &str, value: &str, max: u64) -> Result<u64, String> {
+    Ok(int(flag, value, 1, i64::try_from(max).unwrap_or(i64::MAX))?.unsigned_abs())
+}
+
+fn timeout(into: &mut u64, flag: &str, value: &str) -> Result<(), String> {
+    *into = positive(flag, value, TIMEOUT_MS_MAX)?;
+    Ok(())
+}
+
+/// An `http://` or `https://` base URL.
+fn http_url(flag: &str, url: &str) -> Result<String, String> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        Ok(url.to_owned())
+    } else {
+        Err(format!("--{flag} {url:?}: expected an http:// or https:// URL"))
+    }
+}
+
+/// A non-empty environment variable.
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// `PAYONCE_DB`: the database when `--db` is not given, so a PostgreSQL
+/// password need not appear on a command line.
+pub fn db_from_env() -> Option<String> {
+    env("PAYONCE_DB")
+}
+
+impl Settings {
+    /// The defaults, with the secrets and the database taken from the
+    /// environment where set (a flag given later wins).
+    pub fn from_env() -> Result<Settings, String> {
+        Ok(Settings {
+            db: db_from_env().unwrap_or_else(|| "payonce.db".into()),
+            listen: "127.0.0.1:8080".into(),
+            callback_secret: env("PAYONCE_CALLBACK_SECRET"),
+            dev: false,
+            coupons: Vec::new(),
+            points_per_yuan: 0,
+            order_ttl_s: ORDER_TTL_S_DEFAULT,
+            sweep_interval_s: SWEEP_INTERVAL_S_DEFAULT,
+            store: StoreOptions::default(),
+            api_tokens: env("PAYONCE_API_TOKEN"),
+            idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
+            inspect_interval_s: INSPECT_INTERVAL_S_DEFAULT,
+            wechatpay_apiv3_key: env("PAYONCE_WECHATPAY_APIV3_KEY"),
+            wechatpay_public_keys: Vec::new(),
+            alipay_public_key: None,
+            alipay_app_id: None,
+            limits: Limits::default(),
+            workers: WORKERS_DEFAULT,
+            webhooks: WebhookConfig::default(),
+            webhook_secret: env("PAYONCE_WEBHOOK_SECRET"),
+            wechatpay_mchid: None,
+            wechatpay_merchant_serial: None,
+            wechatpay_merchant_key: None,
+            wechatpay_api_base: crate::platform::wechatpay::API_BASE_DEFAULT.to_owned(),
+            alipay_app_private_key: None,
+            alipay_gateway: crate::platform::alipay::GATEWAY_DEFAULT.to_owned(),
+            platform_timeout_ms: crate::platform::PLATFORM_TIMEOUT_MS_DEFAULT,
+            platform_retry_ms: parse_waits("--platform-retry-s", crate::platform::PLATFORM_RETRY_S_DEFAULT)?,
+            close_give_up_s: crate::platform::CLOSE_GIVE_UP_S_DEFAULT,
+            refund_query_after_s: crate::platform::REFUND_QUERY_AFTER_S_DEFAULT,
+            public_base_url: None,
+        })
+    }
+
+    /// The checked configuration: every key file read once, every
+    /// combination of settings checked; and what `serve` should warn about.
+    pub fn check(&self) -> Result<Checked, String> {
+        let mut warnings = Vec::new();
+        let wechatpay_keys = self.wechatpay_platform_keys(&mut warnings)?;
+        let config = Config {
+            rewards: Rewards { coupon_templates: self.coupons.clone(), points_per_yuan: self.points_per_yuan },
+            order_ttl_s: self.order_ttl_s,
+            callback_secrets: self.callback_secrets(&mut warnings)?,
+            idempotency_ttl_s: self.idempotency_ttl_s,
+            api_tokens: api_tokens(self.api_tokens.as_deref())?,
+            wechatpay: self.wechatpay_config(&wechatpay_keys)?,
+            alipay: self.alipay_config()?,
+            webhooks: self.webhook_config()?,
+            platforms: self.platforms_with(&wechatpay_keys)?,
+        };
+        Ok(Checked { config, warnings })
+    }
+
+    /// The platforms' outgoing calls alone (`payonce sync`).
+    pub fn platforms(&self) -> Result<Platforms, String> {
+        let keys = self.wechatpay_platform_keys(&mut Vec::new())?;
+        self.platforms_with(&keys)
+    }
+
+    /// The `--wechatpay-public-key SERIAL=FILE` keys, read once, and when
+    /// those given as certificates expire (what an expired one signs is
+    /// refused; it is warned about at start).
+    fn wechatpay_platform_keys(&self, warnings: &mut Vec<String>) -> Result<(PlatformKeys, KeyExpiries), String> {
+        let mut expiries = Vec::new();
+        let mut platform_keys = Vec::new();
+        for entry in &self.wechatpay_public_keys {
+            let (serial, file) = entry.split_once('=').ok_or("--wechatpay-public-key takes SERIAL=FILE")?;
+            let pem = read(file)?;
+            let public_key = public_key_from_pem(&pem).map_err(|e| format!("{file}: {e}"))?;
+            if let Some(not_after) = crate::channel::wechatpay::certificate_not_after_ms(&pem) {
+                if not_after < Clock::System.now_ms() {
+                    warnings
+                        .push(format!("the WeChat Pay platform certificate {file} expired; what it signs is refused"));
+                }
+                expiries.push((serial.trim().to_owned(), not_after));
+            }
+            platform_keys.push((serial.trim().to_owned(), public_key));
+        }
+        Ok((platform_keys, expiries))
+    }
+
+    /// WeChat Pay's outgoing calls are on once any outgoing-only setting is given.
+    fn wechatpay_outgoing(&self) -> bool {
+        self.wechatpay_mchid.is_some()
+            || self.wechatpay_merchant_serial.is_some()
+            || self.wechatpay_merchant_key.is_some()
+    }
+
+    /// The notification channel: the APIv3 key and at least one platform
+    /// key. With outgoing calls on, platform keys without an APIv3 key are
+    /// valid: they verify the API's answers only.
+    fn wechatpay_config(&self, keys: &(PlatformKeys, KeyExpiries)) -> Result<Option<WechatpayConfig>, String> {
+        let (key, pems) = (&self.wechatpay_apiv3_key, &self.wechatpay_public_keys);
+        if key.is_none() && (pems.is_empty() || self.wechatpay_outgoing()) {
+            return Ok(None);
+        }
+        let key = key
+            .as_deref()
+            .ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
+        let mut config = WechatpayConfig::new(key, keys.0.clone())?;
+        config.expiries = keys.1.clone();
+        Ok(Some(config))
+    }
+
+    fn alipay_config(&self) -> Result<Option<AlipayConfig>, String> {
+        match (&self.alipay_public_key, &self.alipay_app_id) {
+            (None, None) => Ok(None),
+            (Some(file), Some(app_id)) => {
+                let public_key = alipay_public_key_from_text(&read(file)?).map_err(|e| format!("{file}: {e}"))?;
+                Ok(Some(AlipayConfig { public_key, app_id: app_id.clone() }))
+            }
+            _ => Err("the alipay channel needs both --alipay-public-key and --alipay-app-id".into()),
+        }
+    }
+
+    /// The relay's settings; `PAYONCE_WEBHOOK_SECRET` is required once an
+    /// endpoint is configured and refused when malformed.
+    fn webhook_config(&self) -> Result<WebhookConfig, String> {
+        let mut config = self.webhooks.clone();
+        match (&self.webhook_secret, config.endpoints.is_empty()) {
+            (None, true) => {}
+            (Some(secrets), _) => config.secrets = parse_secrets(secrets)?,
+            (None, false) => return Err(parse_secrets("").unwrap_err()),
+        }
+        Ok(config)
+    }
+
+    /// The platforms whose outgoing settings are given: all of a platform's
+    /// are then required, or `serve` stops naming what is missing.
+    fn platforms_with(&self, wechatpay_keys: &(PlatformKeys, KeyExpiries)) -> Result<Platforms, String> {
+        let mut platforms = Platforms {
+            timeout_ms: self.platform_timeout_ms,
+            retry_schedule_ms: self.platform_retry_ms.clone(),
+            close_give_up_ms: self.close_give_up_s.saturating_mul(1000),
+            refund_query_after_ms: self.refund_query_after_s.saturating_mul(1000),
+            ..Platforms::default()
+        };
+        if self.wechatpay_outgoing() {
+            platforms.wechatpay = Some(Arc::new(self.wechatpay_api(wechatpay_keys)?));
+        }
+        if self.alipay_app_private_key.is_some() {
+            platforms.alipay = Some(Arc::new(self.alipay_api()?));
+        }
+        Ok(platforms)
+    }
+
+    fn wechatpay_api(&self, keys: &(PlatformKeys, KeyExpiries)) -> Result<WechatpayApi, String> {
+        require(
+            "WeChat Pay's outgoing calls",
+            &[
+                ("--wechatpay-mchid", self.wechatpay_mchid.is_none()),
+                ("--wechatpay-merchant-serial", self.wechatpay_merchant_serial.is_none()),
+                ("--wechatpay-merchant-key", self.wechatpay_merchant_key.is_none()),
+                ("--wechatpay-public-key (to verify the answers)", self.wechatpay_public_keys.is_empty()),
+            ],
+        )?;
+        let file = self.wechatpay_merchant_key.as_deref().unwrap_or_default();
+        let key = MerchantKey::from_pem(&read(file)?).map_err(|e| format!("--wechatpay-merchant-key {file}: {e}"))?;
+        let mut api = WechatpayApi::new(
+            self.wechatpay_mchid.clone().unwrap_or_default(),
+            self.wechatpay_merchant_serial.clone().unwrap_or_default(),
+            key,
+            &self.wechatpay_api_base,
+            keys.0.clone(),
+            Duration::from_millis(self.platform_timeout_ms),
+        );
+        api.certificate_expiries = keys.1.clone();
+        api.refund_notify_url = self
+            .public_base_url
+            .as_ref()
+            .map(|base| format!("{}/v1/callbacks/wechatpay/refund", base.trim_end_matches('/')));
+        Ok(api)
+    }
+
+    fn alipay_api(&self) -> Result<AlipayApi, String> {
+        require(
+            "Alipay's outgoing calls",
+            &[
+                ("--alipay-app-id", self.alipay_app_id.is_none()),
+                ("--alipay-public-key (to verify the answers)", self.alipay_public_key.is_none()),
+            ],
+        )?;
+        let file = self.alipay_app_private_key.as_deref().unwrap_or_default();
+        let key = MerchantKey::from_pem(&read(file)?).map_err(|e| format!("--alipay-app-private-key {file}: {e}"))?;
+        let public_file = self.alipay_public_key.as_deref().unwrap_or_default();
+        let alipay_key = alipay_public_key_from_text(&read(public_file)?).map_err(|e| format!("{public_file}: {e}"))?;
+        Ok(AlipayApi::new(
+            self.alipay_app_id.clone().unwrap_or_default(),
+            key,
+            &self.alipay_gateway,
+            alipay_key,
+            Duration::from_millis(self.platform_timeout_ms),
+        ))
+    }
+
+    fn callback_secrets(&self, warnings: &mut Vec<String>) -> Result<Vec<Vec<u8>>, String> {
+        let configured = self.callback_secret.as_deref().map(|s| {
+            s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>()
+        });
+        match configured {
+            Some(secrets) if !secrets.is_empty() => Ok(secrets),
+            _ if self.dev => {
+                warnings.push(format!(
+                    "WARNING: --dev: the generic channel accepts callbacks signed with the PUBLIC dev secret {DEV_CALLBACK_SECRET:?}."
+                ));
+                warnings.push("WARNING: --dev: anyone can forge a payment. Never use --dev with real money.".into());
+                Ok(vec![DEV_CALLBACK_SECRET.as_bytes().to_vec()])
+            }
+            _ => {
+                Err("serve needs --callback-secret (or PAYONCE_CALLBACK_SECRET); use --dev for local development"
+                    .into())
+            }
+        }
+    }
+}
+
+/// What [`Settings::check`] built: the library's configuration, and the
+/// warnings `serve` prints before it starts.
+pub struct Checked {
+    pub config: Config,
+    pub warnings: Vec<String>,
+}
+
+/// Err naming every flag of `what` that is missing.
+fn require(what: &str, flags: &[(&str, bool)]) -> Result<(), String> {
+    let missing: Vec<&str> = flags.iter().filter_map(|(flag, absent)| absent.then_some(*flag)).collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{what} also need {}", missing.join(", ")))
+    }
+}
+
+fn read(file: &str) -> Result<String, String> {
+    std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))
+}
+
+fn api_tokens(raw: Option<&str>) -> Result<Vec<ApiToken>, String> {
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    raw.split(',')
+        .filter(|entry| !entry.trim().is_empty())
+        .map(|entry| {
+            ApiToken::parse(entry).ok_or_else(|| {
+                "--api-token: each entry is `name:token` or a bare token; names are 1-64 characters of [A-Za-z0-9_.-], tokens printable ASCII without spaces".to_owned()
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_is_named_once() {
+        let mut names: Vec<&str> = SETTINGS.iter().map(|s| s.name).collect();
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(names.len(), before, "a flag named twice in the table");
+    }
+
+    #[test]
+    fn values_are_checked_and_named() {
+        let mut settings = Settings::from_env().expect("defaults");
+        let apply = |settings: &mut Settings, name: &str, value: &str| {
+            setting_named(name).expect("a known setting").apply(settings, value)
+        };
+        assert_eq!(
+            apply(&mut settings, "workers", "0"),
+            Err("--workers \"0\": expected an integer from 1 to 1024".to_owned())
+        );
+        assert!(
+            apply(&mut settings, "wechatpay-api-base", "ftp://x").is_err_and(|e| e.contains("--wechatpay-api-base"))
+        );
+        assert!(apply(&mut settings, "coupon", "a b").is_err());
+        apply(&mut settings, "workers", "3").expect("in range");
+        apply(&mut settings, "coupon", "NEW10").expect("a template");
+        apply(&mut settings, "coupon", "VIP").expect("repeatable");
+        assert_eq!((settings.workers, settings.coupons.len()), (3, 2));
+        assert!(setting_named("no-such-flag").is_none());
+        assert!(!setting_named("dev").expect("dev").takes_value);
+    }
+}
