@@ -40,7 +40,8 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool
     })
 }
 
-fn sweep_once(app: &App, shutdown: &AtomicBool) {
+/// One round of the sweeper (what it does every `--sweep-interval-s`).
+pub fn sweep_once(app: &App, shutdown: &AtomicBool) {
     // Every write would be refused; the storage watch says so, once every few seconds.
     if app.store.check_storage().is_err() {
         return;

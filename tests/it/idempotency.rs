@@ -945,66 +945,38 @@ fn purge_removes_expired_results_only_in_bounded_batches() {
     assert_eq!(orders_of(&app, "u-old-0"), 2);
 }
 
-/// A keyed load faster than one sweep batch per interval: the sweeper
-/// removes every due result in each sweep, so once the load stops the
-/// table is empty within the TTL and two sweeps. (One batch per sweep left
-/// thousands behind: the table grew with any load above the batch size.)
+/// A keyed load faster than one sweep batch per interval: three batches
+/// worth of results come due between two sweeps, and the next sweep
+/// removes all of them (one batch per sweep fell behind any load above
+/// SWEEP_BATCH_MAX per interval, and the table grew without bound). The
+/// sweeper's own round, on the manual clock: no timing involved.
 #[test]
-fn a_sustained_keyed_load_above_the_batch_size_is_pruned_within_the_ttl() {
-    const KEYS: usize = 12 * payonce::background::SWEEP_BATCH_MAX;
-    const SENDERS: usize = 8;
-    let server = Server::start(&["--idempotency-ttl-s", "1", "--sweep-interval-s", "1"]);
-    let next = AtomicUsize::new(0);
-    let started = Instant::now();
-    thread::scope(|s| {
-        for _ in 0..SENDERS {
-            s.spawn(|| {
-                let mut conn = payonce_testclient::Connection::connect(
-                    server.addr,
-                    Duration::from_secs(5),
-                    Duration::from_secs(30),
-                )
-                .expect("connect");
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= KEYS {
-                        return;
-                    }
-                    let key = format!("load-{i}");
-                    let body = create_body(&format!("u-load-{i}"), 100);
-                    let request = payonce_testclient::encode_request(
-                        "POST",
-                        &server.addr.to_string(),
-                        "/v1/orders",
-                        &[JSON, ("Idempotency-Key", &key)],
-                        body.as_bytes(),
-                    );
-                    let answer = conn.exchange(&request).expect("an answer");
-                    assert_eq!(answer.status, 201, "{key}: {}", answer.text());
-                }
-            });
-        }
-    });
-    let load_s = started.elapsed().as_secs_f64();
-    let rate = KEYS as f64 / load_s;
-    assert!(
-        rate > payonce::background::SWEEP_BATCH_MAX as f64,
-        "the load must beat one batch per 1 s sweep to show anything: {rate:.0} keys/s"
-    );
-    // Every key expires 1 s after it was stored; two 1 s sweeps after that
-    // find all of them due, with margin for a slow machine.
-    let conn = read_only(&server.db);
-    let deadline = Instant::now() + Duration::from_millis(3_500);
-    let mut rows = i64::MAX;
-    while Instant::now() < deadline {
-        rows = count(&conn, "SELECT count(*) FROM idempotency_key", []);
-        if rows == 0 {
-            break;
-        }
-        thread::sleep(Duration::from_millis(100));
+fn a_keyed_load_above_the_batch_size_is_pruned_in_one_sweep() {
+    const KEYS: usize = 3 * payonce::background::SWEEP_BATCH_MAX;
+    let app = new_app();
+    let rows =
+        || count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []);
+    for i in 0..KEYS {
+        expect_fresh(
+            &post(&app, "/v1/orders", &format!("load-{i}"), &create_body(&format!("u-{i}"), 100)),
+            201,
+            "load",
+        );
     }
-    assert_eq!(rows, 0, "{KEYS} keys stored at {rate:.0}/s; left {rows} rows 3.5 s after the load stopped");
-    assert_eq!(count(&conn, "SELECT count(*) FROM orders", []), KEYS as i64, "pruning keys touches no order");
+    let live_body = create_body("u-live", 100);
+    app.clock.advance_ms(TTL_S * 1000 / 2);
+    let live = post(&app, "/v1/orders", "live", &live_body);
+    expect_fresh(&live, 201, "live");
+    app.clock.advance_ms(TTL_S * 1000 / 2 + 1); // the load's results are due, the live one not
+    assert_eq!(rows(), KEYS as i64 + 1);
+    payonce::background::sweep_once(&app, &AtomicBool::new(false));
+    assert_eq!(rows(), 1, "one sweep removes every due result, {KEYS} of them, and keeps the live one");
+    expect_replay(&post(&app, "/v1/orders", "live", &live_body), &live, "the live key still replays");
+    assert_eq!(
+        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
+        KEYS as i64 + 1,
+        "pruning keys touches no order"
+    );
 }
 
 // ---- what ignores the header ----
