@@ -7,6 +7,7 @@ use crate::channel::{reply_outcome, Channel, Notice, Reply};
 use crate::domain::IdempotencySlot;
 use crate::domain::{DeliveryStatus, OrderStatus};
 use crate::error::{Error, ErrorKind};
+use crate::keylock::LockKey;
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
@@ -373,7 +374,7 @@ fn with_idempotency_key(
     let scope = format!("{caller} {} {path}", req.method);
     let fingerprint = sha256_hex(&req.body);
     let wait = std::time::Duration::from_millis(IDEMPOTENCY_WAIT_MS_MAX);
-    let Some(_key_guard) = app.locks.lock_for(&format!("idem:{scope}\n{key}"), wait) else {
+    let Some(_key_guard) = app.locks.lock_for(LockKey::IdempotencyKey { scope: &scope, key: &key }, wait) else {
         return Err(key_in_use());
     };
     if let Some(response) = replay(app, &scope, &key, &fingerprint)? {

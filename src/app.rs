@@ -4,14 +4,14 @@
 //! Every write follows one shape, the corrected sequence of the incident:
 //!
 //! ```text
-//! let _key = self.locks.lock(key);     // 1. process-local key lock, outside the transaction
-//! self.store.write(|tx| {              // 2. BEGIN IMMEDIATE (after the writer queue)
+//! let key = self.locks.lock(LockKey::Pay(pay_no)); // 1. process-local key lock, outside the transaction
+//! self.store.write(&[&key], |tx| {     // 2. BEGIN IMMEDIATE (after the writer queue); PostgreSQL locks `key` too
 //!     ...record the request...         // 3. under its UNIQUE key (uk_pay_no, uk_order_no, uk_refund_no)
 //!     ...CAS the order...              // 4. UPDATE .. WHERE status = ?; affected rows decide
 //!     ...each side effect...           // 5. its own UNIQUE key
 //!     ...outbox event...               // 6. uk_event_id
 //! })                                   // 7. COMMIT
-//! // 8. `_key` drops here: after the commit, by scope order
+//! // 8. `key` drops here: after the commit, by scope order
 //! ```
 
 use crate::channel::{self, Channel};
@@ -25,7 +25,7 @@ use crate::domain::{
 };
 pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
 use crate::error::{Error, ErrorKind};
-use crate::keylock::KeyedLocks;
+use crate::keylock::{KeyGuard, KeyedLocks, LockKey};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreOptions, WriteTx};
 use serde_json::{json, Value};
@@ -275,7 +275,7 @@ impl App {
     fn record_reward_settings(&self) -> Result<(), Error> {
         let coupons = json!(self.config.rewards.coupon_templates).to_string();
         let points = self.config.rewards.points_per_yuan.to_string();
-        self.store.write(|tx| {
+        self.store.write(&[], |tx| {
             tx.put_setting("reward_coupon_templates", &coupons)?;
             tx.put_setting("reward_points_per_yuan", &points)
         })
@@ -299,7 +299,7 @@ impl App {
     ) -> Result<(Order, bool), Error> {
         validate_create_order(req)?;
         let expires_in_s = req.expires_in_s.unwrap_or(self.config.order_ttl_s);
-        let _key = self.locks.lock(&format!("order:{}", req.order_no));
+        let key = self.locks.lock(LockKey::Order(&req.order_no));
         let now_ms = self.clock.now_ms();
         let new = NewOrder {
             order_no: req.order_no.clone(),
@@ -309,7 +309,7 @@ impl App {
             created_at: crate::clock::format_ms(now_ms),
             expires_at: crate::clock::format_ms(now_ms.saturating_add(expires_in_s.saturating_mul(1000))),
         };
-        self.write_op(slot, |tx| match tx.insert_order(&new)? {
+        self.write_op(&[&key], slot, |tx| match tx.insert_order(&new)? {
             Ok(order) => Ok((order, true)),
             Err(existing)
                 if existing.user_id == req.user_id
@@ -342,10 +342,17 @@ impl App {
     /// transaction. Any other error rolls everything back and stores nothing.
     pub(crate) fn write_op<T: Answer + Send>(
         &self,
+        held: &[&KeyGuard<'_>],
         slot: Option<&IdempotencySlot>,
         work: impl Fn(&WriteTx) -> Result<T, Error> + Send + Sync,
     ) -> Result<T, Error> {
-        self.store.write(|tx| {
+        // The Idempotency-Key's lock first, as the API layer took it.
+        let keys: Vec<String> = slot
+            .map(|slot| LockKey::IdempotencyKey { scope: &slot.scope, key: &slot.key }.text())
+            .into_iter()
+            .chain(held.iter().map(|guard| guard.key().to_owned()))
+            .collect();
+        self.store.write_locking(&keys, |tx| {
             let result = match work(tx) {
                 Err(e) if !e.is_refusal() => return Err(e),
                 result => result,
@@ -398,7 +405,7 @@ impl App {
     /// Removes up to `batch` expired Idempotency-Key results.
     pub fn purge_expired_responses(&self, batch: usize) -> Result<usize, Error> {
         let now = self.clock.now_text();
-        self.store.write(|tx| tx.purge_expired_responses(&now, batch))
+        self.store.write(&[], |tx| tx.purge_expired_responses(&now, batch))
     }
 
     pub fn order(&self, order_no: &str) -> Result<OrderDetail, Error> {
@@ -452,9 +459,9 @@ impl App {
 
     /// PENDING → CLOSED here; CLOSED answers the order; any other state is 409.
     pub(crate) fn close_order_locally(&self, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Order, Error> {
-        let _key = self.locks.lock(&format!("order:{order_no}"));
+        let key = self.locks.lock(LockKey::Order(order_no));
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[&key], slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
             if let Some(closed) = close_in_tx(tx, &order, &now)? {
                 return Ok(closed);
@@ -481,8 +488,8 @@ impl App {
         let due = self.store.read(|tx| tx.expired_pending_orders(&now, batch))?;
         let mut closed = 0;
         for order_no in due {
-            let _key = self.locks.lock(&format!("order:{order_no}"));
-            let did_close = self.store.write(|tx| {
+            let key = self.locks.lock(LockKey::Order(&order_no));
+            let did_close = self.store.write(&[&key], |tx| {
                 let Some(order) = tx.order_by_no(&order_no)? else {
                     return Ok(false);
                 };
@@ -512,9 +519,9 @@ impl App {
         if !is_identifier(refund_no) {
             return Err(Error::invalid("refund_no must be 1-64 characters of [A-Za-z0-9_.-]"));
         }
-        let _key = self.locks.lock(&format!("refund:{refund_no}"));
+        let key = self.locks.lock(LockKey::Refund(refund_no));
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[&key], slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
             let detail = json!({"refund_no": refund_no});
             if let Some(existing) = tx.refund_by_no(refund_no)? {
@@ -561,7 +568,7 @@ impl App {
         validate_payment(cb)?;
         // 1. The key is the payment's own serial number, not the order: two
         //    payments of one order are not serialised here; the database decides.
-        let _pay_key = self.locks.lock(&format!("pay:{}", cb.pay_no));
+        let pay_key = self.locks.lock(LockKey::Pay(&cb.pay_no));
         // A re-delivery of a decided pay_no is answered from a read snapshot,
         // without queueing for the writer: a decided outcome is final (trigger
         // pay_callback_log_outcome_final), except payment_failed, which a
@@ -577,7 +584,7 @@ impl App {
         }
         let now = self.clock.now_text();
         // 2. BEGIN IMMEDIATE ... 7. COMMIT, inside `write`.
-        self.store.write(|tx| self.record_and_decide(tx, cb, source, &now))
+        self.store.write(&[&pay_key], |tx| self.record_and_decide(tx, cb, source, &now))
         // 8. `_pay_key` drops here, after the commit.
     }
 
@@ -790,9 +797,9 @@ impl App {
         // An in-flight refund's own refund_no is known only inside the
         // transaction; its key is the notice's (the trade's), so re-deliveries
         // of one notice still queue here, and the settle CAS decides the rest.
-        let _refund_key = self.locks.lock(&format!("refund:{}", cb.refund_no));
+        let refund_key = self.locks.lock(LockKey::Refund(&cb.refund_no));
         let now = self.clock.now_text();
-        self.store.write(|tx| {
+        self.store.write(&[&refund_key], |tx| {
             let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
             let in_flight;
             let cb = match (of, &order.refund_no) {

@@ -10,14 +10,14 @@
 //! drops *after* the commit, and the database (IMMEDIATE transaction, CAS,
 //! UNIQUE keys) still decides when two processes share one file.
 //!
-//! Each thread's held keys are also listed, in the order taken
-//! ([`held_keys`]): on PostgreSQL the store takes an advisory lock on each of
-//! them inside the write transaction, so the database holds the same keys
-//! across processes and releases them only at COMMIT or ROLLBACK. A guard
-//! cannot move to another thread (it is not `Send`), so the list is exact.
+//! What is locked is a [`LockKey`], never a string: each kind of key has its
+//! own space, so a misspelt prefix cannot silently share or split a lock.
+//! The guards a write holds are passed to `Store::write` by its caller: on
+//! PostgreSQL the store takes an advisory lock on each of them inside the
+//! write transaction, so the database holds the same keys across processes
+//! and releases them only at COMMIT or ROLLBACK.
 
 use parking_lot::{Mutex, RawMutex};
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,13 +30,35 @@ struct Entry {
     users: usize,
 }
 
-thread_local! {
-    static HELD: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+/// What one key lock serializes: the work on one order, one payment, one
+/// refund, the mode, or one Idempotency-Key. Lock order, where several are
+/// held: Idempotency-Key, then order / payment / refund, then the writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKey<'a> {
+    Order(&'a str),
+    Pay(&'a str),
+    Refund(&'a str),
+    Mode,
+    /// A caller's key in its scope (caller, method and path).
+    IdempotencyKey {
+        scope: &'a str,
+        key: &'a str,
+    },
 }
 
-/// The keys this thread holds right now, in the order it took them.
-pub fn held_keys() -> Vec<String> {
-    HELD.with(|held| held.borrow().clone())
+impl LockKey<'_> {
+    /// The key's text: the lock map's key, and (hashed) PostgreSQL's
+    /// advisory lock. A kind's prefix keeps the spaces apart; identifiers
+    /// hold no `:` or newline, so no two keys share a text.
+    pub fn text(&self) -> String {
+        match self {
+            LockKey::Order(order_no) => format!("order:{order_no}"),
+            LockKey::Pay(pay_no) => format!("pay:{pay_no}"),
+            LockKey::Refund(refund_no) => format!("refund:{refund_no}"),
+            LockKey::Mode => "admin:mode".to_owned(),
+            LockKey::IdempotencyKey { scope, key } => format!("idem:{scope}\n{key}"),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -59,23 +81,21 @@ impl KeyedLocks {
     }
 
     /// Blocks until `key` is free.
-    pub fn lock(&self, key: &str) -> KeyGuard<'_> {
-        let mutex = self.enter(key);
+    pub fn lock(&self, key: LockKey<'_>) -> KeyGuard<'_> {
+        let key = key.text();
+        let mutex = self.enter(&key);
         let guard = mutex.lock_arc();
-        HELD.with(|held| held.borrow_mut().push(key.to_owned()));
-        KeyGuard { locks: self, key: key.to_owned(), guard: Some(guard) }
+        KeyGuard { locks: self, key, guard: Some(guard) }
     }
 
     /// Waits at most `wait` for `key`; `None` when it stayed taken.
-    pub fn lock_for(&self, key: &str, wait: Duration) -> Option<KeyGuard<'_>> {
-        let mutex = self.enter(key);
+    pub fn lock_for(&self, key: LockKey<'_>, wait: Duration) -> Option<KeyGuard<'_>> {
+        let key = key.text();
+        let mutex = self.enter(&key);
         match mutex.try_lock_arc_for(wait) {
-            Some(guard) => {
-                HELD.with(|held| held.borrow_mut().push(key.to_owned()));
-                Some(KeyGuard { locks: self, key: key.to_owned(), guard: Some(guard) })
-            }
+            Some(guard) => Some(KeyGuard { locks: self, key, guard: Some(guard) }),
             None => {
-                self.leave(key);
+                self.leave(&key);
                 None
             }
         }
@@ -113,17 +133,18 @@ impl KeyedLocks {
     }
 }
 
+impl KeyGuard<'_> {
+    /// The held key's text ([`LockKey::text`]).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
 impl Drop for KeyGuard<'_> {
     fn drop(&mut self) {
         // Release the key first, then account for it, so a waiter that
         // arrived meanwhile keeps the entry alive.
         drop(self.guard.take());
-        HELD.with(|held| {
-            let mut held = held.borrow_mut();
-            if let Some(at) = held.iter().rposition(|k| *k == self.key) {
-                held.remove(at);
-            }
-        });
         self.locks.leave(&self.key);
     }
 }
@@ -145,7 +166,7 @@ mod tests {
                 thread::spawn(move || {
                     for n in 0..200 {
                         let key = format!("k{}", (i + n) % 3);
-                        let _g = locks.lock(&key);
+                        let _g = locks.lock(LockKey::Order(&key));
                         // Only keys k0..k2 exist; count holders of k0 exactly.
                         if key == "k0" {
                             assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders of k0");
@@ -167,21 +188,24 @@ mod tests {
     #[test]
     fn different_keys_do_not_block_each_other() {
         let locks = KeyedLocks::new();
-        let _a = locks.lock("a");
-        assert!(locks.lock_for("b", Duration::from_millis(1)).is_some());
-        assert!(locks.lock_for("a", Duration::from_millis(10)).is_none());
+        let _a = locks.lock(LockKey::Order("a"));
+        assert!(locks.lock_for(LockKey::Order("b"), Duration::from_millis(1)).is_some());
+        assert!(locks.lock_for(LockKey::Order("a"), Duration::from_millis(10)).is_none());
         assert_eq!(locks.len(), 1, "a timed-out waiter must not leave an entry");
+        // One value in two kinds of key is two keys.
+        assert!(locks.lock_for(LockKey::Pay("a"), Duration::from_millis(1)).is_some());
+        assert!(locks.lock_for(LockKey::Refund("a"), Duration::from_millis(1)).is_some());
     }
 
     #[test]
     fn a_waiter_gets_the_key_after_release() {
         let locks = Arc::new(KeyedLocks::new());
-        let g = locks.lock("x");
+        let g = locks.lock(LockKey::Pay("x"));
         let l2 = locks.clone();
         let waiter = thread::spawn(move || {
-            let _g = l2.lock("x");
+            let _g = l2.lock(LockKey::Pay("x"));
         });
-        while locks.map.lock().get("x").map(|e| e.users) != Some(2) {
+        while locks.map.lock().get("pay:x").map(|e| e.users) != Some(2) {
             thread::yield_now();
         }
         drop(g);

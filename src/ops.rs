@@ -11,6 +11,7 @@ use crate::domain::{
 };
 use crate::domain::{CouponRow, Finding, IdempotencySlot, PointRow};
 use crate::error::{Error, ErrorKind};
+use crate::keylock::LockKey;
 use crate::recon::{self, Format, Listed, LocalMoney, RowKind, Statement, StatementRow, Verdict};
 use crate::store::ReadTx;
 use serde_json::{json, Value};
@@ -158,9 +159,9 @@ impl App {
 
     /// Sets the mode for every process on the database; audited when it changes.
     pub fn set_mode(&self, mode: Mode, actor: &str, slot: Option<&IdempotencySlot>) -> Result<Mode, Error> {
-        let _key = self.locks.lock("admin:mode");
+        let key = self.locks.lock(LockKey::Mode);
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[&key], slot, |tx| {
             let before = tx.setting(SETTING_MODE)?;
             if before.as_deref() != Some(mode.as_str()) {
                 tx.put_setting(SETTING_MODE, mode.as_str())?;
@@ -200,7 +201,7 @@ impl App {
             return Ok(Drained { applied: self.drain()?, outcomes: Vec::new() });
         };
         let now = self.clock.now_text();
-        let decided = self.write_op(Some(slot), |tx| {
+        let decided = self.write_op(&[], Some(slot), |tx| {
             let mut outcomes = Vec::new();
             loop {
                 let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
@@ -227,9 +228,9 @@ impl App {
     }
 
     fn decide_received(&self, id: i64, pay_no: &str) -> Result<Option<PaymentOutcome>, Error> {
-        let _pay_key = self.locks.lock(&format!("pay:{pay_no}"));
+        let pay_key = self.locks.lock(LockKey::Pay(pay_no));
         let now = self.clock.now_text();
-        let outcome = self.store.write(|tx| {
+        let outcome = self.store.write(&[&pay_key], |tx| {
             let record = tx.callback_by_id(id)?;
             if record.decided {
                 return Ok(None); // decided by another process meanwhile
@@ -278,9 +279,9 @@ impl App {
         slot: Option<&IdempotencySlot>,
     ) -> Result<PaymentResolution, Error> {
         validate_resolution(resolution, reason)?;
-        let _key = self.locks.lock(&format!("pay:{pay_no}"));
+        let key = self.locks.lock(LockKey::Pay(pay_no));
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[&key], slot, |tx| {
             let record = tx
                 .callback_by_pay_no(pay_no)?
                 .ok_or_else(|| Error::new(ErrorKind::PaymentNotFound, format!("no payment with pay_no {pay_no:?}")))?;
@@ -321,9 +322,9 @@ impl App {
         slot: Option<&IdempotencySlot>,
     ) -> Result<RefundResolution, Error> {
         validate_resolution(resolution, reason)?;
-        let _key = self.locks.lock(&format!("refund:{refund_no}"));
+        let key = self.locks.lock(LockKey::Refund(refund_no));
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[&key], slot, |tx| {
             let answer = |at: &str, detail: &Value| {
                 let text = |name: &str| detail[name].as_str().map(str::to_owned);
                 RefundResolution {
@@ -368,9 +369,9 @@ impl App {
                 return Err(Error::invalid("coupon_template_id must be 1-64 characters of [A-Za-z0-9_.-]"));
             }
         }
-        let _key = self.locks.lock(&format!("order:{}", req.order_no));
+        let key = self.locks.lock(LockKey::Order(&req.order_no));
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[&key], slot, |tx| {
             let order = tx.order_by_no(&req.order_no)?.ok_or_else(|| Error::order_not_found(&req.order_no))?;
             match &req.action {
                 CompensationAction::FreezeCoupon { coupon_template_id: tpl } => {
@@ -556,13 +557,13 @@ impl App {
         if slot.is_none() || !repair {
             let result = self.reconcile(format, statement, date, repair, &mut |_, _| {})?;
             // Stored by reference: a large answer is never copied.
-            self.write_op(slot, |_| Ok(&result))?;
+            self.write_op(&[], slot, |_| Ok(&result))?;
             return Ok(result);
         }
         let statement = Statement::read(format, statement)?;
         let (result, missing) = self.compare(format, &statement, date, true, &mut |_, _| {})?;
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[], slot, |tx| {
             let mut repaired = Vec::new();
             for row in missing_rows(&statement, &missing) {
                 let row = row?;

@@ -18,6 +18,7 @@ use crate::app::{App, PaymentCallback, RefundCallback, ACTOR_SYSTEM};
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::{IdempotencySlot, Order, OrderStatus, PlatformStatus, RefundStatus};
 use crate::error::{Error, ErrorKind};
+use crate::keylock::LockKey;
 pub use crate::platform::Platforms;
 pub use crate::platform::SOURCE_QUERY;
 use crate::platform::{CloseAnswer, Exchange, RefundAnswer, RefundState, TradeState, PLATFORM_WAITERS_MAX};
@@ -123,7 +124,7 @@ impl App {
         let channels = self.config.platforms.channels();
         let due = self.store.read(|tx| tx.expired_pending_orders_unqueued(&now, batch))?;
         for order_no in &due {
-            self.store.write(|tx| {
+            self.store.write(&[], |tx| {
                 for channel in &channels {
                     tx.enqueue_platform_close(channel, order_no, &now)?;
                 }
@@ -176,7 +177,7 @@ impl App {
         let (now, lease_until) = (format_ms(now_ms), format_ms(now_ms.saturating_add(lease_ms)));
         let seen = row.next_attempt_at.clone().unwrap_or_default();
         let won = row.status == "pending"
-            && self.store.write(|tx| tx.claim_platform_call(row.id, &seen, &lease_until, &now))?;
+            && self.store.write(&[], |tx| tx.claim_platform_call(row.id, &seen, &lease_until, &now))?;
         Ok(won.then(|| PlatformCallRow { attempts: row.attempts + 1, ..row.clone() }))
     }
 
@@ -210,7 +211,7 @@ impl App {
             self.record_attempt(row, "done", None, response, exchange.http_status, &exchange.request)?;
             let now = format_ms(now_ms);
             let query_at = format_ms(now_ms.saturating_add(platforms.refund_query_after_ms));
-            self.store.write(|tx| {
+            self.store.write(&[], |tx| {
                 tx.enqueue_platform_refund_call(
                     "refund_query",
                     &row.channel,
@@ -392,7 +393,7 @@ impl App {
     ) -> Result<(), Error> {
         let now = self.clock.now_text();
         let record = |response: &str| {
-            self.store.write(|tx| {
+            self.store.write(&[], |tx| {
                 tx.record_platform_attempt(
                     row.id,
                     row.attempts,
@@ -432,9 +433,9 @@ impl App {
     /// with the one `platform_closed` audit row (the CAS decides who writes it).
     fn close_locally_if_confirmed(&self, order_no: &str) -> Result<Option<Order>, Error> {
         let channels = self.config.platforms.channels();
-        let _key = self.locks.lock(&format!("order:{order_no}"));
+        let key = self.locks.lock(LockKey::Order(order_no));
         let now = self.clock.now_text();
-        self.store.write(|tx| {
+        self.store.write(&[&key], |tx| {
             let closes = tx.platform_closes_of_order(order_no)?;
             let confirmed = channels.iter().all(|c| closes.iter().any(|r| r.channel == *c && r.status == "done"));
             let Some(order) = tx.order_by_no(order_no)? else {
@@ -454,9 +455,9 @@ impl App {
     /// The local close after giving up on a platform's confirmation; the
     /// inspection reports `close_unconfirmed` until an operator resolves it.
     fn close_locally_given_up(&self, order_no: &str) -> Result<(), Error> {
-        let _key = self.locks.lock(&format!("order:{order_no}"));
+        let key = self.locks.lock(LockKey::Order(order_no));
         let now = self.clock.now_text();
-        self.store.write(|tx| {
+        self.store.write(&[&key], |tx| {
             let Some(order) = tx.order_by_no(order_no)? else {
                 return Ok(());
             };
@@ -484,7 +485,7 @@ impl App {
         };
         let now = self.clock.now_text();
         let channels = self.config.platforms.channels();
-        self.store.write(|tx| {
+        self.store.write(&[], |tx| {
             for channel in &channels {
                 tx.enqueue_platform_close(channel, order_no, &now)?;
             }
@@ -535,9 +536,9 @@ impl App {
         if reason.trim().is_empty() || reason.len() > crate::ops::REASON_BYTES_MAX {
             return Err(Error::invalid(format!("reason is required, at most {} bytes", crate::ops::REASON_BYTES_MAX)));
         }
-        let _key = self.locks.lock(&format!("order:{order_no}"));
+        let key = self.locks.lock(LockKey::Order(order_no));
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[&key], slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
             if tx.close_resolution(order_no)?.is_some() {
                 return Ok(order);
@@ -574,7 +575,7 @@ impl App {
             now: &now,
             lease_until: &lease_until,
         };
-        let id = self.store.write(|tx| tx.insert_platform_call(&call))?;
+        let id = self.store.write(&[], |tx| tx.insert_platform_call(&call))?;
         let exchange = query(now_ms);
         let row = PlatformCallRow {
             id,

@@ -59,7 +59,7 @@ impl Relay {
         let settings = &app.config.webhooks;
         let now = app.clock.now_text();
         for endpoint in &settings.endpoints {
-            let row = app.store.write(|tx| tx.ensure_webhook_endpoint(endpoint, &now))?;
+            let row = app.store.write(&[], |tx| tx.ensure_webhook_endpoint(endpoint, &now))?;
             log::info(
                 "webhook endpoint",
                 &[
@@ -100,7 +100,7 @@ impl Relay {
             if !work {
                 continue;
             }
-            let won = self.app.store.write(|tx| {
+            let won = self.app.store.write(&[], |tx| {
                 let mut won = Vec::new();
                 let Some(row) = tx.webhook_endpoint(endpoint)?.filter(|row| row.enabled) else {
                     return Ok(won);
@@ -234,7 +234,7 @@ impl Relay {
     fn finish(&self, claimed: &Attempt, result: &AttemptResult, now_ms: i64) -> Result<bool, Error> {
         let now = format_ms(now_ms);
         let delivery = &claimed.delivery;
-        let first = self.app.store.write(|tx| tx.finish_webhook_attempt(delivery, claimed.attempt, result, &now));
+        let first = self.app.store.write(&[], |tx| tx.finish_webhook_attempt(delivery, claimed.attempt, result, &now));
         let Err(e) = first else {
             return first;
         };
@@ -252,7 +252,7 @@ impl Relay {
             "a webhook attempt's result could not be recorded as received; recording it without the receiver's text",
             &[("delivery", &delivery.id), ("attempt", &claimed.attempt), ("error", &e)],
         );
-        self.app.store.write(|tx| tx.finish_webhook_attempt(delivery, claimed.attempt, &fallback, &now))
+        self.app.store.write(&[], |tx| tx.finish_webhook_attempt(delivery, claimed.attempt, &fallback, &now))
     }
 
     /// One whole round, for tests and tools that drive the relay by hand:

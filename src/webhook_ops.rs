@@ -66,7 +66,7 @@ impl App {
         slot: Option<&IdempotencySlot>,
     ) -> Result<DeliveryRow, Error> {
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[], slot, |tx| {
             let delivery = tx.webhook_delivery(id)?.ok_or_else(|| delivery_not_found(id))?;
             let endpoint_enabled = tx.webhook_endpoint(&delivery.endpoint)?.is_some_and(|e| e.enabled);
             if !matches!(delivery.status, DeliveryStatus::Failed | DeliveryStatus::Disabled) {
@@ -100,7 +100,7 @@ impl App {
     ) -> Result<EnabledEndpoint, Error> {
         let now = self.clock.now_text();
         let configured = self.config.webhooks.is_configured(endpoint);
-        self.write_op(slot, |tx| {
+        self.write_op(&[], slot, |tx| {
             let before = match tx.webhook_endpoint(endpoint)? {
                 Some(row) => row,
                 None if configured => tx.ensure_webhook_endpoint(endpoint, &now)?,
@@ -138,7 +138,7 @@ impl App {
             return Err(endpoint_not_found(endpoint));
         }
         let now = self.clock.now_text();
-        self.write_op(slot, |tx| {
+        self.write_op(&[], slot, |tx| {
             if !tx.ensure_webhook_endpoint(endpoint, &now)?.enabled {
                 return Err(Error::invalid_transition(format!(
                     "endpoint {endpoint:?} is disabled: POST /v1/webhooks/endpoints/enable first"

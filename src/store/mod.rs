@@ -6,7 +6,8 @@
 //!   queue, and `BEGIN IMMEDIATE` for every write;
 //! - [`postgres`]: an `r2d2` pool of PostgreSQL connections; every write is a
 //!   READ COMMITTED transaction that first takes `pg_advisory_xact_lock` on
-//!   each key the caller holds in its [`crate::keylock::KeyedLocks`].
+//!   each key the caller holds in its [`crate::keylock::KeyedLocks`] and
+//!   passes to [`Store::write`].
 //!
 //! Above this module nothing names an engine. Callers get a [`ReadTx`] in
 //! [`Store::read`] and a [`WriteTx`] in [`Store::write`]; the query methods
@@ -41,6 +42,7 @@ mod webhooks;
 pub use webhooks::REPLAY_EVENTS_MAX;
 
 use crate::error::{Error, ErrorKind};
+use crate::keylock::KeyGuard;
 pub use crate::store::sqlite::{Synchronous, WalRescue};
 
 use std::sync::atomic::AtomicBool;
@@ -255,7 +257,10 @@ impl Store {
 
     /// Runs `work` in one write transaction and commits it when `work`
     /// returns `Ok`; rolls back otherwise. The caller takes its key locks
-    /// before calling and drops them after this returns, i.e. after commit.
+    /// before calling and drops them after this returns, i.e. after commit,
+    /// and passes them as `held` (`&[]` for a write no key serializes): on
+    /// PostgreSQL the transaction takes an advisory lock on each, in order,
+    /// so other processes wait for the same keys until this one commits.
     ///
     /// SQLite: the database's paths are checked before BEGIN and after the
     /// transaction ends; a write into files no path names any more is
@@ -263,7 +268,23 @@ impl Store {
     /// committed (a retry after the restart finds it, exactly once).
     /// PostgreSQL: `work` may run again after a serialization failure or a
     /// deadlock, on a new transaction.
-    pub fn write<T: Send>(&self, work: impl Fn(&WriteTx) -> Result<T, Error> + Send + Sync) -> Result<T, Error> {
+    pub fn write<T: Send>(
+        &self,
+        held: &[&KeyGuard<'_>],
+        work: impl Fn(&WriteTx) -> Result<T, Error> + Send + Sync,
+    ) -> Result<T, Error> {
+        let keys: Vec<String> = held.iter().map(|guard| guard.key().to_owned()).collect();
+        self.write_locking(&keys, work)
+    }
+
+    /// [`Store::write`] with the held keys as their texts
+    /// ([`crate::keylock::LockKey::text`]), in the order they were taken:
+    /// for `App::write_op`, whose Idempotency-Key lock the API layer holds.
+    pub(crate) fn write_locking<T: Send>(
+        &self,
+        keys: &[String],
+        work: impl Fn(&WriteTx) -> Result<T, Error> + Send + Sync,
+    ) -> Result<T, Error> {
         let emitted = AtomicBool::new(false);
         let mut attempt = |conn: &dyn Conn| {
             emitted.store(false, Relaxed);
@@ -271,7 +292,7 @@ impl Store {
         };
         let result = match &self.engine {
             Engine::Sqlite(engine) => engine.write(&mut attempt),
-            Engine::Postgres(engine) => engine.write(&mut attempt),
+            Engine::Postgres(engine) => engine.write(keys, &mut attempt),
         };
         if result.is_ok() && emitted.load(Relaxed) {
             self.outbox_signal.ring();

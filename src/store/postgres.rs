@@ -4,9 +4,9 @@
 //! - A pool of connections (`r2d2_postgres`), each with its own statement
 //!   cache; the query methods reach a connection only through that cache.
 //! - Every write is one READ COMMITTED transaction whose first statements
-//!   take `pg_advisory_xact_lock` on each key this thread holds in the
-//!   process-local [`crate::keylock::KeyedLocks`], in the order it took
-//!   them. PostgreSQL itself releases them at COMMIT or ROLLBACK, so the
+//!   take `pg_advisory_xact_lock` on each key its caller holds in the
+//!   process-local [`crate::keylock::KeyedLocks`] and passed to
+//!   `Store::write`, in the order it took them. PostgreSQL itself releases them at COMMIT or ROLLBACK, so the
 //!   lock can never be dropped before the commit, and every read of the
 //!   body follows the lock and sees the previous holder's rows.
 //! - A serialization failure or deadlock (`40001`, `40P01`) runs the whole
@@ -315,8 +315,12 @@ impl PostgresEngine {
         Ok(())
     }
 
-    pub(super) fn write<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {
-        let keys: Vec<i64> = crate::keylock::held_keys().iter().map(|k| lock_key(k)).collect();
+    pub(super) fn write<T>(
+        &self,
+        held: &[String],
+        work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let keys: Vec<i64> = held.iter().map(|k| lock_key(k)).collect();
         for attempt in 1..=WRITE_ATTEMPTS_MAX {
             let mut conn = self.connection()?;
             let PgConnection { client, statements, broken } = &mut *conn;

@@ -49,7 +49,7 @@ fn one_batch_joined<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (Gate
     let release_rx = std::sync::Mutex::new(release_rx);
     thread::scope(|s| {
         let gate = s.spawn(move || {
-            store.write(|tx| {
+            store.write(&[], |tx| {
                 let _ = entered_tx.send(());
                 release_rx.lock().expect("gate").recv().map_err(|_| Error::internal("gate released"))?;
                 tx.insert_order(&new_order("GATE")).map(drop)
@@ -66,7 +66,7 @@ fn one_batch_joined<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (Gate
 }
 
 fn insert<'s>(order_no: &'static str) -> Op<'s, bool> {
-    Box::new(move |store: &Store| store.write(|tx| tx.insert_order(&new_order(order_no)).map(|r| r.is_ok())))
+    Box::new(move |store: &Store| store.write(&[], |tx| tx.insert_order(&new_order(order_no)).map(|r| r.is_ok())))
 }
 
 #[test]
@@ -74,13 +74,13 @@ fn a_failing_and_a_panicking_operation_roll_back_alone_and_the_rest_commit_in_on
     let store = Store::open(":memory:", &StoreOptions::default()).expect("open");
     let before = totals(&store);
     let failing: Op<bool> = Box::new(|store: &Store| {
-        store.write(|tx| {
+        store.write(&[], |tx| {
             let _inserted = tx.insert_order(&new_order("FAILS"))?;
             Err(Error::internal("this operation fails after its insert"))
         })
     });
     let panicking: Op<bool> = Box::new(|store: &Store| {
-        store.write(|tx| {
+        store.write(&[], |tx| {
             let _inserted = tx.insert_order(&new_order("PANICS"))?;
             panic!("this operation panics after its insert")
         })
@@ -119,7 +119,7 @@ fn a_failed_commit_fails_every_operation_of_the_batch_and_leaves_nothing() {
     let after = totals(&store);
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 4));
     // The writer recovers: the next operation commits on its own.
-    assert!(store.write(|tx| tx.insert_order(&new_order("AFTER")).map(|r| r.is_ok())).expect("next write"));
+    assert!(store.write(&[], |tx| tx.insert_order(&new_order("AFTER")).map(|r| r.is_ok())).expect("next write"));
     assert!(order_exists(&store, "AFTER"));
 }
 
@@ -146,7 +146,7 @@ fn a_leader_that_panics_outside_any_operation_fails_its_whole_batch_and_the_writ
     }
     assert_eq!(store.queued_writers(), 0, "no slot of the failed batch stays queued");
     // The writer recovers, for one operation and for a batch.
-    assert!(store.write(|tx| tx.insert_order(&new_order("AFTER")).map(|r| r.is_ok())).expect("next write"));
+    assert!(store.write(&[], |tx| tx.insert_order(&new_order("AFTER")).map(|r| r.is_ok())).expect("next write"));
     let (gate, results) = one_batch(&store, vec![insert("Q-1"), insert("Q-2")]);
     gate.expect("the next batch commits");
     assert!(results.iter().all(|r| matches!(r, Ok(true))), "{results:?}");
@@ -261,8 +261,9 @@ fn a_small_batch_limit_under_many_writers_runs_every_operation_once() {
             s.spawn(move || {
                 for i in 0..EACH {
                     let order_no = format!("W{w}-{i}");
-                    let inserted =
-                        store.write(|tx| tx.insert_order(&new_order(&order_no)).map(|r| r.is_ok())).expect("write");
+                    let inserted = store
+                        .write(&[], |tx| tx.insert_order(&new_order(&order_no)).map(|r| r.is_ok()))
+                        .expect("write");
                     assert!(inserted, "{order_no} inserted by its own operation");
                     assert!(order_exists(store, &order_no), "{order_no} committed before its write returned");
                 }
@@ -286,9 +287,9 @@ fn the_commit_wait_lets_a_later_operation_join_the_batch() {
     let before = totals(&store);
     let started = Instant::now();
     thread::scope(|s| {
-        let first = s.spawn(|| store.write(|tx| tx.insert_order(&new_order("WAIT-1")).map(|r| r.is_ok())));
+        let first = s.spawn(|| store.write(&[], |tx| tx.insert_order(&new_order("WAIT-1")).map(|r| r.is_ok())));
         thread::sleep(Duration::from_millis(20));
-        let second = s.spawn(|| store.write(|tx| tx.insert_order(&new_order("WAIT-2")).map(|r| r.is_ok())));
+        let second = s.spawn(|| store.write(&[], |tx| tx.insert_order(&new_order("WAIT-2")).map(|r| r.is_ok())));
         assert!(matches!(first.join().expect("first"), Ok(true)));
         assert!(matches!(second.join().expect("second"), Ok(true)));
     });

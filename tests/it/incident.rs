@@ -129,7 +129,7 @@ fn naive_deliver(
     hook: &dyn Fn(Point),
 ) -> rusqlite::Result<Decision> {
     hook(Point::BeforeKeyLock);
-    let key = locks.lock(&delivery.pay_no);
+    let key = locks.lock(payonce::keylock::LockKey::Pay(&delivery.pay_no));
 
     // The incident's mistake on SQLite: the check reads the last committed
     // state, outside the write transaction that acts on it.

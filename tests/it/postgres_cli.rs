@@ -174,7 +174,7 @@ fn a_serialization_failure_reruns_the_whole_body_at_most_five_times() {
     // nothing it captured except on purpose, as here.
     let runs = std::sync::atomic::AtomicUsize::new(0);
     let created = store
-        .write(|tx| {
+        .write(&[], |tx| {
             runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tx.insert_order(&crate::util::new_order("RETRY-1")).map(|r| r.is_ok())
         })
@@ -185,7 +185,7 @@ fn a_serialization_failure_reruns_the_whole_body_at_most_five_times() {
     store.fail_next_writes_serializing(5);
     let runs = std::sync::atomic::AtomicUsize::new(0);
     let err = store
-        .write(|tx| {
+        .write(&[], |tx| {
             runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tx.insert_order(&crate::util::new_order("RETRY-2")).map(|r| r.is_ok())
         })
