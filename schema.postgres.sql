@@ -1,4 +1,4 @@
--- payonce schema for PostgreSQL 15+, version 7: the whole current schema.
+-- payonce schema for PostgreSQL 15+, version 9: the whole current schema.
 --
 -- The twin of schema.sql: the same tables, columns in the same order, the
 -- same value formats and the same names, so the queries of an incident
@@ -171,6 +171,12 @@ CREATE TABLE pay_callback_log (
     resolution  TEXT CHECK (resolution IN ('refunded_externally', 'accepted')),
     resolution_reason TEXT,
     resolved_at TEXT,
+    -- The currency the platform stated for `amount` (docs/channels.md,
+    -- "Currency is part of the amount"); NULL when a generic notice named
+    -- none (the order's own), and on every row recorded before version 9.
+    -- Last: migration 9 appends it (ALTER TABLE ADD COLUMN), and schema.sql
+    -- keeps the columns in this order.
+    currency    TEXT CHECK (currency IS NULL OR currency ~ '^[A-Z]{3}$'),
     CHECK ((state = 'received') = (outcome = 'recorded')),
     CHECK ((state = 'decided') = (decided_at IS NOT NULL)),
     CHECK (state = 'received' OR (outcome = 'payment_failed') = (status = 'FAILED')),

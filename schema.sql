@@ -1,4 +1,4 @@
--- payonce schema, version 7: the whole current schema.
+-- payonce schema, version 9: the whole current schema.
 --
 -- Every uniqueness and every allowed value is a constraint here, so the
 -- database refuses what the code must never do, even if the code is wrong.
@@ -120,6 +120,12 @@ CREATE TABLE pay_callback_log (
     resolution  TEXT CHECK (resolution IN ('refunded_externally', 'accepted')),
     resolution_reason TEXT,
     resolved_at TEXT,
+    -- The currency the platform stated for `amount` (docs/channels.md,
+    -- "Currency is part of the amount"); NULL when a generic notice named
+    -- none (the order's own), and on every row recorded before version 9.
+    -- Last, because PostgreSQL's migration 9 appends it (ALTER TABLE ADD
+    -- COLUMN) and schema.postgres.sql keeps the columns in this order.
+    currency    TEXT CHECK (currency IS NULL OR currency GLOB '[A-Z][A-Z][A-Z]'),
     CHECK ((state = 'received') = (outcome = 'recorded')),
     CHECK ((state = 'decided') = (decided_at IS NOT NULL)),
     CHECK (state = 'received' OR (outcome = 'payment_failed') = (status = 'FAILED')),

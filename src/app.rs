@@ -163,7 +163,7 @@ pub(crate) struct Delivery {
     pub channel: String,
     pub amount: i64,
     /// `None`: the order's currency (a generic notice without one, or a
-    /// record read back: `pay_callback_log` keeps no currency).
+    /// record from before schema version 9).
     pub currency: Option<String>,
     pub status: PlatformStatus,
     pub paid_at: Option<String>,
@@ -189,7 +189,7 @@ impl Delivery {
             pay_no: record.pay_no.clone(),
             channel: record.channel.clone(),
             amount: record.amount,
-            currency: None,
+            currency: record.currency.clone(),
             status: record.status,
             paid_at: record.paid_at.clone(),
         }
@@ -621,6 +621,7 @@ impl App {
             channel: &cb.channel,
             order_id: order.id,
             amount: cb.amount,
+            currency: cb.currency.as_deref(),
             status: cb.status,
             source,
             raw_body: &cb.raw_body,
@@ -654,7 +655,8 @@ impl App {
                 let failed_body = base64::engine::general_purpose::STANDARD.encode(failed_body.unwrap_or_default());
                 let detail = json!({"pay_no": cb.pay_no, "superseded_outcome": prior.outcome.as_str(),
                                     "superseded_received_at": prior.received_at, "superseded_source": prior.source,
-                                    "superseded_amount": prior.amount, "superseded_raw_body_base64": failed_body});
+                                    "superseded_amount": prior.amount, "superseded_currency": prior.currency,
+                                    "superseded_raw_body_base64": failed_body});
                 tx.audit(now, ACTOR_SYSTEM, "payment_failed_superseded", Some(&order.order_no), &detail)?;
                 if tx.setting(SETTING_MODE)?.as_deref() == Some(MODE_RECORD_ONLY) {
                     return Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(PaymentOutcome::Recorded) });

@@ -447,6 +447,10 @@ pub struct CallbackRecord {
     pub channel: String,
     pub order_id: i64,
     pub amount: i64,
+    /// The currency the delivery stated for `amount`; `None`: the order's
+    /// own (a generic notice without one, or a row recorded before schema
+    /// version 9).
+    pub currency: Option<String>,
     pub status: PlatformStatus,
     pub outcome: PaymentOutcome,
     pub decided: bool,
@@ -463,6 +467,8 @@ pub struct NewCallback<'a> {
     pub channel: &'a str,
     pub order_id: i64,
     pub amount: i64,
+    /// Kept with the row, so a record decided later (drain) is judged in it.
+    pub currency: Option<&'a str>,
     pub status: PlatformStatus,
     pub source: &'a str,
     pub raw_body: &'a [u8],

@@ -56,7 +56,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -99,6 +99,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "check_value_lists",
         sql: include_str!("../../migrations/0008_check_value_lists.sql"),
     },
+    Migration {
+        version: 9,
+        name: "pay_callback_log_currency",
+        sql: include_str!("../../migrations/0009_pay_callback_log_currency.sql"),
+    },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -129,6 +134,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         version: 8,
         name: "check_value_lists",
         sql: include_str!("../../migrations/postgres/0008_check_value_lists.sql"),
+    },
+    Migration {
+        version: 9,
+        name: "pay_callback_log_currency",
+        sql: include_str!("../../migrations/postgres/0009_pay_callback_log_currency.sql"),
     },
 ];
 

@@ -9,7 +9,7 @@ use crate::error::Error;
 macro_rules! callback_columns {
     () => {
         "id, pay_no, channel, order_id, amount, status, outcome, state, \
-         source, paid_at, received_at, decided_at"
+         source, paid_at, received_at, decided_at, currency"
     };
 }
 
@@ -31,6 +31,7 @@ fn callback_from_row(row: &Row) -> Result<CallbackRecord, Error> {
         channel: row.text(2)?,
         order_id: row.int(3)?,
         amount: row.int(4)?,
+        currency: row.opt_text(12)?,
         status: PlatformStatus::parse(&status).ok_or_else(|| bad_value("platform status", &status))?,
         outcome,
         decided,
@@ -137,8 +138,8 @@ impl WriteTx<'_> {
         let changed = self.execute(
             "INSERT INTO pay_callback_log
                  (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, paid_at, received_at,
-                  decided_at, applied_at, rewards_due)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+                  decided_at, applied_at, rewards_due, currency)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
              ON CONFLICT (pay_no) DO NOTHING",
             params![
                 cb.pay_no,
@@ -154,7 +155,8 @@ impl WriteTx<'_> {
                 cb.received_at,
                 decided_at,
                 applied_at,
-                rewards_due
+                rewards_due,
+                cb.currency
             ],
         )?;
         self.claimed(changed, cb.pay_no)
@@ -182,9 +184,9 @@ impl WriteTx<'_> {
         let changed = self.execute(
             "UPDATE pay_callback_log
              SET status = 'SUCCESS', outcome = 'recorded', state = 'received', decided_at = NULL,
-                 amount = ?2, raw_body = ?3, paid_at = ?4, source = ?5
+                 amount = ?2, raw_body = ?3, paid_at = ?4, source = ?5, currency = ?6
              WHERE id = ?1 AND status = 'FAILED' AND outcome IN ('payment_failed', 'recorded')",
-            params![id, cb.amount, cb.raw_body, cb.paid_at, cb.source],
+            params![id, cb.amount, cb.raw_body, cb.paid_at, cb.source, cb.currency],
         )?;
         one_row(changed, "supersede failed payment")
     }

@@ -557,6 +557,84 @@ fn a_kill_during_drain_loses_nothing_and_applies_nothing_twice(db) {
 }
 }
 
+for_each_engine! {
+/// Currency is part of the amount in record-only mode too (docs/channels.md):
+/// a recorded notice keeps the currency it named, so the drain decides 9900
+/// CNY for a USD order of 9900 `amount_mismatch` with a refund required, as a
+/// live notice is, and 9900 USD (or a notice naming none) `applied`. A
+/// SUCCESS superseding a recorded FAILED brings its own currency.
+fn a_recorded_payment_keeps_its_currency_through_the_drain(db) {
+    // No background drain: the explicit one decides, after the mode is normal.
+    let server = db.serve(&["--sweep-interval-s", "3600", "--coupon", "NEW10"]);
+    let orders = ["CUR-USD-CNY", "CUR-USD-USD", "CUR-USD-NONE", "CUR-USD-SUPERSEDED"];
+    for order_no in orders {
+        let body = json!({"order_no": order_no, "user_id": USER, "amount": 9900, "currency": "USD"});
+        let created = server.post_json("/v1/orders", &body);
+        assert_eq!(created.status, 201, "create {order_no}: {}", created.text());
+    }
+    assert_eq!(put_mode_http(&server, br#"{"mode":"record_only"}"#).status, 200);
+    let notices = [
+        ("CUR-P-CNY", "CUR-USD-CNY", Some("CNY"), "SUCCESS"),
+        ("CUR-P-USD", "CUR-USD-USD", Some("USD"), "SUCCESS"),
+        ("CUR-P-NONE", "CUR-USD-NONE", None, "SUCCESS"),
+        ("CUR-P-SUPERSEDED", "CUR-USD-SUPERSEDED", Some("USD"), "FAILED"),
+        ("CUR-P-SUPERSEDED", "CUR-USD-SUPERSEDED", Some("CNY"), "SUCCESS"),
+    ];
+    for (pay_no, order_no, currency, status) in notices {
+        let mut body = json!({"pay_no": pay_no, "order_no": order_no, "amount": 9900, "status": status});
+        if let Some(currency) = currency {
+            body["currency"] = json!(currency);
+        }
+        let resp = server.callback("/v1/callbacks/generic", &body);
+        assert_eq!(resp.status, 200, "{pay_no} {status}: {}", resp.text());
+        assert_eq!(resp.json()["outcome"], "recorded", "{pay_no} {status}: {}", resp.text());
+    }
+
+    assert_eq!(put_mode_http(&server, br#"{"mode":"normal"}"#).status, 200);
+    let drained = server.post_json("/v1/admin/drain", &json!({}));
+    assert_eq!((drained.status, drained.json()), (200, json!({"applied": 4})), "{}", db.label());
+
+    let decided = |order_no: &str| {
+        let order = order_http(&server, order_no);
+        (order["status"].as_str().unwrap_or_default().to_owned(), order["payments"][0]["outcome"].clone(), order)
+    };
+    for order_no in ["CUR-USD-CNY", "CUR-USD-SUPERSEDED"] {
+        let (status, outcome, order) = decided(order_no);
+        assert_eq!(
+            (status.as_str(), outcome),
+            ("PENDING", json!("amount_mismatch")),
+            "{}: 9900 CNY recorded for a USD order of 9900: {order}",
+            db.label()
+        );
+        assert_eq!(order["coupons"], json!([]), "{}: {order}", db.label());
+    }
+    for order_no in ["CUR-USD-USD", "CUR-USD-NONE"] {
+        let (status, outcome, order) = decided(order_no);
+        assert_eq!((status.as_str(), outcome), ("PAID", json!("applied")), "{}: {order}", db.label());
+    }
+    let events = event_ids_http(&server);
+    for expected in [
+        "payment.refund_required:CUR-P-CNY",
+        "payment.refund_required:CUR-P-SUPERSEDED",
+        "order.paid:CUR-USD-USD",
+        "order.paid:CUR-USD-NONE",
+    ] {
+        assert!(events.iter().any(|e| e == expected), "{}: {expected} in {events:?}", db.label());
+    }
+    assert_eq!(events.len(), 4, "{}: nothing else: {events:?}", db.label());
+
+    // What the rows keep: the currency each notice named, NULL where none was.
+    let store = db.store();
+    let kept = db.count(
+        &store,
+        "SELECT count(*) FROM pay_callback_log
+         WHERE (pay_no = 'CUR-P-CNY' AND currency = 'CNY') OR (pay_no = 'CUR-P-USD' AND currency = 'USD')
+            OR (pay_no = 'CUR-P-NONE' AND currency IS NULL) OR (pay_no = 'CUR-P-SUPERSEDED' AND currency = 'CNY')",
+    );
+    assert_eq!(kept, 4, "{}", db.label());
+}
+}
+
 // ---- inspection ----
 
 #[test]

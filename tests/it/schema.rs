@@ -828,6 +828,23 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
     assert_eq!(schema_objects(&conn), objects);
     assert_value_lists_enforced(&conn);
     assert_eq!(conn.query_row("SELECT count(*) FROM refund", [], |r| r.get::<_, i64>(0)).expect("count"), 3);
+    // Migration 9: every row recorded before it states no currency (the
+    // order's own), and the payment v1 left waiting is decided as before
+    // (last: the checks above need its order PENDING).
+    let stated: i64 = conn
+        .query_row("SELECT count(*) FROM pay_callback_log WHERE currency IS NOT NULL", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(stated, 0, "rows from before v9 keep currency NULL");
+    assert_eq!(again.drain().expect("drain"), 1, "P-REC, recorded by v1 in record-only mode");
+    let decided: (String, String) = conn
+        .query_row(
+            "SELECT p.outcome, o.status FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
+             WHERE p.pay_no = 'P-REC'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("P-REC");
+    assert_eq!(decided, ("applied".to_owned(), "PAID".to_owned()), "1000 for a CNY order of 1000, no currency named");
 }
 
 /// The CHECKs that list three or more values (OR chains since migration 8)
@@ -1025,6 +1042,9 @@ for_each_engine! {
             ("INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
               SELECT 'u1', id, 'ORDER_PAID_REVERSAL', 5, created_at FROM orders WHERE order_no = 'O-2'", check),
             ("UPDATE settings SET value = 'sometimes' WHERE name = 'mode'", check),
+            ("UPDATE pay_callback_log SET currency = 'cny' WHERE pay_no = 'P-1'", check),
+            ("UPDATE pay_callback_log SET currency = 'US' WHERE pay_no = 'P-1'", check),
+            ("UPDATE pay_callback_log SET currency = 'USDT' WHERE pay_no = 'P-1'", check),
             ("INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at)
               SELECT 'P-NO-ORDER', 'generic', 999999, 100, 'SUCCESS', 'recorded', 'received', 'callback', raw_body, received_at
               FROM pay_callback_log WHERE pay_no = 'P-1'", match db.engine {
@@ -1110,18 +1130,28 @@ fn a_postgres_v3_database_migrates_in_place_to_the_fresh_schema() {
                     '2026-01-01T00:01:00.000Z', '2026-01-01T00:01:00.000Z', '2026-01-01T00:01:00.000Z',
                     '{\"coupons\":[],\"points\":0}'
              FROM orders WHERE order_no = 'V3-1';
+             INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
+             VALUES ('V3-2', 'u1', 200, 'USD', 'PENDING', '2026-01-01T00:00:00.000Z', '2026-01-01T00:15:00.000Z');
+             INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body,
+                                           received_at)
+             SELECT 'V3P-2', 'generic', id, 200, 'SUCCESS', 'recorded', 'received', 'callback', '\\x7b7d',
+                    '2026-01-01T00:01:00.000Z'
+             FROM orders WHERE order_no = 'V3-2';
              INSERT INTO audit_log (at, actor, action, order_no, refund_no, detail)
              VALUES ('2026-01-01T00:02:00.000Z', 'payonce', 'unexpected_refund', 'V3-1', 'R-X', '{\"refund_no\":\"R-X\"}');",
         )
         .expect("v3 rows");
         tx.commit().expect("commit");
     }
+    // Each row as JSON; pay_callback_log's without the column migration 9
+    // adds (checked on its own below).
     let rows = |client: &mut postgres::Client| -> Vec<String> {
         ["orders", "pay_callback_log", "audit_log", "settings"]
             .iter()
             .flat_map(|t| {
+                let row = if *t == "pay_callback_log" { "to_jsonb(t) - 'currency'" } else { "to_jsonb(t)" };
                 client
-                    .query(&format!("SELECT row_to_json(t)::text FROM {t} t ORDER BY 1"), &[])
+                    .query(&format!("SELECT ({row})::text FROM {t} t ORDER BY 1"), &[])
                     .expect("rows")
                     .iter()
                     .map(|r| r.get::<_, String>(0))
@@ -1139,6 +1169,14 @@ fn a_postgres_v3_database_migrates_in_place_to_the_fresh_schema() {
     let version: i64 = client.query_one("SELECT max(version) FROM payonce_schema_version", &[]).expect("v").get(0);
     assert_eq!(version, payonce::store::SCHEMA_VERSION);
     migrated.store.check_health().expect("healthz on the migrated database");
+    let stated: i64 =
+        client.query_one("SELECT count(*) FROM pay_callback_log WHERE currency IS NOT NULL", &[]).expect("n").get(0);
+    assert_eq!(stated, 0, "rows from before v9 keep currency NULL");
+    // The payment v3 left waiting is decided as before: no currency named is the order's.
+    assert_eq!(migrated.drain().expect("drain"), 1);
+    let outcome: String =
+        client.query_one("SELECT outcome FROM pay_callback_log WHERE pay_no = 'V3P-2'", &[]).expect("V3P-2").get(0);
+    assert_eq!(outcome, "applied");
 
     let _fresh_app = App::open(&fresh, Clock::manual(T0), Config::default()).expect("a fresh database");
     let mut fresh_client = postgres::Client::connect(&fresh, postgres::NoTls).expect("connect");
