@@ -19,7 +19,9 @@ pub enum OrderStatus {
 }
 
 /// The only legal edges of the order state machine. `schema.sql` holds the
-/// same table as a trigger, so the database refuses what this table refuses.
+/// same table as a trigger, so the database refuses what this table refuses,
+/// and each compare-and-set in `store/orders.rs` asserts its edge against
+/// this table at compile time (`can_move_to` in a `const` block).
 pub const LEGAL_TRANSITIONS: [(OrderStatus, OrderStatus); 5] = [
     (OrderStatus::Pending, OrderStatus::Paid), // payment callback (the only way in)
     (OrderStatus::Pending, OrderStatus::Closed), // expiry or explicit close
@@ -46,8 +48,19 @@ impl OrderStatus {
         OrderStatus::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
-    pub fn can_move_to(self, to: OrderStatus) -> bool {
-        LEGAL_TRANSITIONS.contains(&(self, to))
+    /// Whether `self → to` is one of [`LEGAL_TRANSITIONS`]. `const`, so each
+    /// compare-and-set of `store/orders.rs` checks its own edge against the
+    /// table when it is compiled.
+    pub const fn can_move_to(self, to: OrderStatus) -> bool {
+        let mut i = 0;
+        while i < LEGAL_TRANSITIONS.len() {
+            let (from, into) = LEGAL_TRANSITIONS[i];
+            if from as u8 == self as u8 && into as u8 == to as u8 {
+                return true;
+            }
+            i += 1;
+        }
+        false
     }
 }
 

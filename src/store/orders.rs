@@ -137,6 +137,7 @@ impl WriteTx<'_> {
     /// CAS PENDING→PAID, only at the order's own amount. `false` when the
     /// order is not PENDING or the amount differs; the caller reads why.
     pub fn cas_order_paid(&self, order_id: i64, amount: i64, pay_no: &str, paid_at: &str) -> Result<bool, Error> {
+        const { assert!(OrderStatus::Pending.can_move_to(OrderStatus::Paid)) };
         let changed = self.execute(
             "UPDATE orders SET status = 'PAID', pay_no = ?3, paid_at = ?4
              WHERE id = ?1 AND status = 'PENDING' AND amount = ?2",
@@ -147,6 +148,7 @@ impl WriteTx<'_> {
 
     /// CAS PENDING→CLOSED.
     pub fn cas_order_closed(&self, order_id: i64, closed_at: &str) -> Result<bool, Error> {
+        const { assert!(OrderStatus::Pending.can_move_to(OrderStatus::Closed)) };
         let changed = self.execute(
             "UPDATE orders SET status = 'CLOSED', closed_at = ?2 WHERE id = ?1 AND status = 'PENDING'",
             params![order_id, closed_at],
@@ -156,6 +158,7 @@ impl WriteTx<'_> {
 
     /// CAS PAID→REFUNDING.
     pub fn cas_order_refunding(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
+        const { assert!(OrderStatus::Paid.can_move_to(OrderStatus::Refunding)) };
         let changed = self.execute(
             "UPDATE orders SET status = 'REFUNDING', refund_no = ?2 WHERE id = ?1 AND status = 'PAID'",
             params![order_id, refund_no],
@@ -165,6 +168,7 @@ impl WriteTx<'_> {
 
     /// CAS REFUNDING→REFUNDED for this refund_no.
     pub fn cas_order_refunded(&self, order_id: i64, refund_no: &str, refunded_at: &str) -> Result<bool, Error> {
+        const { assert!(OrderStatus::Refunding.can_move_to(OrderStatus::Refunded)) };
         let changed = self.execute(
             "UPDATE orders SET status = 'REFUNDED', refunded_at = ?3
              WHERE id = ?1 AND status = 'REFUNDING' AND refund_no = ?2",
@@ -175,6 +179,7 @@ impl WriteTx<'_> {
 
     /// CAS REFUNDING→PAID for this refund_no (the refund failed; a new one may be asked).
     pub fn cas_order_refund_failed(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
+        const { assert!(OrderStatus::Refunding.can_move_to(OrderStatus::Paid)) };
         let changed = self.execute(
             "UPDATE orders SET status = 'PAID', refund_no = NULL
              WHERE id = ?1 AND status = 'REFUNDING' AND refund_no = ?2",
