@@ -733,8 +733,12 @@ impl App {
         let rewards_due = rewards_due.as_ref().map(Value::to_string);
         match row {
             DecisionRow::Received(id) => {
-                let decided = tx.decide_callback(id, outcome, now, rewards_due.as_deref())?;
-                assert!(decided, "callback {id} was decided by someone else inside our transaction");
+                // Under its pay_no lock nobody else decides it; the keyed
+                // drain holds none, and on PostgreSQL a callback it read as
+                // received may be decided by another process before its CAS.
+                if !tx.decide_callback(id, outcome, now, rewards_due.as_deref())? {
+                    return Err(tx.stale_read(&format!("callback {id} was decided by a concurrent transaction")));
+                }
             }
             DecisionRow::New(new) => tx.record_decided(new, outcome, now, rewards_due.as_deref())?,
         }

@@ -194,8 +194,9 @@ impl App {
 
     /// [`App::drain`] answering `{"applied": N}`. With an Idempotency-Key,
     /// every waiting record is decided in ONE transaction with the stored
-    /// answer, so a crash leaves both or neither; the database (the CAS from
-    /// `received`) keeps it exactly-once without the pay_no locks.
+    /// answer, so a crash leaves both or neither. Each pay_no's key is taken
+    /// inside the transaction (in the database, where other processes wait
+    /// for it), and the CAS from `received` keeps it exactly-once.
     pub fn drain_keyed(&self, slot: Option<&IdempotencySlot>) -> Result<Drained, Error> {
         let Some(slot) = slot else {
             return Ok(Drained { applied: self.drain()?, outcomes: Vec::new() });
@@ -205,8 +206,17 @@ impl App {
             let mut outcomes = Vec::new();
             loop {
                 let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
-                for (id, _) in &batch {
+                for (id, pay_no) in &batch {
+                    // The pay_no's key, in the database, before the record is
+                    // read: another process's drain or sweeper decides under
+                    // the same key, so none decides it between this read and
+                    // this decision. One it decided since this transaction
+                    // listed the records is that one's to count.
+                    tx.hold_key(LockKey::Pay(pay_no))?;
                     let record = tx.callback_by_id(*id)?;
+                    if record.decided {
+                        continue;
+                    }
                     let order = tx.order_by_id(record.order_id)?;
                     outcomes.push(self.decide_payment(
                         tx,

@@ -586,6 +586,11 @@ pub(crate) trait Conn {
     /// serialization failure); SQLite, with one writer at a time, never
     /// meets it, so there it is an internal error.
     fn stale_read(&self, what: &str) -> Error;
+    /// Holds the key `text` ([`crate::keylock::LockKey::text`]) until this
+    /// transaction ends, for a write that could not take it before it began
+    /// (PostgreSQL: `pg_advisory_xact_lock`; SQLite's one writer at a time
+    /// already excludes every other write).
+    fn hold_key(&self, text: &str) -> Result<(), Error>;
     /// Called just before a row goes into `outbox_event`, inside the
     /// transaction (PostgreSQL takes the outbox lock here).
     fn before_event_insert(&self) -> Result<(), Error>;
@@ -671,6 +676,23 @@ impl ReadTx<'_> {
 impl WriteTx<'_> {
     fn execute(&self, sql: &'static str, params: &[Param]) -> Result<usize, Error> {
         self.read.conn.execute(sql, params)
+    }
+
+    /// The body decided on a read another transaction overtook (only a
+    /// write that holds no key for what it changes can meet this): on
+    /// PostgreSQL the whole body runs again on a fresh transaction, where
+    /// it sees the other commit; SQLite's one writer rules it out.
+    pub fn stale_read(&self, what: &str) -> Error {
+        self.read.conn.stale_read(what)
+    }
+
+    /// Takes `key` inside this transaction, held to its end, in the
+    /// database where other processes see it: for a write that learns its
+    /// keys only as it reads (the keyed drain's pay_nos). Other processes'
+    /// writes holding the same key wait for this one's commit, as they
+    /// would for a key taken before BEGIN.
+    pub fn hold_key(&self, key: crate::keylock::LockKey<'_>) -> Result<(), Error> {
+        self.read.conn.hold_key(&key.text())
     }
 }
 

@@ -508,6 +508,10 @@ impl Conn for PgTx<'_> {
         Error::database_busy()
     }
 
+    fn hold_key(&self, text: &str) -> Result<(), Error> {
+        self.execute("SELECT pg_advisory_xact_lock(?1)", params![lock_key(text)]).map(drop)
+    }
+
     fn before_event_insert(&self) -> Result<(), Error> {
         if self.hooks.naive_outbox {
             return Ok(());

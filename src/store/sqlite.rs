@@ -557,6 +557,11 @@ impl Conn for SqliteTx<'_> {
         Error::internal(format!("{what}, which one writer at a time rules out"))
     }
 
+    /// One writer at a time: this transaction already excludes every other write.
+    fn hold_key(&self, _text: &str) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// One writer at a time (`BEGIN IMMEDIATE`): `seq` order is commit order.
     fn before_event_insert(&self) -> Result<(), Error> {
         Ok(())

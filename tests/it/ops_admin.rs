@@ -1818,3 +1818,54 @@ for_each_engine! {
         }
     }
 }
+
+for_each_engine! {
+    /// A keyed drain (one transaction, no pay_no locks) racing another
+    /// process's drain (the sweeper's path: each record under its pay_no
+    /// lock): every record is decided exactly once, the keyed drain counts
+    /// only its own, and it answers 200, never a 500. On PostgreSQL the
+    /// keyed drain reads records the other process decides meanwhile (READ
+    /// COMMITTED): it skips those, and a CAS overtaken between its read and
+    /// its write re-runs the body.
+    fn a_keyed_drain_racing_another_processes_drain_decides_each_record_once(db) {
+        const RECORDS: usize = 300;
+        let (one, two) = (app_on(&db.spec), app_on(&db.spec));
+        let order_nos: Vec<String> = (0..RECORDS).map(|i| format!("RACE-{i:03}")).collect();
+        for order_no in &order_nos {
+            create(&one, order_no, 300);
+        }
+        set_mode(&one, "record_only");
+        for (i, order_no) in order_nos.iter().enumerate() {
+            let pay_no = format!("RACEP-{i:03}");
+            let answer = pay(&one, Pay { pay_no: &pay_no, order_no, amount: 300, status: "SUCCESS" });
+            assert_eq!(answer["outcome"], "recorded", "{pay_no}");
+        }
+        let barrier = std::sync::Barrier::new(2);
+        let (keyed, other) = thread::scope(|s| {
+            let keyed = s.spawn(|| {
+                barrier.wait();
+                let headers = vec![
+                    ("Content-Type".to_owned(), "application/json".to_owned()),
+                    ("Idempotency-Key".to_owned(), "drain-race".to_owned()),
+                ];
+                handle(&one, "POST", "/v1/admin/drain", headers, b"{}".to_vec())
+            });
+            let other = s.spawn(|| {
+                barrier.wait();
+                two.drain().expect("the other process's drain")
+            });
+            (keyed.join().expect("keyed drain thread"), other.join().expect("other drain thread"))
+        });
+        assert_eq!(keyed.0, 200, "{}: {}", db.label(), keyed.1);
+        let by_keyed = keyed.1["applied"].as_u64().expect("applied") as usize;
+        assert_eq!(by_keyed + other, RECORDS, "{}: each record decided once ({by_keyed} + {other})", db.label());
+        for order_no in &order_nos {
+            let detail = one.order(order_no).expect("order");
+            assert_eq!(detail.order.status.as_str(), "PAID", "{order_no}");
+            assert_eq!(detail.payments.len(), 1, "{order_no}");
+            assert_eq!(detail.coupons.len(), 1, "{order_no}: one coupon");
+            assert_eq!(detail.events.len(), 1, "{order_no}: one order.paid");
+        }
+        println!("{}: keyed drain decided {by_keyed}, the other process {other}", db.label());
+    }
+}
