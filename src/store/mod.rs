@@ -609,7 +609,7 @@ pub(crate) trait Conn {
 /// ```
 /// // The same call in a write transaction does.
 /// let store = payonce::store::Store::open(":memory:", &Default::default()).unwrap();
-/// assert!(!store.write(|tx| tx.cas_order_closed(1, "2026-01-01T00:00:00.000Z")).unwrap());
+/// assert!(!store.write(&[], |tx| tx.cas_order_closed(1, "2026-01-01T00:00:00.000Z")).unwrap());
 /// ```
 pub struct ReadTx<'t> {
     conn: &'t dyn Conn,
