@@ -541,7 +541,14 @@ impl App {
             if let Some(channel) =
                 took.map(|p| p.channel).filter(|c| self.config.platforms.channels().contains(&c.as_str()))
             {
-                tx.enqueue_platform_refund_call("refund", &channel, order_no, refund_no, &now, &now)?;
+                tx.enqueue_platform_refund_call(
+                    crate::domain::PlatformCallKind::Refund,
+                    &channel,
+                    order_no,
+                    refund_no,
+                    &now,
+                    &now,
+                )?;
             }
             let refunding = tx.order_by_id(order.id)?;
             let data = json!({"order": refunding.to_json(), "refund": {"refund_no": refund_no, "status": "REQUESTED"}});

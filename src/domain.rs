@@ -306,6 +306,25 @@ pub fn platform_time_plausible(platform_ms: i64, reference_ms: i64) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// The typed kinds and states of a platform call are exactly what the
+    /// schema's CHECKs allow, on both engines.
+    #[test]
+    fn platform_call_kinds_and_states_are_the_schemas() {
+        for schema in [include_str!("../schema.sql"), include_str!("../schema.postgres.sql")] {
+            let table = &schema[schema.find("CREATE TABLE platform_call").expect("the table")..];
+            let table = &table[..table.find(");").expect("its end")];
+            for kind in PlatformCallKind::ALL {
+                assert_eq!(PlatformCallKind::parse(kind.as_str()), Some(kind));
+                assert!(table.contains(&format!("'{}'", kind.as_str())), "{kind:?} in the kind CHECK");
+            }
+            for status in PlatformCallStatus::ALL {
+                assert_eq!(PlatformCallStatus::parse(status.as_str()), Some(status));
+                assert!(table.contains(&format!("'{}'", status.as_str())), "{status:?} in the status CHECK");
+            }
+        }
+        assert_eq!(PlatformCallKind::parse("refund_status"), None);
+    }
+
     use super::*;
 
     #[test]
@@ -572,6 +591,73 @@ pub struct LocalPayment {
 }
 
 // ---- webhooks (PRODUCT.md section 10) ----
+
+/// What a `platform_call` row asks of a platform (its `kind` column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlatformCallKind {
+    /// Close the trade (the pool works it, then the order closes here).
+    Close,
+    /// Submit a refund (the pool works it until accepted).
+    Refund,
+    /// Ask for a submitted refund's late result (the pool works it).
+    RefundQuery,
+    /// A query made at once for `/sync` or `payonce sync`: recorded, never
+    /// queued, so the pool never sees one.
+    Query,
+}
+
+impl PlatformCallKind {
+    pub const ALL: [PlatformCallKind; 4] =
+        [PlatformCallKind::Close, PlatformCallKind::Refund, PlatformCallKind::RefundQuery, PlatformCallKind::Query];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlatformCallKind::Close => "close",
+            PlatformCallKind::Refund => "refund",
+            PlatformCallKind::RefundQuery => "refund_query",
+            PlatformCallKind::Query => "query",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<PlatformCallKind> {
+        PlatformCallKind::ALL.into_iter().find(|k| k.as_str() == text)
+    }
+}
+
+/// Where a `platform_call` row stands (its `status` column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlatformCallStatus {
+    /// Waiting for its next attempt, or with an attempt in flight.
+    Pending,
+    /// The platform answered what was asked.
+    Done,
+    /// A close past `--close-give-up-s` without the platform's confirmation.
+    GivenUp,
+    /// Cannot be made or was refused for good (recorded with its reason).
+    Failed,
+}
+
+impl PlatformCallStatus {
+    pub const ALL: [PlatformCallStatus; 4] = [
+        PlatformCallStatus::Pending,
+        PlatformCallStatus::Done,
+        PlatformCallStatus::GivenUp,
+        PlatformCallStatus::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlatformCallStatus::Pending => "pending",
+            PlatformCallStatus::Done => "done",
+            PlatformCallStatus::GivenUp => "given_up",
+            PlatformCallStatus::Failed => "failed",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<PlatformCallStatus> {
+        PlatformCallStatus::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+}
 
 /// Where one delivery (an event to one endpoint) stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

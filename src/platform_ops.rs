@@ -16,7 +16,9 @@
 
 use crate::app::{App, PaymentCallback, RefundCallback, ACTOR_SYSTEM};
 use crate::clock::{format_ms, parse_rfc3339_ms};
-use crate::domain::{IdempotencySlot, Order, OrderStatus, PlatformStatus, RefundStatus};
+use crate::domain::{
+    IdempotencySlot, Order, OrderStatus, PlatformCallKind, PlatformCallStatus, PlatformStatus, RefundStatus,
+};
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
 pub use crate::platform::Platforms;
@@ -145,16 +147,20 @@ impl App {
         std::thread::scope(|scope| {
             for row in &claimed {
                 scope.spawn(move || {
-                    let worked = match row.kind.as_str() {
-                        "close" => self.work_close(row, true).map(drop),
-                        "refund" => self.work_refund(row),
-                        _ => self.work_refund_query(row),
+                    let worked = match row.kind {
+                        PlatformCallKind::Close => self.work_close(row, true).map(drop),
+                        PlatformCallKind::Refund => self.work_refund(row),
+                        PlatformCallKind::RefundQuery => self.work_refund_query(row),
+                        // Made at once, recorded, never queued: not the pool's.
+                        PlatformCallKind::Query => {
+                            Err(Error::internal(format!("platform call {} is a query: never queued", row.id)))
+                        }
                     };
                     if let Err(e) = worked {
                         crate::log::warn(
                             "platform call failed, will retry",
                             &[
-                                ("kind", &row.kind),
+                                ("kind", &row.kind.as_str()),
                                 ("order_no", &row.order_no),
                                 ("channel", &row.channel),
                                 ("error", &e),
@@ -176,7 +182,7 @@ impl App {
         let lease_ms = i64::try_from(self.config.platforms.timeout_ms).unwrap_or(i64::MAX).saturating_mul(2);
         let (now, lease_until) = (format_ms(now_ms), format_ms(now_ms.saturating_add(lease_ms)));
         let seen = row.next_attempt_at.clone().unwrap_or_default();
-        let won = row.status == "pending"
+        let won = row.status == PlatformCallStatus::Pending
             && self.store.write(&[], |tx| tx.claim_platform_call(row.id, &seen, &lease_until, &now))?;
         Ok(won.then(|| PlatformCallRow { attempts: row.attempts + 1, ..row.clone() }))
     }
@@ -192,7 +198,7 @@ impl App {
     fn work_refund(&self, row: &PlatformCallRow) -> Result<(), Error> {
         let refund_no = row.refund_no.clone().unwrap_or_default();
         if !self.refund_unsettled(&refund_no)? {
-            return self.record_attempt(row, "done", None, "settled already".into(), None, "");
+            return self.record_attempt(row, PlatformCallStatus::Done, None, "settled already".into(), None, "");
         }
         let order = self.order(&row.order_no)?.order;
         let now_ms = self.clock.now_ms();
@@ -205,15 +211,22 @@ impl App {
         let response = recorded_response(&exchange);
         if exchange.meaning == RefundAnswer::NotSendable {
             // Failed for an operator to see: retrying cannot make it sendable.
-            return self.record_attempt(row, "failed", None, response, None, &exchange.request);
+            return self.record_attempt(row, PlatformCallStatus::Failed, None, response, None, &exchange.request);
         }
         if exchange.meaning == RefundAnswer::Accepted {
-            self.record_attempt(row, "done", None, response, exchange.http_status, &exchange.request)?;
+            self.record_attempt(
+                row,
+                PlatformCallStatus::Done,
+                None,
+                response,
+                exchange.http_status,
+                &exchange.request,
+            )?;
             let now = format_ms(now_ms);
             let query_at = format_ms(now_ms.saturating_add(platforms.refund_query_after_ms));
             self.store.write(&[], |tx| {
                 tx.enqueue_platform_refund_call(
-                    "refund_query",
+                    PlatformCallKind::RefundQuery,
                     &row.channel,
                     &row.order_no,
                     &refund_no,
@@ -224,7 +237,14 @@ impl App {
             return Ok(());
         }
         let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
-        self.record_attempt(row, "pending", Some(&next), response, exchange.http_status, &exchange.request)
+        self.record_attempt(
+            row,
+            PlatformCallStatus::Pending,
+            Some(&next),
+            response,
+            exchange.http_status,
+            &exchange.request,
+        )
     }
 
     /// One claimed refund query, for a refund whose result notification is
@@ -233,7 +253,7 @@ impl App {
     fn work_refund_query(&self, row: &PlatformCallRow) -> Result<(), Error> {
         let refund_no = row.refund_no.clone().unwrap_or_default();
         if !self.refund_unsettled(&refund_no)? {
-            return self.record_attempt(row, "done", None, "settled already".into(), None, "");
+            return self.record_attempt(row, PlatformCallStatus::Done, None, "settled already".into(), None, "");
         }
         let now_ms = self.clock.now_ms();
         let platforms = &self.config.platforms;
@@ -249,10 +269,24 @@ impl App {
                 status,
                 settled_at: None,
             })?;
-            return self.record_attempt(row, "done", None, response, exchange.http_status, &exchange.request);
+            return self.record_attempt(
+                row,
+                PlatformCallStatus::Done,
+                None,
+                response,
+                exchange.http_status,
+                &exchange.request,
+            );
         }
         let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
-        self.record_attempt(row, "pending", Some(&next), response, exchange.http_status, &exchange.request)
+        self.record_attempt(
+            row,
+            PlatformCallStatus::Pending,
+            Some(&next),
+            response,
+            exchange.http_status,
+            &exchange.request,
+        )
     }
 
     /// One claimed close row: ask, then apply or close at the platform, and
@@ -261,7 +295,7 @@ impl App {
     /// close never gives up: it answers 503 instead).
     fn work_close(&self, row: &PlatformCallRow, may_give_up: bool) -> Result<CloseStep, Error> {
         let Some(order) = self.store.read(|tx| tx.order_by_no(&row.order_no))? else {
-            self.record_attempt(row, "done", None, "no such order".into(), None, "")?;
+            self.record_attempt(row, PlatformCallStatus::Done, None, "no such order".into(), None, "")?;
             return Ok(CloseStep::Confirmed);
         };
         // An order paid meanwhile (at another platform, or by a late
@@ -284,7 +318,7 @@ impl App {
         }
         match step {
             CloseStep::Confirmed | CloseStep::Paid => {
-                self.record_attempt(row, "done", None, response, http_status, &request)?;
+                self.record_attempt(row, PlatformCallStatus::Done, None, response, http_status, &request)?;
                 if step == CloseStep::Confirmed {
                     self.close_locally_if_confirmed(&row.order_no)?;
                 }
@@ -293,11 +327,18 @@ impl App {
                 let now_ms = self.clock.now_ms();
                 let expires_ms = parse_rfc3339_ms(&order.expires_at).unwrap_or(now_ms);
                 if may_give_up && now_ms >= expires_ms.saturating_add(self.config.platforms.close_give_up_ms) {
-                    self.record_attempt(row, "given_up", None, response, http_status, &request)?;
+                    self.record_attempt(row, PlatformCallStatus::GivenUp, None, response, http_status, &request)?;
                     self.close_locally_given_up(&row.order_no)?;
                 } else {
                     let next = format_ms(now_ms.saturating_add(self.config.platforms.retry_wait_ms(row.attempts)));
-                    self.record_attempt(row, "pending", Some(&next), response, http_status, &request)?;
+                    self.record_attempt(
+                        row,
+                        PlatformCallStatus::Pending,
+                        Some(&next),
+                        response,
+                        http_status,
+                        &request,
+                    )?;
                 }
             }
         }
@@ -385,7 +426,7 @@ impl App {
     fn record_attempt(
         &self,
         row: &PlatformCallRow,
-        status: &str,
+        status: PlatformCallStatus,
         next_attempt_at: Option<&str>,
         response: String,
         http_status: Option<u16>,
@@ -437,7 +478,8 @@ impl App {
         let now = self.clock.now_text();
         self.store.write(&[&key], |tx| {
             let closes = tx.platform_closes_of_order(order_no)?;
-            let confirmed = channels.iter().all(|c| closes.iter().any(|r| r.channel == *c && r.status == "done"));
+            let confirmed =
+                channels.iter().all(|c| closes.iter().any(|r| r.channel == *c && r.status == PlatformCallStatus::Done));
             let Some(order) = tx.order_by_no(order_no)? else {
                 return Ok(None);
             };
@@ -463,8 +505,11 @@ impl App {
             };
             if order.status == OrderStatus::Pending && crate::app::close_in_tx(tx, &order, &now)?.is_some() {
                 let closes = tx.platform_closes_of_order(order_no)?;
-                let unconfirmed: Vec<&str> =
-                    closes.iter().filter(|r| r.status != "done").map(|r| r.channel.as_str()).collect();
+                let unconfirmed: Vec<&str> = closes
+                    .iter()
+                    .filter(|r| r.status != PlatformCallStatus::Done)
+                    .map(|r| r.channel.as_str())
+                    .collect();
                 tx.audit(&now, ACTOR_SYSTEM, "close_given_up", Some(order_no), &json!({"unconfirmed": unconfirmed}))?;
             }
             Ok(())
@@ -497,7 +542,7 @@ impl App {
                 .iter()
                 .map(|row| {
                     scope.spawn(move || -> Result<CloseStep, Error> {
-                        if row.status == "done" {
+                        if row.status == PlatformCallStatus::Done {
                             return Ok(CloseStep::Confirmed);
                         }
                         match self.claim(row)? {
@@ -543,7 +588,8 @@ impl App {
             if tx.close_resolution(order_no)?.is_some() {
                 return Ok(order);
             }
-            let given_up = tx.platform_closes_of_order(order_no)?.into_iter().any(|r| r.status == "given_up");
+            let given_up =
+                tx.platform_closes_of_order(order_no)?.into_iter().any(|r| r.status == PlatformCallStatus::GivenUp);
             if !given_up {
                 return Err(Error::invalid_transition(format!(
                     "order {order_no:?} has no unconfirmed close to resolve"
@@ -568,7 +614,7 @@ impl App {
         let request = format!("query {order_no}");
         let call = NewPlatformCall {
             channel,
-            kind: "query",
+            kind: PlatformCallKind::Query,
             order_no,
             refund_no: None,
             request: &request,
@@ -580,14 +626,14 @@ impl App {
         let row = PlatformCallRow {
             id,
             channel: channel.to_owned(),
-            kind: "query".to_owned(),
+            kind: PlatformCallKind::Query,
             order_no: order_no.to_owned(),
             refund_no: None,
-            status: "pending".to_owned(),
+            status: PlatformCallStatus::Pending,
             attempts: 1,
             next_attempt_at: Some(lease_until.clone()),
         };
-        let status = if exchange.distrust.is_none() { "done" } else { "failed" };
+        let status = if exchange.distrust.is_none() { PlatformCallStatus::Done } else { PlatformCallStatus::Failed };
         self.record_attempt(&row, status, None, recorded_response(&exchange), exchange.http_status, &exchange.request)?;
         if let Some(why) = &exchange.distrust {
             crate::log::warn(

@@ -2,13 +2,14 @@
 //! to a platform's API and completed after it, outside any transaction that
 //! spans the call. Never deleted.
 
-use super::{escape_foreign_text, limit_param, one_row, params, ReadTx, Row, WriteTx};
+use super::{bad_value, escape_foreign_text, limit_param, one_row, params, ReadTx, Row, WriteTx};
+use crate::domain::{PlatformCallKind, PlatformCallStatus};
 use crate::error::Error;
 
 /// A call about to be made.
 pub struct NewPlatformCall<'a> {
     pub channel: &'a str,
-    pub kind: &'a str,
+    pub kind: PlatformCallKind,
     pub order_no: &'a str,
     pub refund_no: Option<&'a str>,
     pub request: &'a str,
@@ -23,10 +24,10 @@ pub struct NewPlatformCall<'a> {
 pub struct PlatformCallRow {
     pub id: i64,
     pub channel: String,
-    pub kind: String,
+    pub kind: PlatformCallKind,
     pub order_no: String,
     pub refund_no: Option<String>,
-    pub status: String,
+    pub status: PlatformCallStatus,
     pub attempts: i64,
     pub next_attempt_at: Option<String>,
 }
@@ -35,10 +36,16 @@ fn call_from_row(r: &Row) -> Result<PlatformCallRow, Error> {
     Ok(PlatformCallRow {
         id: r.int(0)?,
         channel: r.text(1)?,
-        kind: r.text(2)?,
+        kind: {
+            let kind = r.text(2)?;
+            PlatformCallKind::parse(&kind).ok_or_else(|| bad_value("platform_call kind", &kind))?
+        },
         order_no: r.text(3)?,
         refund_no: r.opt_text(7)?,
-        status: r.text(4)?,
+        status: {
+            let status = r.text(4)?;
+            PlatformCallStatus::parse(&status).ok_or_else(|| bad_value("platform_call status", &status))?
+        },
         attempts: r.int(5)?,
         next_attempt_at: r.opt_text(6)?,
     })
@@ -99,7 +106,7 @@ impl WriteTx<'_> {
     /// refund_no and platform (`uk_platform_call`).
     pub fn enqueue_platform_refund_call(
         &self,
-        kind: &str,
+        kind: PlatformCallKind,
         channel: &str,
         order_no: &str,
         refund_no: &str,
@@ -111,7 +118,7 @@ impl WriteTx<'_> {
                                         created_at, updated_at)
              VALUES (?1, ?2, ?3, ?4, 'pending', 0, ?5, ?6, ?6)
              ON CONFLICT DO NOTHING",
-            params![channel, kind, order_no, refund_no, due_at, now],
+            params![channel, kind.as_str(), order_no, refund_no, due_at, now],
         )?;
         one_row(changed, "enqueue platform refund call")
     }
@@ -142,7 +149,7 @@ impl WriteTx<'_> {
         &self,
         id: i64,
         attempt: i64,
-        status: &str,
+        status: PlatformCallStatus,
         next_attempt_at: Option<&str>,
         request: &str,
         http_status: Option<u16>,
@@ -156,7 +163,7 @@ impl WriteTx<'_> {
             params![
                 id,
                 attempt,
-                status,
+                status.as_str(),
                 next_attempt_at,
                 escape_foreign_text(request).as_ref(),
                 http_status,
@@ -177,7 +184,7 @@ impl WriteTx<'_> {
              RETURNING id",
             params![
                 call.channel,
-                call.kind,
+                call.kind.as_str(),
                 call.order_no,
                 call.refund_no,
                 call.lease_until,
