@@ -137,14 +137,20 @@ pub struct DiffRow<'a> {
 /// One list of [`DiffRow`]s, each kept as its answer JSON from the moment
 /// it is judged ([`DiffRows::push`] in `render`): a statement no row of
 /// which payonce knows lists every row here, and the text of a row is a
-/// fraction of a struct of owned strings; the answer is then written from
-/// these bytes (docs/performance.md, "Reconciliation memory").
+/// fraction of a struct of owned strings. The text is kept in pieces of
+/// [`DIFF_PIECE_BYTES`], so a long list never reallocates (and briefly
+/// doubles) one large buffer, and the answer is written from the pieces,
+/// each freed once copied (docs/performance.md, "Reconciliation memory").
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct DiffRows {
-    /// The rows' JSON objects, comma-separated, without the brackets.
-    pub(crate) json: Vec<u8>,
+    /// The rows' JSON objects, comma-separated, without the brackets: the
+    /// pieces one after the other (a row is never split between two).
+    pub(crate) pieces: Vec<Vec<u8>>,
     pub(crate) len: usize,
 }
+
+/// A [`DiffRows`] piece's capacity, in bytes.
+pub const DIFF_PIECE_BYTES: usize = 256 * 1024;
 
 impl DiffRows {
     pub fn len(&self) -> usize {
@@ -552,25 +558,37 @@ impl App {
                 break;
             }
         }
+        // What payonce recorded in the period that the statement does not
+        // list: read for every day while the listed ids are held, then
+        // written out once they are freed.
         let listed = listed.seal();
+        let mut local_only = Vec::with_capacity(period.len());
         for day in &period {
             let (from, to) = recon::day_bounds(day, offset).ok_or_else(|| Error::internal("bad period day"))?;
-            if compares(RowKind::Payment) {
-                let unlisted = |pay_no: &str| !listed.contains(RowKind::Payment, pay_no);
-                let placed = self.store.read(|tx| tx.applied_payments_between(&from, &to, &unlisted))?;
-                for (pay_no, order_no, amount) in placed.iter() {
-                    result.missing_remote.push(&local_only_row(RowKind::Payment, pay_no, order_no, amount))?;
-                }
-            }
+            let unlisted = |pay_no: &str| !listed.contains(RowKind::Payment, pay_no);
+            let payments = if compares(RowKind::Payment) {
+                Some(self.store.read(|tx| tx.applied_payments_between(&from, &to, &unlisted))?)
+            } else {
+                None
+            };
+            let mut refunds = DiffRows::default();
             if compares(RowKind::Refund) {
                 let unlisted = |refund_no: &str| !listed.contains(RowKind::Refund, refund_no);
-                let missing_remote = &mut result.missing_remote;
                 self.store.read(|tx| {
                     tx.refunds_settled_between(&from, &to, &unlisted, &mut |refund_no, order_no, amount| {
-                        missing_remote.push(&local_only_row(RowKind::Refund, refund_no, order_no, amount))
+                        refunds.push(&local_only_row(RowKind::Refund, refund_no, order_no, amount))
                     })
                 })?;
             }
+            local_only.push((payments, refunds));
+        }
+        drop(listed);
+        for (payments, refunds) in local_only {
+            for (pay_no, order_no, amount) in payments.iter().flat_map(|p| p.iter()) {
+                result.missing_remote.push(&local_only_row(RowKind::Payment, pay_no, order_no, amount))?;
+            }
+            drop(payments);
+            result.missing_remote.append(refunds);
         }
         Ok((result, missing))
     }

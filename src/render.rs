@@ -12,7 +12,7 @@ use crate::domain::{AuditRow, CallbackRecord, CouponRow, DeliveryRow, EventRow, 
 use crate::error::Error;
 use crate::ops::{
     Compensated, CompensationEffect, DiffRow, DiffRows, Drained, Mode, PaymentResolution, Reconciliation,
-    RefundResolution, Repaired, Repairing,
+    RefundResolution, Repaired, Repairing, DIFF_PIECE_BYTES,
 };
 use crate::platform::TradeState;
 use crate::platform_ops::Synced;
@@ -98,7 +98,14 @@ impl DiffRows {
     /// `{"kind","pay_no","order_no","amount_platform","amount_local"}`, and
     /// `"coupon_amount"` last when the row has one.
     pub fn push(&mut self, row: &DiffRow) -> Result<(), Error> {
-        let out = &mut self.json;
+        // A new piece when this one may not hold another row (a row is far
+        // smaller than this room; a longer one only grows its piece).
+        if self.pieces.last().is_none_or(|piece| piece.len() + DIFF_ROW_ROOM_BYTES > DIFF_PIECE_BYTES) {
+            self.pieces.push(Vec::with_capacity(DIFF_PIECE_BYTES));
+        }
+        let Some(out) = self.pieces.last_mut() else {
+            return Err(Error::internal("a difference list without a piece"));
+        };
         if self.len > 0 {
             out.push(b',');
         }
@@ -121,18 +128,35 @@ impl DiffRows {
         Ok(())
     }
 
+    /// Moves `other`'s rows after these.
+    pub fn append(&mut self, mut other: DiffRows) {
+        if other.len == 0 {
+            return;
+        }
+        if self.len > 0 {
+            self.pieces.push(b",".to_vec());
+        }
+        self.pieces.append(&mut other.pieces);
+        self.len += other.len;
+    }
+
     /// The rows as JSON values, in order (the answer itself is written from
     /// the bytes, never through these).
     pub fn iter(&self) -> impl Iterator<Item = DiffRowJson> {
-        let mut list = Vec::with_capacity(self.json.len() + 2);
-        list.push(b'[');
-        list.extend_from_slice(&self.json);
+        let mut list = b"[".to_vec();
+        for piece in &self.pieces {
+            list.extend_from_slice(piece);
+        }
         list.push(b']');
         // The bytes are this module's own serialization of each row.
         let rows: Vec<Value> = serde_json::from_slice(&list).unwrap_or_default();
         rows.into_iter().map(DiffRowJson)
     }
 }
+
+/// Room left in a [`DiffRows`] piece for one more row, in bytes: a row with
+/// two identifiers of 64 characters and a coupon is under 300.
+const DIFF_ROW_ROOM_BYTES: usize = 1024;
 
 /// One row of a [`DiffRows`], read back.
 #[derive(Clone, Debug, PartialEq)]
@@ -333,28 +357,26 @@ impl Answer for Repairing<'_> {
 /// The three lists are borrowed; the glue is a few bytes (and the repairs).
 struct Pieces<'r> {
     head: Vec<u8>,
-    lists: [&'r [u8]; 3],
+    lists: [&'r DiffRows; 3],
     tail: Vec<u8>,
 }
 
-const LIST_JOINTS: [&[u8]; 2] = [b"],\"missing_remote\":[", b"],\"amount_mismatch\":["];
+const LIST_JOINTS: [&[u8]; 3] = [b"", b"],\"missing_remote\":[", b"],\"amount_mismatch\":["];
 
 impl Pieces<'_> {
     fn len(&self) -> usize {
-        self.head.len()
-            + self.lists.iter().map(|l| l.len()).sum::<usize>()
-            + LIST_JOINTS.iter().map(|j| j.len()).sum::<usize>()
-            + self.tail.len()
+        let lists: usize = self.lists.iter().flat_map(|list| &list.pieces).map(Vec::len).sum();
+        self.head.len() + lists + LIST_JOINTS.iter().map(|j| j.len()).sum::<usize>() + self.tail.len()
     }
 
     fn concat(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.len());
         out.extend_from_slice(&self.head);
-        for (i, list) in self.lists.iter().enumerate() {
-            if let Some(joint) = i.checked_sub(1).and_then(|j| LIST_JOINTS.get(j)) {
-                out.extend_from_slice(joint);
+        for (joint, list) in LIST_JOINTS.iter().zip(self.lists) {
+            out.extend_from_slice(joint);
+            for piece in &list.pieces {
+                out.extend_from_slice(piece);
             }
-            out.extend_from_slice(list);
         }
         out.extend_from_slice(&self.tail);
         out
@@ -389,7 +411,7 @@ fn answer_pieces<'r>(result: &'r Reconciliation, repaired: RepairedList<'_>) -> 
         tail.push(b']');
     }
     tail.push(b'}');
-    let lists = [&result.missing_local.json[..], &result.missing_remote.json[..], &result.amount_mismatch.json[..]];
+    let lists = [&result.missing_local, &result.missing_remote, &result.amount_mismatch];
     Pieces { head, lists, tail }
 }
 
@@ -404,40 +426,27 @@ impl Reconciliation {
         self.pieces().concat()
     }
 
-    /// [`Answer::answer_body`], consuming the reconciliation: the body is
-    /// written into the buffer of its largest list, so the answer to a
+    /// [`Answer::answer_body`], consuming the reconciliation: each piece
+    /// of a list is freed as soon as it is copied, so the answer to a
     /// statement no row of which payonce knows (every row missing_local,
     /// every payment of the period missing_remote) is never held twice
     /// (docs/performance.md, "Reconciliation memory").
     pub fn into_answer_body(mut self) -> (u16, Vec<u8>) {
-        let pieces = self.pieces();
-        let (head, tail, total) = (pieces.head.clone(), pieces.tail.clone(), pieces.len());
-        let largest = (0..3).max_by_key(|&i| pieces.lists[i].len()).unwrap_or(0);
-        // What goes before and after the largest list, copied out of the others.
-        let mut before = head;
-        let mut after = Vec::new();
-        for (i, list) in pieces.lists.iter().enumerate() {
-            let joint = i.checked_sub(1).and_then(|j| LIST_JOINTS.get(j)).copied().unwrap_or_default();
-            let side = if i <= largest { &mut before } else { &mut after };
-            side.extend_from_slice(joint);
-            if i != largest {
-                side.extend_from_slice(list);
+        let (head, tail, total) = {
+            let pieces = self.pieces();
+            let total = pieces.len();
+            (pieces.head, pieces.tail, total)
+        };
+        let mut out = Vec::with_capacity(total);
+        out.extend_from_slice(&head);
+        let lists = [&mut self.missing_local, &mut self.missing_remote, &mut self.amount_mismatch];
+        for (joint, list) in LIST_JOINTS.iter().zip(lists) {
+            out.extend_from_slice(joint);
+            for piece in std::mem::take(&mut list.pieces) {
+                out.extend_from_slice(&piece);
             }
         }
-        after.extend_from_slice(&tail);
-        drop(pieces);
-        let mut out = std::mem::take(match largest {
-            0 => &mut self.missing_local.json,
-            1 => &mut self.missing_remote.json,
-            _ => &mut self.amount_mismatch.json,
-        });
-        drop(self);
-        out.reserve_exact(total - out.len());
-        let list_len = out.len();
-        out.resize(before.len() + list_len, 0);
-        out.copy_within(..list_len, before.len());
-        out[..before.len()].copy_from_slice(&before);
-        out.extend_from_slice(&after);
+        out.extend_from_slice(&tail);
         (200, out)
     }
 }
@@ -495,11 +504,29 @@ mod tests {
     fn diff_rows_are_the_json_of_their_rows() {
         let list = rows(&[A, B, C]);
         let expected: Vec<String> = [A, B, C].iter().map(|r| as_value(r).to_string()).collect();
-        assert_eq!(String::from_utf8_lossy(&list.json), expected.join(","));
+        assert_eq!(String::from_utf8_lossy(&list.pieces.concat()), expected.join(","));
         assert_eq!(list.len(), 3);
         let read: Vec<Value> = list.iter().map(|r| r.to_json()).collect();
         assert_eq!(read, [A, B, C].iter().map(as_value).collect::<Vec<_>>());
         assert!(DiffRows::default().is_empty() && DiffRows::default().iter().next().is_none());
+        // Appended lists, empty ones included, read as one.
+        for (first, second) in [(vec![], vec![B]), (vec![A], vec![]), (vec![A, C], vec![B, C]), (vec![], vec![])] {
+            let mut list = rows(&first);
+            list.append(rows(&second));
+            let expected: Vec<String> = first.iter().chain(&second).map(|r| as_value(r).to_string()).collect();
+            assert_eq!(String::from_utf8_lossy(&list.pieces.concat()), expected.join(","));
+            assert_eq!(list.len(), first.len() + second.len());
+            assert!(list.push(&C).is_ok());
+            assert_eq!(list.iter().last().map(|r| r.to_json()), Some(as_value(&C)));
+        }
+        // A long list is kept in many pieces, none of them grown.
+        let many: Vec<DiffRow> = (0..10_000).map(|i| if i % 3 == 0 { A } else { C }).collect();
+        let list = rows(&many);
+        assert!(list.pieces.len() > 3 && list.pieces.iter().all(|p| p.capacity() == DIFF_PIECE_BYTES));
+        let expected: Vec<String> = many.iter().map(|r| as_value(r).to_string()).collect();
+        assert_eq!(String::from_utf8_lossy(&list.pieces.concat()), expected.join(","));
+        let result = Reconciliation { missing_local: list.clone(), missing_remote: list, ..Reconciliation::default() };
+        assert_eq!(result.to_json_bytes(), result.clone().into_answer_body().1);
     }
 
     /// Every way of writing the answer gives the same bytes, whichever
