@@ -427,11 +427,14 @@ impl Reconciliation {
     }
 
     /// [`Answer::answer_body`], consuming the reconciliation: each piece
-    /// of a list is freed as soon as it is copied, so the answer to a
-    /// statement no row of which payonce knows (every row missing_local,
-    /// every payment of the period missing_remote) is never held twice
-    /// (docs/performance.md, "Reconciliation memory").
-    pub fn into_answer_body(mut self) -> (u16, Vec<u8>) {
+    /// of a list is freed as soon as it is copied, and `release` (which
+    /// gives freed memory back to the system) is called after every
+    /// [`RELEASE_EVERY_BYTES`] of them, so the answer to a statement no row
+    /// of which payonce knows (every row missing_local, every payment of the
+    /// period missing_remote) is never held twice (docs/performance.md,
+    /// "Reconciliation memory"). An allocator keeps small freed blocks for
+    /// reuse, and the answer, one large block, cannot reuse them.
+    pub fn into_answer_body(mut self, release: &mut dyn FnMut()) -> (u16, Vec<u8>) {
         let (head, tail, total) = {
             let pieces = self.pieces();
             let total = pieces.len();
@@ -439,17 +442,28 @@ impl Reconciliation {
         };
         let mut out = Vec::with_capacity(total);
         out.extend_from_slice(&head);
+        let mut freed = 0;
         let lists = [&mut self.missing_local, &mut self.missing_remote, &mut self.amount_mismatch];
         for (joint, list) in LIST_JOINTS.iter().zip(lists) {
             out.extend_from_slice(joint);
             for piece in std::mem::take(&mut list.pieces) {
                 out.extend_from_slice(&piece);
+                freed += piece.capacity();
+                drop(piece);
+                if freed >= RELEASE_EVERY_BYTES {
+                    release();
+                    freed = 0;
+                }
             }
         }
         out.extend_from_slice(&tail);
         (200, out)
     }
 }
+
+/// How much of a list [`Reconciliation::into_answer_body`] frees between
+/// two calls of its `release`, in bytes.
+const RELEASE_EVERY_BYTES: usize = 4 * 1024 * 1024;
 
 #[cfg(test)]
 mod tests {
@@ -526,7 +540,7 @@ mod tests {
         let expected: Vec<String> = many.iter().map(|r| as_value(r).to_string()).collect();
         assert_eq!(String::from_utf8_lossy(&list.pieces.concat()), expected.join(","));
         let result = Reconciliation { missing_local: list.clone(), missing_remote: list, ..Reconciliation::default() };
-        assert_eq!(result.to_json_bytes(), result.clone().into_answer_body().1);
+        assert_eq!(result.to_json_bytes(), result.clone().into_answer_body(&mut || {}).1);
     }
 
     /// Every way of writing the answer gives the same bytes, whichever
@@ -580,7 +594,7 @@ mod tests {
                             assert_eq!(repairing.answer_body(), (200, expected.clone()));
                             assert_eq!(repairing.answer().1, result.to_json());
                         }
-                        assert_eq!(result.into_answer_body(), (200, expected));
+                        assert_eq!(result.into_answer_body(&mut || {}), (200, expected));
                         cases += 1;
                     }
                 }
