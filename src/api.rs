@@ -766,7 +766,8 @@ fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> 
         Some(_) => return Err(Error::invalid("repair must be true or false")),
     };
     let date = query_value(&query, "date");
-    let (status, body) = app.reconcile_keyed(format, &req.body, date, repair, slot)?.answer_body();
+    let (status, body) =
+        app.reconcile_keyed(format, &req.body, date, repair, slot)?.into_answer_body(&mut release_freed_memory);
     if req.body.len() >= RELEASE_AFTER_STATEMENT_BYTES_MIN {
         release_freed_memory();
     }

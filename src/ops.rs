@@ -115,24 +115,59 @@ pub struct Reconciliation {
     /// The kinds the statement declares it lists ("payment", "refund").
     pub compared: Vec<&'static str>,
     pub matched: usize,
-    pub missing_local: Vec<DiffRow>,
-    pub missing_remote: Vec<DiffRow>,
-    pub amount_mismatch: Vec<DiffRow>,
+    pub missing_local: DiffRows,
+    pub missing_remote: DiffRows,
+    pub amount_mismatch: DiffRows,
     /// With repair: what each missing_local payment became.
     pub repaired: Option<Vec<Repaired>>,
 }
 
-/// A payment or refund the platform and payonce disagree on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DiffRow {
+/// A payment or refund the platform and payonce disagree on, as judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DiffRow<'a> {
     pub kind: RowKind,
     /// The pay_no, or the refund_no of a refund.
-    pub pay_no: String,
-    pub order_no: String,
+    pub pay_no: &'a str,
+    pub order_no: &'a str,
     pub amount_platform: Option<i64>,
     pub amount_local: Option<i64>,
     /// A WeChat Pay payment's non-zero 代金券金额.
     pub coupon_amount: Option<i64>,
+}
+
+/// One list of [`DiffRow`]s, each kept as its answer JSON from the moment
+/// it is judged ([`DiffRows::push`] in `render`): a statement no row of
+/// which payonce knows lists every row here, and the text of a row is a
+/// fraction of a struct of owned strings. The text is kept in pieces of
+/// [`DIFF_PIECE_BYTES`], so a long list never reallocates (and briefly
+/// doubles) one large buffer, and the answer is written from the pieces,
+/// each freed once copied (docs/performance.md, "Reconciliation memory").
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct DiffRows {
+    /// The rows' JSON objects, comma-separated, without the brackets: the
+    /// pieces one after the other (a row is never split between two).
+    pub(crate) pieces: Vec<Vec<u8>>,
+    pub(crate) len: usize,
+}
+
+/// A [`DiffRows`] piece's capacity, in bytes.
+pub const DIFF_PIECE_BYTES: usize = 256 * 1024;
+
+impl DiffRows {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A keyed repair's answer while its transaction runs: the comparison and
+/// the repairs of this attempt, rendered as one [`Reconciliation`].
+pub(crate) struct Repairing<'r> {
+    pub(crate) result: &'r Reconciliation,
+    pub(crate) repaired: Vec<Repaired>,
 }
 
 /// What a repair made of a missing_local payment: its outcome, or the refusal.
@@ -516,9 +551,11 @@ impl App {
                 for (row, local) in batch.drain(..).zip(locals) {
                     match recon::judge(&row, local.as_ref()) {
                         Verdict::Matched => result.matched += 1,
-                        Verdict::AmountMismatch => result.amount_mismatch.push(diff_row(&row, local.map(|l| l.amount))),
+                        Verdict::AmountMismatch => {
+                            result.amount_mismatch.push(&diff_row(&row, local.map(|l| l.amount)))?
+                        }
                         Verdict::MissingLocal => {
-                            result.missing_local.push(diff_row(&row, None));
+                            result.missing_local.push(&diff_row(&row, None))?;
                             if keep_missing && row.kind == RowKind::Payment {
                                 missing.push(row.line);
                             }
@@ -532,23 +569,37 @@ impl App {
                 break;
             }
         }
+        // What payonce recorded in the period that the statement does not
+        // list: read for every day while the listed ids are held, then
+        // written out once they are freed.
         let listed = listed.seal();
+        let mut local_only = Vec::with_capacity(period.len());
         for day in &period {
             let (from, to) = recon::day_bounds(day, offset).ok_or_else(|| Error::internal("bad period day"))?;
-            if compares(RowKind::Payment) {
-                let unlisted = |pay_no: &str| !listed.contains(RowKind::Payment, pay_no);
-                for p in self.store.read(|tx| tx.applied_payments_between(&from, &to, &unlisted))? {
-                    result.missing_remote.push(local_only_row(RowKind::Payment, p.pay_no, p.order_no, p.amount));
-                }
-            }
+            let unlisted = |pay_no: &str| !listed.contains(RowKind::Payment, pay_no);
+            let payments = if compares(RowKind::Payment) {
+                Some(self.store.read(|tx| tx.applied_payments_between(&from, &to, &unlisted))?)
+            } else {
+                None
+            };
+            let mut refunds = DiffRows::default();
             if compares(RowKind::Refund) {
                 let unlisted = |refund_no: &str| !listed.contains(RowKind::Refund, refund_no);
-                for (refund_no, order_no, amount) in
-                    self.store.read(|tx| tx.refunds_settled_between(&from, &to, &unlisted))?
-                {
-                    result.missing_remote.push(local_only_row(RowKind::Refund, refund_no, order_no, amount));
-                }
+                self.store.read(|tx| {
+                    tx.refunds_settled_between(&from, &to, &unlisted, &mut |refund_no, order_no, amount| {
+                        refunds.push(&local_only_row(RowKind::Refund, refund_no, order_no, amount))
+                    })
+                })?;
             }
+            local_only.push((payments, refunds));
+        }
+        drop(listed);
+        for (payments, refunds) in local_only {
+            for (pay_no, order_no, amount) in payments.iter().flat_map(|p| p.iter()) {
+                result.missing_remote.push(&local_only_row(RowKind::Payment, pay_no, order_no, amount))?;
+            }
+            drop(payments);
+            result.missing_remote.append(refunds);
         }
         Ok((result, missing))
     }
@@ -571,9 +622,9 @@ impl App {
             return Ok(result);
         }
         let statement = Statement::read(format, statement)?;
-        let (result, missing) = self.compare(format, &statement, date, true, &mut |_, _| {})?;
+        let (mut result, missing) = self.compare(format, &statement, date, true, &mut |_, _| {})?;
         let now = self.clock.now_text();
-        self.write_op(&[], slot, |tx| {
+        let repaired = self.write_op(&[], slot, |tx| {
             let mut repaired = Vec::new();
             for row in missing_rows(&statement, &missing) {
                 let row = row?;
@@ -585,9 +636,13 @@ impl App {
                     Err(e) => return Err(e),
                 });
             }
-            // A clone per attempt: the body may run again (PostgreSQL).
-            Ok(Reconciliation { repaired: Some(repaired), ..result.clone() })
-        })
+            // The comparison by reference and this attempt's repairs: the
+            // body may run again (PostgreSQL), and a large answer is never
+            // copied for it.
+            Ok(Repairing { result: &result, repaired })
+        })?;
+        result.repaired = Some(repaired.repaired);
+        Ok(result)
     }
 
     fn repair_missing(&self, format: Format, statement: &Statement, missing: &[usize]) -> Result<Vec<Repaired>, Error> {
@@ -787,16 +842,16 @@ fn repaired_row(row: &StatementRow, outcome: Result<&'static str, Error>) -> Rep
 }
 
 /// A `missing_remote` row: payonce has it, the platform does not.
-fn local_only_row(kind: RowKind, id: String, order_no: String, amount: i64) -> DiffRow {
+fn local_only_row<'a>(kind: RowKind, id: &'a str, order_no: &'a str, amount: i64) -> DiffRow<'a> {
     DiffRow { kind, pay_no: id, order_no, amount_platform: None, amount_local: Some(amount), coupon_amount: None }
 }
 
 /// A statement row against payonce's amount (`None`: payonce has no record).
-fn diff_row(row: &StatementRow, local: Option<i64>) -> DiffRow {
+fn diff_row(row: &StatementRow, local: Option<i64>) -> DiffRow<'_> {
     DiffRow {
         kind: row.kind,
-        pay_no: row.id.clone(),
-        order_no: row.order_no.clone(),
+        pay_no: &row.id,
+        order_no: &row.order_no,
         amount_platform: Some(row.amount),
         amount_local: local,
         coupon_amount: row.coupon_amount,

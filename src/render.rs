@@ -11,8 +11,8 @@ use crate::domain::Order;
 use crate::domain::{AuditRow, CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PointRow};
 use crate::error::Error;
 use crate::ops::{
-    Compensated, CompensationEffect, DiffRow, Drained, Mode, PaymentResolution, Reconciliation, RefundResolution,
-    Repaired,
+    Compensated, CompensationEffect, DiffRow, DiffRows, Drained, Mode, PaymentResolution, Reconciliation,
+    RefundResolution, Repaired, Repairing, DIFF_PIECE_BYTES,
 };
 use crate::platform::TradeState;
 use crate::platform_ops::Synced;
@@ -93,19 +93,90 @@ pub fn inspection(findings: &[Finding]) -> Value {
     json!({"ok": findings.is_empty(), "findings": list})
 }
 
-impl DiffRow {
-    pub fn to_json(&self) -> Value {
-        let mut value = json!({"kind": self.kind.as_str(), "pay_no": self.pay_no, "order_no": self.order_no,
-                               "amount_platform": self.amount_platform, "amount_local": self.amount_local});
-        if let (Some(coupon), Value::Object(map)) = (self.coupon_amount, &mut value) {
-            map.insert("coupon_amount".into(), json!(coupon));
+impl DiffRows {
+    /// Appends one row as the JSON object the answer lists it as:
+    /// `{"kind","pay_no","order_no","amount_platform","amount_local"}`, and
+    /// `"coupon_amount"` last when the row has one.
+    pub fn push(&mut self, row: &DiffRow) -> Result<(), Error> {
+        // A new piece when this one may not hold another row (a row is far
+        // smaller than this room; a longer one only grows its piece).
+        if self.pieces.last().is_none_or(|piece| piece.len() + DIFF_ROW_ROOM_BYTES > DIFF_PIECE_BYTES) {
+            self.pieces.push(Vec::with_capacity(DIFF_PIECE_BYTES));
         }
-        value
+        let Some(out) = self.pieces.last_mut() else {
+            return Err(Error::internal("a difference list without a piece"));
+        };
+        if self.len > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"kind\":");
+        put(out, row.kind.as_str())?;
+        out.extend_from_slice(b",\"pay_no\":");
+        put(out, row.pay_no)?;
+        out.extend_from_slice(b",\"order_no\":");
+        put(out, row.order_no)?;
+        out.extend_from_slice(b",\"amount_platform\":");
+        put(out, &row.amount_platform)?;
+        out.extend_from_slice(b",\"amount_local\":");
+        put(out, &row.amount_local)?;
+        if let Some(coupon) = row.coupon_amount {
+            out.extend_from_slice(b",\"coupon_amount\":");
+            put(out, &coupon)?;
+        }
+        out.push(b'}');
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Moves `other`'s rows after these.
+    pub fn append(&mut self, mut other: DiffRows) {
+        if other.len == 0 {
+            return;
+        }
+        if self.len > 0 {
+            self.pieces.push(b",".to_vec());
+        }
+        self.pieces.append(&mut other.pieces);
+        self.len += other.len;
+    }
+
+    /// The rows as JSON values, in order (the answer itself is written from
+    /// the bytes, never through these).
+    pub fn iter(&self) -> impl Iterator<Item = DiffRowJson> {
+        let mut list = b"[".to_vec();
+        for piece in &self.pieces {
+            list.extend_from_slice(piece);
+        }
+        list.push(b']');
+        // The bytes are this module's own serialization of each row.
+        let rows: Vec<Value> = serde_json::from_slice(&list).unwrap_or_default();
+        rows.into_iter().map(DiffRowJson)
     }
 }
 
-fn diff_rows(rows: &[DiffRow]) -> Vec<Value> {
-    rows.iter().map(DiffRow::to_json).collect()
+/// Room left in a [`DiffRows`] piece for one more row, in bytes: a row with
+/// two identifiers of 64 characters and a coupon is under 300.
+const DIFF_ROW_ROOM_BYTES: usize = 1024;
+
+/// One row of a [`DiffRows`], read back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DiffRowJson(Value);
+
+impl DiffRowJson {
+    pub fn to_json(&self) -> Value {
+        self.0.clone()
+    }
+}
+
+impl std::fmt::Debug for DiffRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter().map(|row| row.0)).finish()
+    }
+}
+
+/// `value` serialized onto `out`.
+fn put<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), Error> {
+    serde_json::to_writer(out, value).map_err(|e| Error::internal(format!("serializing an answer: {e}")))
 }
 
 impl Repaired {
@@ -123,18 +194,11 @@ fn error_object(e: &Error) -> Value {
 }
 
 impl Reconciliation {
-    /// The reconciliation's answer (the API and `payonce reconcile` print the same).
+    /// The reconciliation's answer (the API and `payonce reconcile` print
+    /// the same): [`Reconciliation::to_json_bytes`], read back.
     pub fn to_json(&self) -> Value {
-        let mut value = json!({
-            "period": self.period, "compared": self.compared, "matched": self.matched,
-            "missing_local": diff_rows(&self.missing_local),
-            "missing_remote": diff_rows(&self.missing_remote), "amount_mismatch": diff_rows(&self.amount_mismatch),
-        });
-        if let (Some(repaired), Value::Object(map)) = (&self.repaired, &mut value) {
-            let repaired: Vec<Value> = repaired.iter().map(Repaired::to_json).collect();
-            map.insert("repaired".into(), Value::Array(repaired));
-        }
-        value
+        // The bytes are this module's own serialization.
+        serde_json::from_slice(&self.to_json_bytes()).unwrap_or_default()
     }
 }
 
@@ -267,44 +331,275 @@ impl Answer for Reconciliation {
         (200, self.to_json())
     }
 
-    /// The same bytes as `to_json().to_string()`, written row by row: a
-    /// statement of 16 MiB can list a quarter of a million rows, and a
-    /// `Value` of them costs several times the text (docs/performance.md).
+    /// The same bytes as `to_json().to_string()`, written from each list's
+    /// bytes: a statement of 16 MiB can list a quarter of a million rows,
+    /// and a `Value` of them costs several times the text
+    /// (docs/performance.md).
     fn answer_body(&self) -> (u16, Vec<u8>) {
         (200, self.to_json_bytes())
     }
 }
 
-impl Reconciliation {
-    /// [`Reconciliation::to_json`], serialized, without building it whole.
-    pub fn to_json_bytes(&self) -> Vec<u8> {
-        fn rows(out: &mut Vec<u8>, name: &str, values: impl Iterator<Item = Value>) {
-            out.extend_from_slice(format!(",{}:[", Value::from(name)).as_bytes());
-            for (i, value) in values.enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                out.extend_from_slice(value.to_string().as_bytes());
-            }
-            out.push(b']');
-        }
-        let head = json!({"period": self.period, "compared": self.compared, "matched": self.matched}).to_string();
-        let mut out = Vec::with_capacity(head.len() + 128 * self.row_count());
-        out.extend_from_slice(head.strip_suffix('}').unwrap_or(&head).as_bytes());
-        rows(&mut out, "missing_local", self.missing_local.iter().map(DiffRow::to_json));
-        rows(&mut out, "missing_remote", self.missing_remote.iter().map(DiffRow::to_json));
-        rows(&mut out, "amount_mismatch", self.amount_mismatch.iter().map(DiffRow::to_json));
-        if let Some(repaired) = &self.repaired {
-            rows(&mut out, "repaired", repaired.iter().map(Repaired::to_json));
-        }
-        out.push(b'}');
-        out
+impl Answer for Repairing<'_> {
+    fn answer(&self) -> (u16, Value) {
+        let body = answer_pieces(self.result, self.repaired.as_slice().into()).concat();
+        (200, serde_json::from_slice(&body).unwrap_or_default())
     }
 
-    fn row_count(&self) -> usize {
-        self.missing_local.len()
-            + self.missing_remote.len()
-            + self.amount_mismatch.len()
-            + self.repaired.as_ref().map_or(0, Vec::len)
+    fn answer_body(&self) -> (u16, Vec<u8>) {
+        (200, answer_pieces(self.result, self.repaired.as_slice().into()).concat())
+    }
+}
+
+/// The answer's text in order: the head up to `"missing_local":[`, then
+/// missing_local's rows, `],"missing_remote":[`, its rows,
+/// `],"amount_mismatch":[`, its rows, and the tail (`]`, the repairs, `}`).
+/// The three lists are borrowed; the glue is a few bytes (and the repairs).
+struct Pieces<'r> {
+    head: Vec<u8>,
+    lists: [&'r DiffRows; 3],
+    tail: Vec<u8>,
+}
+
+const LIST_JOINTS: [&[u8]; 3] = [b"", b"],\"missing_remote\":[", b"],\"amount_mismatch\":["];
+
+impl Pieces<'_> {
+    fn len(&self) -> usize {
+        let lists: usize = self.lists.iter().flat_map(|list| &list.pieces).map(Vec::len).sum();
+        self.head.len() + lists + LIST_JOINTS.iter().map(|j| j.len()).sum::<usize>() + self.tail.len()
+    }
+
+    fn concat(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        out.extend_from_slice(&self.head);
+        for (joint, list) in LIST_JOINTS.iter().zip(self.lists) {
+            out.extend_from_slice(joint);
+            for piece in &list.pieces {
+                out.extend_from_slice(piece);
+            }
+        }
+        out.extend_from_slice(&self.tail);
+        out
+    }
+}
+
+/// The repairs an answer lists: none (no `"repaired"` member), or these.
+enum RepairedList<'r> {
+    Absent,
+    Listed(&'r [Repaired]),
+}
+
+impl<'r> From<&'r [Repaired]> for RepairedList<'r> {
+    fn from(repaired: &'r [Repaired]) -> Self {
+        RepairedList::Listed(repaired)
+    }
+}
+
+fn answer_pieces<'r>(result: &'r Reconciliation, repaired: RepairedList<'_>) -> Pieces<'r> {
+    let head = json!({"period": result.period, "compared": result.compared, "matched": result.matched}).to_string();
+    let mut head = head.strip_suffix('}').unwrap_or(&head).as_bytes().to_vec();
+    head.extend_from_slice(b",\"missing_local\":[");
+    let mut tail = b"]".to_vec();
+    if let RepairedList::Listed(repaired) = repaired {
+        tail.extend_from_slice(b",\"repaired\":[");
+        for (i, row) in repaired.iter().enumerate() {
+            if i > 0 {
+                tail.push(b',');
+            }
+            tail.extend_from_slice(row.to_json().to_string().as_bytes());
+        }
+        tail.push(b']');
+    }
+    tail.push(b'}');
+    let lists = [&result.missing_local, &result.missing_remote, &result.amount_mismatch];
+    Pieces { head, lists, tail }
+}
+
+impl Reconciliation {
+    fn pieces(&self) -> Pieces<'_> {
+        let repaired = self.repaired.as_deref().map_or(RepairedList::Absent, RepairedList::from);
+        answer_pieces(self, repaired)
+    }
+
+    /// [`Reconciliation::to_json`], serialized, without building it whole.
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        self.pieces().concat()
+    }
+
+    /// [`Answer::answer_body`], consuming the reconciliation: each piece
+    /// of a list is freed as soon as it is copied, and `release` (which
+    /// gives freed memory back to the system) is called after every
+    /// [`RELEASE_EVERY_BYTES`] of them, so the answer to a statement no row
+    /// of which payonce knows (every row missing_local, every payment of the
+    /// period missing_remote) is never held twice (docs/performance.md,
+    /// "Reconciliation memory"). An allocator keeps small freed blocks for
+    /// reuse, and the answer, one large block, cannot reuse them.
+    pub fn into_answer_body(mut self, release: &mut dyn FnMut()) -> (u16, Vec<u8>) {
+        let (head, tail, total) = {
+            let pieces = self.pieces();
+            let total = pieces.len();
+            (pieces.head, pieces.tail, total)
+        };
+        let mut out = Vec::with_capacity(total);
+        out.extend_from_slice(&head);
+        let mut freed = 0;
+        let lists = [&mut self.missing_local, &mut self.missing_remote, &mut self.amount_mismatch];
+        for (joint, list) in LIST_JOINTS.iter().zip(lists) {
+            out.extend_from_slice(joint);
+            for piece in std::mem::take(&mut list.pieces) {
+                out.extend_from_slice(&piece);
+                freed += piece.capacity();
+                drop(piece);
+                if freed >= RELEASE_EVERY_BYTES {
+                    release();
+                    freed = 0;
+                }
+            }
+        }
+        out.extend_from_slice(&tail);
+        (200, out)
+    }
+}
+
+/// How much of a list [`Reconciliation::into_answer_body`] frees between
+/// two calls of its `release`, in bytes.
+const RELEASE_EVERY_BYTES: usize = 4 * 1024 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recon::RowKind;
+
+    /// A row as the answer listed it when rows were `Value`s: the bytes
+    /// [`DiffRows::push`] writes must be these, byte for byte.
+    fn as_value(row: &DiffRow) -> Value {
+        let mut value = json!({"kind": row.kind.as_str(), "pay_no": row.pay_no, "order_no": row.order_no,
+                               "amount_platform": row.amount_platform, "amount_local": row.amount_local});
+        if let (Some(coupon), Value::Object(map)) = (row.coupon_amount, &mut value) {
+            map.insert("coupon_amount".into(), json!(coupon));
+        }
+        value
+    }
+
+    fn rows(rows: &[DiffRow]) -> DiffRows {
+        let mut list = DiffRows::default();
+        for row in rows {
+            assert!(list.push(row).is_ok());
+        }
+        list
+    }
+
+    const A: DiffRow = DiffRow {
+        kind: RowKind::Payment,
+        pay_no: "P-1",
+        order_no: "O-1",
+        amount_platform: Some(9900),
+        amount_local: None,
+        coupon_amount: Some(1000),
+    };
+    const B: DiffRow = DiffRow {
+        kind: RowKind::Refund,
+        pay_no: "R\"\\\u{1}é",
+        order_no: "O.2",
+        amount_platform: None,
+        amount_local: Some(-5),
+        coupon_amount: None,
+    };
+    const C: DiffRow = DiffRow {
+        kind: RowKind::Payment,
+        pay_no: "P_3",
+        order_no: "O-3",
+        amount_platform: Some(1),
+        amount_local: Some(1_000_000_000_000),
+        coupon_amount: None,
+    };
+
+    #[test]
+    fn diff_rows_are_the_json_of_their_rows() {
+        let list = rows(&[A, B, C]);
+        let expected: Vec<String> = [A, B, C].iter().map(|r| as_value(r).to_string()).collect();
+        assert_eq!(String::from_utf8_lossy(&list.pieces.concat()), expected.join(","));
+        assert_eq!(list.len(), 3);
+        let read: Vec<Value> = list.iter().map(|r| r.to_json()).collect();
+        assert_eq!(read, [A, B, C].iter().map(as_value).collect::<Vec<_>>());
+        assert!(DiffRows::default().is_empty() && DiffRows::default().iter().next().is_none());
+        // Appended lists, empty ones included, read as one.
+        for (first, second) in [(vec![], vec![B]), (vec![A], vec![]), (vec![A, C], vec![B, C]), (vec![], vec![])] {
+            let mut list = rows(&first);
+            list.append(rows(&second));
+            let expected: Vec<String> = first.iter().chain(&second).map(|r| as_value(r).to_string()).collect();
+            assert_eq!(String::from_utf8_lossy(&list.pieces.concat()), expected.join(","));
+            assert_eq!(list.len(), first.len() + second.len());
+            assert!(list.push(&C).is_ok());
+            assert_eq!(list.iter().last().map(|r| r.to_json()), Some(as_value(&C)));
+        }
+        // A long list is kept in many pieces, none of them grown.
+        let many: Vec<DiffRow> = (0..10_000).map(|i| if i % 3 == 0 { A } else { C }).collect();
+        let list = rows(&many);
+        assert!(list.pieces.len() > 3 && list.pieces.iter().all(|p| p.capacity() == DIFF_PIECE_BYTES));
+        let expected: Vec<String> = many.iter().map(|r| as_value(r).to_string()).collect();
+        assert_eq!(String::from_utf8_lossy(&list.pieces.concat()), expected.join(","));
+        let result = Reconciliation { missing_local: list.clone(), missing_remote: list, ..Reconciliation::default() };
+        assert_eq!(result.to_json_bytes(), result.clone().into_answer_body(&mut || {}).1);
+    }
+
+    /// Every way of writing the answer gives the same bytes, whichever
+    /// list is the largest (its buffer becomes the body) and with or
+    /// without repairs.
+    #[test]
+    fn the_answer_is_the_same_bytes_every_way() {
+        let lists = [rows(&[]), rows(&[A]), rows(&[A, B, C]), rows(&[C, C, C, C])];
+        let repairs = [
+            None,
+            Some(vec![]),
+            Some(vec![
+                Repaired { pay_no: "P-1".into(), order_no: "O-1".into(), outcome: Ok("applied") },
+                Repaired {
+                    pay_no: "P-2".into(),
+                    order_no: "O-2".into(),
+                    outcome: Err(Error::invalid("no order \"O-2\"")),
+                },
+            ]),
+        ];
+        let mut cases = 0;
+        for ml in &lists {
+            for mr in &lists {
+                for am in &lists {
+                    for repaired in &repairs {
+                        let result = Reconciliation {
+                            period: vec!["2024-03-04".into()],
+                            compared: vec!["payment", "refund"],
+                            matched: ml.len() + 7,
+                            missing_local: ml.clone(),
+                            missing_remote: mr.clone(),
+                            amount_mismatch: am.clone(),
+                            repaired: repaired.clone(),
+                        };
+                        let mut expected = json!({
+                            "period": result.period, "compared": result.compared, "matched": result.matched,
+                            "missing_local": ml.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
+                            "missing_remote": mr.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
+                            "amount_mismatch": am.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
+                        });
+                        if let (Some(repaired), Value::Object(map)) = (repaired, &mut expected) {
+                            map.insert("repaired".into(), repaired.iter().map(Repaired::to_json).collect());
+                        }
+                        let expected = expected.to_string().into_bytes();
+                        assert_eq!(result.to_json_bytes(), expected);
+                        assert_eq!(result.to_json().to_string().into_bytes(), expected);
+                        assert_eq!(result.answer_body(), (200, expected.clone()));
+                        if let Some(repaired) = repaired {
+                            let without = Reconciliation { repaired: None, ..result.clone() };
+                            let repairing = Repairing { result: &without, repaired: repaired.clone() };
+                            assert_eq!(repairing.answer_body(), (200, expected.clone()));
+                            assert_eq!(repairing.answer().1, result.to_json());
+                        }
+                        assert_eq!(result.into_answer_body(&mut || {}), (200, expected));
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 4 * 4 * 4 * 3);
     }
 }

@@ -310,44 +310,39 @@ impl ReadTx<'_> {
     /// Only the payments whose pay_no `wanted` accepts are returned: the
     /// rows are read one at a time, so a period of many payments costs the
     /// memory of the few wanted (reconciliation wants those its statement
-    /// does not list). The sort is stable, so they come in the order they
-    /// would have among all.
+    /// does not list), and those are kept compactly ([`PlacedPayments`]).
+    /// The sort is stable, so they come in the order they would have among
+    /// all.
     pub fn applied_payments_between(
         &self,
         from: &str,
         to: &str,
         wanted: &dyn Fn(&str) -> bool,
-    ) -> Result<Vec<LocalPayment>, Error> {
+    ) -> Result<PlacedPayments, Error> {
         let decided_from = shifted(from, -PLATFORM_TIME_AFTER_MS_MAX)?;
         let decided_to = shifted(to, PLATFORM_TIME_BEFORE_MS_MAX)?;
-        let mut placed = Vec::new();
+        let mut placed = PlacedPayments::default();
         self.conn.query_each(
-            "SELECT p.pay_no, o.order_no, p.amount, p.outcome, p.paid_at, p.decided_at
+            "SELECT p.pay_no, o.order_no, p.amount, p.paid_at, p.decided_at
              FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
              WHERE p.outcome = 'applied' AND p.decided_at >= ?1 AND p.decided_at < ?2",
             params![&decided_from, &decided_to],
             &mut |r| {
-                let decided_at = r.text(5)?;
+                let decided_at = r.text(4)?;
                 let earliest = shifted(&decided_at, -PLATFORM_TIME_BEFORE_MS_MAX)?;
                 let latest = shifted(&decided_at, PLATFORM_TIME_AFTER_MS_MAX)?;
-                let paid_time = match r.opt_text(4)? {
+                let paid_time = match r.opt_text(3)? {
                     Some(paid_at) if paid_at >= earliest && paid_at <= latest => paid_at,
                     _ => decided_at,
                 };
                 let pay_no = r.text(0)?;
                 if paid_time.as_str() >= from && paid_time.as_str() < to && wanted(&pay_no) {
-                    placed.push(LocalPayment {
-                        pay_no,
-                        order_no: r.text(1)?,
-                        amount: r.int(2)?,
-                        outcome: r.text(3)?,
-                        paid_time,
-                    });
+                    placed.push(&paid_time, &pay_no, &r.text(1)?, r.int(2)?)?;
                 }
                 Ok(())
             },
         )?;
-        placed.sort_by(|a, b| a.paid_time.cmp(&b.paid_time));
+        placed.sort();
         Ok(placed)
     }
 
@@ -362,16 +357,18 @@ impl ReadTx<'_> {
     }
 
     /// SUCCEEDED refunds settled in [from, to), by the platform's refund time
-    /// when its notice carried one, else by when payonce settled them:
-    /// (refund_no, order_no, amount), only those whose refund_no `wanted`
-    /// accepts (read one at a time, like [`ReadTx::applied_payments_between`]).
+    /// when its notice carried one, else by when payonce settled them: each
+    /// whose refund_no `wanted` accepts is handed to `each` as (refund_no,
+    /// order_no, amount), in that order, as it is read (like
+    /// [`ReadTx::applied_payments_between`], a period of many refunds costs
+    /// the memory of what `each` keeps).
     pub fn refunds_settled_between(
         &self,
         from: &str,
         to: &str,
         wanted: &dyn Fn(&str) -> bool,
-    ) -> Result<Vec<(String, String, i64)>, Error> {
-        let mut out = Vec::new();
+        each: &mut dyn FnMut(&str, &str, i64) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         self.conn.query_each(
             "SELECT r.refund_no, o.order_no, o.amount FROM refund r JOIN orders o ON o.id = r.order_id
              WHERE r.status = 'SUCCEEDED'
@@ -382,12 +379,65 @@ impl ReadTx<'_> {
             &mut |r| {
                 let refund_no = r.text(0)?;
                 if wanted(&refund_no) {
-                    out.push((refund_no, r.text(1)?, r.int(2)?));
+                    each(&refund_no, &r.text(1)?, r.int(2)?)?;
                 }
                 Ok(())
             },
-        )?;
-        Ok(out)
+        )
+    }
+}
+
+/// Applied payments placed in a period ([`ReadTx::applied_payments_between`]):
+/// (pay_no, order_no, amount) by paid time. Every payment of a day can be
+/// wanted (a statement listing none of them), so a payment is one entry of
+/// 24 bytes and its texts side by side in one string, not a struct of
+/// owned strings (docs/performance.md, "Reconciliation memory").
+#[derive(Default)]
+pub struct PlacedPayments {
+    /// Each payment's paid time, pay_no and order_no, one after the other.
+    text: String,
+    /// (start in `text`, paid time length, pay_no length, order_no length,
+    /// amount); sorted by paid time once all are read.
+    entries: Vec<(u32, u16, u16, u32, i64)>,
+}
+
+impl PlacedPayments {
+    fn push(&mut self, paid_time: &str, pay_no: &str, order_no: &str, amount: i64) -> Result<(), Error> {
+        let too_large = || Error::internal("a period's payments exceed what reconciliation can list");
+        let start = u32::try_from(self.text.len()).map_err(|_| too_large())?;
+        let time_len = u16::try_from(paid_time.len()).map_err(|_| too_large())?;
+        let pay_no_len = u16::try_from(pay_no.len()).map_err(|_| too_large())?;
+        let order_no_len = u32::try_from(order_no.len()).map_err(|_| too_large())?;
+        self.text.push_str(paid_time);
+        self.text.push_str(pay_no);
+        self.text.push_str(order_no);
+        self.entries.push((start, time_len, pay_no_len, order_no_len, amount));
+        Ok(())
+    }
+
+    /// Stable: payments of the same paid time keep the order they were read in.
+    fn sort(&mut self) {
+        let text = &self.text;
+        self.entries.sort_by(|a, b| Self::texts(text, a).0.cmp(Self::texts(text, b).0));
+    }
+
+    /// (paid time, pay_no, order_no) of an entry.
+    fn texts<'t>(
+        text: &'t str,
+        &(start, time, pay_no, order_no, _): &(u32, u16, u16, u32, i64),
+    ) -> (&'t str, &'t str, &'t str) {
+        let at = |from: usize, len: usize| text.get(from..from + len).unwrap_or_default();
+        let (start, time, pay_no, order_no) =
+            (start as usize, usize::from(time), usize::from(pay_no), order_no as usize);
+        (at(start, time), at(start + time, pay_no), at(start + time + pay_no, order_no))
+    }
+
+    /// (pay_no, order_no, amount) by paid time.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, i64)> + '_ {
+        self.entries.iter().map(|entry| {
+            let (_, pay_no, order_no) = Self::texts(&self.text, entry);
+            (pay_no, order_no, entry.4)
+        })
     }
 }
 

@@ -1017,6 +1017,45 @@ fn a_statement_of_many_batches_is_compared_whole_and_replayed_over_http() {
     assert!(replay.body == first.body, "a replay answers the same bytes");
 }
 
+/// A keyed repair of a statement whose difference lists span many pieces
+/// (about 3,000 rows unknown to payonce), over HTTP: the answer is exactly
+/// its compact JSON, lists every generated row as missing_local and as
+/// repaired (refused: payonce has no such orders), and a replay of the key
+/// answers the same bytes.
+#[test]
+fn a_keyed_repair_of_many_unknown_rows_answers_its_json_and_replays_it() {
+    const GENERATED: usize = 3_000;
+    let format = Format::Generic;
+    let dir = TempDir::new("recon-large-repair");
+    let db = dir.path("repair.db");
+    seed(&db);
+    let bytes = statement(format, &with_generated(GENERATED));
+    let server = Server::start_on(&db, &REWARDS);
+    let headers = [("Content-Type", "text/csv"), ("Idempotency-Key", "large-repair")];
+    let path = "/v1/reconciliations?format=generic&repair=true";
+    let first = request_large(&server, path, &headers, &bytes);
+    assert_eq!(first.status, 200, "{}", String::from_utf8_lossy(&first.body[..first.body.len().min(500)]));
+    let result = first.json();
+    assert_eq!(first.body, serde_json::to_vec(&result).unwrap_or_default(), "the answer is its compact JSON");
+    let keys: Vec<&str> = result.as_object().map(|o| o.keys().map(String::as_str).collect()).unwrap_or_default();
+    assert_eq!(
+        keys,
+        ["period", "compared", "matched", "missing_local", "missing_remote", "amount_mismatch", "repaired"]
+    );
+    let pay_nos = |list: &str| -> Vec<String> {
+        result[list].as_array().into_iter().flatten().filter_map(|r| r["pay_no"].as_str().map(str::to_owned)).collect()
+    };
+    let generated: Vec<String> = (0..GENERATED).map(|i| format!("P-GEN-{i:06}")).collect();
+    let (missing, repaired) = (pay_nos("missing_local"), pay_nos("repaired"));
+    assert!(missing.ends_with(&generated), "every generated row missing_local, in statement order");
+    assert!(repaired.ends_with(&generated), "every generated payment repaired, in statement order");
+    let refused = result["repaired"].as_array().into_iter().flatten().filter(|r| r.get("error").is_some()).count();
+    assert!(refused >= GENERATED, "payonce has none of the generated orders: {refused} refused");
+    let replay = request_large(&server, path, &headers, &bytes);
+    assert_eq!((replay.status, replay.header("Idempotent-Replayed")), (200, Some("true")));
+    assert!(replay.body == first.body, "a replay answers the same bytes");
+}
+
 /// A GBK Alipay statement of many 64 KiB pieces (checked and decoded line by line,
 /// never whole) answers exactly what the same statement in UTF-8 answers;
 /// a malformed GBK byte at its very end still refuses it whole, naming
