@@ -208,20 +208,12 @@ impl App {
         else {
             return Ok(());
         };
-        let response = recorded_response(&exchange);
         if exchange.meaning == RefundAnswer::NotSendable {
             // Failed for an operator to see: retrying cannot make it sendable.
-            return self.record_attempt(row, PlatformCallStatus::Failed, None, response, None, &exchange.request);
+            return self.record_exchange(row, PlatformCallStatus::Failed, None, &exchange);
         }
         if exchange.meaning == RefundAnswer::Accepted {
-            self.record_attempt(
-                row,
-                PlatformCallStatus::Done,
-                None,
-                response,
-                exchange.http_status,
-                &exchange.request,
-            )?;
+            self.record_exchange(row, PlatformCallStatus::Done, None, &exchange)?;
             let now = format_ms(now_ms);
             let query_at = format_ms(now_ms.saturating_add(platforms.refund_query_after_ms));
             self.store.write(&[], |tx| {
@@ -237,14 +229,7 @@ impl App {
             return Ok(());
         }
         let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
-        self.record_attempt(
-            row,
-            PlatformCallStatus::Pending,
-            Some(&next),
-            response,
-            exchange.http_status,
-            &exchange.request,
-        )
+        self.record_exchange(row, PlatformCallStatus::Pending, Some(&next), &exchange)
     }
 
     /// One claimed refund query, for a refund whose result notification is
@@ -260,7 +245,6 @@ impl App {
         let Some(exchange) = platforms.refund_query(&row.channel, &row.order_no, &refund_no, now_ms) else {
             return Ok(());
         };
-        let response = recorded_response(&exchange);
         if let RefundState::Settled(status) = exchange.meaning {
             self.deliver_refund(&RefundCallback {
                 channel: row.channel.clone(),
@@ -269,24 +253,10 @@ impl App {
                 status,
                 settled_at: None,
             })?;
-            return self.record_attempt(
-                row,
-                PlatformCallStatus::Done,
-                None,
-                response,
-                exchange.http_status,
-                &exchange.request,
-            );
+            return self.record_exchange(row, PlatformCallStatus::Done, None, &exchange);
         }
         let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
-        self.record_attempt(
-            row,
-            PlatformCallStatus::Pending,
-            Some(&next),
-            response,
-            exchange.http_status,
-            &exchange.request,
-        )
+        self.record_exchange(row, PlatformCallStatus::Pending, Some(&next), &exchange)
     }
 
     /// One claimed close row: ask, then apply or close at the platform, and
@@ -420,6 +390,19 @@ impl App {
             self.deliver_payment_from(&payment, SOURCE_QUERY)?;
         }
         Ok(())
+    }
+
+    /// [`App::record_attempt`] of a call's exchange: its request, status and
+    /// answer (prefixed with why it is no answer, when it is none).
+    fn record_exchange<T>(
+        &self,
+        row: &PlatformCallRow,
+        status: PlatformCallStatus,
+        next_attempt_at: Option<&str>,
+        exchange: &Exchange<T>,
+    ) -> Result<(), Error> {
+        let response = recorded_response(exchange);
+        self.record_attempt(row, status, next_attempt_at, response, exchange.http_status, &exchange.request)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -634,7 +617,7 @@ impl App {
             next_attempt_at: Some(lease_until.clone()),
         };
         let status = if exchange.distrust.is_none() { PlatformCallStatus::Done } else { PlatformCallStatus::Failed };
-        self.record_attempt(&row, status, None, recorded_response(&exchange), exchange.http_status, &exchange.request)?;
+        self.record_exchange(&row, status, None, &exchange)?;
         if let Some(why) = &exchange.distrust {
             crate::log::warn(
                 "platform query unanswered",
