@@ -580,18 +580,6 @@ pub struct AuditRow {
     pub detail: String,
 }
 
-/// A payment as reconciliation sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LocalPayment {
-    pub pay_no: String,
-    pub order_no: String,
-    pub amount: i64,
-    pub outcome: String,
-    pub paid_time: String,
-}
-
-// ---- webhooks (PRODUCT.md section 10) ----
-
 /// What a `platform_call` row asks of a platform (its `kind` column).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlatformCallKind {
@@ -658,6 +646,8 @@ impl PlatformCallStatus {
         PlatformCallStatus::ALL.into_iter().find(|s| s.as_str() == text)
     }
 }
+
+// ---- webhooks (PRODUCT.md section 10) ----
 
 /// Where one delivery (an event to one endpoint) stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

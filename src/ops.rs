@@ -804,15 +804,14 @@ fn remove_partial(partial: &Path) {
 /// Statement rows compared per read transaction.
 pub const COMPARE_BATCH_ROWS: usize = 512;
 
-/// payonce's amount for a statement row's pay_no or refund_no, if it has one.
+/// payonce's amount, in its order's currency, for a statement row's pay_no
+/// or refund_no, if it has one (one query: the order comes with it).
 fn local_money(tx: &ReadTx, row: &StatementRow) -> Result<Option<LocalMoney>, Error> {
     let local = match row.kind {
-        RowKind::Payment => tx.money_moved_payment(&row.id)?.map(|p| (p.order_no, p.amount)),
+        RowKind::Payment => tx.money_moved_payment(&row.id)?,
         RowKind::Refund => tx.succeeded_refund(&row.id)?,
     };
-    let Some((order_no, amount)) = local else { return Ok(None) };
-    let order = tx.order_by_no(&order_no)?.ok_or_else(|| Error::internal(format!("no order {order_no:?}")))?;
-    Ok(Some(LocalMoney { amount, currency: order.currency }))
+    Ok(local.map(|(amount, currency)| LocalMoney { amount, currency }))
 }
 
 /// The statement's rows at `lines` (ascending), read again.

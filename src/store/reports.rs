@@ -6,23 +6,13 @@
 
 use super::{params, ReadTx, Row, WriteTx};
 use crate::domain::{
-    AuditRow, Finding, LocalPayment, PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX, POINT_TYPE_ORDER_PAID,
+    AuditRow, Finding, PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX, POINT_TYPE_ORDER_PAID,
 };
 use crate::error::Error;
 use serde_json::{json, Value};
 
 /// The audit actions that carry a refund_no in their own column.
 const REFUND_AUDIT_ACTIONS: [&str; 2] = ["unexpected_refund", "unexpected_refund_resolved"];
-
-fn local_payment_from_row(r: &Row) -> Result<LocalPayment, Error> {
-    Ok(LocalPayment {
-        pay_no: r.text(0)?,
-        order_no: r.text(1)?,
-        amount: r.int(2)?,
-        outcome: r.text(3)?,
-        paid_time: r.text(4)?,
-    })
-}
 
 fn audit_from_row(r: &Row) -> Result<AuditRow, Error> {
     Ok(AuditRow {
@@ -285,16 +275,17 @@ impl ReadTx<'_> {
 
     // ---- reconciliation ----
 
-    /// Payments whose money moved (or that wait, recorded, with a SUCCESS),
-    /// by pay_no, for matching a platform's SUCCESS row.
-    pub fn money_moved_payment(&self, pay_no: &str) -> Result<Option<LocalPayment>, Error> {
+    /// A payment whose money moved (or that waits, recorded, with a
+    /// SUCCESS), by pay_no, for matching a platform's SUCCESS row: (its
+    /// amount, its order's currency).
+    pub fn money_moved_payment(&self, pay_no: &str) -> Result<Option<(i64, String)>, Error> {
         self.optional(
-            "SELECT p.pay_no, o.order_no, p.amount, p.outcome, coalesce(p.paid_at, p.decided_at, p.received_at)
+            "SELECT p.amount, o.currency
              FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
              WHERE p.pay_no = ?1 AND p.status = 'SUCCESS'
                AND p.outcome IN ('recorded', 'applied', 'already_paid', 'paid_after_close', 'amount_mismatch')",
             params![pay_no],
-            local_payment_from_row,
+            |r| Ok((r.int(0)?, r.text(1)?)),
         )
     }
 
@@ -346,13 +337,14 @@ impl ReadTx<'_> {
         Ok(placed)
     }
 
-    /// A SUCCEEDED refund by refund_no: (order_no, amount refunded = the order's amount).
-    pub fn succeeded_refund(&self, refund_no: &str) -> Result<Option<(String, i64)>, Error> {
+    /// A SUCCEEDED refund by refund_no: (amount refunded = the order's
+    /// amount, the order's currency).
+    pub fn succeeded_refund(&self, refund_no: &str) -> Result<Option<(i64, String)>, Error> {
         self.optional(
-            "SELECT o.order_no, o.amount FROM refund r JOIN orders o ON o.id = r.order_id
+            "SELECT o.amount, o.currency FROM refund r JOIN orders o ON o.id = r.order_id
              WHERE r.refund_no = ?1 AND r.status = 'SUCCEEDED'",
             params![refund_no],
-            |r| Ok((r.text(0)?, r.int(1)?)),
+            |r| Ok((r.int(0)?, r.text(1)?)),
         )
     }
 
