@@ -263,8 +263,10 @@ fn parse_settings(
                 print!("{usage}");
                 std::process::exit(0);
             }
-            Long(name) if config::setting_named(name).is_some() => {
-                let setting = config::setting_named(name).ok_or("a known setting")?;
+            Long(name) => {
+                let Some(setting) = config::setting_named(name) else {
+                    return Err(format!("{}\n\n{usage}", Long(name).unexpected()));
+                };
                 let value = if setting.takes_value { string_value(&mut parser)? } else { String::new() };
                 setting.apply(&mut settings, &value)?;
             }
