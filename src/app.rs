@@ -21,7 +21,8 @@ use crate::domain::{
     RefundOutcome, RefundStatus, Rewards,
 };
 use crate::domain::{
-    AuditRow, CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PointRow, StoredResponse,
+    AuditRow, CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PlatformCallSummary, PointRow,
+    StoredResponse,
 };
 pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
 use crate::error::{Error, ErrorKind};
@@ -207,6 +208,8 @@ pub struct OrderDetail {
     pub events: Vec<EventRow>,
     /// The order's `audit_log` rows, oldest first.
     pub audit: Vec<AuditRow>,
+    /// What was asked of the platforms about it, oldest first.
+    pub platform_calls: Vec<PlatformCallSummary>,
 }
 
 /// Where a payment came from, for `pay_callback_log.source`.
@@ -417,6 +420,7 @@ impl App {
                 points: tx.points_of_order(order.id)?,
                 events: tx.events_of_order(order_no)?,
                 audit: tx.audit_of_order(order_no)?,
+                platform_calls: tx.platform_calls_of_order(order_no)?,
                 order,
             })
         })

@@ -612,6 +612,21 @@ impl PlatformCallKind {
     }
 }
 
+/// One `platform_call` row as `GET /v1/orders/{order_no}` shows it: what
+/// was asked of which platform and how it went, never the request or the
+/// answer (they may carry the merchant's account names).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlatformCallSummary {
+    pub channel: String,
+    pub kind: PlatformCallKind,
+    pub status: PlatformCallStatus,
+    pub attempts: i64,
+    /// The HTTP status of the last attempt's answer; `None` before an
+    /// attempt, or when none came (timeout, refused connection).
+    pub http_status: Option<i64>,
+    pub created_at: String,
+}
+
 /// Where a `platform_call` row stands (its `status` column).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlatformCallStatus {

@@ -8,7 +8,9 @@
 
 use crate::app::{Answer, OrderDetail};
 use crate::domain::Order;
-use crate::domain::{AuditRow, CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PointRow};
+use crate::domain::{
+    AuditRow, CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PlatformCallSummary, PointRow,
+};
 use crate::error::Error;
 use crate::ops::{
     Compensated, CompensationEffect, DiffRow, DiffRows, Drained, Mode, PaymentResolution, Reconciliation,
@@ -212,9 +214,16 @@ impl OrderDetail {
             map.insert("points".into(), self.points.iter().map(points_entry).collect());
             map.insert("events".into(), self.events.iter().map(event).collect());
             map.insert("audit".into(), self.audit.iter().map(audit_entry).collect());
+            map.insert("platform_calls".into(), self.platform_calls.iter().map(platform_call).collect());
         }
         value
     }
+}
+
+/// A `platform_call` row of an order: never its request or answer.
+fn platform_call(call: &PlatformCallSummary) -> Value {
+    json!({"channel": call.channel, "kind": call.kind.as_str(), "status": call.status.as_str(),
+           "attempts": call.attempts, "http_status": call.http_status, "created_at": call.created_at})
 }
 
 // ---- answers ----

@@ -2,7 +2,9 @@
 //! state machine. Refund rows live here too: they exist to move an order.
 
 use super::{bad_value, limit_param, one_row, params, ReadTx, Row, WriteTx};
-use crate::domain::{NewOrder, Order, OrderStatus, RefundRecord, RefundStatus};
+use crate::domain::{
+    NewOrder, Order, OrderStatus, PlatformCallKind, PlatformCallStatus, PlatformCallSummary, RefundRecord, RefundStatus,
+};
 use crate::error::Error;
 
 /// The columns `order_from_row` reads, in its order.
@@ -64,6 +66,28 @@ impl ReadTx<'_> {
             order_from_row,
         )
         .map(drop)
+    }
+
+    /// The order's `platform_call` rows, oldest first (served by
+    /// `ix_platform_call_order`); their requests and answers stay out.
+    pub fn platform_calls_of_order(&self, order_no: &str) -> Result<Vec<PlatformCallSummary>, Error> {
+        self.all(
+            "SELECT channel, kind, status, attempts, http_status, created_at
+             FROM platform_call WHERE order_no = ?1 ORDER BY id",
+            params![order_no],
+            |r| {
+                let (kind, status) = (r.text(1)?, r.text(2)?);
+                Ok(PlatformCallSummary {
+                    channel: r.text(0)?,
+                    kind: PlatformCallKind::parse(&kind).ok_or_else(|| bad_value("platform_call kind", &kind))?,
+                    status: PlatformCallStatus::parse(&status)
+                        .ok_or_else(|| bad_value("platform_call status", &status))?,
+                    attempts: r.int(3)?,
+                    http_status: r.opt_int(4)?,
+                    created_at: r.text(5)?,
+                })
+            },
+        )
     }
 
     pub fn order_by_id(&self, id: i64) -> Result<Order, Error> {

@@ -62,8 +62,8 @@ fn ms(value: &Value) -> i64 {
 /// The order object: exactly the documented keys, times in the documented form.
 fn assert_order(order: &Value) {
     let mut expected = set(&ORDER_KEYS);
-    // The detail view adds its five lists.
-    for extra in ["payments", "coupons", "points", "events", "audit"] {
+    // The detail view adds its six lists.
+    for extra in ["payments", "coupons", "points", "events", "audit", "platform_calls"] {
         if order.get(extra).is_some() {
             expected.insert(extra.to_owned());
         }

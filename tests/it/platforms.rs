@@ -2,7 +2,7 @@
 //! (the clients against the simulated platforms: sim/src/platform_api/payonce_sync.rs).
 
 use crate::util::{payonce_cli, Server, TempDir};
-use serde_json::json;
+use serde_json::{json, Value};
 
 const MERCHANT_KEY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/keys/merchant.pem");
 
@@ -237,6 +237,21 @@ fn sigkill_between_the_platform_close_and_the_local_close_closes_once() {
     let closed_events =
         detail["events"].as_array().into_iter().flatten().filter(|e| e["type"] == "order.closed").count();
     assert_eq!(closed_events, 1, "closed once: {detail}");
+    // The order shows what was asked of each platform, and never the
+    // request or the answer: the close at each, done, begun before the kill.
+    let calls = detail["platform_calls"].as_array().cloned().unwrap_or_default();
+    let closes: Vec<&Value> = calls.iter().filter(|c| c["kind"] == "close").collect();
+    let mut channels: Vec<&str> = closes.iter().filter_map(|c| c["channel"].as_str()).collect();
+    channels.sort_unstable();
+    assert_eq!(channels, ["alipay", "wechatpay"], "one close row per platform: {detail}");
+    for close in closes {
+        assert_eq!(close["status"], "done", "{close}");
+        assert!(close["attempts"].as_i64().is_some_and(|n| n >= 1), "{close}");
+    }
+    for call in &calls {
+        let keys: Vec<&String> = call.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+        assert_eq!(keys, ["channel", "kind", "status", "attempts", "http_status", "created_at"], "{call}");
+    }
 }
 
 /// A payonce on `db` whose WeChat Pay never answers (nothing listens on port 9).

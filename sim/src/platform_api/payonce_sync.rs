@@ -113,10 +113,10 @@ fn states(synced: &payonce::platform_ops::Synced) -> Vec<(&'static str, TradeSta
     synced.platforms.iter().map(|p| (p.channel, p.state.clone())).collect()
 }
 
-fn calls(app: &App, status: &str) -> i64 {
-    app.store
-        .count_raw(&format!("SELECT count(*) FROM platform_call WHERE kind = 'query' AND status = '{status}'"))
-        .expect("count")
+/// The order's query calls in `status`, as `GET /v1/orders/{order_no}` shows them.
+fn calls(app: &App, order_no: &str, status: &str) -> usize {
+    let detail = app.order(order_no).expect("detail");
+    detail.platform_calls.iter().filter(|c| c.kind.as_str() == "query" && c.status.as_str() == status).count()
 }
 
 #[test]
@@ -148,7 +148,7 @@ fn a_payment_whose_notification_never_came_is_applied_once_through_the_query() {
     assert_eq!(detail.payments.len(), 1);
     assert_eq!(detail.payments[0].pay_no, pay_no);
     assert_eq!(detail.payments[0].source, "query");
-    assert_eq!(calls(&s.app, "done"), 2, "each call kept, answered");
+    assert_eq!(calls(&s.app, "ORD_SYNC_1", "done"), 2, "each call kept, answered");
     assert!(
         s.wechatpay.calls().iter().chain(s.alipay.calls().iter()).all(|c| c.verified),
         "payonce signs as the platforms check"
@@ -222,7 +222,7 @@ fn an_answer_that_does_not_verify_or_names_another_trade_is_no_answer() {
         );
         assert_eq!(synced.order.status, OrderStatus::Pending, "{what}: nothing applied");
     }
-    assert_eq!(calls(&s.app, "failed"), 12, "every unanswered call kept as failed");
+    assert_eq!(calls(&s.app, "ORD_TAMPER", "failed"), 12, "every unanswered call kept as failed");
     s.wechatpay.set_fault(None);
     s.alipay.set_fault(None);
     let synced = s.app.sync_order("ORD_TAMPER").expect("sync");

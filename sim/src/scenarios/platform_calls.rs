@@ -39,6 +39,7 @@ use payonce::app::Config;
 use payonce::platform::alipay::AlipayApi;
 use payonce::platform::wechatpay::WechatpayApi;
 use payonce::platform::MerchantKey;
+use payonce::domain::PlatformCallKind;
 use payonce::platform_ops::Platforms;
 use payonce::{App, Clock};
 use rsa::{RsaPrivateKey, RsaPublicKey};
@@ -410,25 +411,20 @@ fn calls_about(api: &PlatformApi, kind: Kind, no: &str) -> usize {
     api.calls().iter().filter(|c| classify(api.platform(), c).is_some_and(|(k, n)| k == kind && n == no)).count()
 }
 
-/// payonce's `platform_call` close row of `order_no` at `channel`: its
-/// attempts and status.
+/// payonce's close row of `order_no` at `channel`, as the order's
+/// `platform_calls` show it: its attempts and status.
 fn close_row(app: &App, channel: Platform, order_no: &str) -> Result<String, String> {
-    let of_row = format!(
-        "FROM platform_call WHERE kind = 'close' AND channel = '{}' AND order_no = '{order_no}'",
-        channel.name()
-    );
-    let count = |sql: &str| app.store.count_raw(sql).map_err(|e| format!("reading platform_call: {e}"));
-    if count(&format!("SELECT count(*) {of_row}"))? != 1 {
-        return Ok(s("no close row"));
-    }
-    let attempts = count(&format!("SELECT attempts {of_row}"))?;
-    let mut status = "?";
-    for name in ["pending", "done", "failed", "given_up"] {
-        if count(&format!("SELECT count(*) {of_row} AND status = '{name}'"))? == 1 {
-            status = name;
-        }
-    }
-    Ok(format!("attempts {attempts}, {status}"))
+    let detail = app.order(order_no).map_err(|e| format!("reading order {order_no}: {e}"))?;
+    let closes: Vec<_> = detail
+        .platform_calls
+        .iter()
+        .filter(|c| c.kind == PlatformCallKind::Close && c.channel == channel.name())
+        .collect();
+    Ok(match closes.as_slice() {
+        [close] => format!("attempts {}, {}", close.attempts, close.status.as_str()),
+        [] => s("no close row"),
+        more => format!("{} close rows", more.len()),
+    })
 }
 
 /// Reads the orders back from `here` (the scenario's own payonce) as the
