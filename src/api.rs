@@ -199,11 +199,18 @@ pub struct RouteInfo {
     /// `/v1/orders/{order_no}`; also the route's metrics label.
     pub template: &'static str,
     pub needs_token: bool,
+    /// Takes an `Idempotency-Key` (stores its answer under it).
+    pub keyed: bool,
 }
 
 /// Every route, in table order.
 pub fn routes() -> impl Iterator<Item = RouteInfo> {
-    ROUTE_TABLE.iter().map(|r| RouteInfo { method: r.method, template: r.template, needs_token: r.needs_token })
+    ROUTE_TABLE.iter().map(|r| RouteInfo {
+        method: r.method,
+        template: r.template,
+        needs_token: r.needs_token,
+        keyed: r.keyed,
+    })
 }
 
 /// Canonical paths only: a leading `/`, no empty, `.` or `..` segment, and

@@ -21,8 +21,8 @@ use crate::domain::{
     RefundOutcome, RefundStatus, Rewards,
 };
 use crate::domain::{
-    AuditRow, CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PlatformCallSummary, PointRow,
-    StoredResponse,
+    AuditRow, CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PlatformCallSummary,
+    PointRow, StoredResponse,
 };
 pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
 use crate::error::{Error, ErrorKind};
@@ -138,10 +138,10 @@ pub struct App {
     pub locks: KeyedLocks,
     pub clock: Clock,
     pub config: Config,
-    /// Test hook: while positive, each API write fails with a 500 after its
-    /// work and stored response are written but before commit (and counts
-    /// down), to prove that nothing of a failed request survives.
-    pub fail_writes_after_work: AtomicU32,
+    /// Test hook ([`App::fail_writes_after_work`]): while positive, each API
+    /// write fails with a 500 after its work and stored response are written
+    /// but before commit (and counts down).
+    fail_writes_after_work: AtomicU32,
     pub metrics: Metrics,
     /// The configured payment channels, built from `config` at open.
     channels: Vec<Box<dyn Channel>>,
@@ -372,6 +372,15 @@ impl App {
             self.maybe_fail_after_work()?;
             Ok(result)
         })?
+    }
+
+    /// Test hook: the next `writes` API writes fail with a 500 after their
+    /// work and stored response are written but before commit, to prove
+    /// that nothing of a failed request survives. Returns how many of the
+    /// previously armed failures had not fired.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn fail_writes_after_work(&self, writes: u32) -> u32 {
+        self.fail_writes_after_work.swap(writes, Ordering::SeqCst)
     }
 
     fn maybe_fail_after_work(&self) -> Result<(), Error> {

@@ -44,6 +44,7 @@ pub mod relay;
 pub mod render;
 pub mod signature;
 pub mod store;
+mod test_hooks;
 pub mod webhook;
 pub mod webhook_ops;
 pub mod wire;

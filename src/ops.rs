@@ -13,7 +13,7 @@ use crate::domain::{CouponRow, Finding, IdempotencySlot, PointRow};
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
 use crate::recon::{self, Format, Listed, LocalMoney, RowKind, Statement, StatementRow, Verdict};
-use crate::store::ReadTx;
+use crate::store::{ReadTx, WriteTx};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
@@ -229,42 +229,32 @@ impl App {
 
     /// [`App::drain`] answering `{"applied": N}`. With an Idempotency-Key,
     /// every waiting record is decided in ONE transaction with the stored
-    /// answer, so a crash leaves both or neither. Each pay_no's key is taken
-    /// inside the transaction (in the database, where other processes wait
-    /// for it), and the CAS from `received` keeps it exactly-once.
+    /// answer, so a crash leaves both or neither. The transaction first
+    /// takes every waiting record's pay_no key, in the database (where other
+    /// processes wait for it), in arrival order; only then does it decide
+    /// any. Deciding writes an event, and an event takes the outbox lock:
+    /// another process's drain or sweeper holds one pay_no key and then
+    /// wants that lock, so taking a key after it would deadlock them
+    /// ([`WriteTx::hold_key`] refuses to). The CAS from `received` keeps
+    /// each record exactly-once; one decided elsewhere meanwhile is skipped.
     pub fn drain_keyed(&self, slot: Option<&IdempotencySlot>) -> Result<Drained, Error> {
         let Some(slot) = slot else {
             return Ok(Drained { applied: self.drain()?, outcomes: Vec::new() });
         };
         let now = self.clock.now_text();
         let decided = self.write_op(&[], Some(slot), |tx| {
+            let waiting = hold_every_waiting_key(tx)?;
             let mut outcomes = Vec::new();
-            loop {
-                let batch = tx.received_callbacks(DRAIN_BATCH_MAX)?;
-                for (id, pay_no) in &batch {
-                    // The pay_no's key, in the database, before the record is
-                    // read: another process's drain or sweeper decides under
-                    // the same key, so none decides it between this read and
-                    // this decision. One it decided since this transaction
-                    // listed the records is that one's to count.
-                    tx.hold_key(LockKey::Pay(pay_no))?;
-                    let record = tx.callback_by_id(*id)?;
-                    if record.decided {
-                        continue;
-                    }
-                    let order = tx.order_by_id(record.order_id)?;
-                    outcomes.push(self.decide_payment(
-                        tx,
-                        &Delivery::from_record(&record),
-                        DecisionRow::Received(record.id),
-                        &order,
-                        &now,
-                    )?);
+            for id in waiting {
+                let record = tx.callback_by_id(id)?;
+                if record.decided {
+                    continue; // decided by another process before its key was ours
                 }
-                if batch.len() < DRAIN_BATCH_MAX {
-                    return Ok(Drained { applied: outcomes.len(), outcomes });
-                }
+                let order = tx.order_by_id(record.order_id)?;
+                let delivery = Delivery::from_record(&record);
+                outcomes.push(self.decide_payment(tx, &delivery, DecisionRow::Received(record.id), &order, &now)?);
             }
+            Ok(Drained { applied: outcomes.len(), outcomes })
         })?;
         for outcome in &decided.outcomes {
             self.metrics.observe_callback("payment", outcome.as_str());
@@ -869,4 +859,22 @@ fn validate_resolution(resolution: &str, reason: &str) -> Result<(), Error> {
         return Err(Error::invalid("resolution must be refunded_externally or accepted"));
     }
     validate_reason(reason)
+}
+
+/// Takes the pay_no key of every record waiting in record-only mode, in
+/// arrival order, and returns their ids: the keyed drain's first phase.
+fn hold_every_waiting_key(tx: &WriteTx) -> Result<Vec<i64>, Error> {
+    let mut ids = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = tx.received_callbacks_after(after, DRAIN_BATCH_MAX)?;
+        for (id, pay_no) in &page {
+            tx.hold_key(LockKey::Pay(pay_no))?;
+            ids.push(*id);
+            after = *id;
+        }
+        if page.len() < DRAIN_BATCH_MAX {
+            return Ok(ids);
+        }
+    }
 }

@@ -284,7 +284,7 @@ impl App {
             }
         };
         if step == CloseStep::Confirmed {
-            hold_after_platform_close();
+            crate::test_hooks::EnvHook::HoldAfterPlatformCloseMs.sleep();
         }
         match step {
             CloseStep::Confirmed | CloseStep::Paid => {
@@ -651,22 +651,5 @@ fn recorded_response<T>(exchange: &Exchange<T>) -> String {
     match &exchange.distrust {
         None => exchange.response.clone(),
         Some(why) => format!("{why}\n{}", exchange.response),
-    }
-}
-
-/// The test hook `PAYONCE_TEST_HOLD_AFTER_PLATFORM_CLOSE_MS`: the pool waits
-/// this long between a platform's confirmed close and recording it, so a
-/// test can SIGKILL payonce there (tests/it/platforms.rs). Read once.
-fn hold_after_platform_close() {
-    static HOLD: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
-    let hold = HOLD.get_or_init(|| {
-        std::env::var("PAYONCE_TEST_HOLD_AFTER_PLATFORM_CLOSE_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|ms| *ms > 0)
-            .map(std::time::Duration::from_millis)
-    });
-    if let Some(hold) = hold {
-        std::thread::sleep(*hold);
     }
 }

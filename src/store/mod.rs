@@ -204,6 +204,10 @@ pub struct Store {
     pub is_memory: bool,
     /// Rung after every commit that wrote an outbox event (the webhook relay waits on it).
     outbox_signal: Arc<Signal>,
+    /// Test hook ([`Store::rerun_next_writes`]): SQLite write bodies still to
+    /// be rehearsed once and rolled back before they run.
+    #[cfg(any(test, feature = "test-support"))]
+    rehearsals: std::sync::atomic::AtomicU32,
 }
 
 /// A counter with a condition variable: a waiter wakes when it moves. The
@@ -246,15 +250,21 @@ impl Store {
     /// schema is applied or migrated before this returns.
     pub fn open(db: &str, options: &StoreOptions) -> Result<Store, Error> {
         if is_postgres_url(db) {
-            return Ok(Store {
-                engine: Engine::Postgres(postgres::PostgresEngine::open(db, options)?),
-                is_memory: false,
-                outbox_signal: Arc::default(),
-            });
+            return Ok(Store::on(Engine::Postgres(postgres::PostgresEngine::open(db, options)?), false));
         }
         let engine = sqlite::SqliteEngine::open(db, options)?;
         let is_memory = engine.is_memory();
-        Ok(Store { engine: Engine::Sqlite(Box::new(engine)), is_memory, outbox_signal: Arc::default() })
+        Ok(Store::on(Engine::Sqlite(Box::new(engine)), is_memory))
+    }
+
+    fn on(engine: Engine, is_memory: bool) -> Store {
+        Store {
+            engine,
+            is_memory,
+            outbox_signal: Arc::default(),
+            #[cfg(any(test, feature = "test-support"))]
+            rehearsals: std::sync::atomic::AtomicU32::new(0),
+        }
     }
 
     /// `sqlite` or `postgres`, for logs and `/metrics`.
@@ -297,6 +307,8 @@ impl Store {
     ) -> Result<T, Error> {
         let emitted = AtomicBool::new(false);
         let mut attempt = |conn: &dyn Conn| {
+            #[cfg(any(test, feature = "test-support"))]
+            self.rehearse_if_armed(conn, &work)?;
             emitted.store(false, Relaxed);
             work(&WriteTx { read: ReadTx { conn }, emitted: &emitted })
         };
@@ -392,6 +404,7 @@ impl Store {
         }
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Test hook: the next group COMMIT fails (and rolls back) on SQLite.
     #[doc(hidden)]
     pub fn fail_next_commit(&self) {
@@ -402,6 +415,7 @@ impl Store {
         }
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Test hook: on SQLite, the next group-commit batch's leader panics
     /// after its operations ran and before its COMMIT, outside any
     /// operation (the batch must fail whole, and nobody may wait forever).
@@ -414,6 +428,7 @@ impl Store {
         }
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Test hook (PostgreSQL): the next `attempts` write attempts end, after
     /// their body ran, with a real `40001` from the server, so the retry of
     /// the whole body is seen.
@@ -424,7 +439,38 @@ impl Store {
         }
     }
 
+    /// Test hook, both engines: each of the next `writes` write bodies runs
+    /// twice, its first run rolled back, as PostgreSQL re-runs a body after a
+    /// serialization failure. On PostgreSQL the server itself fails the first
+    /// run with a real `40001` (see [`Store::fail_next_writes_serializing`]);
+    /// on SQLite, where nothing re-runs a body, the first run is rehearsed
+    /// inside a savepoint and rolled back. Whatever a body leaks outside its
+    /// transaction (a count, a pushed answer) then shows twice.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn rerun_next_writes(&self, writes: u32) {
+        match &self.engine {
+            Engine::Sqlite(_) => self.rehearsals.store(writes, std::sync::atomic::Ordering::SeqCst),
+            Engine::Postgres(engine) => engine.fail_next_writes_serializing(writes),
+        }
+    }
+
+    /// The SQLite half of [`Store::rerun_next_writes`].
+    #[cfg(any(test, feature = "test-support"))]
+    fn rehearse_if_armed<T>(&self, conn: &dyn Conn, work: &impl Fn(&WriteTx) -> Result<T, Error>) -> Result<(), Error> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.rehearsals.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_err() {
+            return Ok(());
+        }
+        let emitted = AtomicBool::new(false);
+        conn.execute("SAVEPOINT rehearsal", &[])?;
+        let _rehearsed = work(&WriteTx { read: ReadTx { conn }, emitted: &emitted });
+        conn.execute("ROLLBACK TO rehearsal", &[])?;
+        conn.execute("RELEASE rehearsal", &[])?;
+        Ok(())
+    }
+
     /// Test hook: write operations waiting for the SQLite writer right now.
+    #[cfg(any(test, feature = "test-support"))]
     #[doc(hidden)]
     pub fn queued_writers(&self) -> usize {
         match &self.engine {
@@ -433,6 +479,7 @@ impl Store {
         }
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Raw SQL for the schema contract tests, which prove the database
     /// refuses what it must on either engine: runs `sql` (one statement,
     /// no parameters) in a transaction of its own and returns the rows it
@@ -445,6 +492,7 @@ impl Store {
         }
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// Raw SQL for the conformance tests' checks: the one integer that `sql`
     /// (one statement, no parameters, one row of one column) returns.
     #[doc(hidden)]
@@ -455,6 +503,7 @@ impl Store {
         }
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// A pooled SQLite connection for the SQLite-only tests that need raw
     /// SQL (file formats, PRAGMAs); `None` on PostgreSQL.
     #[doc(hidden)]
@@ -691,23 +740,19 @@ impl WriteTx<'_> {
     /// keys only as it reads (the keyed drain's pay_nos). Other processes'
     /// writes holding the same key wait for this one's commit, as they
     /// would for a key taken before BEGIN.
+    ///
+    /// Refused once this attempt wrote an event: an event takes the outbox
+    /// lock, and every other writer takes its keys before that lock, so a
+    /// key taken after it could deadlock two processes on PostgreSQL.
     pub fn hold_key(&self, key: crate::keylock::LockKey<'_>) -> Result<(), Error> {
+        if self.emitted.load(Relaxed) {
+            return Err(Error::internal(format!(
+                "key {} taken after an event was written in the same transaction: keys come before the outbox lock",
+                key.text()
+            )));
+        }
         self.read.conn.hold_key(&key.text())
     }
-}
-
-/// The test hook `PAYONCE_TEST_HOLD_AFTER_EVENT_MS`, both engines': hold the
-/// transaction this long right after an insert into `outbox_event`
-/// (tests/it/event_feed.rs). Read once per process.
-fn hold_after_event() -> Option<std::time::Duration> {
-    static HOLD: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
-    *HOLD.get_or_init(|| {
-        std::env::var("PAYONCE_TEST_HOLD_AFTER_EVENT_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|ms| *ms > 0)
-            .map(std::time::Duration::from_millis)
-    })
 }
 
 /// Converts an affected-row count that must be 0 or 1 into a decision.

@@ -80,6 +80,17 @@ impl ReadTx<'_> {
         )
     }
 
+    /// Records waiting in record-only mode after the record `after_id`,
+    /// in arrival order: a cursor that pages the whole list even while no
+    /// record of it is decided yet.
+    pub fn received_callbacks_after(&self, after_id: i64, limit: usize) -> Result<Vec<(i64, String)>, Error> {
+        self.all(
+            "SELECT id, pay_no FROM pay_callback_log WHERE state = 'received' AND id > ?1 ORDER BY id LIMIT ?2",
+            params![after_id, limit_param(limit)],
+            |r| Ok((r.int(0)?, r.text(1)?)),
+        )
+    }
+
     pub fn count_received(&self) -> Result<i64, Error> {
         self.one("SELECT count(*) FROM pay_callback_log WHERE state = 'received'", params![], |r| r.int(0))
     }

@@ -24,6 +24,7 @@ use super::{
     POSTGRES_SCHEMA_VERSION_FIRST, SCHEMA_POSTGRES_SQL, SCHEMA_VERSION, WRITE_ATTEMPTS_MAX,
 };
 use crate::error::{Error, ErrorKind};
+use crate::test_hooks::EnvHook;
 use bytes::BytesMut;
 use postgres::error::{Severity, SqlState};
 use postgres::types::{IsNull, ToSql, Type};
@@ -56,8 +57,8 @@ struct Hooks {
 
 impl Hooks {
     fn from_env() -> Hooks {
-        let hold_after_event = super::hold_after_event();
-        let naive_outbox = std::env::var("PAYONCE_TEST_NAIVE_OUTBOX").is_ok_and(|v| v == "1");
+        let hold_after_event = EnvHook::HoldAfterEventMs.hold();
+        let naive_outbox = EnvHook::NaiveOutbox.is_on();
         Hooks { hold_after_event, naive_outbox }
     }
 }
@@ -359,6 +360,7 @@ impl PostgresEngine {
         unreachable!("the last attempt returns")
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// See [`crate::store::Store::fail_next_writes_serializing`].
     pub(super) fn fail_next_writes_serializing(&self, attempts: u32) {
         self.serialization_failures.store(attempts, std::sync::atomic::Ordering::SeqCst);
@@ -412,6 +414,7 @@ impl PostgresEngine {
         .map_err(|e| if e.kind == ErrorKind::Internal { unavailable(e) } else { e })
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// See [`crate::store::Store::count_raw`].
     pub(super) fn count_raw(&self, sql: &str) -> Result<i64, String> {
         let mut conn = self.pool.get().map_err(|e| e.to_string())?;
@@ -423,6 +426,7 @@ impl PostgresEngine {
         }
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// See [`crate::store::Store::execute_raw`].
     pub(super) fn execute_raw(&self, sql: &str) -> Result<u64, String> {
         let mut conn = self.pool.get().map_err(|e| e.to_string())?;

@@ -393,12 +393,14 @@ impl SqliteEngine {
         self.is_memory
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// See [`crate::store::Store::count_raw`].
     pub(super) fn count_raw(&self, sql: &str) -> Result<i64, String> {
         let conn = self.pool.get().map_err(|e| e.to_string())?;
         conn.query_row(sql, [], |r| r.get(0)).map_err(|e| e.to_string())
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// See [`crate::store::Store::execute_raw`].
     pub(super) fn execute_raw(&self, sql: &str) -> Result<u64, String> {
         let conn = self.pool.get().map_err(|e| e.to_string())?;
@@ -439,6 +441,7 @@ impl SqliteEngine {
         Ok(())
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     /// A pooled connection for checks and tests that need raw SQL (the
     /// schema tests use it to prove the database refuses what it must).
     pub fn raw_connection(&self) -> Result<r2d2::PooledConnection<SqliteConnectionManager>, Error> {
@@ -568,7 +571,7 @@ impl Conn for SqliteTx<'_> {
     }
 
     fn after_event_insert(&self) {
-        if let Some(hold) = super::hold_after_event() {
+        if let Some(hold) = crate::test_hooks::EnvHook::HoldAfterEventMs.hold() {
             std::thread::sleep(hold);
         }
     }

@@ -37,6 +37,14 @@ impl Db {
         Some(Db { engine: Engine::Postgres, spec, dir: TempDir::new(label) })
     }
 
+    /// Another fresh, empty database of the same engine.
+    pub fn twin(&self, label: &str) -> Db {
+        match self.engine {
+            Engine::Sqlite => Db::sqlite(label),
+            Engine::Postgres => Db::postgres(label).expect("the server of the first database"),
+        }
+    }
+
     pub fn label(&self) -> &'static str {
         match self.engine {
             Engine::Sqlite => "sqlite",

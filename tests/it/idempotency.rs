@@ -439,10 +439,10 @@ fn a_failed_write_stores_nothing_and_its_retry_runs() {
     ];
     for (key, path, body, retry_status, retry_code) in &cases {
         let before = snapshot(&app);
-        app.fail_writes_after_work.store(1, Ordering::SeqCst);
+        app.fail_writes_after_work(1);
         let failed = post(&app, path, key, body);
         expect_error(&failed, 500, "internal_error", key);
-        assert_eq!(app.fail_writes_after_work.load(Ordering::SeqCst), 0, "{key}: the hook fired");
+        assert_eq!(app.fail_writes_after_work(0), 0, "{key}: the hook fired");
         assert_eq!(snapshot(&app), before, "{key}: nothing of the failed request survives, no key row either");
         assert_eq!(key_rows(&app, key), 0, "{key}: no idempotency_key row after a 5xx");
 

@@ -1591,9 +1591,9 @@ fn keyed_failure_then_retry(
     let keys = |conn: &Connection| count(conn, "SELECT count(*) FROM idempotency_key", []);
     let before = (footprint(&conn), keys(&conn));
     let mut violations = Vec::new();
-    app.fail_writes_after_work.store(1, Ordering::SeqCst);
+    app.fail_writes_after_work(1);
     let (status, _, answer) = call_keyed(app, method, target, key, content_type, body);
-    app.fail_writes_after_work.store(0, Ordering::SeqCst);
+    app.fail_writes_after_work(0);
     assert_eq!(status, 500, "{key}: the injected failure is a 500: {answer}");
     let after = (footprint(&conn), keys(&conn));
     if after != before {

@@ -124,15 +124,18 @@ impl GroupCommitter {
         }
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     pub(in crate::store) fn panic_next_leader(&self) {
         self.panic_next_leader.store(true, Ordering::SeqCst);
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     pub(in crate::store) fn fail_next_commit(&self) {
         self.fail_next_commit.store(true, Ordering::SeqCst);
     }
 
     /// Operations waiting for a leader right now (tests use it to know a batch is forming).
+    #[cfg(any(test, feature = "test-support"))]
     pub(in crate::store) fn queued(&self) -> usize {
         self.state.lock().queue.len()
     }
