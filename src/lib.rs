@@ -149,6 +149,14 @@ mod layering {
         }
     }
 
+    /// The relay makes calls; what it reads and writes goes through `App`
+    /// (`webhook_ops.rs`) and the leased-call mechanism (`outgoing/`).
+    #[test]
+    fn the_relay_never_names_the_store_of_app() {
+        let relay = include_str!("relay.rs");
+        assert!(!relay.contains(".store."), "relay.rs reaches into app.store");
+    }
+
     #[test]
     fn no_module_names_a_layer_above_it() {
         for (module, source, above) in RULES {
