@@ -15,10 +15,11 @@
 //!    (`App::finish_webhook_attempt`); a failure waits on the jittered
 //!    `--webhook-retry-s` schedule, stretched by a `Retry-After`.
 //!
-//! Threads: the mechanism's worker, one dispatcher (steps 1 and 2; it sleeps
-//! on the store's outbox signal, so an event of this process is relayed at
-//! once, and polls for the rest) and `--webhook-concurrency` senders (steps
-//! 3 and 4), so a hanging endpoint call holds one sender and only its own order.
+//! Threads: the mechanism's worker (`outgoing::spawn`), one dispatcher
+//! (steps 1 and 2; it sleeps on the store's outbox signal, so an event of
+//! this process is relayed at once, and polls for the rest) and
+//! `--webhook-concurrency` senders (steps 3 and 4), so a hanging endpoint
+//! call holds one sender and only its own order.
 
 use crate::app::App;
 use crate::domain::AttemptResult;

@@ -122,7 +122,8 @@ fn dispatch<Q: Queue>(
 
 /// Sleeps until `wake` moves past `seen`, `poll` passed or shutdown is set.
 fn wait(wake: &Signal, seen: u64, poll: Duration, shutdown: &AtomicBool) {
-    let deadline = Instant::now() + poll;
+    // A zero poll would spin.
+    let deadline = Instant::now() + poll.max(Duration::from_millis(1));
     loop {
         let now = Instant::now();
         if now >= deadline || shutdown.load(Ordering::SeqCst) || wake.count() != seen {
