@@ -2,6 +2,7 @@
 //! same exactly-once operations as the API, stopping when the shutdown flag
 //! is set:
 //!
+//! - the platform-call pool (`spawn_platform_worker`), a worker of `src/outgoing/`;
 //! - the sweeper: while the mode is normal, decides records that waited in
 //!   record-only mode (in arrival order) and then closes PENDING orders past
 //!   `expires_at`; always removes expired Idempotency-Key results;
@@ -14,6 +15,8 @@
 use crate::app::App;
 use crate::log;
 use crate::ops::Mode;
+use crate::outgoing::{self, Shape};
+use crate::store::Signal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -96,35 +99,28 @@ fn in_batches_until_none_due(
     }
 }
 
-/// Close calls worked at once per round of the platform-call pool.
+/// Platform calls in flight at once in the platform-call pool.
 pub const PLATFORM_POOL_SIZE: usize = 8;
 
-/// The platform-call pool (section 11): while the mode is normal, works the
-/// due `platform_call` closes (ask, apply or close at the platform, then
-/// the local close) every `interval`. Its calls never hold up the sweeper,
-/// which only queues them.
+/// The platform-call pool (section 11): the leased-call worker of
+/// `src/outgoing/` over the due `platform_call` rows (closes: ask, apply
+/// or close at the platform, then the local close; refund submissions and
+/// queries), while the mode is normal. It looks for due calls every
+/// `interval` and after each call it made; its calls never hold up the
+/// sweeper, which only queues them.
 pub fn spawn_platform_worker(
     app: Arc<App>,
     interval: Duration,
     shutdown: Arc<AtomicBool>,
 ) -> std::io::Result<JoinHandle<()>> {
-    thread::Builder::new().name("payonce-platform-calls".into()).spawn(move || {
-        while sleep_unless_shutdown(interval, &shutdown) {
-            if app.store.check_storage().is_err() || !matches!(app.mode(), Ok(Mode::Normal)) {
-                continue;
-            }
-            loop {
-                match app.run_platform_calls_once(PLATFORM_POOL_SIZE) {
-                    Ok(n) if n == PLATFORM_POOL_SIZE && !shutdown.load(Ordering::SeqCst) => continue,
-                    Ok(_) => break,
-                    Err(e) => {
-                        log::warn("platform calls failed, will retry", &[("error", &e)]);
-                        break;
-                    }
-                }
-            }
-        }
-    })
+    let shape = Shape {
+        name: "payonce-platform-calls",
+        sender_name: "payonce-platform-call",
+        concurrency: PLATFORM_POOL_SIZE,
+        wake: Arc::new(Signal::default()),
+        poll: interval,
+    };
+    outgoing::spawn(app, shape, shutdown)
 }
 
 pub fn spawn_inspector(

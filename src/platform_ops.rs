@@ -21,6 +21,8 @@ use crate::domain::{
 };
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
+use crate::ops::Mode;
+use crate::outgoing::{self, Claimed, Lease, PlatformAttempt, Queue, Schedule, Settle, Spent};
 pub use crate::platform::Platforms;
 pub use crate::platform::SOURCE_QUERY;
 use crate::platform::{CloseAnswer, Exchange, RefundAnswer, RefundState, TradeState, PLATFORM_WAITERS_MAX};
@@ -136,55 +138,28 @@ impl App {
         Ok(due.len())
     }
 
-    /// The platform-call pool's round: claims up to `limit` due closes and
-    /// works each (at once, one thread each), then closes locally the
-    /// orders every platform confirmed. Returns how many it worked.
+    /// The platform-call pool's round: claims up to `limit` due calls and
+    /// works each (at once, one thread each), a close then closing locally
+    /// the orders every platform confirmed. Returns how many it worked.
     pub fn run_platform_calls_once(&self, limit: usize) -> Result<usize, Error> {
-        let now = self.clock.now_text();
-        let due = self.store.read(|tx| tx.due_platform_calls(&now, limit))?;
-        let claimed: Vec<PlatformCallRow> = due.iter().filter_map(|row| self.claim(row).ok().flatten()).collect();
-        let worked = claimed.len();
-        std::thread::scope(|scope| {
-            for row in &claimed {
-                scope.spawn(move || {
-                    let worked = match row.kind {
-                        PlatformCallKind::Close => self.work_close(row, true).map(drop),
-                        PlatformCallKind::Refund => self.work_refund(row),
-                        PlatformCallKind::RefundQuery => self.work_refund_query(row),
-                        // Made at once, recorded, never queued: not the pool's.
-                        PlatformCallKind::Query => {
-                            Err(Error::internal(format!("platform call {} is a query: never queued", row.id)))
-                        }
-                    };
-                    if let Err(e) = worked {
-                        crate::log::warn(
-                            "platform call failed, will retry",
-                            &[
-                                ("kind", &row.kind.as_str()),
-                                ("order_no", &row.order_no),
-                                ("channel", &row.channel),
-                                ("error", &e),
-                            ],
-                        );
-                    }
-                });
-            }
-        });
-        Ok(worked)
+        Ok(outgoing::run_once(self, limit)?.len())
     }
 
     /// Claims the next attempt of a pending call, like every worker of it
     /// does (so the pool and an explicit close never work one row at once):
-    /// the row as claimed, or `None` when another holds it or it moved on.
-    fn claim(&self, row: &PlatformCallRow) -> Result<Option<PlatformCallRow>, Error> {
-        let now_ms = self.clock.now_ms();
+    /// the claim, or `None` when another holds it or it moved on.
+    fn claim(&self, row: &PlatformCallRow) -> Result<Option<Claimed<PlatformCallRow>>, Error> {
         // A close makes two calls (a query and the close), each bounded by the timeout.
-        let lease_ms = i64::try_from(self.config.platforms.timeout_ms).unwrap_or(i64::MAX).saturating_mul(2);
-        let (now, lease_until) = (format_ms(now_ms), format_ms(now_ms.saturating_add(lease_ms)));
-        let seen = row.next_attempt_at.clone().unwrap_or_default();
-        let won = row.status == PlatformCallStatus::Pending
-            && self.store.write(&[], |tx| tx.claim_platform_call(row.id, &seen, &lease_until, &now))?;
-        Ok(won.then(|| PlatformCallRow { attempts: row.attempts + 1, ..row.clone() }))
+        let lease = Lease::new(self.clock.now_ms(), self.config.platforms.timeout_ms.saturating_mul(2));
+        outgoing::claim(&self.store, row, &lease)
+    }
+
+    /// When a call whose attempt `attempt` did not settle is due again
+    /// (`--platform-retry-s`, its last wait repeating; no jitter).
+    fn retry_after_attempt(&self, attempt: i64, now_ms: i64) -> Settle<PlatformCallStatus> {
+        let schedule = Schedule::new(&self.config.platforms.retry_schedule_ms, 0.0, Spent::RepeatLast);
+        let at = schedule.next_attempt_at(now_ms, attempt, 0.0, None);
+        Settle::Retry { at: at.unwrap_or_else(|| format_ms(now_ms)) }
     }
 
     /// Whether a refund still waits for its result here.
@@ -195,10 +170,11 @@ impl App {
     /// One claimed refund submission: retried until the platform accepts it
     /// (the refund_no is its idempotency key there); once accepted, its
     /// query is queued for `--refund-query-after-s` later.
-    fn work_refund(&self, row: &PlatformCallRow) -> Result<(), Error> {
+    fn work_refund(&self, call: &Claimed<PlatformCallRow>) -> Result<(), Error> {
+        let row = &call.row;
         let refund_no = row.refund_no.clone().unwrap_or_default();
         if !self.refund_unsettled(&refund_no)? {
-            return self.record_attempt(row, PlatformCallStatus::Done, None, "settled already".into(), None, "");
+            return self.record_attempt(call, DONE, "settled already".into(), None, "");
         }
         let order = self.order(&row.order_no)?.order;
         let now_ms = self.clock.now_ms();
@@ -210,10 +186,10 @@ impl App {
         };
         if exchange.meaning == RefundAnswer::NotSendable {
             // Failed for an operator to see: retrying cannot make it sendable.
-            return self.record_exchange(row, PlatformCallStatus::Failed, None, &exchange);
+            return self.record_exchange(call, Settle::Final(PlatformCallStatus::Failed), &exchange);
         }
         if exchange.meaning == RefundAnswer::Accepted {
-            self.record_exchange(row, PlatformCallStatus::Done, None, &exchange)?;
+            self.record_exchange(call, DONE, &exchange)?;
             let now = format_ms(now_ms);
             let query_at = format_ms(now_ms.saturating_add(platforms.refund_query_after_ms));
             self.store.write(&[], |tx| {
@@ -228,17 +204,17 @@ impl App {
             })?;
             return Ok(());
         }
-        let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
-        self.record_exchange(row, PlatformCallStatus::Pending, Some(&next), &exchange)
+        self.record_exchange(call, self.retry_after_attempt(call.attempt, now_ms), &exchange)
     }
 
     /// One claimed refund query, for a refund whose result notification is
     /// late: a settled answer goes through `deliver_refund`, like the
     /// notification would; "not yet" is asked again on the schedule.
-    fn work_refund_query(&self, row: &PlatformCallRow) -> Result<(), Error> {
+    fn work_refund_query(&self, call: &Claimed<PlatformCallRow>) -> Result<(), Error> {
+        let row = &call.row;
         let refund_no = row.refund_no.clone().unwrap_or_default();
         if !self.refund_unsettled(&refund_no)? {
-            return self.record_attempt(row, PlatformCallStatus::Done, None, "settled already".into(), None, "");
+            return self.record_attempt(call, DONE, "settled already".into(), None, "");
         }
         let now_ms = self.clock.now_ms();
         let platforms = &self.config.platforms;
@@ -253,19 +229,19 @@ impl App {
                 status,
                 settled_at: None,
             })?;
-            return self.record_exchange(row, PlatformCallStatus::Done, None, &exchange);
+            return self.record_exchange(call, DONE, &exchange);
         }
-        let next = format_ms(now_ms.saturating_add(platforms.retry_wait_ms(row.attempts)));
-        self.record_exchange(row, PlatformCallStatus::Pending, Some(&next), &exchange)
+        self.record_exchange(call, self.retry_after_attempt(call.attempt, now_ms), &exchange)
     }
 
     /// One claimed close row: ask, then apply or close at the platform, and
     /// record the attempt; then the local close once every platform
     /// confirmed, or, with `may_give_up`, once payonce gave up (an explicit
     /// close never gives up: it answers 503 instead).
-    fn work_close(&self, row: &PlatformCallRow, may_give_up: bool) -> Result<CloseStep, Error> {
+    fn work_close(&self, call: &Claimed<PlatformCallRow>, may_give_up: bool) -> Result<CloseStep, Error> {
+        let row = &call.row;
         let Some(order) = self.store.read(|tx| tx.order_by_no(&row.order_no))? else {
-            self.record_attempt(row, PlatformCallStatus::Done, None, "no such order".into(), None, "")?;
+            self.record_attempt(call, DONE, "no such order".into(), None, "")?;
             return Ok(CloseStep::Confirmed);
         };
         // An order paid meanwhile (at another platform, or by a late
@@ -288,7 +264,7 @@ impl App {
         }
         match step {
             CloseStep::Confirmed | CloseStep::Paid => {
-                self.record_attempt(row, PlatformCallStatus::Done, None, response, http_status, &request)?;
+                self.record_attempt(call, DONE, response, http_status, &request)?;
                 if step == CloseStep::Confirmed {
                     self.close_locally_if_confirmed(&row.order_no)?;
                 }
@@ -297,18 +273,12 @@ impl App {
                 let now_ms = self.clock.now_ms();
                 let expires_ms = parse_rfc3339_ms(&order.expires_at).unwrap_or(now_ms);
                 if may_give_up && now_ms >= expires_ms.saturating_add(self.config.platforms.close_give_up_ms) {
-                    self.record_attempt(row, PlatformCallStatus::GivenUp, None, response, http_status, &request)?;
+                    let given_up = Settle::Final(PlatformCallStatus::GivenUp);
+                    self.record_attempt(call, given_up, response, http_status, &request)?;
                     self.close_locally_given_up(&row.order_no)?;
                 } else {
-                    let next = format_ms(now_ms.saturating_add(self.config.platforms.retry_wait_ms(row.attempts)));
-                    self.record_attempt(
-                        row,
-                        PlatformCallStatus::Pending,
-                        Some(&next),
-                        response,
-                        http_status,
-                        &request,
-                    )?;
+                    let retry = self.retry_after_attempt(call.attempt, now_ms);
+                    self.record_attempt(call, retry, response, http_status, &request)?;
                 }
             }
         }
@@ -396,54 +366,38 @@ impl App {
     /// answer (prefixed with why it is no answer, when it is none).
     fn record_exchange<T>(
         &self,
-        row: &PlatformCallRow,
-        status: PlatformCallStatus,
-        next_attempt_at: Option<&str>,
+        call: &Claimed<PlatformCallRow>,
+        settle: Settle<PlatformCallStatus>,
         exchange: &Exchange<T>,
     ) -> Result<(), Error> {
         let response = recorded_response(exchange);
-        self.record_attempt(row, status, next_attempt_at, response, exchange.http_status, &exchange.request)
+        self.record_attempt(call, settle, response, exchange.http_status, &exchange.request)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Records how the claimed attempt ended (`outgoing::finish`).
     fn record_attempt(
         &self,
-        row: &PlatformCallRow,
-        status: PlatformCallStatus,
-        next_attempt_at: Option<&str>,
+        call: &Claimed<PlatformCallRow>,
+        settle: Settle<PlatformCallStatus>,
         response: String,
         http_status: Option<u16>,
         request: &str,
     ) -> Result<(), Error> {
         let now = self.clock.now_text();
-        let record = |response: &str| {
-            self.store.write(&[], |tx| {
-                tx.record_platform_attempt(
-                    row.id,
-                    row.attempts,
-                    status,
-                    next_attempt_at,
-                    request,
-                    http_status,
-                    response,
-                    &now,
-                )
-            })
-        };
+        let row = &call.row;
+        let attempt = PlatformAttempt { settle, request: request.to_owned(), http_status, response };
         // The platform's text must never decide whether the call's schedule
         // moves on: when it cannot be stored, the same state change is
         // recorded with payonce's own words (docs/operations.md, "Someone
         // else's bytes, and NUL bytes").
-        let recorded = match record(&response) {
-            Ok(recorded) => recorded,
-            Err(e) => {
-                crate::log::warn(
-                    "a platform call's answer could not be recorded as received; recording it without it",
-                    &[("order_no", &row.order_no), ("channel", &row.channel), ("error", &e)],
-                );
-                record(&format!("the platform's answer could not be recorded: {e}"))?
-            }
-        };
+        let recorded = outgoing::finish(&self.store, call, &attempt, &now, |e| {
+            crate::log::warn(
+                "a platform call's answer could not be recorded as received; recording it without it",
+                &[("order_no", &row.order_no), ("channel", &row.channel), ("error", e)],
+            );
+            let response = format!("the platform's answer could not be recorded: {e}");
+            Some(PlatformAttempt { response, ..attempt.clone() })
+        })?;
         if !recorded {
             crate::log::warn(
                 "a platform call moved on during its call; its result is not recorded",
@@ -529,7 +483,7 @@ impl App {
                             return Ok(CloseStep::Confirmed);
                         }
                         match self.claim(row)? {
-                            Some(claimed) => self.work_close(&claimed, false),
+                            Some(call) => self.work_close(&call, false),
                             None => Ok(CloseStep::Unconfirmed),
                         }
                     })
@@ -617,7 +571,8 @@ impl App {
             next_attempt_at: Some(lease_until.clone()),
         };
         let status = if exchange.distrust.is_none() { PlatformCallStatus::Done } else { PlatformCallStatus::Failed };
-        self.record_exchange(&row, status, None, &exchange)?;
+        // Inserted with its first attempt in flight: this one.
+        self.record_exchange(&Claimed { row, attempt: 1 }, Settle::Final(status), &exchange)?;
         if let Some(why) = &exchange.distrust {
             crate::log::warn(
                 "platform query unanswered",
@@ -627,6 +582,46 @@ impl App {
         Ok(PlatformAnswer { channel, state: exchange.meaning, answer: exchange.response, distrust: exchange.distrust })
     }
 }
+
+/// The platform-call pool's queue (`background.rs` runs its worker): the
+/// due `platform_call` rows of the kinds it works, while the mode is normal.
+impl Queue for App {
+    type Job = Claimed<PlatformCallRow>;
+    type Done = ();
+    const ROUND_FAILED: &'static str = "platform calls failed, will retry";
+
+    fn ready(&self) -> bool {
+        self.store.check_storage().is_ok() && matches!(self.mode(), Ok(Mode::Normal))
+    }
+
+    fn claim_due(&self, limit: usize) -> Result<Vec<Claimed<PlatformCallRow>>, Error> {
+        let now = self.clock.now_text();
+        let due = self.store.read(|tx| tx.due_platform_calls(&now, limit))?;
+        Ok(due.iter().filter_map(|row| self.claim(row).ok().flatten()).collect())
+    }
+
+    fn work(&self, call: &Claimed<PlatformCallRow>) {
+        let row = &call.row;
+        let worked = match row.kind {
+            PlatformCallKind::Close => self.work_close(call, true).map(drop),
+            PlatformCallKind::Refund => self.work_refund(call),
+            PlatformCallKind::RefundQuery => self.work_refund_query(call),
+            // Made at once, recorded, never queued: not the pool's.
+            PlatformCallKind::Query => {
+                Err(Error::internal(format!("platform call {} is a query: never queued", row.id)))
+            }
+        };
+        if let Err(e) = worked {
+            crate::log::warn(
+                "platform call failed, will retry",
+                &[("kind", &row.kind.as_str()), ("order_no", &row.order_no), ("channel", &row.channel), ("error", &e)],
+            );
+        }
+    }
+}
+
+/// An attempt that settled the call.
+const DONE: Settle<PlatformCallStatus> = Settle::Final(PlatformCallStatus::Done);
 
 /// `Ok(why)` for a refusal of the payment path (a 4xx: the answer was
 /// unusable), `Err` for payonce's own failure, which keeps its status.

@@ -1,7 +1,8 @@
 //! Webhooks to the merchant's app, the pure part (PRODUCT.md section 10):
 //! the settings and their parsing, the Standard Webhooks signature, the
-//! retry schedule with its jitter, and `Retry-After`. The relay that sends
-//! them is `relay.rs`; the rows are `store/webhooks.rs`'s.
+//! retry schedule's waits and jitter fraction, and `Retry-After`. The relay
+//! that sends them is `relay.rs`, a leased call of `src/outgoing/` (whose
+//! `Schedule` applies the jitter); the rows are `store/webhooks.rs`'s.
 
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
@@ -14,7 +15,8 @@ pub const WEBHOOK_CONCURRENCY_DEFAULT: usize = 8;
 pub const WEBHOOK_POLL_MS_DEFAULT: u64 = 200;
 /// `--webhook-retry-s`: the waits before each retry, in seconds.
 pub const WEBHOOK_RETRY_S_DEFAULT: &str = "5,300,1800,7200,18000,36000,36000";
-/// Each wait of the schedule is stretched or shrunk by up to this fraction.
+/// Each wait of the schedule is stretched or shrunk by up to this fraction
+/// (`outgoing::Schedule`).
 pub const JITTER_FRACTION: f64 = 0.2;
 /// A `Retry-After` stretches a wait up to this, never further.
 pub const RETRY_AFTER_MS_MAX: u64 = 3_600_000;
@@ -139,21 +141,6 @@ pub fn signature_header(secrets: &[Vec<u8>], id: &str, timestamp_s: i64, body: &
         .join(" ")
 }
 
-/// `wait_ms` stretched or shrunk by up to ±20 %, `unit` uniform in [0, 1).
-pub fn jittered(wait_ms: u64, unit: f64) -> u64 {
-    let factor = 1.0 - JITTER_FRACTION + 2.0 * JITTER_FRACTION * unit.clamp(0.0, 1.0);
-    (wait_ms as f64 * factor).round() as u64
-}
-
-/// A uniform number in [0, 1) from the OS.
-pub fn random_unit() -> f64 {
-    let mut bytes = [0u8; 8];
-    if getrandom::fill(&mut bytes).is_err() {
-        return 0.5;
-    }
-    (u64::from_be_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
-}
-
 /// The wait a `Retry-After` value asks for (delay-seconds or an HTTP-date,
 /// RFC 9110 section 10.2.3), capped at one hour; `None` if unparseable.
 pub fn retry_after_ms(value: &str, now_ms: i64) -> Option<u64> {
@@ -166,15 +153,6 @@ pub fn retry_after_ms(value: &str, now_ms: i64) -> Option<u64> {
         u64::try_from(at_ms.saturating_sub(now_ms)).unwrap_or(0)
     };
     Some(wait_ms.min(RETRY_AFTER_MS_MAX))
-}
-
-/// When the attempt that just failed is retried: the schedule's wait for it
-/// (jittered), stretched by a `Retry-After`; `None` once the schedule is
-/// spent (the delivery is a dead letter). `attempt` counts from 1.
-pub fn next_wait_ms(schedule_ms: &[u64], attempt: i64, retry_after_ms: Option<u64>, unit: f64) -> Option<u64> {
-    let index = usize::try_from(attempt.checked_sub(1)?).ok()?;
-    let scheduled = jittered(*schedule_ms.get(index)?, unit);
-    Some(scheduled.max(retry_after_ms.unwrap_or(0)))
 }
 
 #[cfg(test)]
@@ -231,18 +209,6 @@ mod tests {
     }
 
     #[test]
-    fn jitter_stays_within_twenty_percent() {
-        assert_eq!(jittered(1000, 0.0), 800);
-        assert_eq!(jittered(1000, 0.5), 1000);
-        assert_eq!(jittered(1000, 0.999_999), 1200);
-        for _ in 0..1000 {
-            let unit = random_unit();
-            assert!((0.0..1.0).contains(&unit));
-            assert!((800..=1200).contains(&jittered(1000, unit)));
-        }
-    }
-
-    #[test]
     fn retry_after_stretches_up_to_an_hour() {
         assert_eq!(retry_after_ms("120", 0), Some(120_000));
         assert_eq!(retry_after_ms("86400", 0), Some(RETRY_AFTER_MS_MAX));
@@ -250,9 +216,5 @@ mod tests {
         assert_eq!(retry_after_ms("Wed, 21 Oct 2015 07:28:00 GMT", now), Some(60_000));
         assert_eq!(retry_after_ms("Wed, 21 Oct 2015 07:26:00 GMT", now), Some(0));
         assert_eq!(retry_after_ms("soon", 0), None);
-        // Retry-After only stretches a wait, and the schedule ends the retries.
-        assert_eq!(next_wait_ms(&[1000, 2000], 1, Some(50), 0.5), Some(1000));
-        assert_eq!(next_wait_ms(&[1000, 2000], 2, Some(9_000), 0.5), Some(9_000));
-        assert_eq!(next_wait_ms(&[1000, 2000], 3, None, 0.5), None);
     }
 }

@@ -1,12 +1,21 @@
 //! The webhook admin operations (PRODUCT.md section 10): list deliveries,
 //! retry one, re-enable an endpoint, replay a range of events. Each change
 //! is a CAS in one transaction with its audit row; the relay
-//! (`relay.rs`) makes the attempts they queue.
+//! (`relay.rs`) makes the attempts they queue, through the relay's writes
+//! at the end of this file (each delivery a leased call, `src/outgoing/`).
 
 use crate::app::App;
-use crate::domain::{DeliveryRow, DeliveryStatus, EndpointRow, IdempotencySlot};
+use crate::domain::{AttemptResult, DeliveryRow, DeliveryStatus, EndpointRow, EventRow, IdempotencySlot};
 use crate::error::{Error, ErrorKind};
+use crate::log;
+use crate::outgoing::{self, Claimed, Lease};
+use crate::store::{escape_foreign_text, Signal};
+use crate::webhook::ERROR_TEXT_MAX;
 use serde_json::json;
+use std::sync::Arc;
+
+/// Events queued per endpoint per round; the next round queues more.
+const QUEUE_BATCH_MAX: usize = 1_000;
 
 /// One page of `GET /v1/webhooks/deliveries`.
 #[derive(Clone, Debug)]
@@ -151,6 +160,99 @@ impl App {
             tx.audit(&now, actor, "webhook_replayed", None, &detail)?;
             Ok(Replayed { queued, next_after })
         })
+    }
+}
+
+/// One claimed webhook attempt: the delivery as read with the attempt
+/// number it owns, and the event it carries.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    pub delivery: Claimed<DeliveryRow>,
+    pub event: EventRow,
+}
+
+/// The relay's reads and writes (`relay.rs` makes the calls between them).
+impl App {
+    /// Registers a configured endpoint once (a new one starts after the
+    /// outbox's last seq now); the row, new or as it was.
+    pub fn register_webhook_endpoint(&self, endpoint: &str) -> Result<EndpointRow, Error> {
+        let now = self.clock.now_text();
+        self.store.write(&[], |tx| tx.ensure_webhook_endpoint(endpoint, &now))
+    }
+
+    /// The relay's steps 1 and 2 for one endpoint, in one transaction:
+    /// queues a delivery for every event past its cursor (a batch at a
+    /// time), then claims up to `limit` due attempts. A read first, so an
+    /// idle relay never takes the writer.
+    pub fn claim_webhook_attempts(&self, endpoint: &str, limit: usize) -> Result<Vec<Attempt>, Error> {
+        let lease = Lease::new(self.clock.now_ms(), self.config.webhooks.lease_ms());
+        let now = &lease.now;
+        let work = self.store.read(|tx| match tx.webhook_endpoint(endpoint)? {
+            Some(row) if row.enabled => {
+                Ok(tx.last_event_seq()? > row.relayed_seq || !tx.due_webhook_deliveries(endpoint, now, 1)?.is_empty())
+            }
+            _ => Ok(false),
+        })?;
+        if !work {
+            return Ok(Vec::new());
+        }
+        self.store.write(&[], |tx| {
+            let mut won = Vec::new();
+            let Some(row) = tx.webhook_endpoint(endpoint)?.filter(|row| row.enabled) else {
+                return Ok(won);
+            };
+            tx.queue_webhook_deliveries(&row, now, QUEUE_BATCH_MAX)?;
+            for due in tx.due_webhook_deliveries(endpoint, now, limit)? {
+                if let Some(delivery) = outgoing::claim_in(tx, &due, &lease)? {
+                    let event = tx
+                        .event(due.event_seq)?
+                        .ok_or_else(|| Error::internal(format!("delivery {} names a missing event", due.id)))?;
+                    won.push(Attempt { delivery, event });
+                }
+            }
+            Ok(won)
+        })
+    }
+
+    /// The relay's step 4: true when this attempt's result was recorded.
+    /// When the receiver's text cannot be stored, the same state change is
+    /// recorded with payonce's own words instead (`outgoing::finish`).
+    pub fn finish_webhook_attempt(
+        &self,
+        claimed: &Attempt,
+        result: &AttemptResult,
+        now_ms: i64,
+    ) -> Result<bool, Error> {
+        let now = crate::clock::format_ms(now_ms);
+        let delivery = &claimed.delivery;
+        outgoing::finish(&self.store, delivery, result, &now, |e| {
+            let why = format!("the receiver's answer could not be recorded: {e}");
+            let why: String = escape_foreign_text(&why).chars().take(ERROR_TEXT_MAX).collect();
+            let fallback = match result {
+                AttemptResult::Retry { status, next_attempt_at, .. } => {
+                    AttemptResult::Retry { status: *status, error: why, next_attempt_at: next_attempt_at.clone() }
+                }
+                AttemptResult::Failed { status, .. } => AttemptResult::Failed { status: *status, error: why },
+                // Nothing of the receiver's is in these: the first error was the database's.
+                AttemptResult::Delivered { .. } | AttemptResult::Gone => return None,
+            };
+            log::warn(
+                "a webhook attempt's result could not be recorded as received; recording it without the receiver's text",
+                &[("delivery", &delivery.row.id), ("attempt", &delivery.attempt), ("error", e)],
+            );
+            Some(fallback)
+        })
+    }
+
+    /// Rung after each commit of this process that wrote an outbox event:
+    /// the relay sleeps on it.
+    pub fn outbox_signal(&self) -> Arc<Signal> {
+        self.store.outbox_signal()
+    }
+
+    /// Whether the storage still takes writes (the storage watch says why not).
+    pub fn storage_writable(&self) -> bool {
+        self.store.check_storage().is_ok()
     }
 }
 

@@ -140,13 +140,6 @@ impl Platforms {
             _ => None,
         }
     }
-
-    /// The wait after attempt `attempt` (from 1) failed; the last repeats.
-    pub(crate) fn retry_wait_ms(&self, attempt: i64) -> i64 {
-        let index = usize::try_from(attempt.saturating_sub(1)).unwrap_or(0);
-        let wait = self.retry_schedule_ms.get(index).or(self.retry_schedule_ms.last()).copied().unwrap_or(5_000);
-        i64::try_from(wait).unwrap_or(i64::MAX)
-    }
 }
 
 /// What a platform says of an order, in payonce's words.

@@ -31,15 +31,17 @@
 mod effects;
 pub use sqlite::group_commit;
 mod idempotency;
+mod leases;
+pub use leases::LeasedTable;
 mod orders;
 mod payments;
 mod platform_calls;
-pub use platform_calls::{NewPlatformCall, PlatformCallRow};
+pub use platform_calls::{NewPlatformCall, PlatformCallRow, PLATFORM_CALLS};
 pub mod postgres;
 mod reports;
 pub mod sqlite;
 mod webhooks;
-pub use webhooks::REPLAY_EVENTS_MAX;
+pub use webhooks::{REPLAY_EVENTS_MAX, WEBHOOK_DELIVERIES};
 
 use crate::error::{Error, ErrorKind};
 use crate::keylock::KeyGuard;

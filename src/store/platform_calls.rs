@@ -1,10 +1,22 @@
 //! `platform_call` (PRODUCT.md section 11): a row written before each call
 //! to a platform's API and completed after it, outside any transaction that
-//! spans the call. Never deleted.
+//! spans the call. Never deleted. A queued call is a leased call
+//! (`src/outgoing/`), claimed and finished by the statements of
+//! [`PLATFORM_CALLS`] (`store/leases.rs`).
 
+use super::leases::{leased_table, LeasedTable};
 use super::{bad_value, escape_foreign_text, limit_param, one_row, params, ReadTx, Row, WriteTx};
 use crate::domain::{PlatformCallKind, PlatformCallStatus};
 use crate::error::Error;
+
+/// `platform_call` as a table of leased calls: a claim stamps `updated_at`;
+/// a finish sets `request` (`?5`), `http_status` (`?6`), `response` (`?7`)
+/// and `updated_at` (`?8`).
+pub const PLATFORM_CALLS: LeasedTable = leased_table!(
+    "platform_call",
+    touched: "updated_at",
+    columns: "request = ?5, http_status = ?6, response = ?7, updated_at = ?8"
+);
 
 /// A call about to be made.
 pub struct NewPlatformCall<'a> {
@@ -19,7 +31,7 @@ pub struct NewPlatformCall<'a> {
     pub lease_until: &'a str,
 }
 
-/// A close row as the platform-call pool works on it.
+/// A `platform_call` row as the platform-call pool works on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlatformCallRow {
     pub id: i64,
@@ -121,57 +133,6 @@ impl WriteTx<'_> {
             params![channel, kind.as_str(), order_no, refund_no, due_at, now],
         )?;
         one_row(changed, "enqueue platform refund call")
-    }
-
-    /// Claims the next attempt of a call read with `seen_next_attempt_at`:
-    /// true when this caller owns it, until `lease_until`.
-    pub fn claim_platform_call(
-        &self,
-        id: i64,
-        seen_next_attempt_at: &str,
-        lease_until: &str,
-        now: &str,
-    ) -> Result<bool, Error> {
-        let changed = self.execute(
-            "UPDATE platform_call SET next_attempt_at = ?3, attempts = attempts + 1, updated_at = ?4
-             WHERE id = ?1 AND status = 'pending' AND next_attempt_at = ?2",
-            params![id, seen_next_attempt_at, lease_until, now],
-        )?;
-        one_row(changed, "claim platform call")
-    }
-
-    /// Records the claimed attempt `attempt` of a call: `status` `pending`
-    /// with `next_attempt_at` (retry), or `done` / `given_up` / `failed`.
-    /// False when the call moved on meanwhile (changes nothing). The texts
-    /// hold the platform's bytes, so they are stored escaped.
-    #[allow(clippy::too_many_arguments)]
-    pub fn record_platform_attempt(
-        &self,
-        id: i64,
-        attempt: i64,
-        status: PlatformCallStatus,
-        next_attempt_at: Option<&str>,
-        request: &str,
-        http_status: Option<u16>,
-        response: &str,
-        now: &str,
-    ) -> Result<bool, Error> {
-        let changed = self.execute(
-            "UPDATE platform_call
-             SET status = ?3, next_attempt_at = ?4, request = ?5, http_status = ?6, response = ?7, updated_at = ?8
-             WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
-            params![
-                id,
-                attempt,
-                status.as_str(),
-                next_attempt_at,
-                escape_foreign_text(request).as_ref(),
-                http_status,
-                escape_foreign_text(response).as_ref(),
-                now
-            ],
-        )?;
-        one_row(changed, "record platform attempt")
     }
 
     /// The row of a call about to be made, pending with its first attempt

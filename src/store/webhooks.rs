@@ -1,16 +1,21 @@
 //! The webhook relay's queries (PRODUCT.md section 10): endpoints, their
-//! cursor over the outbox, deliveries, and the CAS that claims an attempt.
+//! cursor over the outbox, deliveries, disable/enable/retry/replay.
 //!
 //! Every change of a delivery is a compare-and-set whose affected-row count
-//! decides: an attempt is claimed by moving `next_attempt_at` from the value
-//! the relay read to the attempt's lease (with `attempts + 1`), and its
-//! result is written only while `attempts` is still the claimed one, so a
-//! stale finisher (a lease that expired and was claimed again) changes
+//! decides. An attempt is a leased call (`src/outgoing/`): it is claimed and
+//! finished by the statements of [`WEBHOOK_DELIVERIES`] (`store/leases.rs`),
+//! so a stale finisher (a lease that expired and was claimed again) changes
 //! nothing.
 
-use super::{escape_foreign_text, limit_param, one_row, params, ReadTx, Row, WriteTx};
-use crate::domain::{AttemptResult, DeliveryRow, DeliveryStatus, EndpointRow};
+use super::leases::{leased_table, LeasedTable};
+use super::{limit_param, one_row, params, ReadTx, Row, WriteTx};
+use crate::domain::{DeliveryRow, DeliveryStatus, EndpointRow};
 use crate::error::Error;
+
+/// `webhook_delivery` as a table of leased calls: a claim stamps
+/// `last_attempt_at`; a finish sets `last_status` (`?5`) and `last_error` (`?6`).
+pub const WEBHOOK_DELIVERIES: LeasedTable =
+    leased_table!("webhook_delivery", touched: "last_attempt_at", columns: "last_status = ?5, last_error = ?6");
 
 fn endpoint_from_row(r: &Row) -> Result<EndpointRow, Error> {
     let status = r.text(1)?;
@@ -172,68 +177,8 @@ impl WriteTx<'_> {
         )
     }
 
-    /// Claims the next attempt of a delivery read with `seen_next_attempt_at`:
-    /// true when this caller owns it (the lease runs to `lease_until`).
-    pub fn claim_webhook_attempt(
-        &self,
-        id: i64,
-        seen_next_attempt_at: &str,
-        lease_until: &str,
-        now: &str,
-    ) -> Result<bool, Error> {
-        let changed = self.execute(
-            "UPDATE webhook_delivery SET next_attempt_at = ?3, attempts = attempts + 1, last_attempt_at = ?4
-             WHERE id = ?1 AND status = 'pending' AND next_attempt_at = ?2",
-            params![id, seen_next_attempt_at, lease_until, now],
-        )?;
-        one_row(changed, "claim webhook attempt")
-    }
-
-    /// Records how the claimed attempt number `attempt` ended; false when the
-    /// delivery moved on meanwhile (its lease expired and another attempt
-    /// was claimed, or it was disabled), which then changes nothing.
-    pub fn finish_webhook_attempt(
-        &self,
-        delivery: &DeliveryRow,
-        attempt: i64,
-        result: &AttemptResult,
-        now: &str,
-    ) -> Result<bool, Error> {
-        let changed = match result {
-            AttemptResult::Delivered { status } => self.execute(
-                "UPDATE webhook_delivery
-                 SET status = 'delivered', next_attempt_at = NULL, last_status = ?3, last_error = NULL
-                 WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
-                params![delivery.id, attempt, *status],
-            )?,
-            AttemptResult::Retry { status, error, next_attempt_at } => self.execute(
-                "UPDATE webhook_delivery SET next_attempt_at = ?3, last_status = ?4, last_error = ?5
-                 WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
-                params![delivery.id, attempt, next_attempt_at, *status, escape_foreign_text(error).as_ref()],
-            )?,
-            AttemptResult::Failed { status, error } => self.execute(
-                "UPDATE webhook_delivery
-                 SET status = 'failed', next_attempt_at = NULL, last_status = ?3, last_error = ?4
-                 WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
-                params![delivery.id, attempt, *status, escape_foreign_text(error).as_ref()],
-            )?,
-            AttemptResult::Gone => {
-                let changed = self.execute(
-                    "UPDATE webhook_delivery SET last_status = 410, last_error = 'endpoint answered 410 Gone'
-                     WHERE id = ?1 AND attempts = ?2 AND status = 'pending'",
-                    params![delivery.id, attempt],
-                )?;
-                if changed == 1 {
-                    self.disable_webhook_endpoint(&delivery.endpoint, now)?;
-                }
-                changed
-            }
-        };
-        one_row(changed, "finish webhook attempt")
-    }
-
     /// Disables an endpoint and stops every pending delivery to it.
-    fn disable_webhook_endpoint(&self, endpoint: &str, now: &str) -> Result<(), Error> {
+    pub fn disable_webhook_endpoint(&self, endpoint: &str, now: &str) -> Result<(), Error> {
         self.execute(
             "UPDATE webhook_endpoint SET status = 'disabled', disabled_at = ?2
              WHERE endpoint = ?1 AND status = 'enabled'",
