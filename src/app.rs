@@ -110,8 +110,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// What an operation's success answers over the API: status and JSON body.
 /// A keyed write stores exactly this with its work, so a replay is the
-/// same answer. Implemented in `render.rs`, the one place JSON is shaped;
-/// refusals answer [`Error::to_json`].
+/// same answer. Implemented in `render.rs`, the one place JSON is shaped,
+/// for every result and for [`Error`] (what a refusal stores).
 pub trait Answer {
     fn answer(&self) -> (u16, Value);
     /// [`Answer::answer`] as the bytes sent and stored; an answer that can
@@ -360,7 +360,7 @@ impl App {
             if let Some(slot) = slot {
                 let (status, body) = match &result {
                     Ok(value) => value.answer_body(),
-                    Err(refusal) => (refusal.status, refusal.to_json().to_string().into_bytes()),
+                    Err(refusal) => refusal.answer_body(),
                 };
                 if !tx.store_response(slot, status, &body)? {
                     return Err(Error::new(ErrorKind::IdempotencyKeyInUse, "another request stored this key first"));
@@ -887,9 +887,9 @@ impl App {
     /// and a fresh connection reads the schema version and a page of
     /// `orders`. Every failure is a 503: the service cannot serve.
     pub fn health(&self) -> Result<(), Error> {
-        self.store.check_health().map_err(|e| match e.status {
-            503 => e,
-            _ => Error::new(ErrorKind::DatabaseUnavailable, format!("the database cannot be read: {}", e.message)),
+        self.store.check_health().map_err(|e| match e.kind.is_unavailable() {
+            true => e,
+            false => Error::new(ErrorKind::DatabaseUnavailable, format!("the database cannot be read: {}", e.message)),
         })
     }
 }

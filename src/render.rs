@@ -17,6 +17,7 @@ use crate::ops::{
 use crate::platform::TradeState;
 use crate::platform_ops::Synced;
 use crate::webhook_ops::{DeliveryPage, EnabledEndpoint, Replayed};
+use crate::wire;
 use serde_json::{json, Map, Value};
 
 // ---- objects ----
@@ -183,14 +184,17 @@ impl Repaired {
     pub fn to_json(&self) -> Value {
         match &self.outcome {
             Ok(outcome) => json!({"pay_no": self.pay_no, "order_no": self.order_no, "outcome": outcome}),
-            Err(e) => json!({"pay_no": self.pay_no, "order_no": self.order_no, "error": error_object(e)}),
+            Err(e) => json!({"pay_no": self.pay_no, "order_no": self.order_no, "error": wire::error_object(e)}),
         }
     }
 }
 
-/// The `{"code","message"}` inside the contract's error shape.
-fn error_object(e: &Error) -> Value {
-    json!({"code": e.code, "message": e.message})
+/// A refusal of a keyed write, as stored with its work and replayed: the
+/// contract's error answer (`wire::error_body`).
+impl Answer for Error {
+    fn answer(&self) -> (u16, Value) {
+        (wire::status_of(self.kind), wire::error_body(self))
+    }
 }
 
 impl Reconciliation {
