@@ -4,9 +4,8 @@
 //! (`relay.rs`) makes the attempts they queue.
 
 use crate::app::App;
-use crate::domain::{DeliveryRow, DeliveryStatus, EndpointRow, IdempotencySlot};
+use crate::domain::{AuditDetail, DeliveryRow, DeliveryStatus, EndpointRow, IdempotencySlot};
 use crate::error::{Error, ErrorKind};
-use serde_json::json;
 
 /// One page of `GET /v1/webhooks/deliveries`.
 #[derive(Clone, Debug)]
@@ -83,8 +82,12 @@ impl App {
             if !tx.retry_webhook_delivery(id, &now)? {
                 return Err(Error::invalid_transition(format!("delivery {id} changed meanwhile; read it again")));
             }
-            let detail = json!({"delivery_id": id, "endpoint": delivery.endpoint, "event_id": delivery.event_id,
-                                "from": delivery.status.as_str()});
+            let detail = AuditDetail::WebhookDeliveryRetried {
+                delivery_id: id,
+                endpoint: &delivery.endpoint,
+                event_id: &delivery.event_id,
+                from: delivery.status,
+            };
             tx.audit(&now, actor, "webhook_delivery_retried", Some(&delivery.order_no), &detail)?;
             tx.webhook_delivery(id)?.ok_or_else(|| delivery_not_found(id))
         })
@@ -108,7 +111,11 @@ impl App {
             };
             let resumed = tx.enable_webhook_endpoint(endpoint, &now)?;
             if !before.enabled {
-                let detail = json!({"endpoint": endpoint, "disabled_at": before.disabled_at, "resumed": resumed});
+                let detail = AuditDetail::WebhookEndpointEnabled {
+                    endpoint,
+                    disabled_at: before.disabled_at.as_deref(),
+                    resumed,
+                };
                 tx.audit(&now, actor, "webhook_endpoint_enabled", None, &detail)?;
             }
             let endpoint = tx.webhook_endpoint(endpoint)?.ok_or_else(|| endpoint_not_found(endpoint))?;
@@ -146,8 +153,7 @@ impl App {
             }
             let (queued, next_after) =
                 tx.replay_webhook_deliveries(endpoint, after_seq, until_seq.unwrap_or(i64::MAX), &now)?;
-            let detail = json!({"endpoint": endpoint, "after_seq": after_seq, "until_seq": until_seq,
-                                "queued": queued, "next_after": next_after});
+            let detail = AuditDetail::WebhookReplayed { endpoint, after_seq, until_seq, queued, next_after };
             tx.audit(&now, actor, "webhook_replayed", None, &detail)?;
             Ok(Replayed { queued, next_after })
         })

@@ -325,7 +325,7 @@ fn a_platform_down_keeps_the_order_pending_then_payonce_gives_up_and_says_so() {
     let findings = s.app.inspect().expect("inspect");
     let unconfirmed: Vec<_> = findings.iter().filter(|f| f.kind == "close_unconfirmed").collect();
     assert_eq!(unconfirmed.len(), 1, "{findings:?}");
-    assert_eq!(unconfirmed[0].detail["platforms"], serde_json::json!(["wechatpay"]));
+    assert_eq!(payonce::render::finding_detail(&unconfirmed[0].detail)["platforms"], serde_json::json!(["wechatpay"]));
     assert!(s.app.resolve_close("ORD_DOWN_1", "  ", "ops", None).is_err(), "a reason is required");
     s.app.resolve_close("ORD_DOWN_1", "checked the WeChat Pay console: never paid", "ops", None).expect("resolved");
     s.app.resolve_close("ORD_DOWN_1", "again", "ops", None).expect("a repeat answers the order");
