@@ -678,7 +678,7 @@ mod tests {
             RewardsDue { coupons: vec!["NEW10".into(), "VIP".into()], points: 99 }.json_text(),
             r#"{"coupons":["NEW10","VIP"],"points":99}"#
         );
-        assert_eq!(vec!["NEW10".to_owned()].json_text(), r#"["NEW10"]"#);
+        assert_eq!(["NEW10".to_owned()].json_text(), r#"["NEW10"]"#);
     }
 
     /// Every audit detail is the text its rows have always held (keys,

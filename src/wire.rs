@@ -1,7 +1,9 @@
 //! The wire formats payonce reads, and the plain HTTP messages they come
 //! in: [`Request`] and [`Response`] (no socket; `http.rs` owns that), JSON
-//! bodies, query strings and `application/x-www-form-urlencoded` forms.
-//! Used by `api` and the channels; knows nothing of routes or the store.
+//! bodies, query strings and `application/x-www-form-urlencoded` forms;
+//! and how an [`Error`] goes on the wire: its status, code and body.
+//! Used by `api`, `render` and the channels; knows nothing of routes or the
+//! store.
 
 use crate::error::{Error, ErrorKind};
 use serde_json::{json, Map, Value};
