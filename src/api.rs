@@ -12,6 +12,10 @@ use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::render;
+/// What an error kind is answered with: its status and its code. The
+/// mapping sits in `wire.rs`, below the channels and `render`, which answer
+/// errors too; this is where the API names it.
+pub use crate::wire::{code_of, status_of};
 use crate::wire::{
     json_object, optional_i64, optional_str, parse_query, query_int, query_value, required_i64, required_str,
 };
@@ -59,7 +63,9 @@ pub fn serve(app: &App, req: &Request) -> Response {
 pub fn refuse_at_edge(app: &App, req: &Request, err: &Error) -> Response {
     let response = match find_route(&req.method, &req.path) {
         Found::Route(route, params) if route.template.starts_with("/v1/callbacks/") => {
-            with_channel(app, params.first().copied().unwrap_or(""), |chosen| chosen.refuse(err).with_outcome(err.code))
+            with_channel(app, params.first().copied().unwrap_or(""), |chosen| {
+                chosen.refuse(err).with_outcome(code_of(err.kind))
+            })
         }
         _ => Response::error(err),
     };
@@ -298,7 +304,7 @@ fn route(app: &App, req: &Request) -> Result<Response, Error> {
         // A payment channel answers in its platform's own protocol.
         if route.template.starts_with("/v1/callbacks/") {
             let channel = params.first().copied().unwrap_or("");
-            return Ok(with_channel(app, channel, |chosen| chosen.refuse(&err).with_outcome(err.code)));
+            return Ok(with_channel(app, channel, |chosen| chosen.refuse(&err).with_outcome(code_of(err.kind))));
         }
         return Err(err);
     }
@@ -587,7 +593,7 @@ fn callback(app: &App, req: &Request, channel: &str, refund_route: bool) -> Resp
                 if err.is_server_error() {
                     crate::log::error("callback failed", &[("channel", &channel), ("error", &err)]);
                 }
-                chosen.refuse(&err).with_outcome(err.code)
+                chosen.refuse(&err).with_outcome(code_of(err.kind))
             }
         }
     })

@@ -20,6 +20,7 @@ use crate::domain::{
     is_amount, is_currency, is_identifier, EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus,
     RefundOutcome, RefundStatus, Rewards,
 };
+use crate::domain::{AuditDetail, EventData, JsonText, Refused, RewardsDue};
 use crate::domain::{
     AuditRow, CallbackRecord, CouponRow, EventRow, IdempotencySlot, NewCallback, NewOrder, PlatformCallSummary,
     PointRow, StoredResponse,
@@ -29,7 +30,7 @@ use crate::error::{Error, ErrorKind};
 use crate::keylock::{KeyGuard, KeyedLocks, LockKey};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreOptions, WriteTx};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Default PENDING lifetime (`--order-ttl-s`).
@@ -111,8 +112,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// What an operation's success answers over the API: status and JSON body.
 /// A keyed write stores exactly this with its work, so a replay is the
-/// same answer. Implemented in `render.rs`, the one place JSON is shaped;
-/// refusals answer [`Error::to_json`].
+/// same answer. Implemented in `render.rs`, the one place JSON is shaped,
+/// for every result and for [`Error`] (what a refusal stores).
 pub trait Answer {
     fn answer(&self) -> (u16, Value);
     /// [`Answer::answer`] as the bytes sent and stored; an answer that can
@@ -276,7 +277,7 @@ impl App {
     }
 
     fn record_reward_settings(&self) -> Result<(), Error> {
-        let coupons = json!(self.config.rewards.coupon_templates).to_string();
+        let coupons = self.config.rewards.coupon_templates.json_text();
         let points = self.config.rewards.points_per_yuan.to_string();
         self.store.write(&[], |tx| {
             tx.put_setting("reward_coupon_templates", &coupons)?;
@@ -363,7 +364,7 @@ impl App {
             if let Some(slot) = slot {
                 let (status, body) = match &result {
                     Ok(value) => value.answer_body(),
-                    Err(refusal) => (refusal.status, refusal.to_json().to_string().into_bytes()),
+                    Err(refusal) => refusal.answer_body(),
                 };
                 if !tx.store_response(slot, status, &body)? {
                     return Err(Error::new(ErrorKind::IdempotencyKeyInUse, "another request stored this key first"));
@@ -482,7 +483,7 @@ impl App {
             if order.status == OrderStatus::Closed {
                 return Ok(order);
             }
-            Err(refuse_transition(tx, &order, OrderStatus::Closed, "close", &now, json!({}))?)
+            Err(refuse_transition(tx, &order, OrderStatus::Closed, "close", &now, Refused::Order)?)
         })
     }
 
@@ -536,7 +537,7 @@ impl App {
         let now = self.clock.now_text();
         self.write_op(&[&key], slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
-            let detail = json!({"refund_no": refund_no});
+            let detail = Refused::Refund { refund_no };
             if let Some(existing) = tx.refund_by_no(refund_no)? {
                 if existing.order_id == order.id && existing.status != RefundStatus::Failed {
                     return Ok(order);
@@ -564,7 +565,7 @@ impl App {
                 )?;
             }
             let refunding = tx.order_by_id(order.id)?;
-            let data = json!({"order": refunding.to_json(), "refund": {"refund_no": refund_no, "status": "REQUESTED"}});
+            let data = EventData::Refund { order: &refunding, refund_no, status: RefundStatus::Requested };
             tx.emit_event(EventType::OrderRefunding, &format!("{order_no}/{refund_no}"), order_no, &data, &now)?;
             Ok(refunding)
         })
@@ -673,10 +674,11 @@ impl App {
                 }
                 use base64::Engine;
                 let failed_body = base64::engine::general_purpose::STANDARD.encode(failed_body.unwrap_or_default());
-                let detail = json!({"pay_no": cb.pay_no, "superseded_outcome": prior.outcome.as_str(),
-                                    "superseded_received_at": prior.received_at, "superseded_source": prior.source,
-                                    "superseded_amount": prior.amount, "superseded_currency": prior.currency,
-                                    "superseded_raw_body_base64": failed_body});
+                let detail = AuditDetail::PaymentFailedSuperseded {
+                    pay_no: &cb.pay_no,
+                    prior: &prior,
+                    failed_body: &failed_body,
+                };
                 tx.audit(now, ACTOR_SYSTEM, "payment_failed_superseded", Some(&order.order_no), &detail)?;
                 if tx.setting(SETTING_MODE)?.as_deref() == Some(MODE_RECORD_ONLY) {
                     return Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(PaymentOutcome::Recorded) });
@@ -750,7 +752,7 @@ impl App {
         } else {
             None
         };
-        let rewards_due = rewards_due.as_ref().map(Value::to_string);
+        let rewards_due = rewards_due.as_ref().map(JsonText::json_text);
         match row {
             DecisionRow::Received(id) => {
                 // Under its pay_no lock nobody else decides it; the keyed
@@ -763,9 +765,8 @@ impl App {
             DecisionRow::New(new) => tx.record_decided(new, outcome, now, rewards_due.as_deref())?,
         }
         if let (Some(current), true) = (current, outcome == PaymentOutcome::Applied || outcome.requires_refund()) {
-            let payment = json!({"pay_no": record.pay_no, "channel": record.channel,
-                                 "amount": record.amount, "outcome": outcome.as_str()});
-            let data = json!({"order": current.to_json(), "payment": payment});
+            let (pay_no, channel, amount) = (&record.pay_no, &record.channel, record.amount);
+            let data = EventData::Payment { order: &current, pay_no, channel, amount, outcome };
             let (event_type, subject) = if outcome == PaymentOutcome::Applied {
                 (EventType::OrderPaid, order.order_no.as_str())
             } else {
@@ -781,7 +782,7 @@ impl App {
 
     /// Issues the configured coupons and points, each under its own UNIQUE
     /// key, and returns the rewards due as recorded with the payment.
-    fn apply_rewards(&self, tx: &WriteTx, order: &Order, amount: i64, now: &str) -> Result<Value, Error> {
+    fn apply_rewards(&self, tx: &WriteTx, order: &Order, amount: i64, now: &str) -> Result<RewardsDue, Error> {
         let rewards = &self.config.rewards;
         for template in &rewards.coupon_templates {
             if !tx.issue_coupon(&order.user_id, order.id, template, now)? {
@@ -792,7 +793,7 @@ impl App {
         if points > 0 && !tx.add_order_points(&order.user_id, order.id, points, now)? {
             log_suppressed("point_log", &format!("{}/ORDER_PAID", order.order_no));
         }
-        Ok(json!({"coupons": rewards.coupon_templates, "points": points}))
+        Ok(RewardsDue { coupons: rewards.coupon_templates.clone(), points })
     }
 
     // ---- refund callbacks ----
@@ -871,8 +872,7 @@ impl App {
                 EventType::OrderRefundFailed
             };
             let current = tx.order_by_id(order.id)?;
-            let data = json!({"order": current.to_json(),
-                              "refund": {"refund_no": cb.refund_no, "status": settle_to.as_str()}});
+            let data = EventData::Refund { order: &current, refund_no: &cb.refund_no, status: settle_to };
             let subject = format!("{}/{}", order.order_no, cb.refund_no);
             tx.emit_event(event_type, &subject, &order.order_no, &data, &now)?;
             Ok(outcome)
@@ -900,9 +900,9 @@ impl App {
     /// and a fresh connection reads the schema version and a page of
     /// `orders`. Every failure is a 503: the service cannot serve.
     pub fn health(&self) -> Result<(), Error> {
-        self.store.check_health().map_err(|e| match e.status {
-            503 => e,
-            _ => Error::new(ErrorKind::DatabaseUnavailable, format!("the database cannot be read: {}", e.message)),
+        self.store.check_health().map_err(|e| match e.kind.is_unavailable() {
+            true => e,
+            false => Error::new(ErrorKind::DatabaseUnavailable, format!("the database cannot be read: {}", e.message)),
         })
     }
 }
@@ -923,7 +923,7 @@ pub(crate) fn close_in_tx(tx: &WriteTx, order: &Order, now: &str) -> Result<Opti
         return Ok(None);
     }
     let closed = tx.order_by_id(order.id)?;
-    let data = json!({"order": closed.to_json()});
+    let data = EventData::Closed { order: &closed };
     tx.emit_event(EventType::OrderClosed, &order.order_no, &order.order_no, &data, now)?;
     Ok(Some(closed))
 }
@@ -936,13 +936,9 @@ pub(crate) fn refuse_transition(
     to: OrderStatus,
     action: &str,
     now: &str,
-    mut detail: Value,
+    about: Refused,
 ) -> Result<Error, Error> {
-    if let Value::Object(map) = &mut detail {
-        map.insert("from".into(), json!(order.status.as_str()));
-        map.insert("to".into(), json!(to.as_str()));
-        map.insert("request".into(), json!(action));
-    }
+    let detail = AuditDetail::TransitionRefused { about, from: order.status, to, request: action };
     tx.audit(now, "api", "transition_refused", Some(&order.order_no), &detail)?;
     Ok(Error::invalid_transition(format!("order {} is {}; cannot {action} it", order.order_no, order.status.as_str())))
 }
@@ -956,8 +952,13 @@ fn unexpected_refund(
     settled: Option<RefundStatus>,
     now: &str,
 ) -> Result<RefundOutcome, Error> {
-    let detail = json!({"refund_no": cb.refund_no, "channel": cb.channel, "status": cb.status.as_str(),
-                        "settled_status": settled.map(RefundStatus::as_str), "order_status": order.status.as_str()});
+    let detail = AuditDetail::UnexpectedRefund {
+        refund_no: &cb.refund_no,
+        channel: &cb.channel,
+        status: cb.status,
+        settled_status: settled,
+        order_status: order.status,
+    };
     tx.audit(now, ACTOR_SYSTEM, "unexpected_refund", Some(&order.order_no), &detail)?;
     Ok(RefundOutcome::UnexpectedRefund)
 }

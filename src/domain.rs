@@ -1,7 +1,7 @@
 //! The vocabulary of payonce: order states and their legal edges, callback
 //! outcomes, identifiers and money limits. Pure data and pure functions; no I/O.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Smallest and largest amount in minor units.
 pub const AMOUNT_MIN: i64 = 1;
@@ -225,26 +225,6 @@ pub struct Order {
     pub closed_at: Option<String>,
     pub refund_no: Option<String>,
     pub refunded_at: Option<String>,
-}
-
-impl Order {
-    /// The order object of the API: every key present, unset ones `null`.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "order_no": self.order_no,
-            "user_id": self.user_id,
-            "amount": self.amount,
-            "currency": self.currency,
-            "status": self.status.as_str(),
-            "pay_no": self.pay_no,
-            "created_at": self.created_at,
-            "expires_at": self.expires_at,
-            "paid_at": self.paid_at,
-            "closed_at": self.closed_at,
-            "refund_no": self.refund_no,
-            "refunded_at": self.refunded_at,
-        })
-    }
 }
 
 /// Rewards a payment earns, fixed when it is applied.
@@ -567,7 +547,190 @@ pub struct StoredResponse {
 pub struct Finding {
     pub kind: &'static str,
     pub order_no: String,
-    pub detail: Value,
+    pub detail: FindingDetail,
+}
+
+/// What a finding of the inspection says beside its kind and order
+/// (`render::finding_detail` writes it as the `detail` object, keys in the
+/// order listed). Values read back from stored JSON stay JSON.
+#[derive(Clone, Debug, PartialEq)]
+pub enum FindingDetail {
+    DuplicateCoupon {
+        coupon_template_id: String,
+        rows: i64,
+    },
+    DuplicatePoints {
+        point_type: String,
+        rows: i64,
+    },
+    /// `rewards_due` as recorded with the payment; `missing_coupons` its
+    /// coupons not in the ledger.
+    PaidWithoutRewards {
+        pay_no: String,
+        rewards_due: Value,
+        missing_coupons: Vec<Value>,
+        missing_points: bool,
+    },
+    AppliedCallbackOrderNotPaid {
+        pay_no: String,
+        order_status: String,
+        order_pay_no: Option<String>,
+    },
+    RefundRequired {
+        pay_no: String,
+        outcome: String,
+        amount: i64,
+        channel: String,
+        decided_at: Option<String>,
+    },
+    /// `status` as the first delivery's audit row recorded it.
+    UnexpectedRefund {
+        refund_no: String,
+        status: Value,
+        deliveries: i64,
+        first_at: String,
+    },
+    CloseUnconfirmed {
+        platforms: Vec<String>,
+        given_up_at: String,
+    },
+    ReceivedNotApplied {
+        pay_no: String,
+        received_at: String,
+    },
+}
+
+// ---- payloads stored as JSON text ----
+
+/// A payload payonce stores as JSON text: an audit row's detail, an outbox
+/// event's data, a payment's rewards due, the reward settings. Typed here;
+/// only `render.rs` implements it (the one place JSON is shaped), so the
+/// store writes the text it is given, key for key what the rows have
+/// always held.
+pub trait JsonText {
+    fn json_text(&self) -> String;
+}
+
+/// An outbox event's `data` (`render.rs` writes it; every event carries
+/// the order object).
+#[derive(Clone, Copy, Debug)]
+pub enum EventData<'a> {
+    /// `order.paid` and `payment.refund_required`: the order and the payment.
+    Payment { order: &'a Order, pay_no: &'a str, channel: &'a str, amount: i64, outcome: PaymentOutcome },
+    /// `order.refunding`, `order.refunded`, `order.refund_failed`: the order and the refund.
+    Refund { order: &'a Order, refund_no: &'a str, status: RefundStatus },
+    /// `order.closed`: the order.
+    Closed { order: &'a Order },
+}
+
+/// What a payment applied was due, recorded with it (`rewards_due`) so the
+/// inspection can tell rewards that never reached the ledgers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RewardsDue {
+    pub coupons: Vec<String>,
+    pub points: i64,
+}
+
+/// What an order's refused transition was asked about, recorded before its
+/// `from`, `to` and `request`.
+#[derive(Clone, Copy, Debug)]
+pub enum Refused<'a> {
+    /// The order itself (a close).
+    Order,
+    /// A refund of it.
+    Refund { refund_no: &'a str },
+    /// A compensation freezing one of its coupons, already used.
+    CouponFreeze { coupon_template_id: &'a str },
+}
+
+/// An `audit_log` row's detail, one variant per kind of row, fields in the
+/// order `render.rs` writes them (the stored text).
+#[derive(Clone, Copy, Debug)]
+pub enum AuditDetail<'a> {
+    TransitionRefused {
+        about: Refused<'a>,
+        from: OrderStatus,
+        to: OrderStatus,
+        request: &'a str,
+    },
+    /// A FAILED payment superseded by a SUCCESS: the `prior` FAILED record
+    /// (`superseded_*`) and its acknowledged bytes, in base64.
+    PaymentFailedSuperseded {
+        pay_no: &'a str,
+        prior: &'a CallbackRecord,
+        failed_body: &'a str,
+    },
+    UnexpectedRefund {
+        refund_no: &'a str,
+        channel: &'a str,
+        status: PlatformStatus,
+        settled_status: Option<RefundStatus>,
+        order_status: OrderStatus,
+    },
+    UnexpectedRefundResolved {
+        refund_no: &'a str,
+        resolution: &'a str,
+        reason: &'a str,
+    },
+    ModeChanged {
+        from: Option<&'a str>,
+        to: &'a str,
+    },
+    ResolutionRefused {
+        pay_no: &'a str,
+        outcome: PaymentOutcome,
+    },
+    PaymentResolved {
+        pay_no: &'a str,
+        resolution: &'a str,
+        reason: &'a str,
+    },
+    CouponFrozen {
+        coupon_template_id: &'a str,
+        reason: &'a str,
+    },
+    PointsReversed {
+        reason: &'a str,
+    },
+    PlatformClosed {
+        platforms: &'a [&'a str],
+    },
+    CloseGivenUp {
+        unconfirmed: &'a [&'a str],
+    },
+    CloseResolved {
+        reason: &'a str,
+    },
+    WebhookDeliveryRetried {
+        delivery_id: i64,
+        endpoint: &'a str,
+        event_id: &'a str,
+        from: DeliveryStatus,
+    },
+    WebhookEndpointEnabled {
+        endpoint: &'a str,
+        disabled_at: Option<&'a str>,
+        resumed: usize,
+    },
+    WebhookReplayed {
+        endpoint: &'a str,
+        after_seq: i64,
+        until_seq: Option<i64>,
+        queued: usize,
+        next_after: Option<i64>,
+    },
+}
+
+impl AuditDetail<'_> {
+    /// The refund_no the row is about, for `audit_log.refund_no`.
+    pub fn refund_no(&self) -> Option<&str> {
+        match self {
+            AuditDetail::UnexpectedRefund { refund_no, .. }
+            | AuditDetail::UnexpectedRefundResolved { refund_no, .. } => Some(refund_no),
+            AuditDetail::TransitionRefused { about: Refused::Refund { refund_no }, .. } => Some(refund_no),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,14 +1,14 @@
 //! payonce's one error type. Each error has an [`ErrorKind`], which alone
-//! decides the contract's status code, its snake_case code and whether the
-//! work that refused commits; the message is for the caller. `5xx` only
-//! for the server's own faults.
+//! decides whether the work that refused commits and whether it is the
+//! server's own fault; the message is for the caller. Its status code and
+//! snake_case code on the wire are `wire.rs`'s (`wire::status_of`,
+//! `wire::code_of`, re-exported by `api`): the core speaks kinds.
 
-use serde_json::json;
-use std::fmt;
-
-/// Every refusal payonce answers. Adding one means answering three
-/// questions in the exhaustive matches below: its status, its code, and
-/// whether its transaction commits ([`ErrorKind::commits`]).
+/// Every refusal payonce answers. Adding one means answering the
+/// exhaustive matches: here, whether its transaction commits
+/// ([`ErrorKind::commits`]) and whether it is the server's fault
+/// ([`ErrorKind::is_server_fault`]); in `wire.rs`, its status and its code.
+/// The status each group of variants is answered with heads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
     // 400
@@ -52,60 +52,6 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub fn status(self) -> u16 {
-        use ErrorKind::*;
-        match self {
-            InvalidRequest | InvalidJson | InvalidIdempotencyKey | IdempotencyKeyRequired => 400,
-            Unauthorized | InvalidSignature | SignatureExpired => 401,
-            NotFound | ChannelNotConfigured | OrderNotFound | PaymentNotFound | RefundNotFound | CouponNotFound
-            | PointsNotFound | DeliveryNotFound | EndpointNotFound => 404,
-            MethodNotAllowed => 405,
-            RequestTimeout => 408,
-            OrderNoConflict | InvalidTransition | IdempotencyKeyInUse => 409,
-            PayloadTooLarge => 413,
-            UnsupportedMediaType => 415,
-            IdempotencyKeyReused => 422,
-            Internal => 500,
-            DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => 503,
-        }
-    }
-
-    pub fn code(self) -> &'static str {
-        use ErrorKind::*;
-        match self {
-            InvalidRequest => "invalid_request",
-            InvalidJson => "invalid_json",
-            InvalidIdempotencyKey => "invalid_idempotency_key",
-            IdempotencyKeyRequired => "idempotency_key_required",
-            Unauthorized => "unauthorized",
-            InvalidSignature => "invalid_signature",
-            SignatureExpired => "signature_expired",
-            NotFound => "not_found",
-            ChannelNotConfigured => "channel_not_configured",
-            OrderNotFound => "order_not_found",
-            PaymentNotFound => "payment_not_found",
-            RefundNotFound => "refund_not_found",
-            CouponNotFound => "coupon_not_found",
-            PointsNotFound => "points_not_found",
-            DeliveryNotFound => "delivery_not_found",
-            EndpointNotFound => "endpoint_not_found",
-            MethodNotAllowed => "method_not_allowed",
-            RequestTimeout => "request_timeout",
-            OrderNoConflict => "order_no_conflict",
-            InvalidTransition => "invalid_transition",
-            IdempotencyKeyInUse => "idempotency_key_in_use",
-            PayloadTooLarge => "payload_too_large",
-            UnsupportedMediaType => "unsupported_media_type",
-            IdempotencyKeyReused => "idempotency_key_reused",
-            Internal => "internal_error",
-            DatabaseBusy => "database_busy",
-            DatabaseUnavailable => "database_unavailable",
-            StorageLost => "storage_lost",
-            ShuttingDown => "shutting_down",
-            PlatformUnavailable => "platform_unavailable",
-        }
-    }
-
     /// A business refusal: the work ran and said no. Its transaction
     /// commits (an audit row may record the refusal) and, for a keyed
     /// request, the answer is stored and replayed like a success. Every
@@ -137,26 +83,66 @@ impl ErrorKind {
         }
     }
 
-    /// 503 and 409 `idempotency_key_in_use` tell the client when to retry.
+    /// The server's own fault, never the caller's: logged, and answered as
+    /// one (`wire::status_of` gives each a 5xx).
+    pub fn is_server_fault(self) -> bool {
+        use ErrorKind::*;
+        match self {
+            Internal | DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => true,
+            InvalidRequest
+            | InvalidJson
+            | InvalidIdempotencyKey
+            | IdempotencyKeyRequired
+            | Unauthorized
+            | InvalidSignature
+            | SignatureExpired
+            | NotFound
+            | ChannelNotConfigured
+            | OrderNotFound
+            | PaymentNotFound
+            | RefundNotFound
+            | CouponNotFound
+            | PointsNotFound
+            | DeliveryNotFound
+            | EndpointNotFound
+            | MethodNotAllowed
+            | RequestTimeout
+            | OrderNoConflict
+            | InvalidTransition
+            | IdempotencyKeyInUse
+            | PayloadTooLarge
+            | UnsupportedMediaType
+            | IdempotencyKeyReused => false,
+        }
+    }
+
+    /// The same request is worth sending again shortly, and the client is
+    /// told when: the server is unavailable ([`ErrorKind::is_unavailable`]),
+    /// or a key another request still holds.
     pub fn retry_after(self) -> bool {
-        self.status() == 503 || self == ErrorKind::IdempotencyKeyInUse
+        self.is_unavailable() || self == ErrorKind::IdempotencyKeyInUse
+    }
+
+    /// The server cannot serve now (every server fault but `Internal`,
+    /// its bug): the database or a platform is busy or gone, the storage
+    /// lost, or payonce is stopping.
+    pub fn is_unavailable(self) -> bool {
+        self.is_server_fault() && self != ErrorKind::Internal
     }
 }
 
+/// A kind and a message for the caller. How it goes on the wire (status,
+/// code, the JSON body, and its `Display`: "status code: message", the
+/// form of the log lines) is `wire.rs`'s.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
     pub kind: ErrorKind,
-    /// `kind.status()`, kept beside it for callers that read the field.
-    pub status: u16,
-    /// `kind.code()`.
-    pub code: &'static str,
     pub message: String,
 }
 
 impl Error {
-    /// The one constructor: status and code always follow the kind.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error { kind, status: kind.status(), code: kind.code(), message: message.into() }
+        Error { kind, message: message.into() }
     }
 
     /// 400 `invalid_request`; the message names the field.
@@ -195,19 +181,9 @@ impl Error {
         self.kind.commits()
     }
 
+    /// [`ErrorKind::is_server_fault`].
     pub fn is_server_error(&self) -> bool {
-        self.status >= 500
-    }
-
-    /// `{"error":{"code":..,"message":..}}`
-    pub fn to_json(&self) -> serde_json::Value {
-        json!({"error": {"code": self.code, "message": self.message}})
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}: {}", self.status, self.code, self.message)
+        self.kind.is_server_fault()
     }
 }
 
@@ -230,6 +206,6 @@ mod tests {
         assert!(!commits(ErrorKind::Internal));
         assert!(!commits(ErrorKind::StorageLost));
         let err = Error::new(ErrorKind::PaymentNotFound, "x");
-        assert_eq!((err.status, err.code), (404, "payment_not_found"));
+        assert_eq!((err.kind, err.message.as_str()), (ErrorKind::PaymentNotFound, "x"));
     }
 }

@@ -9,12 +9,12 @@ use crate::app::{
 use crate::domain::{
     is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
 };
-use crate::domain::{CouponRow, Finding, IdempotencySlot, PointRow};
+use crate::domain::{AuditDetail, CouponRow, Finding, IdempotencySlot, PointRow, Refused};
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
 use crate::recon::{self, Format, Listed, LocalMoney, RowKind, Statement, StatementRow, Verdict};
 use crate::store::{ReadTx, WriteTx};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -200,7 +200,8 @@ impl App {
             let before = tx.setting(SETTING_MODE)?;
             if before.as_deref() != Some(mode.as_str()) {
                 tx.put_setting(SETTING_MODE, mode.as_str())?;
-                tx.audit(&now, actor, "mode_changed", None, &json!({"from": before, "to": mode.as_str()}))?;
+                let detail = AuditDetail::ModeChanged { from: before.as_deref(), to: mode.as_str() };
+                tx.audit(&now, actor, "mode_changed", None, &detail)?;
             }
             Ok(mode)
         })
@@ -322,7 +323,7 @@ impl App {
                 .ok_or_else(|| Error::new(ErrorKind::PaymentNotFound, format!("no payment with pay_no {pay_no:?}")))?;
             let order = tx.order_by_id(record.order_id)?;
             if !record.outcome.requires_refund() {
-                let detail = json!({"pay_no": pay_no, "outcome": record.outcome.as_str()});
+                let detail = AuditDetail::ResolutionRefused { pay_no, outcome: record.outcome };
                 tx.audit(&now, actor, "resolution_refused", Some(&order.order_no), &detail)?;
                 return Err(Error::invalid_transition(format!(
                     "payment {pay_no} is {}, not refund-required",
@@ -330,7 +331,7 @@ impl App {
                 )));
             }
             if tx.resolve_payment(record.id, resolution, reason, &now)? {
-                let detail = json!({"pay_no": pay_no, "resolution": resolution, "reason": reason});
+                let detail = AuditDetail::PaymentResolved { pay_no, resolution, reason };
                 tx.audit(&now, actor, "payment_resolved", Some(&order.order_no), &detail)?;
             }
             let (resolution, reason, resolved_at) = tx
@@ -382,9 +383,10 @@ impl App {
                 }
                 return Err(Error::new(ErrorKind::RefundNotFound, format!("no refund with refund_no {refund_no:?}")));
             };
-            let detail = json!({"refund_no": refund_no, "resolution": resolution, "reason": reason});
+            let detail = AuditDetail::UnexpectedRefundResolved { refund_no, resolution, reason };
             tx.audit(&now, actor, "unexpected_refund_resolved", first.order_no.as_deref(), &detail)?;
-            Ok(answer(&now, &detail))
+            let (resolution, reason) = (Some(resolution.to_owned()), Some(reason.to_owned()));
+            Ok(RefundResolution { resolution, reason, ..answer(&now, &Value::Null) })
         })
     }
 
@@ -414,7 +416,7 @@ impl App {
                         Error::new(ErrorKind::CouponNotFound, format!("order {} has no coupon {tpl:?}", order.order_no))
                     })?;
                     if coupon.status == "USED" {
-                        let detail = json!({"compensation": "freeze_coupon", "coupon_template_id": tpl});
+                        let detail = Refused::CouponFreeze { coupon_template_id: tpl };
                         return Err(refuse_transition(
                             tx,
                             &order,
@@ -425,8 +427,7 @@ impl App {
                         )?);
                     }
                     if tx.freeze_coupon(order.id, tpl)? {
-                        let detail =
-                            json!({"action": "freeze_coupon", "coupon_template_id": tpl, "reason": req.reason});
+                        let detail = AuditDetail::CouponFrozen { coupon_template_id: tpl, reason: &req.reason };
                         tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
                     }
                     let coupon =
@@ -442,7 +443,7 @@ impl App {
                     }
                     // Shares uk_order_type with the refund's reversal: whichever comes first reverses.
                     if tx.reverse_order_points(order.id, &now)? {
-                        let detail = json!({"action": "reverse_points", "reason": req.reason});
+                        let detail = AuditDetail::PointsReversed { reason: &req.reason };
                         tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
                     }
                     let entry = tx

@@ -16,6 +16,7 @@
 
 use crate::app::{App, PaymentCallback, RefundCallback, ACTOR_SYSTEM};
 use crate::clock::{format_ms, parse_rfc3339_ms};
+use crate::domain::AuditDetail;
 use crate::domain::{
     IdempotencySlot, Order, OrderStatus, PlatformCallKind, PlatformCallStatus, PlatformStatus, RefundStatus,
 };
@@ -27,7 +28,6 @@ pub use crate::platform::Platforms;
 pub use crate::platform::SOURCE_QUERY;
 use crate::platform::{CloseAnswer, Exchange, RefundAnswer, RefundState, TradeState, PLATFORM_WAITERS_MAX};
 use crate::store::{NewPlatformCall, PlatformCallRow};
-use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -425,7 +425,8 @@ impl App {
             }
             let closed = crate::app::close_in_tx(tx, &order, &now)?;
             if closed.is_some() {
-                tx.audit(&now, ACTOR_SYSTEM, "platform_closed", Some(order_no), &json!({"platforms": channels}))?;
+                let detail = AuditDetail::PlatformClosed { platforms: &channels };
+                tx.audit(&now, ACTOR_SYSTEM, "platform_closed", Some(order_no), &detail)?;
             }
             Ok(closed)
         })
@@ -447,7 +448,8 @@ impl App {
                     .filter(|r| r.status != PlatformCallStatus::Done)
                     .map(|r| r.channel.as_str())
                     .collect();
-                tx.audit(&now, ACTOR_SYSTEM, "close_given_up", Some(order_no), &json!({"unconfirmed": unconfirmed}))?;
+                let detail = AuditDetail::CloseGivenUp { unconfirmed: &unconfirmed };
+                tx.audit(&now, ACTOR_SYSTEM, "close_given_up", Some(order_no), &detail)?;
             }
             Ok(())
         })
@@ -532,7 +534,7 @@ impl App {
                     "order {order_no:?} has no unconfirmed close to resolve"
                 )));
             }
-            tx.audit(&now, actor, "close_resolved", Some(order_no), &json!({"reason": reason}))?;
+            tx.audit(&now, actor, "close_resolved", Some(order_no), &AuditDetail::CloseResolved { reason })?;
             Ok(order)
         })
     }

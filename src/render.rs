@@ -1,13 +1,16 @@
 //! The JSON of every answer, in one place: each object (order detail,
 //! payment, coupon, points entry, event, finding, reconciliation row) has
 //! one renderer here, and each operation's result its [`Answer`] (what the
-//! API sends, and what a keyed write stores with its work). The order
-//! object itself is [`Order::to_json`] in `domain`, because the outbox
-//! events carry it too. `app` and `ops` return types; only `api` and the
-//! webhook relay (whose bodies are the event objects) import this module.
+//! API sends, and what a keyed write stores with its work). The payloads
+//! the core stores as JSON (audit details, event data, rewards due: the
+//! typed [`JsonText`] payloads of `domain`) are written here too, and so
+//! is the inspection's finding detail. `app` and `ops` return types and
+//! reach this module only through those traits; only `api` and the webhook
+//! relay (whose bodies are the event objects) import it. The error body is
+//! `wire::error_body`, which the channels answer with too.
 
 use crate::app::{Answer, OrderDetail};
-use crate::domain::Order;
+use crate::domain::{AuditDetail, EventData, FindingDetail, JsonText, Order, Refused, RewardsDue};
 use crate::domain::{
     AuditRow, CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PlatformCallSummary, PointRow,
 };
@@ -19,9 +22,31 @@ use crate::ops::{
 use crate::platform::TradeState;
 use crate::platform_ops::Synced;
 use crate::webhook_ops::{DeliveryPage, EnabledEndpoint, Replayed};
+use crate::wire;
 use serde_json::{json, Map, Value};
 
 // ---- objects ----
+
+impl Order {
+    /// The order object of the API (and of every event): every key
+    /// present, unset ones `null`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "order_no": self.order_no,
+            "user_id": self.user_id,
+            "amount": self.amount,
+            "currency": self.currency,
+            "status": self.status.as_str(),
+            "pay_no": self.pay_no,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "paid_at": self.paid_at,
+            "closed_at": self.closed_at,
+            "refund_no": self.refund_no,
+            "refunded_at": self.refunded_at,
+        })
+    }
+}
 
 /// A payment of an order (`GET /v1/orders/{order_no}`).
 pub fn payment(p: &CallbackRecord) -> Value {
@@ -90,9 +115,140 @@ pub fn mode(mode: Mode) -> Value {
 /// The inspection's answer: `{"ok":bool,"findings":[{"kind","order_no","detail"}]}`
 /// (the API and `payonce inspect` print the same).
 pub fn inspection(findings: &[Finding]) -> Value {
-    let list: Vec<Value> =
-        findings.iter().map(|f| json!({"kind": f.kind, "order_no": f.order_no, "detail": f.detail})).collect();
+    let list: Vec<Value> = findings
+        .iter()
+        .map(|f| json!({"kind": f.kind, "order_no": f.order_no, "detail": finding_detail(&f.detail)}))
+        .collect();
     json!({"ok": findings.is_empty(), "findings": list})
+}
+
+/// A finding's `detail` object.
+pub fn finding_detail(detail: &FindingDetail) -> Value {
+    match detail {
+        FindingDetail::DuplicateCoupon { coupon_template_id, rows } => {
+            json!({"coupon_template_id": coupon_template_id, "rows": rows})
+        }
+        FindingDetail::DuplicatePoints { point_type, rows } => json!({"point_type": point_type, "rows": rows}),
+        FindingDetail::PaidWithoutRewards { pay_no, rewards_due, missing_coupons, missing_points } => json!({
+            "pay_no": pay_no, "rewards_due": rewards_due,
+            "missing_coupons": missing_coupons, "missing_points": missing_points,
+        }),
+        FindingDetail::AppliedCallbackOrderNotPaid { pay_no, order_status, order_pay_no } => {
+            json!({"pay_no": pay_no, "order_status": order_status, "order_pay_no": order_pay_no})
+        }
+        FindingDetail::RefundRequired { pay_no, outcome, amount, channel, decided_at } => json!({
+            "pay_no": pay_no, "outcome": outcome, "amount": amount,
+            "channel": channel, "decided_at": decided_at,
+        }),
+        FindingDetail::UnexpectedRefund { refund_no, status, deliveries, first_at } => {
+            json!({"refund_no": refund_no, "status": status, "deliveries": deliveries, "first_at": first_at})
+        }
+        FindingDetail::CloseUnconfirmed { platforms, given_up_at } => {
+            json!({"platforms": platforms, "given_up_at": given_up_at})
+        }
+        FindingDetail::ReceivedNotApplied { pay_no, received_at } => {
+            json!({"pay_no": pay_no, "received_at": received_at})
+        }
+    }
+}
+
+/// The detail as JSON text, as the inspector's log line prints it.
+impl std::fmt::Display for FindingDetail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        finding_detail(self).fmt(f)
+    }
+}
+
+// ---- payloads stored as JSON text ----
+
+impl JsonText for EventData<'_> {
+    fn json_text(&self) -> String {
+        let data = match self {
+            EventData::Payment { order, pay_no, channel, amount, outcome } => json!({
+                "order": order.to_json(),
+                "payment": {"pay_no": pay_no, "channel": channel, "amount": amount, "outcome": outcome.as_str()},
+            }),
+            EventData::Refund { order, refund_no, status } => {
+                json!({"order": order.to_json(), "refund": {"refund_no": refund_no, "status": status.as_str()}})
+            }
+            EventData::Closed { order } => json!({"order": order.to_json()}),
+        };
+        data.to_string()
+    }
+}
+
+impl JsonText for RewardsDue {
+    fn json_text(&self) -> String {
+        json!({"coupons": self.coupons, "points": self.points}).to_string()
+    }
+}
+
+/// A list of names as a JSON array: the reward settings' coupon templates.
+impl JsonText for [String] {
+    fn json_text(&self) -> String {
+        json!(self).to_string()
+    }
+}
+
+impl JsonText for AuditDetail<'_> {
+    fn json_text(&self) -> String {
+        audit_detail(self).to_string()
+    }
+}
+
+fn audit_detail(detail: &AuditDetail) -> Value {
+    match *detail {
+        AuditDetail::TransitionRefused { about, from, to, request } => {
+            let mut value = match about {
+                Refused::Order => json!({}),
+                Refused::Refund { refund_no } => json!({"refund_no": refund_no}),
+                Refused::CouponFreeze { coupon_template_id } => {
+                    json!({"compensation": "freeze_coupon", "coupon_template_id": coupon_template_id})
+                }
+            };
+            if let Value::Object(map) = &mut value {
+                map.insert("from".into(), json!(from.as_str()));
+                map.insert("to".into(), json!(to.as_str()));
+                map.insert("request".into(), json!(request));
+            }
+            value
+        }
+        AuditDetail::PaymentFailedSuperseded { pay_no, prior, failed_body } => {
+            json!({"pay_no": pay_no, "superseded_outcome": prior.outcome.as_str(),
+                   "superseded_received_at": prior.received_at, "superseded_source": prior.source,
+                   "superseded_amount": prior.amount, "superseded_currency": prior.currency,
+                   "superseded_raw_body_base64": failed_body})
+        }
+        AuditDetail::UnexpectedRefund { refund_no, channel, status, settled_status, order_status } => {
+            json!({"refund_no": refund_no, "channel": channel, "status": status.as_str(),
+                   "settled_status": settled_status.map(|s| s.as_str()), "order_status": order_status.as_str()})
+        }
+        AuditDetail::UnexpectedRefundResolved { refund_no, resolution, reason } => {
+            json!({"refund_no": refund_no, "resolution": resolution, "reason": reason})
+        }
+        AuditDetail::ModeChanged { from, to } => json!({"from": from, "to": to}),
+        AuditDetail::ResolutionRefused { pay_no, outcome } => json!({"pay_no": pay_no, "outcome": outcome.as_str()}),
+        AuditDetail::PaymentResolved { pay_no, resolution, reason } => {
+            json!({"pay_no": pay_no, "resolution": resolution, "reason": reason})
+        }
+        AuditDetail::CouponFrozen { coupon_template_id, reason } => {
+            json!({"action": "freeze_coupon", "coupon_template_id": coupon_template_id, "reason": reason})
+        }
+        AuditDetail::PointsReversed { reason } => json!({"action": "reverse_points", "reason": reason}),
+        AuditDetail::PlatformClosed { platforms } => json!({"platforms": platforms}),
+        AuditDetail::CloseGivenUp { unconfirmed } => json!({"unconfirmed": unconfirmed}),
+        AuditDetail::CloseResolved { reason } => json!({"reason": reason}),
+        AuditDetail::WebhookDeliveryRetried { delivery_id, endpoint, event_id, from } => {
+            json!({"delivery_id": delivery_id, "endpoint": endpoint, "event_id": event_id, "from": from.as_str()})
+        }
+        AuditDetail::WebhookEndpointEnabled { endpoint, disabled_at, resumed } => {
+            json!({"endpoint": endpoint, "disabled_at": disabled_at, "resumed": resumed})
+        }
+        AuditDetail::WebhookReplayed { endpoint, after_seq, until_seq, queued, next_after } => {
+            json!({"endpoint": endpoint, "after_seq": after_seq, "until_seq": until_seq,
+                   "queued": queued, "next_after": next_after})
+        }
+    }
 }
 
 impl DiffRows {
@@ -185,14 +341,17 @@ impl Repaired {
     pub fn to_json(&self) -> Value {
         match &self.outcome {
             Ok(outcome) => json!({"pay_no": self.pay_no, "order_no": self.order_no, "outcome": outcome}),
-            Err(e) => json!({"pay_no": self.pay_no, "order_no": self.order_no, "error": error_object(e)}),
+            Err(e) => json!({"pay_no": self.pay_no, "order_no": self.order_no, "error": wire::error_object(e)}),
         }
     }
 }
 
-/// The `{"code","message"}` inside the contract's error shape.
-fn error_object(e: &Error) -> Value {
-    json!({"code": e.code, "message": e.message})
+/// A refusal of a keyed write, as stored with its work and replayed: the
+/// contract's error answer (`wire::error_body`).
+impl Answer for Error {
+    fn answer(&self) -> (u16, Value) {
+        (wire::status_of(self.kind), wire::error_body(self))
+    }
 }
 
 impl Reconciliation {
@@ -488,6 +647,159 @@ mod tests {
             map.insert("coupon_amount".into(), json!(coupon));
         }
         value
+    }
+
+    /// An event's data is the text the outbox rows have always held: the
+    /// order object and the keys in the order the core's `json!` literals
+    /// once wrote them; so are the rewards due and the reward settings.
+    #[test]
+    fn stored_event_data_keeps_its_text() {
+        use crate::domain::{OrderStatus, PaymentOutcome, RefundStatus};
+        let order = Order {
+            id: 1,
+            order_no: "O-1".into(),
+            user_id: "u1".into(),
+            amount: 9900,
+            currency: "CNY".into(),
+            status: OrderStatus::Paid,
+            pay_no: Some("P-1".into()),
+            created_at: "c".into(),
+            expires_at: "e".into(),
+            paid_at: Some("p".into()),
+            closed_at: None,
+            refund_no: None,
+            refunded_at: None,
+        };
+        let o = r#"{"order_no":"O-1","user_id":"u1","amount":9900,"currency":"CNY","status":"PAID","pay_no":"P-1","created_at":"c","expires_at":"e","paid_at":"p","closed_at":null,"refund_no":null,"refunded_at":null}"#;
+        let (pay_no, channel, amount, outcome) = ("P-1", "generic", 9900, PaymentOutcome::Applied);
+        assert_eq!(
+            EventData::Payment { order: &order, pay_no, channel, amount, outcome }.json_text(),
+            format!(
+                r#"{{"order":{o},"payment":{{"pay_no":"P-1","channel":"generic","amount":9900,"outcome":"applied"}}}}"#
+            )
+        );
+        assert_eq!(
+            EventData::Refund { order: &order, refund_no: "R-1", status: RefundStatus::Requested }.json_text(),
+            format!(r#"{{"order":{o},"refund":{{"refund_no":"R-1","status":"REQUESTED"}}}}"#)
+        );
+        assert_eq!(EventData::Closed { order: &order }.json_text(), format!(r#"{{"order":{o}}}"#));
+        assert_eq!(
+            RewardsDue { coupons: vec!["NEW10".into(), "VIP".into()], points: 99 }.json_text(),
+            r#"{"coupons":["NEW10","VIP"],"points":99}"#
+        );
+        assert_eq!(["NEW10".to_owned()].json_text(), r#"["NEW10"]"#);
+    }
+
+    /// Every audit detail is the text its rows have always held (keys,
+    /// their order, `null`s).
+    #[test]
+    fn stored_audit_details_keep_their_text() {
+        use crate::domain::{OrderStatus, PaymentOutcome, PlatformStatus};
+        let prior = CallbackRecord {
+            id: 1,
+            pay_no: "P-1".into(),
+            channel: "generic".into(),
+            order_id: 1,
+            amount: 5,
+            currency: None,
+            status: PlatformStatus::Failed,
+            outcome: PaymentOutcome::PaymentFailed,
+            decided: true,
+            source: "callback".into(),
+            paid_at: None,
+            received_at: "r".into(),
+            decided_at: None,
+        };
+        let refused = |about| AuditDetail::TransitionRefused {
+            about,
+            from: OrderStatus::Paid,
+            to: OrderStatus::Closed,
+            request: "close",
+        };
+        let (refund_no, channel, status) = ("R-1", "generic", PlatformStatus::Success);
+        let cases = [
+            (refused(Refused::Order), r#"{"from":"PAID","to":"CLOSED","request":"close"}"#),
+            (
+                refused(Refused::Refund { refund_no }),
+                r#"{"refund_no":"R-1","from":"PAID","to":"CLOSED","request":"close"}"#,
+            ),
+            (
+                refused(Refused::CouponFreeze { coupon_template_id: "VIP" }),
+                r#"{"compensation":"freeze_coupon","coupon_template_id":"VIP","from":"PAID","to":"CLOSED","request":"close"}"#,
+            ),
+            (
+                AuditDetail::PaymentFailedSuperseded { pay_no: "P-2", prior: &prior, failed_body: "e30=" },
+                r#"{"pay_no":"P-2","superseded_outcome":"payment_failed","superseded_received_at":"r","superseded_source":"callback","superseded_amount":5,"superseded_currency":null,"superseded_raw_body_base64":"e30="}"#,
+            ),
+            (
+                AuditDetail::UnexpectedRefund {
+                    refund_no,
+                    channel,
+                    status,
+                    settled_status: None,
+                    order_status: OrderStatus::Paid,
+                },
+                r#"{"refund_no":"R-1","channel":"generic","status":"SUCCESS","settled_status":null,"order_status":"PAID"}"#,
+            ),
+            (
+                AuditDetail::UnexpectedRefundResolved { refund_no, resolution: "refunded", reason: "x" },
+                r#"{"refund_no":"R-1","resolution":"refunded","reason":"x"}"#,
+            ),
+        ];
+        for (detail, expected) in cases {
+            assert_eq!(detail.json_text(), expected);
+        }
+        assert_eq!(refused(Refused::Refund { refund_no }).refund_no(), Some("R-1"));
+    }
+
+    /// The same for the operators' and the webhook admin's rows.
+    #[test]
+    fn stored_operator_details_keep_their_text() {
+        use crate::domain::{DeliveryStatus, PaymentOutcome};
+        let (webhook, event_id, from) = ("https://h/x", "order.paid:O-1", DeliveryStatus::Failed);
+        let cases = [
+            (AuditDetail::ModeChanged { from: None, to: "record_only" }, r#"{"from":null,"to":"record_only"}"#),
+            (
+                AuditDetail::ResolutionRefused { pay_no: "P-1", outcome: PaymentOutcome::Applied },
+                r#"{"pay_no":"P-1","outcome":"applied"}"#,
+            ),
+            (
+                AuditDetail::PaymentResolved { pay_no: "P-1", resolution: "refunded", reason: "x" },
+                r#"{"pay_no":"P-1","resolution":"refunded","reason":"x"}"#,
+            ),
+            (
+                AuditDetail::CouponFrozen { coupon_template_id: "VIP", reason: "x" },
+                r#"{"action":"freeze_coupon","coupon_template_id":"VIP","reason":"x"}"#,
+            ),
+            (AuditDetail::PointsReversed { reason: "x" }, r#"{"action":"reverse_points","reason":"x"}"#),
+            (
+                AuditDetail::PlatformClosed { platforms: &["wechatpay", "alipay"] },
+                r#"{"platforms":["wechatpay","alipay"]}"#,
+            ),
+            (AuditDetail::CloseGivenUp { unconfirmed: &["alipay"] }, r#"{"unconfirmed":["alipay"]}"#),
+            (AuditDetail::CloseResolved { reason: "x" }, r#"{"reason":"x"}"#),
+            (
+                AuditDetail::WebhookDeliveryRetried { delivery_id: 7, endpoint: webhook, event_id, from },
+                r#"{"delivery_id":7,"endpoint":"https://h/x","event_id":"order.paid:O-1","from":"failed"}"#,
+            ),
+            (
+                AuditDetail::WebhookEndpointEnabled { endpoint: webhook, disabled_at: Some("d"), resumed: 2 },
+                r#"{"endpoint":"https://h/x","disabled_at":"d","resumed":2}"#,
+            ),
+            (
+                AuditDetail::WebhookReplayed {
+                    endpoint: webhook,
+                    after_seq: 0,
+                    until_seq: None,
+                    queued: 3,
+                    next_after: Some(9),
+                },
+                r#"{"endpoint":"https://h/x","after_seq":0,"until_seq":null,"queued":3,"next_after":9}"#,
+            ),
+        ];
+        for (detail, expected) in cases {
+            assert_eq!(detail.json_text(), expected);
+        }
     }
 
     fn rows(rows: &[DiffRow]) -> DiffRows {

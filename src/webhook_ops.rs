@@ -5,13 +5,12 @@
 //! at the end of this file (each delivery a leased call, `src/outgoing/`).
 
 use crate::app::App;
-use crate::domain::{AttemptResult, DeliveryRow, DeliveryStatus, EndpointRow, EventRow, IdempotencySlot};
+use crate::domain::{AttemptResult, AuditDetail, DeliveryRow, DeliveryStatus, EndpointRow, EventRow, IdempotencySlot};
 use crate::error::{Error, ErrorKind};
 use crate::log;
 use crate::outgoing::{self, Claimed, Lease};
 use crate::store::{escape_foreign_text, Signal};
 use crate::webhook::ERROR_TEXT_MAX;
-use serde_json::json;
 use std::sync::Arc;
 
 /// Events queued per endpoint per round; the next round queues more.
@@ -92,8 +91,12 @@ impl App {
             if !tx.retry_webhook_delivery(id, &now)? {
                 return Err(Error::invalid_transition(format!("delivery {id} changed meanwhile; read it again")));
             }
-            let detail = json!({"delivery_id": id, "endpoint": delivery.endpoint, "event_id": delivery.event_id,
-                                "from": delivery.status.as_str()});
+            let detail = AuditDetail::WebhookDeliveryRetried {
+                delivery_id: id,
+                endpoint: &delivery.endpoint,
+                event_id: &delivery.event_id,
+                from: delivery.status,
+            };
             tx.audit(&now, actor, "webhook_delivery_retried", Some(&delivery.order_no), &detail)?;
             tx.webhook_delivery(id)?.ok_or_else(|| delivery_not_found(id))
         })
@@ -117,7 +120,11 @@ impl App {
             };
             let resumed = tx.enable_webhook_endpoint(endpoint, &now)?;
             if !before.enabled {
-                let detail = json!({"endpoint": endpoint, "disabled_at": before.disabled_at, "resumed": resumed});
+                let detail = AuditDetail::WebhookEndpointEnabled {
+                    endpoint,
+                    disabled_at: before.disabled_at.as_deref(),
+                    resumed,
+                };
                 tx.audit(&now, actor, "webhook_endpoint_enabled", None, &detail)?;
             }
             let endpoint = tx.webhook_endpoint(endpoint)?.ok_or_else(|| endpoint_not_found(endpoint))?;
@@ -155,8 +162,7 @@ impl App {
             }
             let (queued, next_after) =
                 tx.replay_webhook_deliveries(endpoint, after_seq, until_seq.unwrap_or(i64::MAX), &now)?;
-            let detail = json!({"endpoint": endpoint, "after_seq": after_seq, "until_seq": until_seq,
-                                "queued": queued, "next_after": next_after});
+            let detail = AuditDetail::WebhookReplayed { endpoint, after_seq, until_seq, queued, next_after };
             tx.audit(&now, actor, "webhook_replayed", None, &detail)?;
             Ok(Replayed { queued, next_after })
         })

@@ -1,10 +1,13 @@
 //! The wire formats payonce reads, and the plain HTTP messages they come
 //! in: [`Request`] and [`Response`] (no socket; `http.rs` owns that), JSON
-//! bodies, query strings and `application/x-www-form-urlencoded` forms.
-//! Used by `api` and the channels; knows nothing of routes or the store.
+//! bodies, query strings and `application/x-www-form-urlencoded` forms;
+//! and how an [`Error`] goes on the wire: its status, code and body.
+//! Used by `api`, `render` and the channels; knows nothing of routes or the
+//! store.
 
 use crate::error::{Error, ErrorKind};
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
+use std::fmt;
 
 /// How long a client is told to wait after a 503 or a 409 `idempotency_key_in_use`.
 pub const RETRY_AFTER_S: u32 = 1;
@@ -46,9 +49,13 @@ impl Response {
         }
     }
 
+    /// The contract's answer to `err`: [`status_of`] its kind, the body
+    /// [`error_body`], the code as the logged outcome, and `Retry-After`
+    /// when the kind asks for it.
     pub fn error(err: &Error) -> Response {
-        let mut response = Response::json(err.status, &err.to_json()).with_outcome(err.code);
-        if err.kind.retry_after() {
+        let kind = err.kind;
+        let mut response = Response::json(status_of(kind), &error_body(err)).with_outcome(code_of(kind));
+        if kind.retry_after() {
             response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
         }
         response
@@ -72,6 +79,85 @@ impl Response {
 
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+// ---- errors on the wire ----
+
+/// The HTTP status an error of this kind is answered with. `5xx` only for
+/// the server's own faults ([`ErrorKind::is_server_fault`]).
+pub fn status_of(kind: ErrorKind) -> u16 {
+    use ErrorKind::*;
+    match kind {
+        InvalidRequest | InvalidJson | InvalidIdempotencyKey | IdempotencyKeyRequired => 400,
+        Unauthorized | InvalidSignature | SignatureExpired => 401,
+        NotFound | ChannelNotConfigured | OrderNotFound | PaymentNotFound | RefundNotFound | CouponNotFound
+        | PointsNotFound | DeliveryNotFound | EndpointNotFound => 404,
+        MethodNotAllowed => 405,
+        RequestTimeout => 408,
+        OrderNoConflict | InvalidTransition | IdempotencyKeyInUse => 409,
+        PayloadTooLarge => 413,
+        UnsupportedMediaType => 415,
+        IdempotencyKeyReused => 422,
+        Internal => 500,
+        DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => 503,
+    }
+}
+
+/// The snake_case code of the contract's error body (and of the request
+/// log's outcome).
+pub fn code_of(kind: ErrorKind) -> &'static str {
+    use ErrorKind::*;
+    match kind {
+        InvalidRequest => "invalid_request",
+        InvalidJson => "invalid_json",
+        InvalidIdempotencyKey => "invalid_idempotency_key",
+        IdempotencyKeyRequired => "idempotency_key_required",
+        Unauthorized => "unauthorized",
+        InvalidSignature => "invalid_signature",
+        SignatureExpired => "signature_expired",
+        NotFound => "not_found",
+        ChannelNotConfigured => "channel_not_configured",
+        OrderNotFound => "order_not_found",
+        PaymentNotFound => "payment_not_found",
+        RefundNotFound => "refund_not_found",
+        CouponNotFound => "coupon_not_found",
+        PointsNotFound => "points_not_found",
+        DeliveryNotFound => "delivery_not_found",
+        EndpointNotFound => "endpoint_not_found",
+        MethodNotAllowed => "method_not_allowed",
+        RequestTimeout => "request_timeout",
+        OrderNoConflict => "order_no_conflict",
+        InvalidTransition => "invalid_transition",
+        IdempotencyKeyInUse => "idempotency_key_in_use",
+        PayloadTooLarge => "payload_too_large",
+        UnsupportedMediaType => "unsupported_media_type",
+        IdempotencyKeyReused => "idempotency_key_reused",
+        Internal => "internal_error",
+        DatabaseBusy => "database_busy",
+        DatabaseUnavailable => "database_unavailable",
+        StorageLost => "storage_lost",
+        ShuttingDown => "shutting_down",
+        PlatformUnavailable => "platform_unavailable",
+    }
+}
+
+/// `{"code":..,"message":..}`, the object inside the contract's error body
+/// (a failed repair of a reconciliation lists it as it is).
+pub fn error_object(err: &Error) -> Value {
+    json!({"code": code_of(err.kind), "message": err.message})
+}
+
+/// The contract's error body: `{"error":{"code":..,"message":..}}`.
+pub fn error_body(err: &Error) -> Value {
+    json!({"error": error_object(err)})
+}
+
+/// "status code: message", as log lines and recorded attempts print an
+/// error (written here, beside the mapping, so `error.rs` knows no status).
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", status_of(self.kind), code_of(self.kind), self.message)
     }
 }
 
@@ -262,6 +348,54 @@ pub fn split_form(body: &[u8], fields_max: usize) -> Result<Vec<(String, Vec<u8>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kinds' own questions agree with the statuses they are answered
+    /// with: a server fault is exactly a 5xx, and `Retry-After` goes with
+    /// every 503 and the 409 `idempotency_key_in_use`.
+    #[test]
+    fn kinds_agree_with_their_statuses() {
+        use ErrorKind::*;
+        let all = [
+            InvalidRequest,
+            InvalidJson,
+            InvalidIdempotencyKey,
+            IdempotencyKeyRequired,
+            Unauthorized,
+            InvalidSignature,
+            SignatureExpired,
+            NotFound,
+            ChannelNotConfigured,
+            OrderNotFound,
+            PaymentNotFound,
+            RefundNotFound,
+            CouponNotFound,
+            PointsNotFound,
+            DeliveryNotFound,
+            EndpointNotFound,
+            MethodNotAllowed,
+            RequestTimeout,
+            OrderNoConflict,
+            InvalidTransition,
+            IdempotencyKeyInUse,
+            PayloadTooLarge,
+            UnsupportedMediaType,
+            IdempotencyKeyReused,
+            Internal,
+            DatabaseBusy,
+            DatabaseUnavailable,
+            StorageLost,
+            ShuttingDown,
+            PlatformUnavailable,
+        ];
+        for kind in all {
+            assert_eq!(kind.is_server_fault(), status_of(kind) >= 500, "{kind:?}");
+            assert_eq!(kind.retry_after(), status_of(kind) == 503 || kind == IdempotencyKeyInUse, "{kind:?}");
+        }
+        let err = Error::new(PaymentNotFound, "no payment");
+        assert_eq!((status_of(err.kind), code_of(err.kind)), (404, "payment_not_found"));
+        assert_eq!(err.to_string(), "404 payment_not_found: no payment");
+        assert_eq!(error_body(&err).to_string(), r#"{"error":{"code":"payment_not_found","message":"no payment"}}"#);
+    }
 
     #[test]
     fn query_strings_decode() {

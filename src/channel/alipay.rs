@@ -216,7 +216,7 @@ impl Channel for Alipay {
     }
 
     fn refuse(&self, err: &Error) -> Response {
-        plain_text(err.status, "failure")
+        plain_text(wire::status_of(err.kind), "failure")
     }
 }
 

@@ -248,8 +248,9 @@ impl Channel for Wechatpay {
     }
 
     fn refuse(&self, err: &Error) -> Response {
-        let mut response = Response::json(err.status, &json!({"code": "FAIL", "message": err.message}));
-        if err.status == 503 {
+        let mut response =
+            Response::json(crate::wire::status_of(err.kind), &json!({"code": "FAIL", "message": err.message}));
+        if err.kind.is_unavailable() {
             response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
         }
         response

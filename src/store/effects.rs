@@ -3,9 +3,11 @@
 //! compensation that freezes and reverses them.
 
 use super::{limit_param, one_row, params, ReadTx, Row, WriteTx};
-use crate::domain::{CouponRow, EventRow, EventType, PointRow, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL};
+use crate::domain::{
+    CouponRow, EventData, EventRow, EventType, JsonText, PointRow, POINT_TYPE_ORDER_PAID,
+    POINT_TYPE_ORDER_PAID_REVERSAL,
+};
 use crate::error::Error;
-use serde_json::Value;
 
 macro_rules! coupons_where {
     ($filter:literal) => {
@@ -187,7 +189,7 @@ impl WriteTx<'_> {
         event_type: EventType,
         subject: &str,
         order_no: &str,
-        data: &Value,
+        data: &EventData,
         now: &str,
     ) -> Result<bool, Error> {
         self.read.conn.before_event_insert()?;
@@ -195,7 +197,7 @@ impl WriteTx<'_> {
             "INSERT INTO outbox_event (event_id, type, order_no, data, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5)
              ON CONFLICT (event_id) DO NOTHING",
-            params![&event_type.event_id(subject), event_type.as_str(), order_no, &data.to_string(), now],
+            params![&event_type.event_id(subject), event_type.as_str(), order_no, &data.json_text(), now],
         )?;
         self.read.conn.after_event_insert();
         if changed > 0 {

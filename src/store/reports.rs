@@ -1,15 +1,16 @@
 //! What operators read: the inspection, reconciliation's view of payments
 //! and refunds, the audit trail, and the settings (mode, rewards).
 //!
-//! Every finding's JSON is built here in Rust from plain columns, so neither
-//! engine needs JSON functions in SQL.
+//! Every finding is built here in Rust from plain columns, so neither
+//! engine needs JSON functions in SQL; `render.rs` writes its detail.
 
 use super::{params, ReadTx, Row, WriteTx};
 use crate::domain::{
-    AuditRow, Finding, PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX, POINT_TYPE_ORDER_PAID,
+    AuditDetail, AuditRow, Finding, FindingDetail, JsonText, PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX,
+    POINT_TYPE_ORDER_PAID,
 };
 use crate::error::Error;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// The audit actions that carry a refund_no in their own column.
 const REFUND_AUDIT_ACTIONS: [&str; 2] = ["unexpected_refund", "unexpected_refund_resolved"];
@@ -54,7 +55,7 @@ impl ReadTx<'_> {
             findings.push(Finding {
                 kind: "close_unconfirmed",
                 order_no,
-                detail: json!({"platforms": channels, "given_up_at": given_up_at}),
+                detail: FindingDetail::CloseUnconfirmed { platforms: channels, given_up_at },
             });
         }
         Ok(())
@@ -105,7 +106,7 @@ impl ReadTx<'_> {
             findings.push(Finding {
                 kind: "duplicate_coupon",
                 order_no: r.text(0)?,
-                detail: json!({"coupon_template_id": r.text(1)?, "rows": r.int(2)?}),
+                detail: FindingDetail::DuplicateCoupon { coupon_template_id: r.text(1)?, rows: r.int(2)? },
             });
         }
         for r in self.rows(
@@ -118,7 +119,7 @@ impl ReadTx<'_> {
             findings.push(Finding {
                 kind: "duplicate_points",
                 order_no: r.text(0)?,
-                detail: json!({"point_type": r.text(1)?, "rows": r.int(2)?}),
+                detail: FindingDetail::DuplicatePoints { point_type: r.text(1)?, rows: r.int(2)? },
             });
         }
         self.paid_without_rewards(&mut findings)?;
@@ -129,10 +130,11 @@ impl ReadTx<'_> {
                AND (o.status NOT IN ('PAID', 'REFUNDING', 'REFUNDED') OR o.pay_no IS DISTINCT FROM p.pay_no)",
             params![],
         )? {
+            let (pay_no, order_status, order_pay_no) = (r.text(1)?, r.text(2)?, r.opt_text(3)?);
             findings.push(Finding {
                 kind: "applied_callback_order_not_paid",
                 order_no: r.text(0)?,
-                detail: json!({"pay_no": r.text(1)?, "order_status": r.text(2)?, "order_pay_no": r.opt_text(3)?}),
+                detail: FindingDetail::AppliedCallbackOrderNotPaid { pay_no, order_status, order_pay_no },
             });
         }
         for r in self.rows(
@@ -142,13 +144,12 @@ impl ReadTx<'_> {
              ORDER BY p.id",
             params![],
         )? {
+            let (pay_no, outcome, amount) = (r.text(1)?, r.text(2)?, r.int(3)?);
+            let (channel, decided_at) = (r.text(4)?, r.opt_text(5)?);
             findings.push(Finding {
                 kind: "refund_required",
                 order_no: r.text(0)?,
-                detail: json!({
-                    "pay_no": r.text(1)?, "outcome": r.text(2)?, "amount": r.int(3)?,
-                    "channel": r.text(4)?, "decided_at": r.opt_text(5)?,
-                }),
+                detail: FindingDetail::RefundRequired { pay_no, outcome, amount, channel, decided_at },
             });
         }
         self.unexpected_refunds(&mut findings)?;
@@ -164,7 +165,7 @@ impl ReadTx<'_> {
             findings.push(Finding {
                 kind: "received_not_applied",
                 order_no: r.text(0)?,
-                detail: json!({"pay_no": r.text(1)?, "received_at": r.text(2)?}),
+                detail: FindingDetail::ReceivedNotApplied { pay_no: r.text(1)?, received_at: r.text(2)? },
             });
         }
         Ok(findings)
@@ -183,9 +184,9 @@ impl ReadTx<'_> {
             coupons: Vec<String>,
         }
         fn judge(p: Applied, findings: &mut Vec<Finding>) -> Result<(), Error> {
-            let due: Value = serde_json::from_str(&p.rewards_due)
+            let rewards_due: Value = serde_json::from_str(&p.rewards_due)
                 .map_err(|e| Error::internal(format!("rewards_due of {} is not JSON: {e}", p.pay_no)))?;
-            let missing_coupons: Vec<Value> = due
+            let missing_coupons: Vec<Value> = rewards_due
                 .get("coupons")
                 .and_then(Value::as_array)
                 .into_iter()
@@ -193,15 +194,13 @@ impl ReadTx<'_> {
                 .filter(|t| t.as_str().is_none_or(|t| !p.coupons.iter().any(|c| c == t)))
                 .cloned()
                 .collect();
-            let missing_points = due.get("points").and_then(Value::as_i64).unwrap_or(0) > 0 && !p.has_points;
+            let missing_points = rewards_due.get("points").and_then(Value::as_i64).unwrap_or(0) > 0 && !p.has_points;
             if !missing_coupons.is_empty() || missing_points {
+                let pay_no = p.pay_no;
                 findings.push(Finding {
                     kind: "paid_without_rewards",
                     order_no: p.order_no,
-                    detail: json!({
-                        "pay_no": p.pay_no, "rewards_due": due,
-                        "missing_coupons": missing_coupons, "missing_points": missing_points,
-                    }),
+                    detail: FindingDetail::PaidWithoutRewards { pay_no, rewards_due, missing_coupons, missing_points },
                 });
             }
             Ok(())
@@ -266,8 +265,12 @@ impl ReadTx<'_> {
             findings.push(Finding {
                 kind: "unexpected_refund",
                 order_no: r.opt_text(1)?.unwrap_or_default(),
-                detail: json!({"refund_no": r.text(0)?, "status": status, "deliveries": r.int(2)?,
-                               "first_at": r.text(3)?}),
+                detail: FindingDetail::UnexpectedRefund {
+                    refund_no: r.text(0)?,
+                    status,
+                    deliveries: r.int(2)?,
+                    first_at: r.text(3)?,
+                },
             });
         }
         Ok(())
@@ -442,13 +445,12 @@ impl WriteTx<'_> {
         actor: &str,
         action: &str,
         order_no: Option<&str>,
-        detail: &Value,
+        detail: &AuditDetail,
     ) -> Result<(), Error> {
-        let refund_no =
-            if REFUND_AUDIT_ACTIONS.contains(&action) { detail.get("refund_no").and_then(Value::as_str) } else { None };
+        let refund_no = if REFUND_AUDIT_ACTIONS.contains(&action) { detail.refund_no() } else { None };
         self.execute(
             "INSERT INTO audit_log (at, actor, action, order_no, refund_no, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![at, actor, action, order_no, refund_no, &detail.to_string()],
+            params![at, actor, action, order_no, refund_no, &detail.json_text()],
         )?;
         Ok(())
     }

@@ -91,7 +91,7 @@ fn a_failing_and_a_panicking_operation_roll_back_alone_and_the_rest_commit_in_on
     let failed = results[1].as_ref().expect_err("the failing op gets its own error");
     assert!(failed.message.contains("fails after its insert"), "{failed}");
     let panicked = results[2].as_ref().expect_err("the panicking op gets an error");
-    assert_eq!(panicked.status, 500, "{panicked}");
+    assert_eq!(payonce::api::status_of(panicked.kind), 500, "{panicked}");
     assert!(panicked.message.contains("panicked"), "{panicked}");
     assert!(matches!(results[3], Ok(true)), "{:?}", results[3]);
     for (order_no, kept) in [("GATE", true), ("GOOD-1", true), ("FAILS", false), ("PANICS", false), ("GOOD-2", true)] {

@@ -736,7 +736,7 @@ fn the_refusal_names_each_channels_platform_time_field() {
         };
         for paid_ms in [t0 - PLATFORM_TIME_BEFORE_MS_MAX - 1, t0 + PLATFORM_TIME_AFTER_MS_MAX + 1] {
             let err = app.deliver_payment(&cb(paid_ms)).expect_err("outside the window");
-            assert_eq!((err.status, err.code), (400, "invalid_request"));
+            assert_eq!((payonce::api::status_of(err.kind), payonce::api::code_of(err.kind)), (400, "invalid_request"));
             assert!(err.message.starts_with(field), "{channel}: {}", err.message);
         }
         assert!(app.order(&order_no).expect("order").payments.is_empty(), "{channel}: nothing recorded");

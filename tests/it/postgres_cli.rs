@@ -191,7 +191,7 @@ fn a_serialization_failure_reruns_the_whole_body_at_most_five_times() {
         })
         .expect_err("five failures in a row");
     assert_eq!(runs.into_inner(), 5, "at most 5 attempts");
-    assert_eq!((err.status, err.code), (503, "database_busy"), "{err}");
+    assert_eq!((payonce::api::status_of(err.kind), payonce::api::code_of(err.kind)), (503, "database_busy"), "{err}");
     assert_eq!(db.count(&store, "SELECT count(*) FROM orders WHERE order_no = 'RETRY-1'"), 1);
     assert_eq!(db.count(&store, "SELECT count(*) FROM orders WHERE order_no = 'RETRY-2'"), 0, "nothing written");
 }

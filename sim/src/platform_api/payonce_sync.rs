@@ -249,7 +249,7 @@ fn an_order_no_a_platform_cannot_carry_is_no_such_trade_there_and_no_call_is_mad
     assert_eq!(s.wechatpay.calls().len(), 1);
     s.app.sync_order("ORD.DOT.1").expect("sync");
     assert_eq!(s.wechatpay.calls().len(), 1, "nor one WeChat Pay cannot carry");
-    assert!(s.app.sync_order("NO-SUCH-ORDER").is_err_and(|e| e.code == "order_not_found"));
+    assert!(s.app.sync_order("NO-SUCH-ORDER").is_err_and(|e| payonce::api::code_of(e.kind) == "order_not_found"));
 }
 
 #[test]
@@ -325,14 +325,17 @@ fn a_platform_down_keeps_the_order_pending_then_payonce_gives_up_and_says_so() {
     let findings = s.app.inspect().expect("inspect");
     let unconfirmed: Vec<_> = findings.iter().filter(|f| f.kind == "close_unconfirmed").collect();
     assert_eq!(unconfirmed.len(), 1, "{findings:?}");
-    assert_eq!(unconfirmed[0].detail["platforms"], serde_json::json!(["wechatpay"]));
+    assert_eq!(payonce::render::finding_detail(&unconfirmed[0].detail)["platforms"], serde_json::json!(["wechatpay"]));
     assert!(s.app.resolve_close("ORD_DOWN_1", "  ", "ops", None).is_err(), "a reason is required");
     s.app.resolve_close("ORD_DOWN_1", "checked the WeChat Pay console: never paid", "ops", None).expect("resolved");
     s.app.resolve_close("ORD_DOWN_1", "again", "ops", None).expect("a repeat answers the order");
     assert!(s.app.inspect().expect("inspect").iter().all(|f| f.kind != "close_unconfirmed"));
     let actions = audit_actions(&s.app, "ORD_DOWN_1");
     assert_eq!(actions.iter().filter(|a| *a == "close_resolved").count(), 1, "{actions:?}");
-    assert!(s.app.resolve_close("ORD_NOTHING", "x", "ops", None).is_err_and(|e| e.code == "order_not_found"));
+    assert!(s
+        .app
+        .resolve_close("ORD_NOTHING", "x", "ops", None)
+        .is_err_and(|e| payonce::api::code_of(e.kind) == "order_not_found"));
 }
 
 #[test]
@@ -345,13 +348,16 @@ fn an_explicit_close_asks_the_platforms_first() {
     }
     s.alipay.buyer_pays("ORD_EXP_PAID").expect("paid");
     let refused = s.app.close_order("ORD_EXP_PAID").expect_err("paid at Alipay");
-    assert_eq!((refused.status, refused.code), (409, "invalid_transition"));
+    assert_eq!(
+        (payonce::api::status_of(refused.kind), payonce::api::code_of(refused.kind)),
+        (409, "invalid_transition")
+    );
     assert!(refused.message.contains("PAID"), "{}", refused.message);
     assert_eq!(s.app.order("ORD_EXP_PAID").expect("detail").order.status, OrderStatus::Paid);
 
     s.wechatpay.set_fault(Some(Fault::ServerError));
     let down = s.app.close_order("ORD_EXP_DOWN").expect_err("WeChat Pay cannot confirm");
-    assert_eq!((down.status, down.code), (503, "platform_unavailable"));
+    assert_eq!((payonce::api::status_of(down.kind), payonce::api::code_of(down.kind)), (503, "platform_unavailable"));
     assert_eq!(s.app.order("ORD_EXP_DOWN").expect("detail").order.status, OrderStatus::Pending);
     s.wechatpay.set_fault(None);
 
@@ -546,7 +552,7 @@ fn at_most_four_explicit_closes_wait_on_the_platforms() {
     });
     for answer in &answers {
         let e = answer.as_ref().expect_err("no platform confirmed");
-        assert_eq!((e.status, e.code), (503, "platform_unavailable"));
+        assert_eq!((payonce::api::status_of(e.kind), payonce::api::code_of(e.kind)), (503, "platform_unavailable"));
     }
     for n in 0..5 {
         assert_eq!(s.app.order(&format!("ORD_WAIT_{n}")).expect("detail").order.status, OrderStatus::Pending);
