@@ -1,4 +1,4 @@
-//! Alipay asynchronous notifications (`application/x-www-form-urlencoded`).
+//! Alipay's notices: asynchronous notifications (`application/x-www-form-urlencoded`).
 //!
 //! Alipay signs decoded values, not bytes: the form is decoded in its
 //! `charset` (utf-8 or gbk), then RSA2 (SHA256withRSA) is verified over the
@@ -15,25 +15,20 @@
 //! `TRADE_CLOSED` without it is an unpaid close and changes nothing. The
 //! answer is the plain text `success`, or `failure` with a 4xx/5xx.
 
-use super::{Channel, Notice, Reply};
+use super::{CURRENCY, NAME};
 use crate::clock::{format_ms, local_time_ms, UTC8_OFFSET_MS};
 use crate::domain::{PaymentCallback, PlatformStatus, RefundCallback};
 use crate::error::{Error, ErrorKind};
 use crate::money::yuan_to_fen;
+use crate::platforms::{Notice, Notices, Reply};
 use crate::wire::{self, Request, Response};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
-use rsa::pkcs8::DecodePublicKey;
 use rsa::signature::Verifier;
 use rsa::RsaPublicKey;
 use sha2::Sha256;
 use std::collections::BTreeMap;
 
-pub const NAME: &str = "alipay";
-/// The currency of every Alipay amount payonce reads (notices, answers,
-/// statements): the domestic API quotes yuan, and payonce reads no
-/// `trans_currency` (docs/channels.md).
-pub const CURRENCY: &str = "CNY";
 /// Parameters accepted in one notice (Alipay sends about 30).
 pub const FORM_FIELDS_MAX: usize = 128;
 
@@ -41,18 +36,6 @@ pub const FORM_FIELDS_MAX: usize = 128;
 pub struct AlipayConfig {
     pub public_key: RsaPublicKey,
     pub app_id: String,
-}
-
-/// Alipay's public key as PEM, or as the bare base64 the Alipay console shows.
-pub fn public_key_from_text(text: &str) -> Result<RsaPublicKey, String> {
-    let text = text.trim();
-    if text.contains("-----BEGIN") {
-        return super::wechatpay::public_key_from_pem(text);
-    }
-    let der = base64::engine::general_purpose::STANDARD
-        .decode(text.split_whitespace().collect::<String>())
-        .map_err(|e| format!("not PEM and not base64: {e}"))?;
-    RsaPublicKey::from_public_key_der(&der).map_err(|e| format!("not an RSA public key: {e}"))
 }
 
 pub struct Alipay {
@@ -131,7 +114,7 @@ impl Alipay {
     }
 }
 
-impl Channel for Alipay {
+impl Notices for Alipay {
     fn name(&self) -> &'static str {
         NAME
     }
@@ -209,6 +192,10 @@ impl Channel for Alipay {
             paid_at,
             raw_body: req.body.clone(),
         }))
+    }
+
+    fn paid_time_field(&self) -> &'static str {
+        super::PAID_TIME_FIELD
     }
 
     fn acknowledge(&self, _reply: &Reply) -> Response {
