@@ -143,6 +143,15 @@ mod layering {
         }
     }
 
+    /// The platforms build their outgoing bodies with typed structs or
+    /// `serde_json::Map`: JSON is shaped by hand only in render, api and wire.
+    #[test]
+    fn no_json_macro_in_the_platforms() {
+        for (module, source, _) in RULES.iter().filter(|(module, _, _)| module.starts_with("platforms")) {
+            assert!(!source.contains(concat!("json", "!")), "{module} shapes JSON with the json macro");
+        }
+    }
+
     #[test]
     fn no_module_names_a_layer_above_it() {
         for (module, source, above) in RULES {

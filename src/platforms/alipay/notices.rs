@@ -129,37 +129,7 @@ impl Notices for Alipay {
         // A refund result first: its trade_no is the payment's, so the
         // duplicate check of the payment must never see it.
         if let Some(refund_fee) = get("refund_fee") {
-            yuan_to_fen(refund_fee, false)
-                .ok_or_else(|| Error::invalid("refund_fee must be yuan with at most two decimals"))?;
-            // gmt_refund: Beijing time, with milliseconds as Alipay sends it
-            // (`2015-04-28 15:45:57.320`) or without.
-            let settled_at = match get("gmt_refund") {
-                Some(text) => Some(format_ms(
-                    local_time_ms(text, UTC8_OFFSET_MS)
-                        .ok_or_else(|| Error::invalid("gmt_refund must be YYYY-MM-DD HH:MM:SS[.SSS]"))?,
-                )),
-                None => None,
-            };
-            return Ok(match get("out_biz_no") {
-                Some(out_biz_no) => Notice::Refund(RefundCallback {
-                    channel: NAME.to_owned(),
-                    refund_no: out_biz_no.to_owned(),
-                    order_no,
-                    status: PlatformStatus::Success,
-                    settled_at,
-                }),
-                // A full refund (TRADE_CLOSED + gmt_refund) may name no
-                // request: it settles the order's refund in flight, if there
-                // is one, else it is the trade's own (unexpected) refund.
-                // The look-up happens inside the refund's transaction.
-                None => Notice::RefundInFlight(RefundCallback {
-                    channel: NAME.to_owned(),
-                    refund_no: trade_no,
-                    order_no,
-                    status: PlatformStatus::Success,
-                    settled_at,
-                }),
-            });
+            return refund_notice(refund_fee, get("gmt_refund"), get("out_biz_no"), trade_no, order_no);
         }
         match get("trade_status") {
             Some("TRADE_SUCCESS") | Some("TRADE_FINISHED") => {}
@@ -205,6 +175,48 @@ impl Notices for Alipay {
     fn refuse(&self, err: &Error) -> Response {
         plain_text(err.status, "failure")
     }
+}
+
+/// A refund result: of the request `out_biz_no` names, or of the order's
+/// refund in flight when it names none.
+fn refund_notice(
+    refund_fee: &str,
+    gmt_refund: Option<&str>,
+    out_biz_no: Option<&str>,
+    trade_no: String,
+    order_no: String,
+) -> Result<Notice, Error> {
+    yuan_to_fen(refund_fee, false)
+        .ok_or_else(|| Error::invalid("refund_fee must be yuan with at most two decimals"))?;
+    // gmt_refund: Beijing time, with milliseconds as Alipay sends it
+    // (`2015-04-28 15:45:57.320`) or without.
+    let settled_at = match gmt_refund {
+        Some(text) => Some(format_ms(
+            local_time_ms(text, UTC8_OFFSET_MS)
+                .ok_or_else(|| Error::invalid("gmt_refund must be YYYY-MM-DD HH:MM:SS[.SSS]"))?,
+        )),
+        None => None,
+    };
+    Ok(match out_biz_no {
+        Some(out_biz_no) => Notice::Refund(RefundCallback {
+            channel: NAME.to_owned(),
+            refund_no: out_biz_no.to_owned(),
+            order_no,
+            status: PlatformStatus::Success,
+            settled_at,
+        }),
+        // A full refund (TRADE_CLOSED + gmt_refund) may name no
+        // request: it settles the order's refund in flight, if there
+        // is one, else it is the trade's own (unexpected) refund.
+        // The look-up happens inside the refund's transaction.
+        None => Notice::RefundInFlight(RefundCallback {
+            channel: NAME.to_owned(),
+            refund_no: trade_no,
+            order_no,
+            status: PlatformStatus::Success,
+            settled_at,
+        }),
+    })
 }
 
 /// The string Alipay signs: every parameter except `sign` and `sign_type`,
