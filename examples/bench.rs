@@ -254,7 +254,9 @@ fn run(options: &Options) -> Result<bool, BoxError> {
     // payonce, in process, and the trivial handler, each on its own port.
     let db = options.dir.join("payonce.db").display().to_string();
     let config = Config {
-        callback_secrets: vec![SECRET.to_vec()],
+        platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+            payonce::platforms::generic::Generic::new(vec![SECRET.to_vec()]),
+        )]),
         rewards: Rewards { coupon_templates: vec![COUPON.into()], points_per_yuan: 1 },
         ..Default::default()
     };

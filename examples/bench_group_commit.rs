@@ -232,7 +232,9 @@ impl Service {
     fn start(dir: &Path, name: &str, group_commit_max: usize) -> Result<Service, BoxError> {
         let db = dir.join(name).display().to_string();
         let config = Config {
-            callback_secrets: vec![SECRET.to_vec()],
+            platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+                payonce::platforms::generic::Generic::new(vec![SECRET.to_vec()]),
+            )]),
             rewards: Rewards { coupon_templates: vec![COUPON.into()], points_per_yuan: 1 },
             ..Default::default()
         };

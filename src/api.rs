@@ -3,13 +3,13 @@
 //! that), so every route is testable in process.
 
 use crate::app::{sha256_hex, Answer, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_LIMIT_MAX};
-use crate::channel::{reply_outcome, Channel, Notice, Reply};
 use crate::domain::IdempotencySlot;
 use crate::domain::{DeliveryStatus, OrderStatus};
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
+use crate::platforms::{reply_outcome, Notice, Notices as Channel, Reply};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::render;
 /// What an error kind is answered with: its status and its code. The

@@ -14,7 +14,6 @@
 //! // 8. `key` drops here: after the commit, by scope order
 //! ```
 
-use crate::channel::{self, Channel};
 use crate::clock::Clock;
 use crate::domain::{
     is_amount, is_currency, is_identifier, EventType, Order, OrderStatus, PaymentOutcome, PlatformStatus,
@@ -29,6 +28,7 @@ pub use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, Refu
 use crate::error::{Error, ErrorKind};
 use crate::keylock::{KeyGuard, KeyedLocks, LockKey};
 use crate::metrics::Metrics;
+use crate::platforms::Notices;
 use crate::store::{Store, StoreOptions, WriteTx};
 use serde_json::Value;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -50,20 +50,15 @@ pub(crate) const ACTOR_SYSTEM: &str = "payonce";
 pub struct Config {
     pub rewards: Rewards,
     pub order_ttl_s: i64,
-    /// HMAC secrets of the generic channel; empty = channel not configured.
-    pub callback_secrets: Vec<Vec<u8>>,
     /// How long Idempotency-Key results are kept (`--idempotency-ttl-s`).
     pub idempotency_ttl_s: i64,
     /// Bearer tokens for `/v1` except callbacks; empty = no authentication.
     pub api_tokens: Vec<ApiToken>,
-    /// The `wechatpay` channel, when configured.
-    pub wechatpay: Option<crate::channel::wechatpay::WechatpayConfig>,
-    /// The `alipay` channel, when configured.
-    pub alipay: Option<crate::channel::alipay::AlipayConfig>,
     /// The webhook relay's endpoints, secrets, timeout and schedule.
     pub webhooks: crate::webhook::WebhookConfig,
-    /// The platforms payonce may call (section 11); none by default.
-    pub platforms: crate::platform::Platforms,
+    /// The platforms that are on (their notices, and the calls payonce may
+    /// make, section 11) and how calls are paced; none by default.
+    pub platforms: crate::platforms::Platforms,
 }
 
 impl Default for Config {
@@ -71,13 +66,10 @@ impl Default for Config {
         Config {
             rewards: Rewards::default(),
             order_ttl_s: ORDER_TTL_S_DEFAULT,
-            callback_secrets: Vec::new(),
             idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
             api_tokens: Vec::new(),
-            wechatpay: None,
-            alipay: None,
             webhooks: crate::webhook::WebhookConfig::default(),
-            platforms: crate::platform::Platforms::default(),
+            platforms: crate::platforms::Platforms::default(),
         }
     }
 }
@@ -144,8 +136,6 @@ pub struct App {
     /// but before commit (and counts down).
     fail_writes_after_work: AtomicU32,
     pub metrics: Metrics,
-    /// The configured payment channels, built from `config` at open.
-    channels: Vec<Box<dyn Channel>>,
 }
 
 /// An order to create (already shaped; [`App::create_order`] validates it).
@@ -231,16 +221,8 @@ impl App {
     pub fn open_with(db: &str, clock: Clock, config: Config, options: &StoreOptions) -> Result<App, Error> {
         let store = Store::open(db, options)?;
         let metrics = Metrics::with_storage_flag(store.storage_flag());
-        let channels = channel::configured(&config.callback_secrets, config.wechatpay.as_ref(), config.alipay.as_ref());
-        let app = App {
-            store,
-            locks: KeyedLocks::new(),
-            clock,
-            config,
-            fail_writes_after_work: AtomicU32::new(0),
-            metrics,
-            channels,
-        };
+        let app =
+            App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics };
         app.record_reward_settings()?;
         Ok(app)
     }
@@ -260,20 +242,12 @@ impl App {
         let points_per_yuan = points.as_deref().and_then(|p| p.parse().ok()).unwrap_or(0);
         let config = Config { rewards: Rewards { coupon_templates, points_per_yuan }, ..Config::default() };
         let metrics = Metrics::with_storage_flag(store.storage_flag());
-        Ok(App {
-            store,
-            locks: KeyedLocks::new(),
-            clock,
-            config,
-            fail_writes_after_work: AtomicU32::new(0),
-            metrics,
-            channels: Vec::new(),
-        })
+        Ok(App { store, locks: KeyedLocks::new(), clock, config, fail_writes_after_work: AtomicU32::new(0), metrics })
     }
 
     /// The configured channel of that name (`generic` only with a secret).
-    pub fn channel(&self, name: &str) -> Option<&dyn Channel> {
-        self.channels.iter().find(|c| c.name() == name).map(|c| c.as_ref())
+    pub fn channel(&self, name: &str) -> Option<&dyn Notices> {
+        self.config.platforms.registry.notices(name)
     }
 
     fn record_reward_settings(&self) -> Result<(), Error> {
@@ -635,7 +609,7 @@ impl App {
         source: &str,
         now: &str,
     ) -> Result<PaymentReply, Error> {
-        check_platform_time(tx, cb, source, now)?;
+        check_platform_time(tx, cb, source, now, &self.config.platforms.registry)?;
         let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
         let new = NewCallback {
             pay_no: &cb.pay_no,
@@ -972,7 +946,13 @@ fn unexpected_refund(
 /// by uk_pay_no as always (`duplicate`); reconciliation repairs are the
 /// platform's own statement and are not windowed. Refund notices never
 /// reach here.
-fn check_platform_time(tx: &WriteTx, cb: &PaymentCallback, source: &str, now: &str) -> Result<(), Error> {
+fn check_platform_time(
+    tx: &WriteTx,
+    cb: &PaymentCallback,
+    source: &str,
+    now: &str,
+    platforms: &crate::platforms::Registry,
+) -> Result<(), Error> {
     let Some(paid_at) = cb.paid_at.as_deref().filter(|_| source == SOURCE_CALLBACK) else {
         return Ok(());
     };
@@ -986,7 +966,7 @@ fn check_platform_time(tx: &WriteTx, cb: &PaymentCallback, source: &str, now: &s
     if tx.callback_by_pay_no(&cb.pay_no)?.is_some() {
         return Ok(());
     }
-    let field = channel::paid_time_field(&cb.channel);
+    let field = platforms.paid_time_field(&cb.channel);
     Err(Error::invalid(format!(
         "{field} {paid_at} is not within {} h before and {} min after payonce received the notification ({now}), \
          or not in the years {}-{}",

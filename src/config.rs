@@ -7,18 +7,12 @@
 
 use crate::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
 use crate::background::{INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT};
-use crate::channel::alipay::{public_key_from_text as alipay_public_key_from_text, AlipayConfig};
-use crate::channel::wechatpay::{public_key_from_pem, KeyExpiries, PlatformKeys, WechatpayConfig};
-use crate::clock::Clock;
 use crate::domain::{is_identifier, Rewards};
 use crate::http::{Limits, WORKERS_DEFAULT};
-use crate::platform::alipay::AlipayApi;
-use crate::platform::wechatpay::WechatpayApi;
-use crate::platform::MerchantKey;
 use crate::platform_ops::Platforms;
+use crate::platforms::{alipay, wechatpay, Parts, PlatformSettings, Registry};
 use crate::store::StoreOptions;
 use crate::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, parse_waits, WebhookConfig};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// The fixed secret of `--dev`; printed loudly, never for production.
@@ -282,95 +276,63 @@ impl Settings {
             wechatpay_mchid: None,
             wechatpay_merchant_serial: None,
             wechatpay_merchant_key: None,
-            wechatpay_api_base: crate::platform::wechatpay::API_BASE_DEFAULT.to_owned(),
+            wechatpay_api_base: wechatpay::API_BASE_DEFAULT.to_owned(),
             alipay_app_private_key: None,
-            alipay_gateway: crate::platform::alipay::GATEWAY_DEFAULT.to_owned(),
-            platform_timeout_ms: crate::platform::PLATFORM_TIMEOUT_MS_DEFAULT,
-            platform_retry_ms: parse_waits("--platform-retry-s", crate::platform::PLATFORM_RETRY_S_DEFAULT)?,
-            close_give_up_s: crate::platform::CLOSE_GIVE_UP_S_DEFAULT,
-            refund_query_after_s: crate::platform::REFUND_QUERY_AFTER_S_DEFAULT,
+            alipay_gateway: alipay::GATEWAY_DEFAULT.to_owned(),
+            platform_timeout_ms: crate::platforms::PLATFORM_TIMEOUT_MS_DEFAULT,
+            platform_retry_ms: parse_waits("--platform-retry-s", crate::platforms::PLATFORM_RETRY_S_DEFAULT)?,
+            close_give_up_s: crate::platforms::CLOSE_GIVE_UP_S_DEFAULT,
+            refund_query_after_s: crate::platforms::REFUND_QUERY_AFTER_S_DEFAULT,
             public_base_url: None,
         })
     }
 
-    /// The checked configuration: every key file read once, every
-    /// combination of settings checked; and what `serve` should warn about.
+    /// The checked configuration: every key file read once (by the
+    /// platform that names it), every combination of settings checked; and
+    /// what `serve` should warn about.
     pub fn check(&self) -> Result<Checked, String> {
         let mut warnings = Vec::new();
-        let wechatpay_keys = self.wechatpay_platform_keys(&mut warnings)?;
+        let callback_secrets = self.callback_secrets(&mut warnings)?;
+        let api_tokens = api_tokens(self.api_tokens.as_deref())?;
+        let registry =
+            Registry::configured(&self.platform_settings(callback_secrets), Parts::NoticesAndCalls, &mut warnings)?;
         let config = Config {
             rewards: Rewards { coupon_templates: self.coupons.clone(), points_per_yuan: self.points_per_yuan },
             order_ttl_s: self.order_ttl_s,
-            callback_secrets: self.callback_secrets(&mut warnings)?,
             idempotency_ttl_s: self.idempotency_ttl_s,
-            api_tokens: api_tokens(self.api_tokens.as_deref())?,
-            wechatpay: self.wechatpay_config(&wechatpay_keys)?,
-            alipay: self.alipay_config()?,
+            api_tokens,
             webhooks: self.webhook_config()?,
-            platforms: self.platforms_with(&wechatpay_keys)?,
+            platforms: self.platforms_with(registry),
         };
         Ok(Checked { config, warnings })
     }
 
     /// The platforms' outgoing calls alone (`payonce sync`).
     pub fn platforms(&self) -> Result<Platforms, String> {
-        let keys = self.wechatpay_platform_keys(&mut Vec::new())?;
-        self.platforms_with(&keys)
+        let registry = Registry::configured(&self.platform_settings(Vec::new()), Parts::CallsOnly, &mut Vec::new())?;
+        Ok(self.platforms_with(registry))
     }
 
-    /// The `--wechatpay-public-key SERIAL=FILE` keys, read once, and when
-    /// those given as certificates expire (what an expired one signs is
-    /// refused; it is warned about at start).
-    fn wechatpay_platform_keys(&self, warnings: &mut Vec<String>) -> Result<(PlatformKeys, KeyExpiries), String> {
-        let mut expiries = Vec::new();
-        let mut platform_keys = Vec::new();
-        for entry in &self.wechatpay_public_keys {
-            let (serial, file) = entry.split_once('=').ok_or("--wechatpay-public-key takes SERIAL=FILE")?;
-            let pem = read(file)?;
-            let public_key = public_key_from_pem(&pem).map_err(|e| format!("{file}: {e}"))?;
-            if let Some(not_after) = crate::channel::wechatpay::certificate_not_after_ms(&pem) {
-                if not_after < Clock::System.now_ms() {
-                    warnings
-                        .push(format!("the WeChat Pay platform certificate {file} expired; what it signs is refused"));
-                }
-                expiries.push((serial.trim().to_owned(), not_after));
-            }
-            platform_keys.push((serial.trim().to_owned(), public_key));
-        }
-        Ok((platform_keys, expiries))
-    }
-
-    /// WeChat Pay's outgoing calls are on once any outgoing-only setting is given.
-    fn wechatpay_outgoing(&self) -> bool {
-        self.wechatpay_mchid.is_some()
-            || self.wechatpay_merchant_serial.is_some()
-            || self.wechatpay_merchant_key.is_some()
-    }
-
-    /// The notification channel: the APIv3 key and at least one platform
-    /// key. With outgoing calls on, platform keys without an APIv3 key are
-    /// valid: they verify the API's answers only.
-    fn wechatpay_config(&self, keys: &(PlatformKeys, KeyExpiries)) -> Result<Option<WechatpayConfig>, String> {
-        let (key, pems) = (&self.wechatpay_apiv3_key, &self.wechatpay_public_keys);
-        if key.is_none() && (pems.is_empty() || self.wechatpay_outgoing()) {
-            return Ok(None);
-        }
-        let key = key
-            .as_deref()
-            .ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
-        let mut config = WechatpayConfig::new(key, keys.0.clone())?;
-        config.expiries = keys.1.clone();
-        Ok(Some(config))
-    }
-
-    fn alipay_config(&self) -> Result<Option<AlipayConfig>, String> {
-        match (&self.alipay_public_key, &self.alipay_app_id) {
-            (None, None) => Ok(None),
-            (Some(file), Some(app_id)) => {
-                let public_key = alipay_public_key_from_text(&read(file)?).map_err(|e| format!("{file}: {e}"))?;
-                Ok(Some(AlipayConfig { public_key, app_id: app_id.clone() }))
-            }
-            _ => Err("the alipay channel needs both --alipay-public-key and --alipay-app-id".into()),
+    /// What the platforms' folders read their settings from.
+    fn platform_settings(&self, callback_secrets: Vec<Vec<u8>>) -> PlatformSettings {
+        PlatformSettings {
+            callback_secrets,
+            wechatpay: wechatpay::Settings {
+                apiv3_key: self.wechatpay_apiv3_key.clone(),
+                public_keys: self.wechatpay_public_keys.clone(),
+                mchid: self.wechatpay_mchid.clone(),
+                merchant_serial: self.wechatpay_merchant_serial.clone(),
+                merchant_key: self.wechatpay_merchant_key.clone(),
+                api_base: self.wechatpay_api_base.clone(),
+            },
+            alipay: alipay::Settings {
+                public_key: self.alipay_public_key.clone(),
+                app_id: self.alipay_app_id.clone(),
+                app_private_key: self.alipay_app_private_key.clone(),
+                gateway: self.alipay_gateway.clone(),
+            },
+            timeout: Duration::from_millis(self.platform_timeout_ms),
+            public_base_url: self.public_base_url.clone(),
         }
     }
 
@@ -386,72 +348,16 @@ impl Settings {
         Ok(config)
     }
 
-    /// The platforms whose outgoing settings are given: all of a platform's
-    /// are then required, or `serve` stops naming what is missing.
-    fn platforms_with(&self, wechatpay_keys: &(PlatformKeys, KeyExpiries)) -> Result<Platforms, String> {
-        let mut platforms = Platforms {
+    /// The platforms `registry` holds, paced as the settings say.
+    fn platforms_with(&self, registry: Registry) -> Platforms {
+        Platforms {
+            registry,
             timeout_ms: self.platform_timeout_ms,
             retry_schedule_ms: self.platform_retry_ms.clone(),
             close_give_up_ms: self.close_give_up_s.saturating_mul(1000),
             refund_query_after_ms: self.refund_query_after_s.saturating_mul(1000),
             ..Platforms::default()
-        };
-        if self.wechatpay_outgoing() {
-            platforms.wechatpay = Some(Arc::new(self.wechatpay_api(wechatpay_keys)?));
         }
-        if self.alipay_app_private_key.is_some() {
-            platforms.alipay = Some(Arc::new(self.alipay_api()?));
-        }
-        Ok(platforms)
-    }
-
-    fn wechatpay_api(&self, keys: &(PlatformKeys, KeyExpiries)) -> Result<WechatpayApi, String> {
-        require(
-            "WeChat Pay's outgoing calls",
-            &[
-                ("--wechatpay-mchid", self.wechatpay_mchid.is_none()),
-                ("--wechatpay-merchant-serial", self.wechatpay_merchant_serial.is_none()),
-                ("--wechatpay-merchant-key", self.wechatpay_merchant_key.is_none()),
-                ("--wechatpay-public-key (to verify the answers)", self.wechatpay_public_keys.is_empty()),
-            ],
-        )?;
-        let file = self.wechatpay_merchant_key.as_deref().unwrap_or_default();
-        let key = MerchantKey::from_pem(&read(file)?).map_err(|e| format!("--wechatpay-merchant-key {file}: {e}"))?;
-        let mut api = WechatpayApi::new(
-            self.wechatpay_mchid.clone().unwrap_or_default(),
-            self.wechatpay_merchant_serial.clone().unwrap_or_default(),
-            key,
-            &self.wechatpay_api_base,
-            keys.0.clone(),
-            Duration::from_millis(self.platform_timeout_ms),
-        );
-        api.certificate_expiries = keys.1.clone();
-        api.refund_notify_url = self
-            .public_base_url
-            .as_ref()
-            .map(|base| format!("{}/v1/callbacks/wechatpay/refund", base.trim_end_matches('/')));
-        Ok(api)
-    }
-
-    fn alipay_api(&self) -> Result<AlipayApi, String> {
-        require(
-            "Alipay's outgoing calls",
-            &[
-                ("--alipay-app-id", self.alipay_app_id.is_none()),
-                ("--alipay-public-key (to verify the answers)", self.alipay_public_key.is_none()),
-            ],
-        )?;
-        let file = self.alipay_app_private_key.as_deref().unwrap_or_default();
-        let key = MerchantKey::from_pem(&read(file)?).map_err(|e| format!("--alipay-app-private-key {file}: {e}"))?;
-        let public_file = self.alipay_public_key.as_deref().unwrap_or_default();
-        let alipay_key = alipay_public_key_from_text(&read(public_file)?).map_err(|e| format!("{public_file}: {e}"))?;
-        Ok(AlipayApi::new(
-            self.alipay_app_id.clone().unwrap_or_default(),
-            key,
-            &self.alipay_gateway,
-            alipay_key,
-            Duration::from_millis(self.platform_timeout_ms),
-        ))
     }
 
     fn callback_secrets(&self, warnings: &mut Vec<String>) -> Result<Vec<Vec<u8>>, String> {
@@ -480,20 +386,6 @@ impl Settings {
 pub struct Checked {
     pub config: Config,
     pub warnings: Vec<String>,
-}
-
-/// Err naming every flag of `what` that is missing.
-fn require(what: &str, flags: &[(&str, bool)]) -> Result<(), String> {
-    let missing: Vec<&str> = flags.iter().filter_map(|(flag, absent)| absent.then_some(*flag)).collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("{what} also need {}", missing.join(", ")))
-    }
-}
-
-fn read(file: &str) -> Result<String, String> {
-    std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))
 }
 
 fn api_tokens(raw: Option<&str>) -> Result<Vec<ApiToken>, String> {

@@ -430,7 +430,7 @@ fn sync(parser: lexopt::Parser) -> Result<ExitCode, String> {
     app.config.platforms = platforms;
     let synced = app.sync_order(order_no).map_err(|e| e.to_string())?;
     println!("{}", payonce::render::synced(&synced));
-    let unknown = synced.platforms.iter().any(|p| p.state == payonce::platform::TradeState::Unknown);
+    let unknown = synced.platforms.iter().any(|p| p.state == payonce::platforms::TradeState::Unknown);
     Ok(if unknown { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 

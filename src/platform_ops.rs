@@ -24,9 +24,9 @@ use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
 use crate::ops::Mode;
 use crate::outgoing::{self, Claimed, Lease, PlatformAttempt, Queue, Schedule, Settle, Spent};
-pub use crate::platform::Platforms;
-pub use crate::platform::SOURCE_QUERY;
-use crate::platform::{CloseAnswer, Exchange, RefundAnswer, RefundState, TradeState, PLATFORM_WAITERS_MAX};
+pub use crate::platforms::Platforms;
+pub use crate::platforms::SOURCE_QUERY;
+use crate::platforms::{CloseAnswer, Exchange, RefundAnswer, RefundState, TradeState, PLATFORM_WAITERS_MAX};
 use crate::store::{NewPlatformCall, PlatformCallRow};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -94,13 +94,11 @@ impl App {
         self.order(order_no)?;
         let platforms = &self.config.platforms;
         let mut asked: Vec<PlatformAnswer> = std::thread::scope(|scope| {
-            let mut calls = Vec::new();
-            if let Some(api) = &platforms.wechatpay {
-                calls.push(scope.spawn(move || self.ask("wechatpay", order_no, |now| api.query(order_no, now))));
-            }
-            if let Some(api) = &platforms.alipay {
-                calls.push(scope.spawn(move || self.ask("alipay", order_no, |now| api.query(order_no, now))));
-            }
+            let calls: Vec<_> = platforms
+                .registry
+                .callers()
+                .map(|api| scope.spawn(move || self.ask(api.name(), order_no, |now| api.query(order_no, now))))
+                .collect();
             calls
                 .into_iter()
                 .map(|c| c.join().unwrap_or_else(|_| Err(Error::internal("a platform query panicked"))))
@@ -291,9 +289,9 @@ impl App {
     fn close_at(&self, channel: &str, order_no: &str) -> Result<(CloseStep, String, Option<u16>, String), Error> {
         let platforms = &self.config.platforms;
         let now_ms = self.clock.now_ms();
-        let channel = crate::platform::CHANNELS
-            .into_iter()
-            .find(|c| *c == channel)
+        let channel = platforms
+            .registry
+            .known(channel)
             .ok_or_else(|| Error::internal(format!("platform_call names an unknown channel {channel:?}")))?;
         let answer = self.ask(channel, order_no, |now| {
             platforms.query(channel, order_no, now).unwrap_or_else(|| not_configured(channel))

@@ -3,32 +3,14 @@
 //! through a float.
 //!
 //! A statement's kind is what it declares, never guessed from the rows that
-//! happen to be in it ([`Statement::compared`]):
-//!
-//! - `generic`: CSV with the header `pay_no,order_no,amount,status,paid_at`
-//!   (amount in minor units; status SUCCESS or REFUND; for a REFUND row the
-//!   `pay_no` column carries the refund_no; paid_at RFC 3339 with offset).
-//!   Compares payments and refunds.
-//! - `wechatpay`: WeChat Pay's trade bill (交易账单): a header row, detail
-//!   rows whose values start with a backtick, then a summary block
-//!   (总交易单数...). Times are Beijing time. Its header declares its
-//!   `bill_type`: with 退款申请时间/退款成功时间 it is a REFUND bill (退款账单:
-//!   every row a refund, dated by its own refund time), with refund columns
-//!   but no refund times an ALL bill (payments are 交易状态 SUCCESS rows,
-//!   refunds REFUND rows, whose 交易时间 is the payment's, so they carry no
-//!   time of their own), without refund columns a SUCCESS bill (支付账单:
-//!   payments only). Payments are compared on 订单金额 (the order amount,
-//!   which a notification's `amount.total` is; 应结订单金额 is that minus
-//!   non-recharge coupons), with a non-zero 代金券金额 reported; refunds on
-//!   申请退款金额 where the bill has it (退款金额 excludes coupons), else
-//!   退款金额. Refund rows whose 退款状态 is not SUCCESS moved no money yet.
-//! - `alipay`: Alipay's 业务明细 CSV: `#` metadata lines, GBK encoding, values
-//!   padded with tabs; 业务类型 交易 rows are payments, 退款 rows refunds
-//!   (退款批次号/请求号; negative amounts), dated by 完成时间. It declares no
-//!   kind, so it always compares both.
+//! happen to be in it ([`Statement::compared`]). Each platform's format
+//! (docs/channels.md describes them) is read by its folder's `bill.rs`
+//! (`src/platforms/*/bill.rs`), a [`BillFormat`] the registry finds by name;
+//! here is what they share: the size and encoding checks, the lines, one
+//! line at a time, and the comparison.
 
-use crate::clock::{format_ms, local_time_ms, parse_rfc3339_ms};
-use crate::domain::{is_amount, is_currency, is_identifier};
+use crate::clock::{format_ms, parse_rfc3339_ms};
+use crate::domain::is_identifier;
 use crate::error::{Error, ErrorKind};
 use std::borrow::Cow;
 
@@ -38,38 +20,71 @@ pub use crate::clock::UTC8_OFFSET_MS;
 /// Yuan to fen lives in `money`; re-exported for the library's callers.
 pub use crate::money::yuan_to_fen;
 
+/// A statement's format: the name of a platform of the registry
+/// (`crate::platforms::LINES`) whose [`BillFormat`] reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
-    Generic,
-    Wechatpay,
-    Alipay,
-}
+pub struct Format(&'static str);
 
+#[allow(non_upper_case_globals)]
 impl Format {
+    /// The formats of the platforms payonce ships, for callers that name
+    /// one in code; [`Format::parse`] finds any platform's.
+    pub const Generic: Format = Format(crate::platforms::generic::NAME);
+    pub const Wechatpay: Format = Format(crate::platforms::wechatpay::NAME);
+    pub const Alipay: Format = Format(crate::platforms::alipay::NAME);
+
     pub fn parse(text: &str) -> Option<Format> {
-        match text {
-            "generic" => Some(Format::Generic),
-            "wechatpay" => Some(Format::Wechatpay),
-            "alipay" => Some(Format::Alipay),
-            _ => None,
-        }
+        crate::platforms::bills(text).map(|(name, _)| Format(name))
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Format::Generic => "generic",
-            Format::Wechatpay => "wechatpay",
-            Format::Alipay => "alipay",
-        }
+        self.0
+    }
+
+    fn bills(self) -> Result<&'static dyn BillFormat, Error> {
+        crate::platforms::bills(self.0)
+            .map(|(_, bills)| bills)
+            .ok_or_else(|| Error::internal(format!("no platform reads {:?} statements", self.0)))
     }
 
     /// Offset of the statement's calendar days from UTC.
     pub fn day_offset_ms(self) -> i64 {
-        match self {
-            Format::Generic => 0,
-            Format::Wechatpay | Format::Alipay => UTC8_OFFSET_MS,
-        }
+        self.bills().map_or(0, |bills| bills.day_offset_ms())
     }
+}
+
+/// How one platform's statements are read: where the header is and what
+/// it declares, then each row, a line at a time.
+pub trait BillFormat: Sync {
+    /// Offset of the statement's calendar days from UTC.
+    fn day_offset_ms(&self) -> i64;
+    /// Whether a statement that is not UTF-8 is read as GBK.
+    fn may_be_gbk(&self) -> bool {
+        false
+    }
+    /// Finds the header row among the statement's first lines (numbered,
+    /// blank ones skipped): what it compares, how its rows are read, and
+    /// the header's line.
+    fn header<'t>(
+        &self,
+        lines: &mut dyn Iterator<Item = Result<(usize, Cow<'t, str>), Error>>,
+    ) -> Result<Header, Error>;
+}
+
+/// What a statement's header declares.
+pub struct Header {
+    /// What the statement is complete for.
+    pub compared: &'static [RowKind],
+    /// How the rows after it are read.
+    pub rows: Box<dyn BillRows>,
+    /// The 1-based line of the header row; 0 when there is none.
+    pub line: usize,
+}
+
+/// The rows after a header, one line's fields at a time.
+pub trait BillRows: Send + Sync {
+    /// What line `line` (its fields, trimmed) is.
+    fn read(&self, line: usize, fields: &[String]) -> Result<Read, Error>;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -100,7 +115,7 @@ pub struct Statement<'a> {
     /// compared: payonce's payments are not `missing_remote` from a refund bill.
     pub compared: &'static [RowKind],
     text: Text<'a>,
-    layout: Layout,
+    rows: Box<dyn BillRows>,
     /// The 1-based line of the header row; the rows follow it.
     header_line: usize,
 }
@@ -143,27 +158,16 @@ enum Text<'a> {
     Decoded(String),
 }
 
-/// How the rows after the header are read.
-enum Layout {
-    /// A statement without a single non-blank line: no rows.
-    Empty,
-    Generic,
-    Wechat {
-        bill: BillType,
-        columns: WechatColumns,
-    },
-    Alipay(AlipayColumns),
-}
-
 impl<'a> Statement<'a> {
     /// Checks the statement's size and encoding and reads its header.
     pub fn read(format: Format, bytes: &'a [u8]) -> Result<Statement<'a>, Error> {
         if bytes.len() > STATEMENT_BYTES_MAX {
             return Err(Error::new(ErrorKind::PayloadTooLarge, "a statement is at most 16 MiB"));
         }
-        let text = decode(format, bytes)?;
-        let (compared, layout, header_line) = read_header(format, lines(&text))?;
-        Ok(Statement { compared, text, layout, header_line })
+        let bills = format.bills()?;
+        let text = decode(bills, bytes)?;
+        let Header { compared, rows, line } = bills.header(&mut lines(&text))?;
+        Ok(Statement { compared, text, rows, header_line: line })
     }
 
     /// The statement's rows, in order, read from the start again on every
@@ -193,7 +197,7 @@ impl Iterator for Rows<'_> {
                     return Some(Err(e));
                 }
             };
-            match read_row(&self.statement.layout, line, &text) {
+            match read_row(self.statement.rows.as_ref(), line, &text) {
                 Ok(Read::Row(row)) => return Some(Ok(row)),
                 Ok(Read::Skip) => {}
                 Ok(Read::End) => self.done = true,
@@ -208,7 +212,7 @@ impl Iterator for Rows<'_> {
 }
 
 /// What one line after the header is.
-enum Read {
+pub enum Read {
     Row(StatementRow),
     /// A line that moved no money, or is not a detail row.
     Skip,
@@ -219,7 +223,7 @@ enum Read {
 /// UTF-8 (a BOM is dropped); Alipay statements that are not UTF-8 are GBK.
 /// The platforms hand their files out compressed (WeChat's `tar_type=GZIP`,
 /// Alipay's zip of 业务明细 and 汇总): those are refused with that said.
-fn decode(format: Format, bytes: &[u8]) -> Result<Text<'_>, Error> {
+fn decode<'a>(bills: &dyn BillFormat, bytes: &'a [u8]) -> Result<Text<'a>, Error> {
     if bytes.starts_with(b"\x1f\x8b") {
         return Err(Error::invalid("the statement is gzip-compressed; send the decompressed bill"));
     }
@@ -230,7 +234,7 @@ fn decode(format: Format, bytes: &[u8]) -> Result<Text<'_>, Error> {
     let neither = || Error::invalid("the statement is neither UTF-8 nor GBK");
     match std::str::from_utf8(bytes) {
         Ok(text) => Ok(Text::Utf8(text)),
-        Err(_) if format == Format::Alipay => {
+        Err(_) if bills.may_be_gbk() => {
             if encoding_rs::Encoding::for_bom(bytes).is_some() {
                 let (text, _, had_errors) = encoding_rs::GBK.decode(bytes);
                 return if had_errors { Err(neither()) } else { Ok(Text::Decoded(text.into_owned())) };
@@ -324,7 +328,7 @@ impl<'a> Iterator for Lines<'a> {
 /// The fields of one line, trimmed. Each physical line is read on its own:
 /// the platforms' files have no multi-line fields, and summary blocks
 /// change the column count. A line that is not CSV has no fields.
-fn fields_of(line: &str) -> Vec<String> {
+pub(crate) fn fields_of(line: &str) -> Vec<String> {
     let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(line.as_bytes());
     reader
         .records()
@@ -334,69 +338,11 @@ fn fields_of(line: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Finds the header row: what the statement compares, how its rows are
-/// read, and the header's line.
-fn read_header<'a>(
-    format: Format,
-    mut lines: impl Iterator<Item = Result<(usize, Cow<'a, str>), Error>>,
-) -> Result<(&'static [RowKind], Layout, usize), Error> {
-    match format {
-        Format::Generic => {
-            let Some((line, text)) = lines.next().transpose()? else {
-                return Ok((BOTH_KINDS, Layout::Empty, 0));
-            };
-            if fields_of(&text) != ["pay_no", "order_no", "amount", "status", "paid_at"] {
-                return Err(Error::invalid(
-                    "a generic statement starts with the header pay_no,order_no,amount,status,paid_at",
-                ));
-            }
-            Ok((BOTH_KINDS, Layout::Generic, line))
-        }
-        Format::Wechatpay => {
-            for next in lines {
-                let (line, text) = next?;
-                let header = fields_of(&text);
-                if header.first().is_some_and(|c| c == "交易时间") {
-                    let bill = BillType::of_header(&header);
-                    let columns = WechatColumns::of(&header, bill)?;
-                    return Ok((bill.compared(), Layout::Wechat { bill, columns }, line));
-                }
-            }
-            Err(Error::invalid("a wechatpay trade bill starts with a header row beginning 交易时间"))
-        }
-        Format::Alipay => {
-            for next in lines {
-                let (line, text) = next?;
-                let header = fields_of(&text);
-                if header.first().is_some_and(|c| c == "支付宝交易号") {
-                    return Ok((BOTH_KINDS, Layout::Alipay(AlipayColumns::of(&header)?), line));
-                }
-            }
-            Err(Error::invalid("an alipay statement has a header row beginning 支付宝交易号"))
-        }
-    }
-}
-
-fn read_row(layout: &Layout, line: usize, text: &str) -> Result<Read, Error> {
-    let fields = fields_of(text);
-    let row = match layout {
-        Layout::Empty => return Ok(Read::End),
-        Layout::Generic => generic_row(line, &fields)?,
-        Layout::Wechat { bill, columns } => {
-            if fields.first().is_some_and(|c| c.starts_with("总")) {
-                return Ok(Read::End); // the summary block
-            }
-            match wechat_row(*bill, columns, line, &fields)? {
-                Some(row) => row,
-                None => return Ok(Read::Skip),
-            }
-        }
-        Layout::Alipay(columns) => match alipay_row(columns, line, &fields)? {
-            Some(row) => row,
-            None => return Ok(Read::Skip),
-        },
-    };
-    Ok(Read::Row(StatementRow { raw: text.to_owned(), ..row }))
+fn read_row(rows: &dyn BillRows, line: usize, text: &str) -> Result<Read, Error> {
+    Ok(match rows.read(line, &fields_of(text))? {
+        Read::Row(row) => Read::Row(StatementRow { raw: text.to_owned(), ..row }),
+        other => other,
+    })
 }
 
 /// The calendar day (`YYYY-MM-DD`) of an instant at a UTC offset.
@@ -414,11 +360,11 @@ pub fn day_bounds(day: &str, offset_ms: i64) -> Option<(String, String)> {
     Some((format_ms(start), format_ms(start + 86_400_000)))
 }
 
-fn invalid_row(line: usize, what: &str) -> Error {
+pub(crate) fn invalid_row(line: usize, what: &str) -> Error {
     Error::invalid(format!("statement line {line}: {what}"))
 }
 
-fn check_ids(line: usize, id: &str, order_no: &str) -> Result<(), Error> {
+pub(crate) fn check_ids(line: usize, id: &str, order_no: &str) -> Result<(), Error> {
     if !is_identifier(id) {
         return Err(invalid_row(line, "the pay_no/refund_no is not 1-64 characters of [A-Za-z0-9_.-]"));
     }
@@ -428,244 +374,12 @@ fn check_ids(line: usize, id: &str, order_no: &str) -> Result<(), Error> {
     Ok(())
 }
 
-fn generic_row(line: usize, fields: &[String]) -> Result<StatementRow, Error> {
-    let [pay_no, order_no, amount, status, paid_at] = fields else {
-        return Err(invalid_row(line, "expected 5 columns"));
-    };
-    check_ids(line, pay_no, order_no)?;
-    let amount = amount.parse::<i64>().ok().filter(|a| is_amount(*a));
-    let amount = amount.ok_or_else(|| invalid_row(line, "amount must be an integer from 1 to 10^12 (minor units)"))?;
-    let kind = match status.as_str() {
-        "SUCCESS" => RowKind::Payment,
-        "REFUND" => RowKind::Refund,
-        _ => return Err(invalid_row(line, "status must be SUCCESS or REFUND")),
-    };
-    let at_ms =
-        parse_rfc3339_ms(paid_at).ok_or_else(|| invalid_row(line, "paid_at must be RFC 3339 with an offset"))?;
-    Ok(StatementRow {
-        kind,
-        id: pay_no.clone(),
-        order_no: order_no.clone(),
-        amount,
-        at_ms: Some(at_ms),
-        coupon_amount: None,
-        currency: None,
-        line,
-        raw: String::new(),
-    })
-}
-
 /// Finds a column by its header name.
-fn column(header: &[String], name: &str, format: &str) -> Result<usize, Error> {
+pub(crate) fn column(header: &[String], name: &str, format: &str) -> Result<usize, Error> {
     header
         .iter()
         .position(|h| h == name)
         .ok_or_else(|| Error::invalid(format!("the {format} statement has no column {name}")))
-}
-
-/// WeChat Pay's `bill_type`, as its header declares it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BillType {
-    /// 支付账单: payments only; no refund columns.
-    Success,
-    /// 退款账单: refunds only; refund columns and the refund's own times.
-    Refund,
-    /// Payments and refunds; refund columns without the refund's times.
-    All,
-}
-
-impl BillType {
-    fn of_header(header: &[String]) -> BillType {
-        let has = |name: &str| header.iter().any(|h| h == name);
-        if has("退款申请时间") || has("退款成功时间") {
-            BillType::Refund
-        } else if has("商户退款单号") {
-            BillType::All
-        } else {
-            BillType::Success
-        }
-    }
-
-    fn compared(self) -> &'static [RowKind] {
-        match self {
-            BillType::Success => &[RowKind::Payment],
-            BillType::Refund => &[RowKind::Refund],
-            BillType::All => BOTH_KINDS,
-        }
-    }
-}
-
-/// The columns a WeChat bill of one type is read by.
-struct WechatColumns {
-    time: usize,
-    pay_no: usize,
-    order_no: usize,
-    state: usize,
-    order_amount: usize,
-    coupon: Option<usize>,
-    currency: Option<usize>,
-    /// (商户退款单号, the refund amount compared, 退款状态), in ALL and REFUND bills.
-    refund: Option<(usize, usize, Option<usize>)>,
-    /// (退款成功时间, 退款申请时间), in REFUND bills.
-    refund_times: (Option<usize>, Option<usize>),
-}
-
-impl WechatColumns {
-    fn of(header: &[String], bill: BillType) -> Result<WechatColumns, Error> {
-        let find = |name: &str| header.iter().position(|h| h == name);
-        let need = |name: &str| column(header, name, "wechatpay");
-        let refund = match bill {
-            BillType::Success => None,
-            BillType::Refund | BillType::All => {
-                let amount = match find("申请退款金额") {
-                    Some(i) => i,
-                    None => need("退款金额")?,
-                };
-                Some((need("商户退款单号")?, amount, find("退款状态")))
-            }
-        };
-        Ok(WechatColumns {
-            time: need("交易时间")?,
-            pay_no: need("微信订单号")?,
-            order_no: need("商户订单号")?,
-            state: need("交易状态")?,
-            order_amount: need("订单金额")?,
-            coupon: find("代金券金额"),
-            currency: find("货币种类"),
-            refund,
-            refund_times: (find("退款成功时间"), find("退款申请时间")),
-        })
-    }
-}
-
-/// One detail row of a WeChat bill, or `None` for a row that moved no money
-/// (NOTPAY, CLOSED, REVOKED..., a refund still PROCESSING).
-fn wechat_row(
-    bill: BillType,
-    columns: &WechatColumns,
-    line: usize,
-    fields: &[String],
-) -> Result<Option<StatementRow>, Error> {
-    let value = |i: usize| fields.get(i).map(|v| v.trim_start_matches('`').trim()).unwrap_or("");
-    let time = |i: usize, name: &str| {
-        local_time_ms(value(i), UTC8_OFFSET_MS)
-            .ok_or_else(|| invalid_row(line, &format!("{name} must be YYYY-MM-DD HH:MM:SS")))
-    };
-    let paid_at = time(columns.time, "交易时间")?;
-    let kind = match (bill, value(columns.state)) {
-        (BillType::Refund, _) => RowKind::Refund,
-        (BillType::Success | BillType::All, "SUCCESS") => RowKind::Payment,
-        (BillType::All, "REFUND") => RowKind::Refund,
-        (BillType::Success, other) => {
-            return Err(invalid_row(line, &format!("a SUCCESS bill lists successful payments, not {other:?}")))
-        }
-        (BillType::All, _) => return Ok(None),
-    };
-    let yuan = |i: usize, name: &str| {
-        yuan_to_fen(value(i), false)
-            .ok_or_else(|| invalid_row(line, &format!("{name} must be yuan with at most two decimals")))
-    };
-    let (id, amount, at_ms, coupon_amount) = match (kind, columns.refund) {
-        (RowKind::Payment, _) => {
-            let coupon = match columns.coupon {
-                Some(i) if !value(i).is_empty() => Some(yuan(i, "代金券金额")?).filter(|c| *c != 0),
-                _ => None,
-            };
-            (value(columns.pay_no), yuan(columns.order_amount, "订单金额")?, Some(paid_at), coupon)
-        }
-        (RowKind::Refund, Some((refund_no, amount, state))) => {
-            if state.is_some_and(|i| !matches!(value(i), "" | "SUCCESS")) {
-                return Ok(None);
-            }
-            // A REFUND bill dates the row by the refund: its success, else
-            // its acceptance. An ALL bill gives it no time of its own.
-            let own = match columns.refund_times {
-                (Some(i), _) if !value(i).is_empty() => Some(time(i, "退款成功时间")?),
-                (_, Some(i)) if !value(i).is_empty() => Some(time(i, "退款申请时间")?),
-                (None, None) => None,
-                _ => return Err(invalid_row(line, "a refund bill row has neither 退款成功时间 nor 退款申请时间")),
-            };
-            (value(refund_no), yuan(amount, "the refund amount")?, own, None)
-        }
-        (RowKind::Refund, None) => return Err(Error::internal("a bill with refund rows has refund columns")),
-    };
-    let order_no = value(columns.order_no);
-    check_ids(line, id, order_no)?;
-    if !is_amount(amount) {
-        return Err(invalid_row(line, "the amount must be from 0.01 to 10^10 yuan"));
-    }
-    let currency = match columns.currency.map(value).filter(|c| !c.is_empty()) {
-        None => "CNY",
-        Some(c) if is_currency(c) => c,
-        Some(_) => return Err(invalid_row(line, "货币种类 must be 3 upper-case letters")),
-    };
-    Ok(Some(StatementRow {
-        kind,
-        id: id.to_owned(),
-        order_no: order_no.to_owned(),
-        amount,
-        at_ms,
-        coupon_amount,
-        currency: Some(currency.to_owned()),
-        line,
-        raw: String::new(),
-    }))
-}
-
-/// The columns an Alipay 业务明细 is read by.
-struct AlipayColumns {
-    trade: usize,
-    order: usize,
-    kind: usize,
-    done: usize,
-    amount: usize,
-    refund: usize,
-}
-
-impl AlipayColumns {
-    fn of(header: &[String]) -> Result<AlipayColumns, Error> {
-        Ok(AlipayColumns {
-            trade: column(header, "支付宝交易号", "alipay")?,
-            order: column(header, "商户订单号", "alipay")?,
-            kind: column(header, "业务类型", "alipay")?,
-            done: column(header, "完成时间", "alipay")?,
-            amount: column(header, "订单金额（元）", "alipay")?,
-            refund: column(header, "退款批次号/请求号", "alipay")?,
-        })
-    }
-}
-
-/// One row of an Alipay 业务明细, or `None` for a `#` metadata line or a
-/// row of another 业务类型.
-fn alipay_row(columns: &AlipayColumns, line: usize, fields: &[String]) -> Result<Option<StatementRow>, Error> {
-    if fields.first().is_some_and(|c| c.starts_with('#')) {
-        return Ok(None);
-    }
-    let value = |i: usize| fields.get(i).map(|v| v.trim()).unwrap_or("");
-    let (kind, id, negative) = match value(columns.kind) {
-        "交易" => (RowKind::Payment, value(columns.trade), false),
-        "退款" => (RowKind::Refund, value(columns.refund), true),
-        _ => return Ok(None),
-    };
-    let at_ms = local_time_ms(value(columns.done), UTC8_OFFSET_MS)
-        .ok_or_else(|| invalid_row(line, "完成时间 must be YYYY-MM-DD HH:MM:SS"))?;
-    let order_no = value(columns.order);
-    check_ids(line, id, order_no)?;
-    let amount = yuan_to_fen(value(columns.amount), negative)
-        .filter(|a| is_amount(*a))
-        .ok_or_else(|| invalid_row(line, "订单金额（元） must be yuan with at most two decimals"))?;
-    Ok(Some(StatementRow {
-        kind,
-        id: id.to_owned(),
-        order_no: order_no.to_owned(),
-        amount,
-        at_ms: Some(at_ms),
-        coupon_amount: None,
-        // Alipay's statements are in yuan, as its notices (docs/channels.md).
-        currency: Some("CNY".to_owned()),
-        line,
-        raw: String::new(),
-    }))
 }
 
 /// What one compared statement row is against payonce's record of it.
@@ -744,6 +458,7 @@ fn id_at<'t>(text: &'t str, (start, len, _): &(u32, u32, RowKind)) -> &'t str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::local_time_ms;
 
     struct Parsed {
         compared: &'static [RowKind],

@@ -60,7 +60,7 @@ impl Relay {
         }
         // The whole call within the timeout, a 4xx or 5xx an answer to
         // record, a redirect a failed attempt, the configured URL called directly.
-        let agent = crate::platform::agent(Duration::from_millis(settings.timeout_ms));
+        let agent = crate::platforms::agent(Duration::from_millis(settings.timeout_ms));
         Ok(Relay { agent, app })
     }
 

@@ -19,8 +19,8 @@ use crate::ops::{
     Compensated, CompensationEffect, DiffRow, DiffRows, Drained, Mode, PaymentResolution, Reconciliation,
     RefundResolution, Repaired, Repairing, DIFF_PIECE_BYTES,
 };
-use crate::platform::TradeState;
 use crate::platform_ops::Synced;
+use crate::platforms::TradeState;
 use crate::webhook_ops::{DeliveryPage, EnabledEndpoint, Replayed};
 use crate::wire;
 use serde_json::{json, Map, Value};

@@ -6,10 +6,12 @@
 use crate::platform::Keys;
 use crate::s;
 use payonce::app::Config;
-use payonce::channel::alipay::AlipayConfig;
-use payonce::channel::wechatpay::WechatpayConfig;
 use payonce::domain::Rewards;
 use payonce::http::{Server, WORKERS_DEFAULT};
+use payonce::platforms::alipay::{Alipay, AlipayConfig};
+use payonce::platforms::generic::Generic;
+use payonce::platforms::wechatpay::{Wechatpay, WechatpayConfig};
+use payonce::platforms::{Platform, Platforms};
 use payonce::{App, Clock};
 use rsa::RsaPublicKey;
 use std::net::SocketAddr;
@@ -45,11 +47,12 @@ pub fn config(keys: &Keys) -> Result<Config, String> {
         public_key: RsaPublicKey::from(ali.signing_key.as_ref()),
         app_id: ali.app_id.clone(),
     });
+    let mut platforms = vec![Platform::notices(Generic::new(vec![keys.generic_secret.clone()]))];
+    platforms.extend(wechatpay.map(|config| Platform::notices(Wechatpay::new(config))));
+    platforms.extend(alipay.map(|config| Platform::notices(Alipay::new(config))));
     Ok(Config {
-        callback_secrets: vec![keys.generic_secret.clone()],
         rewards: Rewards { coupon_templates: vec![SIM_COUPON.into()], points_per_yuan: SIM_POINTS_PER_YUAN },
-        wechatpay,
-        alipay,
+        platforms: Platforms::with(platforms),
         ..Config::default()
     })
 }

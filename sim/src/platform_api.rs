@@ -26,6 +26,8 @@ mod wechatpay;
 #[cfg(test)]
 mod payonce_sync;
 #[cfg(test)]
+mod suite;
+#[cfg(test)]
 mod tests;
 
 use crate::platform::{

@@ -14,13 +14,13 @@ mod common;
 
 use common::{Payonce, TempDir};
 use payonce::app::Config;
-use payonce::channel::alipay::public_key_from_text;
-use payonce::channel::wechatpay::public_key_from_pem;
 use payonce::http::Server;
-use payonce::platform::alipay::AlipayApi;
-use payonce::platform::wechatpay::WechatpayApi;
-use payonce::platform::MerchantKey;
 use payonce::platform_ops::Platforms;
+use payonce::platforms::alipay::public_key_from_text;
+use payonce::platforms::alipay::AlipayApi;
+use payonce::platforms::wechatpay::public_key_from_pem;
+use payonce::platforms::wechatpay::WechatpayApi;
+use payonce::platforms::MerchantKey;
 use payonce::{App, Clock};
 use payonce_testclient as client;
 use serde_json::{json, Value};
@@ -190,21 +190,23 @@ impl Payonce {
         let wechatpay_key = public_key_from_pem(&read(file)).expect("WeChat Pay's platform key");
         let alipay_key = public_key_from_text(&read(sim.flag("--alipay-public-key"))).expect("the Alipay key");
         let platforms = Platforms {
-            wechatpay: Some(Arc::new(WechatpayApi::new(
-                sim.flag("--wechatpay-mchid").to_owned(),
-                sim.flag("--wechatpay-merchant-serial").to_owned(),
-                merchant_key("--wechatpay-merchant-key"),
-                sim.flag("--wechatpay-api-base"),
-                vec![(serial.to_owned(), wechatpay_key)],
-                timeout,
-            ))),
-            alipay: Some(Arc::new(AlipayApi::new(
-                sim.flag("--alipay-app-id").to_owned(),
-                merchant_key("--alipay-app-private-key"),
-                sim.flag("--alipay-gateway"),
-                alipay_key,
-                timeout,
-            ))),
+            registry: payonce::platforms::Registry::with([
+                payonce::platforms::Platform::calls(WechatpayApi::new(
+                    sim.flag("--wechatpay-mchid").to_owned(),
+                    sim.flag("--wechatpay-merchant-serial").to_owned(),
+                    merchant_key("--wechatpay-merchant-key"),
+                    sim.flag("--wechatpay-api-base"),
+                    vec![(serial.to_owned(), wechatpay_key)],
+                    timeout,
+                )),
+                payonce::platforms::Platform::calls(AlipayApi::new(
+                    sim.flag("--alipay-app-id").to_owned(),
+                    merchant_key("--alipay-app-private-key"),
+                    sim.flag("--alipay-gateway"),
+                    alipay_key,
+                    timeout,
+                )),
+            ]),
             timeout_ms: timeout.as_millis() as u64,
             ..Platforms::default()
         };

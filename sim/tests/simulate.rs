@@ -10,10 +10,12 @@ mod common;
 use common::{Payonce, TempDir};
 use payonce::api::{Request, Response};
 use payonce::app::Config;
-use payonce::channel::alipay::{public_key_from_text, AlipayConfig};
-use payonce::channel::wechatpay::{public_key_from_pem, WechatpayConfig};
 use payonce::domain::Rewards;
 use payonce::http::Server;
+use payonce::platforms::alipay::{public_key_from_text, Alipay, AlipayConfig};
+use payonce::platforms::generic::Generic;
+use payonce::platforms::wechatpay::{public_key_from_pem, Wechatpay, WechatpayConfig};
+use payonce::platforms::{Platform, Platforms};
 use payonce::{App, Clock};
 use payonce_testclient as client;
 use serde_json::{json, Value};
@@ -105,11 +107,12 @@ impl Payonce {
         } else {
             (None, None)
         };
+        let mut platforms = vec![Platform::notices(Generic::new(vec![SECRET.as_bytes().to_vec()]))];
+        platforms.extend(wechatpay.map(|config| Platform::notices(Wechatpay::new(config))));
+        platforms.extend(alipay.map(|config| Platform::notices(Alipay::new(config))));
         let config = Config {
-            callback_secrets: vec![SECRET.as_bytes().to_vec()],
             rewards: Rewards { coupon_templates: vec!["SIM-COUPON".into()], points_per_yuan: 1 },
-            wechatpay,
-            alipay,
+            platforms: Platforms::with(platforms),
             ..Config::default()
         };
         let dir = TempDir::new("payonce");

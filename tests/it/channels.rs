@@ -16,8 +16,10 @@ use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use base64::Engine;
 use payonce::api::{self, Request, Response};
-use payonce::channel::alipay::{self, AlipayConfig};
-use payonce::channel::wechatpay::{self, WechatpayConfig};
+use payonce::platforms::alipay::{self, Alipay, AlipayConfig};
+use payonce::platforms::generic::Generic;
+use payonce::platforms::wechatpay::{self, Wechatpay, WechatpayConfig};
+use payonce::platforms::{Platform, Platforms};
 use payonce::recon::yuan_to_fen;
 use payonce::{App, Clock, Config, Rewards};
 use rsa::pkcs1v15::SigningKey;
@@ -108,10 +110,15 @@ fn config_with(wechatpay: bool, alipay: bool) -> Config {
         public_key: alipay::public_key_from_text(ALIPAY_PUBLIC).expect("alipay public key"),
         app_id: ALIPAY_APP_ID.into(),
     };
+    let mut platforms = vec![Platform::notices(Generic::new(vec![GENERIC_SECRET.to_vec()]))];
+    if wechatpay {
+        platforms.push(Platform::notices(Wechatpay::new(wx)));
+    }
+    if alipay {
+        platforms.push(Platform::notices(Alipay::new(ali)));
+    }
     Config {
-        wechatpay: wechatpay.then_some(wx),
-        alipay: alipay.then_some(ali),
-        callback_secrets: vec![GENERIC_SECRET.to_vec()],
+        platforms: Platforms::with(platforms),
         rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
         ..Config::default()
     }

@@ -112,7 +112,13 @@ fn expect_error(a: &Answer, status: u16, code: &str, context: &str) {
 // ---- in process ----
 
 fn config() -> Config {
-    Config { idempotency_ttl_s: TTL_S, callback_secrets: vec![SECRET.as_bytes().to_vec()], ..Default::default() }
+    Config {
+        idempotency_ttl_s: TTL_S,
+        platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+            payonce::platforms::generic::Generic::new(vec![SECRET.as_bytes().to_vec()]),
+        )]),
+        ..Default::default()
+    }
 }
 
 fn new_app() -> App {

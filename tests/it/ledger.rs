@@ -44,7 +44,12 @@ fn partials(dir: &Path) -> Vec<String> {
 /// A payonce database of about `mib` MiB: a few paid orders and filler
 /// audit rows of incompressible text. Returns the number of audit rows.
 fn database_of(db: &Path, mib: u64) -> i64 {
-    let config = Config { callback_secrets: vec![SECRET.as_bytes().to_vec()], ..Config::default() };
+    let config = Config {
+        platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+            payonce::platforms::generic::Generic::new(vec![SECRET.as_bytes().to_vec()]),
+        )]),
+        ..Config::default()
+    };
     let app = App::open(&db.display().to_string(), Clock::System, config).expect("open");
     for i in 0..5 {
         app.create_order(&payonce::CreateOrder {
@@ -712,7 +717,12 @@ fn platform_times_outside_the_window_are_refused_through_the_binary() {
 #[test]
 fn the_refusal_names_each_channels_platform_time_field() {
     let t0 = 1_700_000_000_000;
-    let config = Config { callback_secrets: vec![SECRET.as_bytes().to_vec()], ..Config::default() };
+    let config = Config {
+        platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+            payonce::platforms::generic::Generic::new(vec![SECRET.as_bytes().to_vec()]),
+        )]),
+        ..Config::default()
+    };
     let app = App::open(":memory:", Clock::manual(t0), config).expect("open");
     for (channel, field) in [("generic", "paid_at"), ("wechatpay", "success_time"), ("alipay", "gmt_payment")] {
         let order_no = format!("FLD-{channel}");
@@ -755,7 +765,12 @@ fn reconcile_day(app: &App, day: &str) -> Vec<String> {
 #[test]
 fn reconciliation_dates_by_decided_at_when_the_platform_time_is_out_of_window() {
     let ms = |t: &str| payonce::clock::parse_rfc3339_ms(t).expect("time");
-    let config = Config { callback_secrets: vec![SECRET.as_bytes().to_vec()], ..Config::default() };
+    let config = Config {
+        platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+            payonce::platforms::generic::Generic::new(vec![SECRET.as_bytes().to_vec()]),
+        )]),
+        ..Config::default()
+    };
     let app = App::open(":memory:", Clock::manual(ms("2026-03-10T12:00:00Z")), config).expect("open");
     let order = |order_no: &str| {
         app.create_order(&payonce::CreateOrder {

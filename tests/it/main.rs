@@ -31,6 +31,7 @@ mod reads;
 mod receiver;
 mod reconcile;
 mod reconcile_bills;
+mod registry;
 mod reruns;
 mod schema;
 mod simulate;

@@ -37,7 +37,9 @@ const USER: &str = "u-ops";
 fn config() -> Config {
     Config {
         rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
-        callback_secrets: vec![SECRET.as_bytes().to_vec()],
+        platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+            payonce::platforms::generic::Generic::new(vec![SECRET.as_bytes().to_vec()]),
+        )]),
         ..Config::default()
     }
 }

@@ -283,10 +283,10 @@ fn alipay_flags(gateway: &Gateway, public: &str) -> Vec<String> {
     .to_vec()
 }
 
-fn alipay_client(gateway: &Gateway) -> payonce::platform::alipay::AlipayApi {
-    payonce::platform::alipay::AlipayApi::new(
+fn alipay_client(gateway: &Gateway) -> payonce::platforms::alipay::AlipayApi {
+    payonce::platforms::alipay::AlipayApi::new(
         "2021000000000001".into(),
-        payonce::platform::MerchantKey::from_pem(&std::fs::read_to_string(MERCHANT_KEY).expect("fixture"))
+        payonce::platforms::MerchantKey::from_pem(&std::fs::read_to_string(MERCHANT_KEY).expect("fixture"))
             .expect("key"),
         &format!("{}/gateway.do", gateway.url()),
         platform_private().to_public_key(),
@@ -298,7 +298,7 @@ fn alipay_client(gateway: &Gateway) -> payonce::platform::alipay::AlipayApi {
 /// no answer; the same gateway's genuine answers are believed.
 #[test]
 fn forged_alipay_answers_are_no_answer_for_every_method() {
-    use payonce::platform::{CloseAnswer, RefundAnswer, RefundState, TradeState};
+    use payonce::platforms::{CloseAnswer, RefundAnswer, RefundState, TradeState};
     let next: Arc<Mutex<String>> = Arc::default();
     let body = Arc::clone(&next);
     let gateway = Gateway::start(move |_| alipay_reply(body.lock().expect("body").clone()));
@@ -638,7 +638,7 @@ fn currency_is_part_of_a_queried_amount_and_refunds_go_in_the_orders_currency() 
 /// sent (it would move the wrong money); the client says so without a call.
 #[test]
 fn an_alipay_refund_of_a_non_cny_order_is_not_sent() {
-    use payonce::platform::RefundAnswer;
+    use payonce::platforms::RefundAnswer;
     let gateway = Gateway::start(|seen| alipay_answer(seen.alipay_method(), &alipay_yes(seen.alipay_method(), "X")));
     let api = alipay_client(&gateway);
     let exchange = api.refund("ORD_U1", "RF_U1", 1000, "USD", crate::util::now_ms());

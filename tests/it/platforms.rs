@@ -256,8 +256,8 @@ fn sigkill_between_the_platform_close_and_the_local_close_closes_once() {
 
 /// A payonce on `db` whose WeChat Pay never answers (nothing listens on port 9).
 fn app_with_dead_wechatpay(db: &crate::engines::Db, clock: payonce::Clock) -> payonce::App {
-    use payonce::platform::wechatpay::WechatpayApi;
-    use payonce::platform::{MerchantKey, Platforms};
+    use payonce::platforms::wechatpay::WechatpayApi;
+    use payonce::platforms::{MerchantKey, Platform, Platforms};
     let merchant = std::fs::read_to_string(MERCHANT_KEY).expect("fixture");
     let certificate =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/keys/platform-cert-valid.pem"))
@@ -267,11 +267,10 @@ fn app_with_dead_wechatpay(db: &crate::engines::Db, clock: payonce::Clock) -> pa
         "M1".into(),
         MerchantKey::from_pem(&merchant).expect("key"),
         "http://127.0.0.1:9",
-        vec![("S1".into(), payonce::channel::wechatpay::public_key_from_pem(&certificate).expect("key"))],
+        vec![("S1".into(), payonce::platforms::wechatpay::public_key_from_pem(&certificate).expect("key"))],
         std::time::Duration::from_millis(500),
     );
-    let platforms =
-        Platforms { wechatpay: Some(std::sync::Arc::new(api)), retry_schedule_ms: vec![1_000], ..Platforms::default() };
+    let platforms = Platforms { retry_schedule_ms: vec![1_000], ..Platforms::with([Platform::calls(api)]) };
     let config = payonce::Config { platforms, ..payonce::Config::default() };
     payonce::App::open(&db.spec, clock, config).expect("payonce")
 }
@@ -302,7 +301,7 @@ for_each_engine! {
 
         order("ORD-PC-2", None);
         let synced = app.sync_order("ORD-PC-2").expect("sync");
-        assert_eq!(synced.platforms[0].state, payonce::platform::TradeState::Unknown);
+        assert_eq!(synced.platforms[0].state, payonce::platforms::TradeState::Unknown);
         assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'query' AND status = 'failed'"), 2);
 
         let paid = app.deliver_payment(&payonce::PaymentCallback {

@@ -39,7 +39,9 @@ fn ms(text: &str) -> i64 {
 fn config() -> Config {
     Config {
         rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
-        callback_secrets: vec![SECRET.as_bytes().to_vec()],
+        platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+            payonce::platforms::generic::Generic::new(vec![SECRET.as_bytes().to_vec()]),
+        )]),
         ..Config::default()
     }
 }
@@ -335,6 +337,7 @@ fn statement(format: Format, rows: &[Row]) -> Vec<u8> {
         Format::Generic => generic_statement(rows),
         Format::Wechatpay => wechat_statement(rows),
         Format::Alipay => alipay_statement(rows),
+        other => panic!("no fixture in the {} format", other.as_str()),
     }
 }
 
@@ -343,6 +346,7 @@ fn content_type(format: Format) -> &'static str {
         Format::Generic => "text/csv",
         Format::Wechatpay => "text/csv; charset=utf-8",
         Format::Alipay => "text/plain; charset=GBK",
+        other => panic!("no fixture in the {} format", other.as_str()),
     }
 }
 
@@ -407,6 +411,7 @@ fn expected_before_repair(format: Format) -> Expected {
     let edge = match format {
         Format::Generic => diff("P-E2", "RC-E2", None, Some(4200)),
         Format::Wechatpay | Format::Alipay => diff("P-E1", "RC-E1", None, Some(4100)),
+        other => panic!("no fixture in the {} format", other.as_str()),
     };
     let mut missing_remote = vec![edge, diff("P-X1", "RC-X1", None, Some(3000))];
     missing_remote.sort();
@@ -438,6 +443,7 @@ fn date_overrides(format: Format) -> Vec<(&'static str, Vec<Diff>)> {
         Format::Wechatpay | Format::Alipay => {
             vec![("2024-01-05", vec![out]), ("2024-01-03", vec![diff("P-E2", "RC-E2", None, Some(4200))])]
         }
+        other => panic!("no fixture in the {} format", other.as_str()),
     }
 }
 

@@ -27,9 +27,11 @@ use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use base64::Engine;
 use payonce::api::{self, Request, Response};
-use payonce::channel::alipay::{self, AlipayConfig};
-use payonce::channel::wechatpay::{self, WechatpayConfig};
 use payonce::clock::parse_rfc3339_ms;
+use payonce::platforms::alipay::{self, Alipay, AlipayConfig};
+use payonce::platforms::generic::Generic;
+use payonce::platforms::wechatpay::{self, Wechatpay, WechatpayConfig};
+use payonce::platforms::{Platform, Platforms};
 use payonce::recon::Format;
 use payonce::{App, Clock, Config, Rewards};
 use rsa::pkcs1v15::SigningKey;
@@ -87,9 +89,11 @@ fn config() -> Config {
         app_id: ALIPAY_APP_ID.into(),
     };
     Config {
-        wechatpay: Some(wx),
-        alipay: Some(ali),
-        callback_secrets: vec![SECRET.as_bytes().to_vec()],
+        platforms: Platforms::with([
+            Platform::notices(Generic::new(vec![SECRET.as_bytes().to_vec()])),
+            Platform::notices(Wechatpay::new(wx)),
+            Platform::notices(Alipay::new(ali)),
+        ]),
         rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
         ..Config::default()
     }

@@ -27,7 +27,9 @@ const ENDPOINT: &str = "http://127.0.0.1:9/hook";
 fn open(db: &Db) -> Arc<App> {
     let config = Config {
         rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 },
-        callback_secrets: vec![SECRET.as_bytes().to_vec()],
+        platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+            payonce::platforms::generic::Generic::new(vec![SECRET.as_bytes().to_vec()]),
+        )]),
         webhooks: WebhookConfig {
             endpoints: vec![ENDPOINT.into()],
             secrets: vec![b"rerun-webhook-secret".to_vec()],

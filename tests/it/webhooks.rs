@@ -279,7 +279,9 @@ fn a_retry_more_than_five_minutes_after_the_first_attempt_still_verifies() {
     receiver.behave("/later", json!({"fail_first": 1}));
     let clock = Clock::manual(now_ms());
     let config = Config {
-        callback_secrets: vec![crate::util::SECRET.as_bytes().to_vec()],
+        platforms: payonce::platforms::Platforms::with([payonce::platforms::Platform::notices(
+            payonce::platforms::generic::Generic::new(vec![crate::util::SECRET.as_bytes().to_vec()]),
+        )]),
         webhooks: WebhookConfig {
             endpoints: vec![receiver.url("/later")],
             secrets: parse_secrets(SECRETS).expect("secrets"),

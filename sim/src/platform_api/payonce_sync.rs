@@ -5,10 +5,10 @@
 
 use super::*;
 use payonce::domain::OrderStatus;
-use payonce::platform::alipay::AlipayApi;
-use payonce::platform::wechatpay::WechatpayApi;
-use payonce::platform::{MerchantKey, TradeState};
 use payonce::platform_ops::Platforms;
+use payonce::platforms::alipay::AlipayApi;
+use payonce::platforms::wechatpay::WechatpayApi;
+use payonce::platforms::{MerchantKey, TradeState};
 use payonce::{App, Clock, Config, CreateOrder};
 use rsa::pkcs8::DecodePrivateKey;
 
@@ -43,26 +43,28 @@ fn setup_with(clock: Clock) -> Setup {
         .expect("the WeChat Pay API");
     let alipay = PlatformApi::start_alipay(AlipayApiConfig::new(merchant_public_key())).expect("the Alipay API");
     let wechatpay_key =
-        payonce::channel::wechatpay::public_key_from_pem(&wechatpay.platform_public_key_pem().expect("pem"))
+        payonce::platforms::wechatpay::public_key_from_pem(&wechatpay.platform_public_key_pem().expect("pem"))
             .expect("WeChat Pay's key");
-    let alipay_key = payonce::channel::alipay::public_key_from_text(&alipay.platform_public_key_pem().expect("pem"))
+    let alipay_key = payonce::platforms::alipay::public_key_from_text(&alipay.platform_public_key_pem().expect("pem"))
         .expect("Alipay's key");
     let platforms = Platforms {
-        wechatpay: Some(Arc::new(WechatpayApi::new(
-            wechatpay.merchant_id().to_owned(),
-            MERCHANT_SERIAL.to_owned(),
-            MerchantKey::from_pem(MERCHANT_KEY_PEM).expect("merchant key"),
-            &wechatpay.base_url(),
-            vec![(wechatpay.platform_serial().expect("serial").to_owned(), wechatpay_key)],
-            TIMEOUT,
-        ))),
-        alipay: Some(Arc::new(AlipayApi::new(
-            alipay.merchant_id().to_owned(),
-            MerchantKey::from_pem(MERCHANT_KEY_PEM).expect("merchant key"),
-            &alipay.endpoint(),
-            alipay_key,
-            TIMEOUT,
-        ))),
+        registry: payonce::platforms::Registry::with([
+            payonce::platforms::Platform::calls(WechatpayApi::new(
+                wechatpay.merchant_id().to_owned(),
+                MERCHANT_SERIAL.to_owned(),
+                MerchantKey::from_pem(MERCHANT_KEY_PEM).expect("merchant key"),
+                &wechatpay.base_url(),
+                vec![(wechatpay.platform_serial().expect("serial").to_owned(), wechatpay_key)],
+                TIMEOUT,
+            )),
+            payonce::platforms::Platform::calls(AlipayApi::new(
+                alipay.merchant_id().to_owned(),
+                MerchantKey::from_pem(MERCHANT_KEY_PEM).expect("merchant key"),
+                &alipay.endpoint(),
+                alipay_key,
+                TIMEOUT,
+            )),
+        ]),
         timeout_ms: TIMEOUT.as_millis() as u64,
         retry_schedule_ms: vec![1_000, 2_000],
         close_give_up_ms: GIVE_UP_MS,
@@ -388,10 +390,10 @@ fn a_close_interrupted_after_the_platform_closed_finishes_once() {
         "UPDATE platform_call SET attempts = 1, next_attempt_at = '{lease}', updated_at = '{now}' WHERE kind = 'close'"
     ))
         .expect("leased");
-    let wechat = s.app.config.platforms.wechatpay.clone().expect("wechatpay");
-    let alipay = s.app.config.platforms.alipay.clone().expect("alipay");
-    assert_eq!(wechat.close("ORD_CRASH_1", clock.now_ms()).meaning, payonce::platform::CloseAnswer::Closed);
-    assert_eq!(alipay.close("ORD_CRASH_1", clock.now_ms()).meaning, payonce::platform::CloseAnswer::Closed);
+    let wechat = s.app.config.platforms.registry.calls("wechatpay").expect("wechatpay");
+    let alipay = s.app.config.platforms.registry.calls("alipay").expect("alipay");
+    assert_eq!(wechat.close("ORD_CRASH_1", clock.now_ms()).meaning, payonce::platforms::CloseAnswer::Closed);
+    assert_eq!(alipay.close("ORD_CRASH_1", clock.now_ms()).meaning, payonce::platforms::CloseAnswer::Closed);
     assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "leased: nobody else takes it");
     clock.advance_ms(3_001);
     assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2);
@@ -509,10 +511,10 @@ fn an_expired_platform_certificate_is_refused() {
             MERCHANT_SERIAL.to_owned(),
             MerchantKey::from_pem(MERCHANT_KEY_PEM).expect("merchant key"),
             &wechatpay.base_url(),
-            vec![(serial.clone(), payonce::channel::wechatpay::public_key_from_pem(certificate).expect("key"))],
+            vec![(serial.clone(), payonce::platforms::wechatpay::public_key_from_pem(certificate).expect("key"))],
             TIMEOUT,
         );
-        api.certificate_expiries = payonce::channel::wechatpay::certificate_not_after_ms(certificate)
+        api.certificate_expiries = payonce::platforms::wechatpay::certificate_not_after_ms(certificate)
             .map(|not_after| vec![(serial.clone(), not_after)])
             .unwrap_or_default();
         api

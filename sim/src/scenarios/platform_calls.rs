@@ -37,10 +37,10 @@ use crate::standalone::MERCHANT_SERIAL;
 use parking_lot::Mutex;
 use payonce::app::Config;
 use payonce::domain::PlatformCallKind;
-use payonce::platform::alipay::AlipayApi;
-use payonce::platform::wechatpay::WechatpayApi;
-use payonce::platform::MerchantKey;
 use payonce::platform_ops::Platforms;
+use payonce::platforms::alipay::AlipayApi;
+use payonce::platforms::wechatpay::WechatpayApi;
+use payonce::platforms::{MerchantKey, Platform as PlatformParts, Registry};
 use payonce::{App, Clock};
 use rsa::{RsaPrivateKey, RsaPublicKey};
 use serde_json::json;
@@ -214,7 +214,8 @@ impl World {
 
     /// payonce's outgoing settings for both platforms, as `payonce serve`
     /// builds them from its flags.
-    fn platforms(&self, pace: &Pace) -> Result<Platforms, String> {
+    /// The calls are added to `registry`, the notices' settings.
+    fn platforms(&self, pace: &Pace, mut registry: Registry) -> Result<Platforms, String> {
         let merchant = merchant()?;
         let timeout = |platform: Platform| if platform == self.channel { pace.timeout } else { HEALTHY_TIMEOUT };
         let key = || MerchantKey::from_pem(&merchant.pem);
@@ -235,9 +236,10 @@ impl World {
             ali.platform_public_key().clone(),
             timeout(Platform::Alipay),
         );
+        registry.add(PlatformParts::calls(wechatpay));
+        registry.add(PlatformParts::calls(alipay));
         Ok(Platforms {
-            wechatpay: Some(Arc::new(wechatpay)),
-            alipay: Some(Arc::new(alipay)),
+            registry,
             timeout_ms: u64::try_from(HEALTHY_TIMEOUT.max(pace.timeout).as_millis()).unwrap_or(u64::MAX),
             retry_schedule_ms: vec![RETRY_MS],
             close_give_up_ms: pace.give_up_ms,
@@ -252,7 +254,8 @@ impl World {
     }
 
     fn config(&self, sim: &Sim, pace: &Pace) -> Result<Config, String> {
-        Ok(Config { platforms: self.platforms(pace)?, ..local::config(&sim.keys)? })
+        let base = local::config(&sim.keys)?;
+        Ok(Config { platforms: self.platforms(pace, base.platforms.registry.clone())?, ..base })
     }
 
     /// payonce before issue 13: the same notification settings, no outgoing calls.

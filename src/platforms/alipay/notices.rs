@@ -1,4 +1,4 @@
-//! Alipay asynchronous notifications (`application/x-www-form-urlencoded`).
+//! Alipay's notices: asynchronous notifications (`application/x-www-form-urlencoded`).
 //!
 //! Alipay signs decoded values, not bytes: the form is decoded in its
 //! `charset` (utf-8 or gbk), then RSA2 (SHA256withRSA) is verified over the
@@ -15,25 +15,20 @@
 //! `TRADE_CLOSED` without it is an unpaid close and changes nothing. The
 //! answer is the plain text `success`, or `failure` with a 4xx/5xx.
 
-use super::{Channel, Notice, Reply};
+use super::{CURRENCY, NAME};
 use crate::clock::{format_ms, local_time_ms, UTC8_OFFSET_MS};
 use crate::domain::{PaymentCallback, PlatformStatus, RefundCallback};
 use crate::error::{Error, ErrorKind};
 use crate::money::yuan_to_fen;
+use crate::platforms::{Notice, Notices, Reply};
 use crate::wire::{self, Request, Response};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
-use rsa::pkcs8::DecodePublicKey;
 use rsa::signature::Verifier;
 use rsa::RsaPublicKey;
 use sha2::Sha256;
 use std::collections::BTreeMap;
 
-pub const NAME: &str = "alipay";
-/// The currency of every Alipay amount payonce reads (notices, answers,
-/// statements): the domestic API quotes yuan, and payonce reads no
-/// `trans_currency` (docs/channels.md).
-pub const CURRENCY: &str = "CNY";
 /// Parameters accepted in one notice (Alipay sends about 30).
 pub const FORM_FIELDS_MAX: usize = 128;
 
@@ -41,18 +36,6 @@ pub const FORM_FIELDS_MAX: usize = 128;
 pub struct AlipayConfig {
     pub public_key: RsaPublicKey,
     pub app_id: String,
-}
-
-/// Alipay's public key as PEM, or as the bare base64 the Alipay console shows.
-pub fn public_key_from_text(text: &str) -> Result<RsaPublicKey, String> {
-    let text = text.trim();
-    if text.contains("-----BEGIN") {
-        return super::wechatpay::public_key_from_pem(text);
-    }
-    let der = base64::engine::general_purpose::STANDARD
-        .decode(text.split_whitespace().collect::<String>())
-        .map_err(|e| format!("not PEM and not base64: {e}"))?;
-    RsaPublicKey::from_public_key_der(&der).map_err(|e| format!("not an RSA public key: {e}"))
 }
 
 pub struct Alipay {
@@ -131,7 +114,7 @@ impl Alipay {
     }
 }
 
-impl Channel for Alipay {
+impl Notices for Alipay {
     fn name(&self) -> &'static str {
         NAME
     }
@@ -146,37 +129,7 @@ impl Channel for Alipay {
         // A refund result first: its trade_no is the payment's, so the
         // duplicate check of the payment must never see it.
         if let Some(refund_fee) = get("refund_fee") {
-            yuan_to_fen(refund_fee, false)
-                .ok_or_else(|| Error::invalid("refund_fee must be yuan with at most two decimals"))?;
-            // gmt_refund: Beijing time, with milliseconds as Alipay sends it
-            // (`2015-04-28 15:45:57.320`) or without.
-            let settled_at = match get("gmt_refund") {
-                Some(text) => Some(format_ms(
-                    local_time_ms(text, UTC8_OFFSET_MS)
-                        .ok_or_else(|| Error::invalid("gmt_refund must be YYYY-MM-DD HH:MM:SS[.SSS]"))?,
-                )),
-                None => None,
-            };
-            return Ok(match get("out_biz_no") {
-                Some(out_biz_no) => Notice::Refund(RefundCallback {
-                    channel: NAME.to_owned(),
-                    refund_no: out_biz_no.to_owned(),
-                    order_no,
-                    status: PlatformStatus::Success,
-                    settled_at,
-                }),
-                // A full refund (TRADE_CLOSED + gmt_refund) may name no
-                // request: it settles the order's refund in flight, if there
-                // is one, else it is the trade's own (unexpected) refund.
-                // The look-up happens inside the refund's transaction.
-                None => Notice::RefundInFlight(RefundCallback {
-                    channel: NAME.to_owned(),
-                    refund_no: trade_no,
-                    order_no,
-                    status: PlatformStatus::Success,
-                    settled_at,
-                }),
-            });
+            return refund_notice(refund_fee, get("gmt_refund"), get("out_biz_no"), trade_no, order_no);
         }
         match get("trade_status") {
             Some("TRADE_SUCCESS") | Some("TRADE_FINISHED") => {}
@@ -211,6 +164,10 @@ impl Channel for Alipay {
         }))
     }
 
+    fn paid_time_field(&self) -> &'static str {
+        super::PAID_TIME_FIELD
+    }
+
     fn acknowledge(&self, _reply: &Reply) -> Response {
         plain_text(200, "success")
     }
@@ -218,6 +175,48 @@ impl Channel for Alipay {
     fn refuse(&self, err: &Error) -> Response {
         plain_text(wire::status_of(err.kind), "failure")
     }
+}
+
+/// A refund result: of the request `out_biz_no` names, or of the order's
+/// refund in flight when it names none.
+fn refund_notice(
+    refund_fee: &str,
+    gmt_refund: Option<&str>,
+    out_biz_no: Option<&str>,
+    trade_no: String,
+    order_no: String,
+) -> Result<Notice, Error> {
+    yuan_to_fen(refund_fee, false)
+        .ok_or_else(|| Error::invalid("refund_fee must be yuan with at most two decimals"))?;
+    // gmt_refund: Beijing time, with milliseconds as Alipay sends it
+    // (`2015-04-28 15:45:57.320`) or without.
+    let settled_at = match gmt_refund {
+        Some(text) => Some(format_ms(
+            local_time_ms(text, UTC8_OFFSET_MS)
+                .ok_or_else(|| Error::invalid("gmt_refund must be YYYY-MM-DD HH:MM:SS[.SSS]"))?,
+        )),
+        None => None,
+    };
+    Ok(match out_biz_no {
+        Some(out_biz_no) => Notice::Refund(RefundCallback {
+            channel: NAME.to_owned(),
+            refund_no: out_biz_no.to_owned(),
+            order_no,
+            status: PlatformStatus::Success,
+            settled_at,
+        }),
+        // A full refund (TRADE_CLOSED + gmt_refund) may name no
+        // request: it settles the order's refund in flight, if there
+        // is one, else it is the trade's own (unexpected) refund.
+        // The look-up happens inside the refund's transaction.
+        None => Notice::RefundInFlight(RefundCallback {
+            channel: NAME.to_owned(),
+            refund_no: trade_no,
+            order_no,
+            status: PlatformStatus::Success,
+            settled_at,
+        }),
+    })
 }
 
 /// The string Alipay signs: every parameter except `sign` and `sign_type`,

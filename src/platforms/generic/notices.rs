@@ -1,15 +1,15 @@
-//! payonce's own signed format: JSON bodies, `Payonce-Signature` HMAC.
+//! The generic channel's notices: payonce's own signed format, JSON
+//! bodies under a `Payonce-Signature` HMAC.
 
-use super::{Channel, Notice, Reply};
+use super::NAME;
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::PlatformStatus;
 use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
 use crate::error::{Error, ErrorKind};
+use crate::platforms::{Notice, Notices, Reply};
 use crate::signature::{self, SignatureError};
 use crate::wire::{self, Request, Response};
-use serde_json::{json, Map, Value};
-
-pub const NAME: &str = "generic";
+use serde_json::{Map, Value};
 
 /// The generic channel with its HMAC secrets (two during rotation).
 pub struct Generic {
@@ -22,7 +22,7 @@ impl Generic {
     }
 }
 
-impl Channel for Generic {
+impl Notices for Generic {
     fn name(&self) -> &'static str {
         NAME
     }
@@ -65,8 +65,8 @@ impl Channel for Generic {
     fn acknowledge(&self, reply: &Reply) -> Response {
         let body = match reply {
             Reply::Payment(p) => p.to_json(),
-            Reply::Refund(r) => json!({"code": "SUCCESS", "outcome": r.as_str()}),
-            Reply::Ignored => json!({"code": "SUCCESS", "outcome": "ignored"}),
+            Reply::Refund(r) => success(r.as_str(), None),
+            Reply::Ignored => success("ignored", None),
         };
         Response::json(200, &body)
     }
@@ -102,10 +102,19 @@ impl PaymentReply {
     /// with `original` for a duplicate.
     pub fn to_json(&self) -> Value {
         match self.outcome {
-            PaymentReplyOutcome::Decided(o) => json!({"code": "SUCCESS", "outcome": o.as_str()}),
-            PaymentReplyOutcome::Duplicate { original } => {
-                json!({"code": "SUCCESS", "outcome": "duplicate", "original": original.as_str()})
-            }
+            PaymentReplyOutcome::Decided(o) => success(o.as_str(), None),
+            PaymentReplyOutcome::Duplicate { original } => success("duplicate", Some(original.as_str())),
         }
     }
+}
+
+/// `{"code":"SUCCESS","outcome":..}`, with `original` when given.
+fn success(outcome: &str, original: Option<&str>) -> Value {
+    let mut body = Map::new();
+    body.insert("code".into(), "SUCCESS".into());
+    body.insert("outcome".into(), outcome.into());
+    if let Some(original) = original {
+        body.insert("original".into(), original.into());
+    }
+    Value::Object(body)
 }

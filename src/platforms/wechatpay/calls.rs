@@ -1,13 +1,17 @@
-//! WeChat Pay API v3, the merchant's side: requests signed
+//! WeChat Pay's calls: API v3, the merchant's side: requests signed
 //! `WECHATPAY2-SHA256-RSA2048` over `"{METHOD}\n{path?query}\n{timestamp}\n{nonce}\n{body}\n"`
 //! with the merchant's API key; answers verified like notifications (the
 //! platform key of `Wechatpay-Serial`, a timestamp within 5 minutes), then
 //! checked to name this `mchid` and the `out_trade_no` asked about.
 
-use super::{agent, body_text, nonce, CloseAnswer, Exchange, MerchantKey, RefundAnswer, RefundState, TradeState};
-use crate::channel::wechatpay::verify_signed;
+use super::{notices::currency_of, verify_signed, KeyExpiries, NAME};
 use crate::domain::PlatformStatus;
+use crate::platforms::{
+    agent, body_text, nonce, normalised_time, unusable, Calls, CloseAnswer, Exchange, MerchantKey, RefundAnswer,
+    RefundState, TradeState,
+};
 use rsa::RsaPublicKey;
+use serde::Serialize;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -31,7 +35,7 @@ pub struct WechatpayApi {
     pub refund_notify_url: Option<String>,
     /// The platform certificates' ends of validity: an answer signed by an
     /// expired one counts as no answer.
-    pub certificate_expiries: crate::channel::wechatpay::KeyExpiries,
+    pub certificate_expiries: KeyExpiries,
 }
 
 impl WechatpayApi {
@@ -85,7 +89,7 @@ impl WechatpayApi {
             404 if json["code"] == "ORDER_NOT_EXIST" => Some(TradeState::NotPaid { paying: false }),
             _ => None,
         };
-        if let Some(why) = meaning.as_ref().and_then(super::unusable) {
+        if let Some(why) = meaning.as_ref().and_then(unusable) {
             return Exchange::unknown(request, Some(status), text, why, TradeState::Unknown);
         }
         match meaning {
@@ -149,14 +153,13 @@ impl WechatpayApi {
     ) -> Exchange<RefundAnswer> {
         let path = "/v3/refund/domestic/refunds";
         // The order's currency: the money goes back as it came (docs/channels.md).
-        let mut body = serde_json::json!({
-            "out_trade_no": order_no, "out_refund_no": refund_no,
-            "amount": {"refund": amount, "total": amount, "currency": currency},
-        });
-        if let Some(url) = &self.refund_notify_url {
-            body["notify_url"] = Value::String(url.clone());
-        }
-        let body = body.to_string();
+        let body = RefundBody {
+            out_trade_no: order_no,
+            out_refund_no: refund_no,
+            amount: RefundAmount { refund: amount, total: amount, currency },
+            notify_url: self.refund_notify_url.as_deref(),
+        };
+        let body = serde_json::to_string(&body).unwrap_or_default();
         let request = format!("POST {}{path} {body}", self.api_base);
         match self.exchange("POST", path, Some(&body), now_ms) {
             Ok((200, text)) if serde_json::from_str::<Value>(&text).is_ok_and(|j| j["out_refund_no"] == refund_no) => {
@@ -214,7 +217,7 @@ impl WechatpayApi {
     /// `ORDERPAID` means query again and apply.
     pub fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
         let path = format!("/v3/pay/transactions/out-trade-no/{order_no}/close");
-        let body = serde_json::json!({"mchid": self.mchid}).to_string();
+        let body = serde_json::to_string(&CloseBody { mchid: &self.mchid }).unwrap_or_default();
         let request = format!("POST {}{path} {body}", self.api_base);
         if !can_carry(order_no) {
             return Exchange::<CloseAnswer>::not_carried(request, "WeChat Pay");
@@ -233,6 +236,63 @@ impl WechatpayApi {
     }
 }
 
+/// The body of a refund request, members in this order.
+#[derive(Serialize)]
+struct RefundBody<'a> {
+    out_trade_no: &'a str,
+    out_refund_no: &'a str,
+    amount: RefundAmount<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    notify_url: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct RefundAmount<'a> {
+    refund: i64,
+    total: i64,
+    currency: &'a str,
+}
+
+/// The body of a close request.
+#[derive(Serialize)]
+struct CloseBody<'a> {
+    mchid: &'a str,
+}
+
+impl Calls for WechatpayApi {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.api_base
+    }
+
+    fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState> {
+        WechatpayApi::query(self, order_no, now_ms)
+    }
+
+    fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
+        WechatpayApi::close(self, order_no, now_ms)
+    }
+
+    fn refund(
+        &self,
+        order_no: &str,
+        refund_no: &str,
+        amount: i64,
+        currency: &str,
+        now_ms: i64,
+    ) -> Exchange<RefundAnswer> {
+        WechatpayApi::refund(self, order_no, refund_no, amount, currency, now_ms)
+    }
+
+    /// By `out_refund_no` alone: WeChat Pay's refund numbers are the merchant's.
+    fn refund_query(&self, _order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
+        WechatpayApi::refund_query(self, refund_no, now_ms)
+    }
+}
+
 /// Section 11's table: SUCCESS and REFUND are paid; NOTPAY, USERPAYING and
 /// PAYERROR not paid; CLOSED and REVOKED closed.
 fn trade_state(json: &Value) -> Option<TradeState> {
@@ -240,8 +300,8 @@ fn trade_state(json: &Value) -> Option<TradeState> {
         "SUCCESS" | "REFUND" => TradeState::Paid {
             pay_no: json["transaction_id"].as_str()?.to_owned(),
             amount: json["amount"]["total"].as_i64()?,
-            currency: crate::channel::wechatpay::currency_of(&json["amount"]).ok()?,
-            paid_at: json["success_time"].as_str().map(super::normalised_time),
+            currency: currency_of(&json["amount"]).ok()?,
+            paid_at: json["success_time"].as_str().map(normalised_time),
         },
         "NOTPAY" | "PAYERROR" => TradeState::NotPaid { paying: false },
         "USERPAYING" => TradeState::NotPaid { paying: true },
@@ -262,13 +322,15 @@ mod tests {
 
     #[test]
     fn trade_states_map_as_section_11_says() {
-        let paid = serde_json::json!({"trade_state": "SUCCESS", "transaction_id": "4200", "amount": {"total": 100}});
+        let json = |text: &str| serde_json::from_str::<Value>(text).expect("JSON");
+        let paid = json(r#"{"trade_state": "SUCCESS", "transaction_id": "4200", "amount": {"total": 100}}"#);
         assert_eq!(
             trade_state(&paid),
             Some(TradeState::Paid { pay_no: "4200".into(), amount: 100, currency: "CNY".into(), paid_at: None })
         );
-        let usd = serde_json::json!({"trade_state": "SUCCESS", "transaction_id": "4200",
-                                     "amount": {"total": 100, "currency": "USD"}});
+        let usd = json(
+            r#"{"trade_state": "SUCCESS", "transaction_id": "4200", "amount": {"total": 100, "currency": "USD"}}"#,
+        );
         assert!(matches!(trade_state(&usd), Some(TradeState::Paid { currency, .. }) if currency == "USD"));
         for (state, expected) in [
             ("NOTPAY", TradeState::NotPaid { paying: false }),
@@ -277,15 +339,15 @@ mod tests {
             ("CLOSED", TradeState::Closed),
             ("REVOKED", TradeState::Closed),
         ] {
-            assert_eq!(trade_state(&serde_json::json!({"trade_state": state})), Some(expected), "{state}");
+            assert_eq!(trade_state(&json(&format!(r#"{{"trade_state": "{state}"}}"#))), Some(expected), "{state}");
         }
-        assert_eq!(trade_state(&serde_json::json!({"trade_state": "LATER"})), None);
+        assert_eq!(trade_state(&json(r#"{"trade_state": "LATER"}"#)), None);
     }
 
     #[test]
     fn requests_are_signed_with_the_merchant_key() {
         use rsa::signature::Verifier;
-        let pair = super::super::test_keys::merchant();
+        let pair = crate::platforms::test_keys::merchant();
         let api = WechatpayApi::new(
             "1900000001".into(),
             "MERCHANT-SERIAL".into(),

@@ -1,19 +1,23 @@
-//! Alipay OpenAPI, the merchant's side: a form POSTed to the gateway with
+//! Alipay's calls: OpenAPI, the merchant's side: a form POSTed to the gateway with
 //! `app_id, method, format=JSON, charset=utf-8, sign_type=RSA2, timestamp`
 //! (Beijing time), `version=1.0, biz_content` and `sign`, RSA2 over every
 //! non-empty parameter but `sign`, sorted; the answer's `*_response` value
 //! verified, as the exact text it is in the body, with the Alipay public key,
 //! then checked to name the `out_trade_no` asked about.
 
-use super::{agent, body_text, CloseAnswer, Exchange, MerchantKey, RefundAnswer, RefundState, TradeState};
+use super::{CURRENCY, NAME};
 use crate::clock::{format_ms, UTC8_OFFSET_MS};
 use crate::domain::PlatformStatus;
+use crate::platforms::{
+    agent, body_text, unusable, Calls, CloseAnswer, Exchange, MerchantKey, RefundAnswer, RefundState, TradeState,
+};
 use base64::Engine as _;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
 use rsa::signature::Verifier;
 use rsa::RsaPublicKey;
+use serde::Serialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
+use serde_json::Value;
 use sha2::Sha256;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -45,7 +49,7 @@ impl AlipayApi {
     }
 
     /// The signed form of one call.
-    fn form(&self, method: &str, biz_content: &Value, now_ms: i64) -> Result<BTreeMap<&'static str, String>, String> {
+    fn form(&self, method: &str, biz_content: &str, now_ms: i64) -> Result<BTreeMap<&'static str, String>, String> {
         // yyyy-MM-dd HH:mm:ss in Beijing time.
         let beijing = format_ms(now_ms.saturating_add(UTC8_OFFSET_MS));
         let timestamp = format!("{} {}", &beijing[..10], &beijing[11..19]);
@@ -57,7 +61,7 @@ impl AlipayApi {
             ("sign_type", "RSA2".to_owned()),
             ("timestamp", timestamp),
             ("version", "1.0".to_owned()),
-            ("biz_content", biz_content.to_string()),
+            ("biz_content", biz_content.to_owned()),
         ]);
         let content = sign_content(&form);
         form.insert("sign", self.key.sign_base64(content.as_bytes())?);
@@ -66,7 +70,7 @@ impl AlipayApi {
 
     /// One signed call of `method`: the verified `*_response`, or why
     /// there is none (with the status and text received).
-    fn call(&self, method: &str, biz: &Value, now_ms: i64) -> Result<Answered, Unanswered> {
+    fn call(&self, method: &str, biz: &str, now_ms: i64) -> Result<Answered, Unanswered> {
         let form = self.form(method, biz, now_ms).map_err(|e| (None, String::new(), e))?;
         let sent = self
             .agent
@@ -87,7 +91,7 @@ impl AlipayApi {
     /// already) means query again and decide.
     pub fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
         const METHOD: &str = "alipay.trade.close";
-        let biz = json!({"out_trade_no": order_no});
+        let biz = Biz::of(order_no).to_json();
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
         if !can_carry(order_no) {
             return Exchange::<CloseAnswer>::not_carried(request, "Alipay");
@@ -125,16 +129,14 @@ impl AlipayApi {
         now_ms: i64,
     ) -> Exchange<RefundAnswer> {
         const METHOD: &str = "alipay.trade.refund";
-        let biz = json!({"out_trade_no": order_no, "refund_amount": crate::money::fen_to_yuan(amount),
-                         "out_request_no": refund_no});
+        let refund_amount = crate::money::fen_to_yuan(amount);
+        let biz = Biz { refund_amount: Some(&refund_amount), out_request_no: Some(refund_no), ..Biz::of(order_no) };
+        let biz = biz.to_json();
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
         // `refund_amount` is yuan: an order in another currency cannot be
         // refunded through this API without refunding the wrong money.
-        if currency != crate::channel::alipay::CURRENCY {
-            let why = format!(
-                "not sent: Alipay refunds {}, and this order is in {currency}",
-                crate::channel::alipay::CURRENCY
-            );
+        if currency != CURRENCY {
+            let why = format!("not sent: Alipay refunds {}, and this order is in {currency}", CURRENCY);
             return Exchange::unknown(request, None, String::new(), why, RefundAnswer::NotSendable);
         }
         match self.call(METHOD, &biz, now_ms) {
@@ -164,7 +166,7 @@ impl AlipayApi {
     /// settles it; without `refund_status` it is not yet, never failed.
     pub fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
         const METHOD: &str = "alipay.trade.fastpay.refund.query";
-        let biz = json!({"out_trade_no": order_no, "out_request_no": refund_no});
+        let biz = Biz { out_request_no: Some(refund_no), ..Biz::of(order_no) }.to_json();
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
         let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
             Ok(answered) => answered,
@@ -189,7 +191,7 @@ impl AlipayApi {
     /// `alipay.trade.query`: the trade's state.
     pub fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState> {
         const METHOD: &str = "alipay.trade.query";
-        let biz = json!({"out_trade_no": order_no});
+        let biz = Biz::of(order_no).to_json();
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
         if !can_carry(order_no) {
             return Exchange::<TradeState>::not_carried(request, "Alipay");
@@ -214,7 +216,7 @@ impl AlipayApi {
             (Some("40004"), Some("ACQ.TRADE_NOT_EXIST")) => TradeState::NotPaid { paying: false },
             _ => return unknown(Some(status), text, "Alipay refused the call".into()),
         };
-        if let Some(why) = super::unusable(&meaning) {
+        if let Some(why) = unusable(&meaning) {
             return unknown(Some(status), text, why);
         }
         Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
@@ -292,6 +294,59 @@ fn signed_member<'b>(body: &'b str, name: &str) -> Result<(&'b str, String), Str
     Ok((signed.get(), sign))
 }
 
+/// A call's `biz_content`, members in this order, those without a value left out.
+#[derive(Serialize)]
+struct Biz<'a> {
+    out_trade_no: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refund_amount: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    out_request_no: Option<&'a str>,
+}
+
+impl<'a> Biz<'a> {
+    fn of(out_trade_no: &'a str) -> Biz<'a> {
+        Biz { out_trade_no, refund_amount: None, out_request_no: None }
+    }
+
+    fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+impl Calls for AlipayApi {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.gateway
+    }
+
+    fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState> {
+        AlipayApi::query(self, order_no, now_ms)
+    }
+
+    fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
+        AlipayApi::close(self, order_no, now_ms)
+    }
+
+    fn refund(
+        &self,
+        order_no: &str,
+        refund_no: &str,
+        amount: i64,
+        currency: &str,
+        now_ms: i64,
+    ) -> Exchange<RefundAnswer> {
+        AlipayApi::refund(self, order_no, refund_no, amount, currency, now_ms)
+    }
+
+    fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
+        AlipayApi::refund_query(self, order_no, refund_no, now_ms)
+    }
+}
+
 /// A verified answer: (HTTP status, body, the `*_response` object).
 type Answered = (u16, String, Value);
 /// No trusted answer: (HTTP status if any, what was received, why).
@@ -313,7 +368,7 @@ fn trade_state(response: &Value) -> Option<TradeState> {
         "TRADE_SUCCESS" | "TRADE_FINISHED" => TradeState::Paid {
             pay_no: response["trade_no"].as_str()?.to_owned(),
             amount: crate::money::yuan_to_fen(response["total_amount"].as_str()?, false)?,
-            currency: crate::channel::alipay::CURRENCY.to_owned(),
+            currency: CURRENCY.to_owned(),
             paid_at: None,
         },
         "WAIT_BUYER_PAY" => TradeState::NotPaid { paying: false },
@@ -359,8 +414,8 @@ mod tests {
 
     #[test]
     fn requests_are_signed_and_answers_verified() {
-        let merchant = super::super::test_keys::merchant();
-        let alipay = super::super::test_keys::platform();
+        let merchant = crate::platforms::test_keys::merchant();
+        let alipay = crate::platforms::test_keys::platform();
         let api = AlipayApi::new(
             "2021000000000001".into(),
             MerchantKey::from_pem(merchant.private_pem).expect("key"),
@@ -368,7 +423,7 @@ mod tests {
             alipay.public.clone(),
             Duration::from_secs(1),
         );
-        let form = api.form("alipay.trade.query", &json!({"out_trade_no": "ORD_1"}), 1_700_000_000_000).expect("form");
+        let form = api.form("alipay.trade.query", r#"{"out_trade_no":"ORD_1"}"#, 1_700_000_000_000).expect("form");
         assert_eq!(form["timestamp"], "2023-11-15 06:13:20", "Beijing time");
         let signature = base64::engine::general_purpose::STANDARD.decode(&form["sign"]).expect("b64");
         let signature = Signature::try_from(signature.as_slice()).expect("signature");
@@ -378,7 +433,7 @@ mod tests {
         assert!(sign_content(&form).contains("sign_type=RSA2") && !sign_content(&form).contains("sign="));
 
         let response = r#"{"code":"10000","msg":"Success","out_trade_no":"ORD_1","trade_no":"2023111522001","trade_status":"TRADE_SUCCESS","total_amount":"10.50"}"#;
-        let sign = super::super::test_keys::sign(&alipay.private, response.as_bytes());
+        let sign = crate::platforms::test_keys::sign(&alipay.private, response.as_bytes());
         let body = format!(r#"{{"alipay_trade_query_response":{response},"sign":"{sign}"}}"#);
         let verified = api.verified_response(&body, "alipay.trade.query").expect("verifies");
         assert_eq!(
@@ -392,7 +447,7 @@ mod tests {
         );
         let tampered = body.replace("10.50", "10.51");
         assert!(api.verified_response(&tampered, "alipay.trade.query").is_err(), "a tampered answer is refused");
-        let forged = super::super::test_keys::sign(&merchant.private, response.as_bytes());
+        let forged = crate::platforms::test_keys::sign(&merchant.private, response.as_bytes());
         let forged = format!(r#"{{"alipay_trade_query_response":{response},"sign":"{forged}"}}"#);
         assert!(api.verified_response(&forged, "alipay.trade.query").is_err(), "another key's sign is refused");
     }

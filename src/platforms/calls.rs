@@ -5,26 +5,18 @@
 //! an answer only once it verifies with the platform's key and names what
 //! was asked; anything else is "no answer" ([`Exchange::unknown`]).
 //!
-//! The clients know neither `App` nor the store: they turn one question
+//! The calls of each platform (its folder's `calls.rs`) share what is here.
+//! They know neither `App` nor the store: they turn one question
 //! into one HTTP exchange and say what it meant. Recording each exchange in
 //! `platform_call` and acting on it is `platform_ops.rs`'s.
 
-pub mod alipay;
-pub mod wechatpay;
-
-use alipay::AlipayApi;
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
+use rsa::pkcs8::DecodePublicKey;
+use rsa::RsaPublicKey;
 use std::time::Duration;
-use wechatpay::WechatpayApi;
 
 pub const PLATFORM_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// The longest answer kept (and read) of one exchange.
 pub const RESPONSE_BYTES_MAX: u64 = 64 * 1024;
-
-/// The platforms whose outgoing settings are complete, and how calls to them are paced.
-/// The channels with a merchant API, as `platform_call.channel` holds them.
-pub const CHANNELS: [&str; 2] = ["wechatpay", "alipay"];
 
 /// `--platform-retry-s`: the waits between attempts; the last repeats.
 pub const PLATFORM_RETRY_S_DEFAULT: &str = "5,30,120,600,1800,3600";
@@ -38,109 +30,6 @@ pub const PLATFORM_WAITERS_MAX: usize = 4;
 
 /// Where a payment learnt by asking the platform came from, for `pay_callback_log.source`.
 pub const SOURCE_QUERY: &str = "query";
-
-/// The platforms whose outgoing settings are complete.
-#[derive(Clone)]
-pub struct Platforms {
-    pub wechatpay: Option<Arc<WechatpayApi>>,
-    pub alipay: Option<Arc<AlipayApi>>,
-    pub timeout_ms: u64,
-    /// The waits between attempts of a close, in ms; the last repeats.
-    pub retry_schedule_ms: Vec<u64>,
-    pub close_give_up_ms: i64,
-    /// How long after its submission a refund without a result is queried.
-    pub refund_query_after_ms: i64,
-    /// API requests waiting on platforms right now.
-    pub waiting: Arc<AtomicUsize>,
-}
-
-impl Default for Platforms {
-    fn default() -> Platforms {
-        Platforms {
-            wechatpay: None,
-            alipay: None,
-            timeout_ms: PLATFORM_TIMEOUT_MS_DEFAULT,
-            retry_schedule_ms: crate::webhook::parse_waits("--platform-retry-s", PLATFORM_RETRY_S_DEFAULT)
-                .unwrap_or_default(),
-            close_give_up_ms: CLOSE_GIVE_UP_S_DEFAULT * 1000,
-            refund_query_after_ms: REFUND_QUERY_AFTER_S_DEFAULT * 1000,
-            waiting: Arc::default(),
-        }
-    }
-}
-
-impl std::fmt::Debug for Platforms {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Platforms")
-            .field("wechatpay", &self.wechatpay.as_ref().map(|w| &w.api_base))
-            .field("alipay", &self.alipay.as_ref().map(|a| &a.gateway))
-            .finish()
-    }
-}
-
-impl Platforms {
-    pub fn is_empty(&self) -> bool {
-        self.wechatpay.is_none() && self.alipay.is_none()
-    }
-
-    /// The channels whose outgoing calls are on.
-    pub fn channels(&self) -> Vec<&'static str> {
-        let mut channels = Vec::new();
-        if self.wechatpay.is_some() {
-            channels.push("wechatpay");
-        }
-        if self.alipay.is_some() {
-            channels.push("alipay");
-        }
-        channels
-    }
-
-    pub(crate) fn query(&self, channel: &str, order_no: &str, now_ms: i64) -> Option<Exchange<TradeState>> {
-        match channel {
-            "wechatpay" => self.wechatpay.as_ref().map(|api| api.query(order_no, now_ms)),
-            "alipay" => self.alipay.as_ref().map(|api| api.query(order_no, now_ms)),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn close(&self, channel: &str, order_no: &str, now_ms: i64) -> Option<Exchange<CloseAnswer>> {
-        match channel {
-            "wechatpay" => self.wechatpay.as_ref().map(|api| api.close(order_no, now_ms)),
-            "alipay" => self.alipay.as_ref().map(|api| api.close(order_no, now_ms)),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn refund(
-        &self,
-        channel: &str,
-        order_no: &str,
-        refund_no: &str,
-        amount: i64,
-        currency: &str,
-        now_ms: i64,
-    ) -> Option<Exchange<RefundAnswer>> {
-        match channel {
-            "wechatpay" => self.wechatpay.as_ref().map(|api| api.refund(order_no, refund_no, amount, currency, now_ms)),
-            "alipay" => self.alipay.as_ref().map(|api| api.refund(order_no, refund_no, amount, currency, now_ms)),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn refund_query(
-        &self,
-        channel: &str,
-        order_no: &str,
-        refund_no: &str,
-        now_ms: i64,
-    ) -> Option<Exchange<RefundState>> {
-        match channel {
-            "wechatpay" => self.wechatpay.as_ref().map(|api| api.refund_query(refund_no, now_ms)),
-            "alipay" => self.alipay.as_ref().map(|api| api.refund_query(order_no, refund_no, now_ms)),
-            _ => None,
-        }
-    }
-}
 
 /// What a platform says of an order, in payonce's words.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -331,6 +220,39 @@ impl MerchantKey {
             .sign(&ring::signature::RSA_PKCS1_SHA256, &ring::rand::SystemRandom::new(), message, &mut signature)
             .map_err(|_| "RSA signing failed".to_owned())?;
         Ok(base64::engine::general_purpose::STANDARD.encode(signature))
+    }
+}
+
+/// A platform public key from PEM: `PUBLIC KEY` (SubjectPublicKeyInfo),
+/// `RSA PUBLIC KEY` (PKCS#1) or an X.509 `CERTIFICATE`.
+pub fn public_key_from_pem(pem: &str) -> Result<RsaPublicKey, String> {
+    if pem.contains("-----BEGIN CERTIFICATE-----") {
+        use x509_cert::der::{DecodePem, Encode};
+        let cert =
+            x509_cert::Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        let spki =
+            cert.tbs_certificate.subject_public_key_info.to_der().map_err(|e| format!("bad certificate key: {e}"))?;
+        return RsaPublicKey::from_public_key_der(&spki).map_err(|e| format!("the certificate's key is not RSA: {e}"));
+    }
+    if pem.contains("-----BEGIN RSA PUBLIC KEY-----") {
+        use rsa::pkcs1::DecodeRsaPublicKey;
+        return RsaPublicKey::from_pkcs1_pem(pem).map_err(|e| format!("not a PKCS#1 RSA public key: {e}"));
+    }
+    RsaPublicKey::from_public_key_pem(pem.trim()).map_err(|e| format!("not an RSA public key PEM: {e}"))
+}
+
+/// The text of the key file `file` (read once by the platform that names it).
+pub(crate) fn read_key_file(file: &str) -> Result<String, String> {
+    std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))
+}
+
+/// Err naming every flag of `what` that is missing.
+pub(crate) fn require(what: &str, flags: &[(&str, bool)]) -> Result<(), String> {
+    let missing: Vec<&str> = flags.iter().filter_map(|(flag, absent)| absent.then_some(*flag)).collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{what} also need {}", missing.join(", ")))
     }
 }
 

@@ -1,4 +1,4 @@
-//! WeChat Pay API v3 notifications.
+//! WeChat Pay's notices: API v3 notifications.
 //!
 //! Verification, in order: `Wechatpay-Serial` names a configured platform
 //! key (compared case-insensitively); `Wechatpay-Signature` is SHA256-RSA over
@@ -12,22 +12,21 @@
 //! success's `success_time` is kept as the refund's platform time).
 //! Success is 204; a refusal is 4xx/5xx with `{"code":"FAIL","message":..}`.
 
-use super::{Channel, Notice, Reply};
+use super::NAME;
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::{PaymentCallback, PlatformStatus, RefundCallback};
 use crate::error::{Error, ErrorKind};
+use crate::platforms::{Notice, Notices, Reply};
 use crate::wire::{Request, Response, RETRY_AFTER_S};
 use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
-use rsa::pkcs8::DecodePublicKey;
 use rsa::signature::Verifier;
 use rsa::RsaPublicKey;
-use serde_json::{json, Value};
+use serde_json::{Map, Value};
 use sha2::Sha256;
 
-pub const NAME: &str = "wechatpay";
 /// How far `Wechatpay-Timestamp` may be from now, either way.
 pub const TIMESTAMP_TOLERANCE_S: i64 = 300;
 /// The APIv3 key is 32 bytes.
@@ -35,30 +34,13 @@ pub const APIV3_KEY_BYTES: usize = 32;
 /// WeChat Pay's deliberate signature probes start with this; they must fail.
 const SIGN_TEST_PREFIX: &str = "WECHATPAY/SIGNTEST/";
 
-/// WeChat Pay platform public keys by serial (or `PUB_KEY_ID_...`); two during rotation.
-pub type PlatformKeys = Vec<(String, RsaPublicKey)>;
-/// When a platform key given as a certificate stops being valid: (serial,
-/// the certificate's notAfter in Unix ms). Bare public keys never expire.
-pub type KeyExpiries = Vec<(String, i64)>;
-
-/// The notAfter of an X.509 certificate PEM, in Unix ms; `None` for a bare public key.
-pub fn certificate_not_after_ms(pem: &str) -> Option<i64> {
-    use x509_cert::der::DecodePem;
-    if !pem.contains("-----BEGIN CERTIFICATE-----") {
-        return None;
-    }
-    let cert = x509_cert::Certificate::from_pem(pem.as_bytes()).ok()?;
-    let not_after = cert.tbs_certificate.validity.not_after.to_unix_duration();
-    i64::try_from(not_after.as_millis()).ok()
-}
-
 #[derive(Clone, Debug)]
 pub struct WechatpayConfig {
     pub apiv3_key: Vec<u8>,
     /// (serial or `PUB_KEY_ID_...`, key); two during rotation.
     pub platform_keys: Vec<(String, RsaPublicKey)>,
     /// The certificates' ends of validity, by serial.
-    pub expiries: KeyExpiries,
+    pub expiries: super::KeyExpiries,
 }
 
 impl WechatpayConfig {
@@ -71,24 +53,6 @@ impl WechatpayConfig {
         }
         Ok(WechatpayConfig { apiv3_key: apiv3_key.as_bytes().to_vec(), platform_keys, expiries: Vec::new() })
     }
-}
-
-/// A platform public key from PEM: `PUBLIC KEY` (SubjectPublicKeyInfo),
-/// `RSA PUBLIC KEY` (PKCS#1) or an X.509 `CERTIFICATE`.
-pub fn public_key_from_pem(pem: &str) -> Result<RsaPublicKey, String> {
-    if pem.contains("-----BEGIN CERTIFICATE-----") {
-        use x509_cert::der::{DecodePem, Encode};
-        let cert =
-            x509_cert::Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("not an X.509 certificate: {e}"))?;
-        let spki =
-            cert.tbs_certificate.subject_public_key_info.to_der().map_err(|e| format!("bad certificate key: {e}"))?;
-        return RsaPublicKey::from_public_key_der(&spki).map_err(|e| format!("the certificate's key is not RSA: {e}"));
-    }
-    if pem.contains("-----BEGIN RSA PUBLIC KEY-----") {
-        use rsa::pkcs1::DecodeRsaPublicKey;
-        return RsaPublicKey::from_pkcs1_pem(pem).map_err(|e| format!("not a PKCS#1 RSA public key: {e}"));
-    }
-    RsaPublicKey::from_public_key_pem(pem.trim()).map_err(|e| format!("not an RSA public key PEM: {e}"))
 }
 
 /// Verifies a message WeChat Pay signed (a notification, or an answer of
@@ -179,7 +143,7 @@ impl Wechatpay {
     }
 }
 
-impl Channel for Wechatpay {
+impl Notices for Wechatpay {
     fn name(&self) -> &'static str {
         NAME
     }
@@ -243,13 +207,19 @@ impl Channel for Wechatpay {
         }))
     }
 
+    fn paid_time_field(&self) -> &'static str {
+        super::PAID_TIME_FIELD
+    }
+
     fn acknowledge(&self, _reply: &Reply) -> Response {
         Response { status: 204, headers: Vec::new(), body: Vec::new(), outcome: None }
     }
 
     fn refuse(&self, err: &Error) -> Response {
-        let mut response =
-            Response::json(crate::wire::status_of(err.kind), &json!({"code": "FAIL", "message": err.message}));
+        let mut body = Map::new();
+        body.insert("code".into(), "FAIL".into());
+        body.insert("message".into(), err.message.clone().into());
+        let mut response = Response::json(crate::wire::status_of(err.kind), &Value::Object(body));
         if err.kind.is_unavailable() {
             response.headers.push(("Retry-After".into(), RETRY_AFTER_S.to_string()));
         }

@@ -1,0 +1,354 @@
+//! The payment platforms, one folder each (`generic/`, `wechatpay/`,
+//! `alipay/`): its notices (incoming notifications verified and mapped),
+//! its calls (outgoing questions, answers verified), its statement format
+//! for reconciliation, and its keys, loaded from the settings.
+//!
+//! Two traits say what a platform does: [`Notices`] for what it tells
+//! payonce, [`Calls`] for what payonce asks it. One [`Registry`] holds the
+//! platforms the checked configuration turned on, looked up by name; `App`,
+//! `api` and `platform_ops.rs` reach a platform only through it, as trait
+//! objects. The platforms know neither `App` nor the store: `api` delivers
+//! what a notice parses, `platform_ops.rs` records and acts on a call.
+//!
+//! Adding a platform is one folder here, one line in [`LINES`], and its
+//! settings (docs/platforms.md, "Adding a platform").
+//!
+//! A notification that fails verification is refused in the platform's
+//! protocol and records nothing: verification happens before the first write.
+
+pub mod alipay;
+mod calls;
+pub mod generic;
+pub mod wechatpay;
+
+#[cfg(test)]
+pub(crate) use calls::test_keys;
+pub use calls::{
+    agent, public_key_from_pem, CloseAnswer, Exchange, MerchantKey, RefundAnswer, RefundState, TradeState,
+    CLOSE_GIVE_UP_S_DEFAULT, PLATFORM_RETRY_S_DEFAULT, PLATFORM_TIMEOUT_MS_DEFAULT, PLATFORM_WAITERS_MAX,
+    REFUND_QUERY_AFTER_S_DEFAULT, RESPONSE_BYTES_MAX, SOURCE_QUERY,
+};
+pub(crate) use calls::{body_text, nonce, normalised_time, read_key_file, require, unusable};
+
+use crate::domain::{PaymentCallback, PaymentReply, RefundCallback, RefundOutcome};
+use crate::error::Error;
+use crate::recon::BillFormat;
+use crate::wire::{Request, Response};
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a verified notification asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    Payment(PaymentCallback),
+    Refund(RefundCallback),
+    /// A refund result that names no refund request (Alipay's full refund,
+    /// `TRADE_CLOSED` with `gmt_refund` and no `out_biz_no`): it settles the
+    /// order's refund in flight, looked up inside the refund's transaction;
+    /// `refund_no` is the one to use when the order has none.
+    RefundInFlight(RefundCallback),
+    /// Authentic, but changes nothing (e.g. Alipay's TRADE_CLOSED of an unpaid trade).
+    Ignored(&'static str),
+}
+
+/// What payonce did with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    Payment(PaymentReply),
+    Refund(RefundOutcome),
+    Ignored,
+}
+
+/// A platform's incoming notifications: `/v1/callbacks/{name}[/refund]`.
+pub trait Notices: Send + Sync {
+    /// The `{channel}` of `/v1/callbacks/{channel}`.
+    fn name(&self) -> &'static str;
+    /// Verifies the request at `now_ms` and maps it; `refund_route` is true
+    /// for `/v1/callbacks/{channel}/refund`.
+    fn parse(&self, now_ms: i64, req: &Request, refund_route: bool) -> Result<Notice, Error>;
+    /// The platform's success answer (2xx tells it to stop retrying).
+    fn acknowledge(&self, reply: &Reply) -> Response;
+    /// The platform's failure answer (it will retry).
+    fn refuse(&self, err: &Error) -> Response;
+    /// The field of a payment notification that carries the platform's
+    /// payment time (`PaymentCallback::paid_at`), for a refusal to name.
+    fn paid_time_field(&self) -> &'static str {
+        "paid_at"
+    }
+}
+
+/// A platform's merchant API: the questions payonce asks it (section 11).
+/// Each call is one HTTP exchange, bounded by `--platform-timeout-ms`, whose
+/// answer is trusted only once it verifies and names what was asked.
+pub trait Calls: Send + Sync {
+    /// The channel it answers for, as `platform_call.channel` holds it.
+    fn name(&self) -> &'static str;
+    /// Where the calls go (its API base or gateway), for logs and `Debug`.
+    fn endpoint(&self) -> &str;
+    /// The trade's state.
+    fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState>;
+    /// Close the trade, so the buyer can no longer pay it there.
+    fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer>;
+    /// Submit a refund of `amount` in `currency` under `refund_no`.
+    fn refund(
+        &self,
+        order_no: &str,
+        refund_no: &str,
+        amount: i64,
+        currency: &str,
+        now_ms: i64,
+    ) -> Exchange<RefundAnswer>;
+    /// The state of a refund it accepted.
+    fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState>;
+}
+
+/// One platform as its settings turned it on: its notices when its incoming
+/// settings are given, its calls when its outgoing ones are.
+#[derive(Clone, Default)]
+pub struct Platform {
+    pub notices: Option<Arc<dyn Notices>>,
+    pub calls: Option<Arc<dyn Calls>>,
+}
+
+impl Platform {
+    pub fn notices(notices: impl Notices + 'static) -> Platform {
+        Platform { notices: Some(Arc::new(notices)), calls: None }
+    }
+
+    pub fn calls(calls: impl Calls + 'static) -> Platform {
+        Platform { notices: None, calls: Some(Arc::new(calls)) }
+    }
+
+    pub fn both(notices: impl Notices + 'static, calls: impl Calls + 'static) -> Platform {
+        Platform { notices: Some(Arc::new(notices)), calls: Some(Arc::new(calls)) }
+    }
+}
+
+/// What every platform's settings are, as `payonce serve` was given them:
+/// each platform's own (its folder's `Settings`), and what they share.
+#[derive(Clone, Debug, Default)]
+pub struct PlatformSettings {
+    /// The generic channel's HMAC secrets; none = not configured.
+    pub callback_secrets: Vec<Vec<u8>>,
+    pub wechatpay: wechatpay::Settings,
+    pub alipay: alipay::Settings,
+    /// `--platform-timeout-ms`.
+    pub timeout: Duration,
+    /// `--public-base-url`: where platforms reach this payonce.
+    pub public_base_url: Option<String>,
+}
+
+/// Which parts of the platforms to build: `serve` builds both, `sync` only
+/// the calls (its notices' settings are not checked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Parts {
+    NoticesAndCalls,
+    CallsOnly,
+}
+
+/// One platform payonce ships: its name, how its settings turn it on
+/// (reading each of its key files once; warnings for `serve` to print), and
+/// its statement format.
+pub struct Line {
+    pub name: &'static str,
+    /// Its notices' [`Notices::paid_time_field`], known when they are off too.
+    pub paid_time_field: &'static str,
+    pub configure: fn(&PlatformSettings, Parts, &mut Vec<String>) -> Result<Platform, String>,
+    pub bills: &'static dyn BillFormat,
+}
+
+/// Every platform payonce ships, one line each.
+pub const LINES: &[Line] = &[
+    Line {
+        name: generic::NAME,
+        paid_time_field: generic::PAID_TIME_FIELD,
+        configure: generic::configure,
+        bills: &generic::Bill,
+    },
+    Line {
+        name: wechatpay::NAME,
+        paid_time_field: wechatpay::PAID_TIME_FIELD,
+        configure: wechatpay::configure,
+        bills: &wechatpay::Bill,
+    },
+    Line {
+        name: alipay::NAME,
+        paid_time_field: alipay::PAID_TIME_FIELD,
+        configure: alipay::configure,
+        bills: &alipay::Bill,
+    },
+];
+
+/// The statement format of the platform `name` (reconciliation's `format`).
+pub fn bills(name: &str) -> Option<(&'static str, &'static dyn BillFormat)> {
+    LINES.iter().find(|line| line.name == name).map(|line| (line.name, line.bills))
+}
+
+/// The platforms that are on: their notices and their calls, by name.
+#[derive(Clone, Default)]
+pub struct Registry {
+    notices: Vec<Arc<dyn Notices>>,
+    calls: Vec<Arc<dyn Calls>>,
+}
+
+impl Registry {
+    /// The registry of these platforms, in this order (a later one of a
+    /// name already there replaces that part of it).
+    pub fn with(platforms: impl IntoIterator<Item = Platform>) -> Registry {
+        let mut registry = Registry::default();
+        for platform in platforms {
+            registry.add(platform);
+        }
+        registry
+    }
+
+    /// Adds a platform's parts; a part of a name already there replaces it.
+    pub fn add(&mut self, platform: Platform) {
+        if let Some(notices) = platform.notices {
+            self.notices.retain(|n| n.name() != notices.name());
+            self.notices.push(notices);
+        }
+        if let Some(calls) = platform.calls {
+            self.calls.retain(|c| c.name() != calls.name());
+            self.calls.push(calls);
+        }
+    }
+
+    /// The platforms of [`LINES`] as `settings` turn them on.
+    pub fn configured(
+        settings: &PlatformSettings,
+        parts: Parts,
+        warnings: &mut Vec<String>,
+    ) -> Result<Registry, String> {
+        let mut platforms = Vec::new();
+        for line in LINES {
+            platforms.push((line.configure)(settings, parts, warnings)?);
+        }
+        Ok(Registry::with(platforms))
+    }
+
+    /// The notices of the channel `name`, when they are on.
+    pub fn notices(&self, name: &str) -> Option<&dyn Notices> {
+        self.notices.iter().find(|n| n.name() == name).map(|n| n.as_ref())
+    }
+
+    /// The calls to the channel `name`, when they are on.
+    pub fn calls(&self, name: &str) -> Option<&dyn Calls> {
+        self.calls.iter().find(|c| c.name() == name).map(|c| c.as_ref())
+    }
+
+    /// Every platform whose calls are on, in registry order.
+    pub fn callers(&self) -> impl Iterator<Item = &dyn Calls> {
+        self.calls.iter().map(|c| c.as_ref())
+    }
+
+    /// The field of the channel `name`'s payment notices that carries the
+    /// payment time, for a refusal to name: its notices', when they are on.
+    pub fn paid_time_field(&self, name: &str) -> &'static str {
+        match self.notices(name) {
+            Some(notices) => notices.paid_time_field(),
+            None => LINES.iter().find(|line| line.name == name).map_or("paid_at", |line| line.paid_time_field),
+        }
+    }
+
+    /// The name `name` as payonce spells it, when it is a platform it knows
+    /// (one of [`LINES`], or one registered).
+    pub fn known(&self, name: &str) -> Option<&'static str> {
+        let registered = self.notices.iter().map(|n| n.name()).chain(self.calls.iter().map(|c| c.name()));
+        LINES.iter().map(|line| line.name).chain(registered).find(|known| *known == name)
+    }
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("notices", &self.notices.iter().map(|n| n.name()).collect::<Vec<_>>())
+            .field("calls", &self.calls.iter().map(|c| (c.name(), c.endpoint())).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// The platforms that are on, and how calls to them are paced.
+#[derive(Clone, Debug)]
+pub struct Platforms {
+    pub registry: Registry,
+    pub timeout_ms: u64,
+    /// The waits between attempts of a close, in ms; the last repeats.
+    pub retry_schedule_ms: Vec<u64>,
+    pub close_give_up_ms: i64,
+    /// How long after its submission a refund without a result is queried.
+    pub refund_query_after_ms: i64,
+    /// API requests waiting on platforms right now.
+    pub waiting: Arc<AtomicUsize>,
+}
+
+impl Default for Platforms {
+    fn default() -> Platforms {
+        Platforms {
+            registry: Registry::default(),
+            timeout_ms: PLATFORM_TIMEOUT_MS_DEFAULT,
+            retry_schedule_ms: crate::webhook::parse_waits("--platform-retry-s", PLATFORM_RETRY_S_DEFAULT)
+                .unwrap_or_default(),
+            close_give_up_ms: CLOSE_GIVE_UP_S_DEFAULT * 1000,
+            refund_query_after_ms: REFUND_QUERY_AFTER_S_DEFAULT * 1000,
+            waiting: Arc::default(),
+        }
+    }
+}
+
+impl Platforms {
+    /// These platforms, with the default pacing.
+    pub fn with(platforms: impl IntoIterator<Item = Platform>) -> Platforms {
+        Platforms { registry: Registry::with(platforms), ..Platforms::default() }
+    }
+
+    /// Whether no platform's calls are on.
+    pub fn is_empty(&self) -> bool {
+        self.registry.calls.is_empty()
+    }
+
+    /// The channels whose outgoing calls are on.
+    pub fn channels(&self) -> Vec<&'static str> {
+        self.registry.callers().map(|c| c.name()).collect()
+    }
+
+    pub(crate) fn query(&self, channel: &str, order_no: &str, now_ms: i64) -> Option<Exchange<TradeState>> {
+        self.registry.calls(channel).map(|api| api.query(order_no, now_ms))
+    }
+
+    pub(crate) fn close(&self, channel: &str, order_no: &str, now_ms: i64) -> Option<Exchange<CloseAnswer>> {
+        self.registry.calls(channel).map(|api| api.close(order_no, now_ms))
+    }
+
+    pub(crate) fn refund(
+        &self,
+        channel: &str,
+        order_no: &str,
+        refund_no: &str,
+        amount: i64,
+        currency: &str,
+        now_ms: i64,
+    ) -> Option<Exchange<RefundAnswer>> {
+        self.registry.calls(channel).map(|api| api.refund(order_no, refund_no, amount, currency, now_ms))
+    }
+
+    pub(crate) fn refund_query(
+        &self,
+        channel: &str,
+        order_no: &str,
+        refund_no: &str,
+        now_ms: i64,
+    ) -> Option<Exchange<RefundState>> {
+        self.registry.calls(channel).map(|api| api.refund_query(order_no, refund_no, now_ms))
+    }
+}
+
+/// The outcome word of a reply, for platforms that carry none in their protocol (logs).
+pub fn reply_outcome(reply: &Reply) -> &'static str {
+    match reply {
+        Reply::Payment(p) => p.outcome_str(),
+        Reply::Refund(r) => r.as_str(),
+        Reply::Ignored => "ignored",
+    }
+}
