@@ -4,51 +4,68 @@
 //! snake_case code on the wire are `wire.rs`'s (`wire::status_of`,
 //! `wire::code_of`, re-exported by `api`): the core speaks kinds.
 
-/// Every refusal payonce answers. Adding one means answering the
-/// exhaustive matches: here, whether its transaction commits
-/// ([`ErrorKind::commits`]) and whether it is the server's fault
-/// ([`ErrorKind::is_server_fault`]); in `wire.rs`, its status and its code.
-/// The status each group of variants is answered with heads it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    // 400
-    InvalidRequest,
-    InvalidJson,
-    InvalidIdempotencyKey,
-    IdempotencyKeyRequired,
-    // 401
-    Unauthorized,
-    InvalidSignature,
-    SignatureExpired,
-    // 404
-    NotFound,
-    ChannelNotConfigured,
-    OrderNotFound,
-    PaymentNotFound,
-    RefundNotFound,
-    CouponNotFound,
-    PointsNotFound,
-    DeliveryNotFound,
-    EndpointNotFound,
-    // 405, 408
-    MethodNotAllowed,
-    RequestTimeout,
-    // 409
-    OrderNoConflict,
-    InvalidTransition,
-    IdempotencyKeyInUse,
-    // 413, 415, 422
-    PayloadTooLarge,
-    UnsupportedMediaType,
-    IdempotencyKeyReused,
-    // 500
-    Internal,
-    // 503
-    DatabaseBusy,
-    DatabaseUnavailable,
-    StorageLost,
-    ShuttingDown,
-    PlatformUnavailable,
+/// Declares [`ErrorKind`] and its [`ErrorKind::ALL`] from one list.
+macro_rules! error_kinds {
+    ($(#[$meta:meta])* { $($kind:ident,)* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ErrorKind {
+            $($kind,)*
+        }
+
+        impl ErrorKind {
+            /// Every kind, in declaration order (for tests that walk them all).
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$kind,)*];
+        }
+    };
+}
+
+error_kinds! {
+    /// Every refusal payonce answers. Adding one means answering the
+    /// exhaustive matches: here, whether its transaction commits
+    /// ([`ErrorKind::commits`]) and whether it is the server's fault
+    /// ([`ErrorKind::is_server_fault`]); in `wire.rs`, its status and its code.
+    /// The status each group of variants is answered with heads it.
+    {
+        // 400
+        InvalidRequest,
+        InvalidJson,
+        InvalidIdempotencyKey,
+        IdempotencyKeyRequired,
+        // 401
+        Unauthorized,
+        InvalidSignature,
+        SignatureExpired,
+        // 404
+        NotFound,
+        ChannelNotConfigured,
+        OrderNotFound,
+        PaymentNotFound,
+        RefundNotFound,
+        CouponNotFound,
+        PointsNotFound,
+        DeliveryNotFound,
+        EndpointNotFound,
+        // 405, 408
+        MethodNotAllowed,
+        RequestTimeout,
+        // 409
+        OrderNoConflict,
+        InvalidTransition,
+        IdempotencyKeyInUse,
+        // 413, 415, 422
+        PayloadTooLarge,
+        UnsupportedMediaType,
+        IdempotencyKeyReused,
+        // 500
+        Internal,
+        // 503
+        DatabaseBusy,
+        DatabaseUnavailable,
+        StorageLost,
+        ShuttingDown,
+        PlatformUnavailable,
+    }
 }
 
 impl ErrorKind {

@@ -94,9 +94,20 @@ impl Metrics {
         *self.inspection_last.lock() = last;
     }
 
+    /// The Prometheus text of every series: this process's counters, then
+    /// the gauges read at this scrape, then the webhook series.
     pub fn render(&self, gauges: &ScrapeGauges) -> String {
         let mut out = String::new();
-        header(&mut out, "payonce_http_requests_total", "counter", "HTTP requests by method, route and status.");
+        self.render_requests(&mut out);
+        self.render_outcomes(&mut out);
+        self.render_state(&mut out, gauges);
+        self.render_webhooks(&mut out, gauges);
+        out
+    }
+
+    /// Requests by route and status, and their latency histogram.
+    fn render_requests(&self, out: &mut String) {
+        header(out, "payonce_http_requests_total", "counter", "HTTP requests by method, route and status.");
         for ((method, route, status), n) in self.requests.lock().iter() {
             let _ = writeln!(
                 out,
@@ -105,7 +116,7 @@ impl Metrics {
                 escape(route)
             );
         }
-        header(&mut out, "payonce_http_request_duration_seconds", "histogram", "HTTP request latency.");
+        header(out, "payonce_http_request_duration_seconds", "histogram", "HTTP request latency.");
         for (bucket, bound) in self.latency_buckets.iter().zip(LATENCY_BUCKETS_S) {
             let _ = writeln!(
                 out,
@@ -118,7 +129,11 @@ impl Metrics {
         let sum = self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(out, "payonce_http_request_duration_seconds_sum {sum}");
         let _ = writeln!(out, "payonce_http_request_duration_seconds_count {count}");
-        header(&mut out, "payonce_callback_outcomes_total", "counter", "Callback answers by kind and outcome.");
+    }
+
+    /// What the work decided: callback outcomes, suppressed repeats, inspection findings.
+    fn render_outcomes(&self, out: &mut String) {
+        header(out, "payonce_callback_outcomes_total", "counter", "Callback answers by kind and outcome.");
         for ((kind, outcome), n) in self.callback_outcomes.lock().iter() {
             let _ = writeln!(
                 out,
@@ -127,37 +142,36 @@ impl Metrics {
                 escape(outcome)
             );
         }
-        header(
-            &mut out,
-            "payonce_duplicates_suppressed_total",
-            "counter",
-            "Repeats answered without doing the work again.",
-        );
+        header(out, "payonce_duplicates_suppressed_total", "counter", "Repeats answered without doing the work again.");
         for (layer, n) in self.duplicates_suppressed.lock().iter() {
             let _ = writeln!(out, "payonce_duplicates_suppressed_total{{layer=\"{layer}\"}} {n}");
         }
-        header(&mut out, "payonce_inspection_findings_total", "counter", "Inspection findings by kind, over all runs.");
+        header(out, "payonce_inspection_findings_total", "counter", "Inspection findings by kind, over all runs.");
         for (kind, n) in self.inspection_findings.lock().iter() {
             let _ = writeln!(out, "payonce_inspection_findings_total{{kind=\"{}\"}} {n}", escape(kind));
         }
-        header(&mut out, "payonce_inspection_last_findings", "gauge", "Findings of the last inspection run, by kind.");
+        header(out, "payonce_inspection_last_findings", "gauge", "Findings of the last inspection run, by kind.");
         for (kind, n) in self.inspection_last.lock().iter() {
             let _ = writeln!(out, "payonce_inspection_last_findings{{kind=\"{}\"}} {n}", escape(kind));
         }
-        header(&mut out, "payonce_mode", "gauge", "Current mode: 1 for the mode in force.");
+    }
+
+    /// The mode, the waiting records, the key locks, the storage check and group commit.
+    fn render_state(&self, out: &mut String, gauges: &ScrapeGauges) {
+        header(out, "payonce_mode", "gauge", "Current mode: 1 for the mode in force.");
         let _ = writeln!(out, "payonce_mode{{mode=\"normal\"}} {}", u8::from(!gauges.record_only));
         let _ = writeln!(out, "payonce_mode{{mode=\"record_only\"}} {}", u8::from(gauges.record_only));
         header(
-            &mut out,
+            out,
             "payonce_received_waiting",
             "gauge",
             "Callbacks recorded in record-only mode, waiting to be decided.",
         );
         let _ = writeln!(out, "payonce_received_waiting {}", gauges.received_waiting);
-        header(&mut out, "payonce_key_locks", "gauge", "Entries in the keyed-lock map (held or awaited keys).");
+        header(out, "payonce_key_locks", "gauge", "Entries in the keyed-lock map (held or awaited keys).");
         let _ = writeln!(out, "payonce_key_locks {}", gauges.key_locks);
         header(
-            &mut out,
+            out,
             "payonce_storage_ok",
             "gauge",
             "1 while the database paths name the files payonce has open; 0: writes refused until a restart.",
@@ -165,21 +179,25 @@ impl Metrics {
         let storage_ok = self.storage_ok.as_ref().is_none_or(|f| f.load(Ordering::Acquire));
         let _ = writeln!(out, "payonce_storage_ok {}", u8::from(storage_ok));
         header(
-            &mut out,
+            out,
             "payonce_group_commit_batches_total",
             "counter",
             "SQLite write transactions the group committer ended (committed or failed); each carried one or more operations.",
         );
         let _ = writeln!(out, "payonce_group_commit_batches_total {}", gauges.group_commit.0);
         header(
-            &mut out,
+            out,
             "payonce_group_commit_operations_total",
             "counter",
             "Write operations in those transactions: operations / batches is the mean batch size.",
         );
         let _ = writeln!(out, "payonce_group_commit_operations_total {}", gauges.group_commit.1);
+    }
+
+    /// Webhook attempts by result, and the pending deliveries of the database.
+    fn render_webhooks(&self, out: &mut String, gauges: &ScrapeGauges) {
         header(
-            &mut out,
+            out,
             "payonce_webhook_deliveries_total",
             "counter",
             "Webhook attempts of this process by result: delivered, retried, failed (dead letter), disabled (410 Gone).",
@@ -191,21 +209,15 @@ impl Metrics {
                 let _ = writeln!(out, "payonce_webhook_deliveries_total{{result=\"{result}\"}} {n}");
             }
         }
-        header(
-            &mut out,
-            "payonce_webhook_pending",
-            "gauge",
-            "Webhook deliveries pending in the database (all processes).",
-        );
+        header(out, "payonce_webhook_pending", "gauge", "Webhook deliveries pending in the database (all processes).");
         let _ = writeln!(out, "payonce_webhook_pending {}", gauges.webhook_pending);
         header(
-            &mut out,
+            out,
             "payonce_webhook_oldest_pending_seconds",
             "gauge",
             "Age of the oldest pending webhook delivery since it was queued; 0 when none is pending.",
         );
         let _ = writeln!(out, "payonce_webhook_oldest_pending_seconds {}", gauges.webhook_oldest_pending_s);
-        out
     }
 }
 

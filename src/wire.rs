@@ -355,39 +355,7 @@ mod tests {
     #[test]
     fn kinds_agree_with_their_statuses() {
         use ErrorKind::*;
-        let all = [
-            InvalidRequest,
-            InvalidJson,
-            InvalidIdempotencyKey,
-            IdempotencyKeyRequired,
-            Unauthorized,
-            InvalidSignature,
-            SignatureExpired,
-            NotFound,
-            ChannelNotConfigured,
-            OrderNotFound,
-            PaymentNotFound,
-            RefundNotFound,
-            CouponNotFound,
-            PointsNotFound,
-            DeliveryNotFound,
-            EndpointNotFound,
-            MethodNotAllowed,
-            RequestTimeout,
-            OrderNoConflict,
-            InvalidTransition,
-            IdempotencyKeyInUse,
-            PayloadTooLarge,
-            UnsupportedMediaType,
-            IdempotencyKeyReused,
-            Internal,
-            DatabaseBusy,
-            DatabaseUnavailable,
-            StorageLost,
-            ShuttingDown,
-            PlatformUnavailable,
-        ];
-        for kind in all {
+        for &kind in ErrorKind::ALL {
             assert_eq!(kind.is_server_fault(), status_of(kind) >= 500, "{kind:?}");
             assert_eq!(kind.retry_after(), status_of(kind) == 503 || kind == IdempotencyKeyInUse, "{kind:?}");
         }

@@ -96,6 +96,18 @@ impl ReadTx<'_> {
     /// `ops::RECEIVED_STALE_MS`) bounds `received_not_applied`.
     pub fn inspect(&self, received_before: &str) -> Result<Vec<Finding>, Error> {
         let mut findings = Vec::new();
+        self.duplicate_rewards(&mut findings)?;
+        self.paid_without_rewards(&mut findings)?;
+        self.applied_but_not_paid(&mut findings)?;
+        self.refunds_required(&mut findings)?;
+        self.unexpected_refunds(&mut findings)?;
+        self.unconfirmed_closes(&mut findings)?;
+        self.received_not_applied(&mut findings, received_before)?;
+        Ok(findings)
+    }
+
+    /// A coupon template or a points type granted twice for one order.
+    fn duplicate_rewards(&self, findings: &mut Vec<Finding>) -> Result<(), Error> {
         for r in self.rows(
             "SELECT o.order_no, d.coupon_template_id, d.n
              FROM (SELECT order_id, coupon_template_id, count(*) AS n FROM user_coupon
@@ -122,7 +134,11 @@ impl ReadTx<'_> {
                 detail: FindingDetail::DuplicatePoints { point_type: r.text(1)?, rows: r.int(2)? },
             });
         }
-        self.paid_without_rewards(&mut findings)?;
+        Ok(())
+    }
+
+    /// An applied payment whose order is not paid by it.
+    fn applied_but_not_paid(&self, findings: &mut Vec<Finding>) -> Result<(), Error> {
         for r in self.rows(
             "SELECT o.order_no, p.pay_no, o.status, o.pay_no
              FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
@@ -137,6 +153,11 @@ impl ReadTx<'_> {
                 detail: FindingDetail::AppliedCallbackOrderNotPaid { pay_no, order_status, order_pay_no },
             });
         }
+        Ok(())
+    }
+
+    /// Money taken that payonce did not want and nobody resolved yet.
+    fn refunds_required(&self, findings: &mut Vec<Finding>) -> Result<(), Error> {
         for r in self.rows(
             "SELECT o.order_no, p.pay_no, p.outcome, p.amount, p.channel, p.decided_at
              FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
@@ -152,8 +173,12 @@ impl ReadTx<'_> {
                 detail: FindingDetail::RefundRequired { pay_no, outcome, amount, channel, decided_at },
             });
         }
-        self.unexpected_refunds(&mut findings)?;
-        self.unconfirmed_closes(&mut findings)?;
+        Ok(())
+    }
+
+    /// Records received in record-only mode, still undecided in normal mode
+    /// since before `received_before`.
+    fn received_not_applied(&self, findings: &mut Vec<Finding>, received_before: &str) -> Result<(), Error> {
         for r in self.rows(
             "SELECT o.order_no, p.pay_no, p.received_at
              FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
@@ -168,7 +193,7 @@ impl ReadTx<'_> {
                 detail: FindingDetail::ReceivedNotApplied { pay_no: r.text(1)?, received_at: r.text(2)? },
             });
         }
-        Ok(findings)
+        Ok(())
     }
 
     /// Applied payments whose rewards (recorded in `rewards_due` when they
