@@ -187,6 +187,20 @@ mod layering {
         }
     }
 
+    /// Async code exists only at the edge: hyper and tokio are named in
+    /// http.rs alone. The one other name is the PostgreSQL client's TLS
+    /// connector (`tokio_postgres_rustls`, in store/postgres.rs), a type the
+    /// synchronous `postgres` client takes; payonce's own code never awaits.
+    #[test]
+    fn async_code_only_at_the_edge() {
+        for (name, source) in sources().iter().filter(|(name, _)| name != "http.rs") {
+            let without_tls = source.replace("tokio_postgres_rustls", "");
+            for runtime in ["tokio", "hyper", "async fn", ".await"] {
+                assert!(!without_tls.contains(runtime), "src/{name} names {runtime}: async code lives in http.rs");
+            }
+        }
+    }
+
     /// The relay drives webhook deliveries through webhook_ops.rs; it never
     /// reaches into the store itself.
     #[test]

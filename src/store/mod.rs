@@ -29,7 +29,7 @@
 //! learns, it returns.
 
 mod effects;
-pub use sqlite::group_commit;
+use sqlite::group_commit;
 mod idempotency;
 mod leases;
 pub use leases::LeasedTable;
@@ -37,9 +37,9 @@ mod orders;
 mod payments;
 mod platform_calls;
 pub use platform_calls::{NewPlatformCall, PlatformCallRow, PLATFORM_CALLS};
-pub mod postgres;
+mod postgres;
 mod reports;
-pub mod sqlite;
+mod sqlite;
 mod webhooks;
 pub use webhooks::{REPLAY_EVENTS_MAX, WEBHOOK_DELIVERIES};
 
