@@ -6,10 +6,11 @@ use crate::client::{Conn, Reply, ReplyExt, Req, Target};
 use crate::judge::{OrderExpect, OrderSeen, RewardRule, SeenPayment};
 use crate::platform::{Keys, PaymentNotice, Platform, RefundNotice};
 use crate::progress::Progress;
-use crate::table::{build_row, render_table};
+use crate::table::render_table;
 use crate::workers::{scoped_workers, Failure};
 use crate::{now_s, s};
 use parking_lot::Mutex;
+use row::build_row;
 use serde_json::{json, Value};
 use std::cell::RefCell;
 use std::cmp::Reverse;
@@ -21,6 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod platform_calls;
+mod row;
 
 /// WeChat Pay's notification retry intervals after the first delivery, in seconds.
 pub const WECHATPAY_RETRY_S: [u64; 15] =
