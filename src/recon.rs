@@ -455,21 +455,24 @@ fn id_at<'t>(text: &'t str, (start, len, _): &(u32, u32, RowKind)) -> &'t str {
     text.get(start..start + len).unwrap_or_default()
 }
 
+/// A statement read whole, for the parsers' tests: what it declares it
+/// compares and its rows (`src/platforms/*/bill.rs`).
+#[cfg(test)]
+pub(crate) struct Parsed {
+    pub compared: &'static [RowKind],
+    pub rows: Vec<StatementRow>,
+}
+
+#[cfg(test)]
+pub(crate) fn parse(format: Format, bytes: &[u8]) -> Result<Parsed, Error> {
+    let statement = Statement::read(format, bytes)?;
+    let rows = statement.rows().collect::<Result<Vec<_>, _>>()?;
+    Ok(Parsed { compared: statement.compared, rows })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::local_time_ms;
-
-    struct Parsed {
-        compared: &'static [RowKind],
-        rows: Vec<StatementRow>,
-    }
-
-    fn parse(format: Format, bytes: &[u8]) -> Result<Parsed, Error> {
-        let statement = Statement::read(format, bytes)?;
-        let rows = statement.rows().collect::<Result<Vec<_>, _>>()?;
-        Ok(Parsed { compared: statement.compared, rows })
-    }
 
     #[test]
     fn days_in_beijing_time() {
@@ -483,84 +486,6 @@ mod tests {
         );
         assert_eq!(day_bounds("2024-02-30", 0), None);
         assert_eq!(day_bounds("yesterday", 0), None);
-    }
-
-    /// A WeChat bill's kind comes from its header alone: the same detail
-    /// rows read as different kinds under different headers.
-    #[test]
-    fn wechat_bill_type_is_the_header_s() {
-        const ALL: &str = "交易时间,微信订单号,商户订单号,交易状态,应结订单金额,代金券金额,商户退款单号,退款金额,退款状态,订单金额,申请退款金额";
-        const SUCCESS: &str = "交易时间,微信订单号,商户订单号,交易状态,应结订单金额,代金券金额,订单金额";
-        const REFUND: &str = "交易时间,微信订单号,商户订单号,交易状态,应结订单金额,代金券金额,退款申请时间,退款成功时间,商户退款单号,退款金额,退款状态,订单金额,申请退款金额";
-        let read = |header: &str, rows: &[&str]| {
-            let text = format!("{header}\n{}\n总交易单数\n`1\n", rows.join("\n"));
-            parse(Format::Wechatpay, text.as_bytes())
-        };
-        // (kind, id, amount, own time, coupon)
-        type Row = (RowKind, String, i64, Option<i64>, Option<i64>);
-        let summary = |s: Parsed| -> (Vec<&'static str>, Vec<Row>) {
-            let rows = s.rows.into_iter().map(|r| (r.kind, r.id, r.amount, r.at_ms, r.coupon_amount)).collect();
-            (s.compared.iter().map(|k| k.as_str()).collect(), rows)
-        };
-        let at = |t: &str| local_time_ms(t, UTC8_OFFSET_MS);
-        let all = read(
-            ALL,
-            &[
-                "`2024-03-04 09:59:30,`TX1,`O1,`SUCCESS,`90.00,`10.00,`0,`0.00,`,`100.00,`0.00",
-                "`2024-03-03 21:59:00,`TX2,`O2,`REFUND,`0.00,`0.00,`R2,`30.00,`SUCCESS,`0.00,`30.00",
-                "`2024-03-04 11:00:00,`TX3,`O3,`REFUND,`0.00,`0.00,`R3,`5.00,`PROCESSING,`0.00,`5.00",
-                "`2024-03-04 12:00:00,`TX4,`O4,`REVOKED,`0.00,`0.00,`0,`0.00,`,`8.00,`0.00",
-            ],
-        );
-        assert_eq!(
-            all.map(summary).ok(),
-            Some((
-                vec!["payment", "refund"],
-                vec![
-                    (RowKind::Payment, "TX1".into(), 10_000, at("2024-03-04 09:59:30"), Some(1_000)),
-                    (RowKind::Refund, "R2".into(), 3_000, None, None),
-                ]
-            ))
-        );
-        let success = read(SUCCESS, &["`2024-03-04 10:00:00,`TX5,`O5,`SUCCESS,`25.00,`0.00,`25.00"]);
-        assert_eq!(
-            success.map(summary).ok(),
-            Some((vec!["payment"], vec![(RowKind::Payment, "TX5".into(), 2_500, at("2024-03-04 10:00:00"), None)]))
-        );
-        let refund = read(
-            REFUND,
-            &[
-                "`2024-03-04 09:59:30,`TX1,`O1,`REFUND,`0.00,`0.00,`2024-03-05 23:40:00,`2024-03-05 23:55:00,`R1,`90.00,`SUCCESS,`0.00,`100.00",
-                "`2024-03-04 09:00:00,`TX6,`O6,`REFUND,`0.00,`0.00,`2024-03-05 08:00:00,`,`R6,`7.00,`,`0.00,`7.00",
-            ],
-        );
-        assert_eq!(
-            refund.map(summary).ok(),
-            Some((
-                vec!["refund"],
-                vec![
-                    (RowKind::Refund, "R1".into(), 10_000, at("2024-03-05 23:55:00"), None),
-                    (RowKind::Refund, "R6".into(), 700, at("2024-03-05 08:00:00"), None),
-                ]
-            ))
-        );
-        // Without 订单金额 there is nothing to compare a payment with.
-        assert!(read("交易时间,微信订单号,商户订单号,交易状态,应结订单金额", &[]).is_err());
-    }
-
-    #[test]
-    fn generic_statement() {
-        let text = "pay_no,order_no,amount,status,paid_at\nP1,O1,9900,SUCCESS,2024-01-01T10:00:00+08:00\nR1,O1,9900,REFUND,2024-01-01T12:00:00Z\n";
-        let rows = parse(Format::Generic, text.as_bytes()).map(|s| s.rows).unwrap_or_default();
-        assert_eq!(rows.len(), 2);
-        assert_eq!((rows[0].kind, rows[0].id.as_str(), rows[0].amount), (RowKind::Payment, "P1", 9900));
-        assert_eq!((rows[1].kind, rows[1].id.as_str()), (RowKind::Refund, "R1"));
-        assert!(parse(Format::Generic, b"pay_no,order_no\n").is_err());
-        assert!(parse(
-            Format::Generic,
-            b"pay_no,order_no,amount,status,paid_at\nP1,O1,99.5,SUCCESS,2024-01-01T10:00:00Z\n"
-        )
-        .is_err());
     }
 
     /// The GBK check reads in pieces, and a character may straddle two:

@@ -1541,189 +1541,295 @@ fn raw_bodies(server: &Server) -> Vec<(String, String, Vec<u8>)> {
     rows.expect("rows")
 }
 
-fn wx_http(server: &Server, path: &str, note: &WxNote) -> util::HttpResponse {
-    let headers = note.headers();
-    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-    util::request(server.addr, "POST", path, &headers, &note.body)
+/// One notification as sent over HTTP: its headers and its exact bytes.
+struct Sent {
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
 }
 
-#[test]
-fn wechatpay_end_to_end_through_the_binary() {
-    let key_a = format!("{SERIAL_A}={WX_A_PUBLIC_PATH}");
-    let key_b = format!("{SERIAL_B}={WX_B_CERT_PATH}");
-    let server = Server::start(&[
-        "--wechatpay-apiv3-key",
-        APIV3_KEY,
-        "--wechatpay-public-key",
-        &key_a,
-        "--wechatpay-public-key",
-        &key_b,
-        "--coupon",
-        "NEW10",
-        "--points-per-yuan",
-        "1",
-    ]);
-    // Signed by either platform key (rotation): both verify and apply.
-    let mut bodies = Vec::new();
-    for (order_no, txn, key, serial) in [
-        ("WXE2E00001", "4200000001202311150701", &keys().wx_a, SERIAL_A),
-        ("WXE2E00002", "4200000001202311150702", &keys().wx_b, SERIAL_B),
-    ] {
-        http_create_order(&server, order_no, 9900);
-        // Paid ten seconds ago by the system clock serve runs on (section 13's window).
-        let mut transaction = wx_transaction(order_no, txn, json!(9900));
-        transaction["success_time"] = json!(util::utc8_rfc3339(util::now_ms() - 10_000));
-        let note = wx_sign(key, serial, now_s(), wx_body("TRANSACTION.SUCCESS", &transaction));
-        let resp = wx_http(&server, "/v1/callbacks/wechatpay", &note);
-        assert_eq!(resp.status, 204, "{serial}: {}", resp.text());
-        assert!(resp.body.is_empty(), "{serial}: empty body");
-        let detail = server.get(&format!("/v1/orders/{order_no}")).json();
-        assert_eq!(detail["status"], "PAID", "{detail}");
-        assert_eq!(detail["payments"][0]["channel"], "wechatpay");
-        assert_eq!(detail["payments"][0]["outcome"], "applied");
-        assert_eq!(detail["coupons"].as_array().unwrap().len(), 1, "{detail}");
-        assert_eq!(detail["points"][0]["points"], 99, "{detail}");
-        bodies.push((txn.to_owned(), "wechatpay".to_owned(), note.body.clone()));
+impl Sent {
+    fn post(&self, server: &Server, path: &str) -> util::HttpResponse {
+        let headers: Vec<(&str, &str)> = self.headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        util::request(server.addr, "POST", path, &headers, &self.body)
     }
-    // Tampered: 401 {"code":"FAIL"} over HTTP, nothing recorded, order PENDING.
-    http_create_order(&server, "WXE2E00003", 9900);
-    // Paid 73 hours ago by its success_time (section 13): 400, nothing recorded.
-    let mut stale = wx_transaction("WXE2E00003", "4200000001202311150703", json!(9900));
-    stale["success_time"] = json!(util::utc8_rfc3339(util::now_ms() - 73 * 3_600_000));
-    let note = wx_sign(&keys().wx_a, SERIAL_A, now_s(), wx_body("TRANSACTION.SUCCESS", &stale));
-    let resp = wx_http(&server, "/v1/callbacks/wechatpay", &note);
-    assert_eq!(resp.status, 400, "{}", resp.text());
-    assert!(resp.json()["message"].as_str().is_some_and(|m| m.contains("success_time")), "{}", resp.text());
-    let mut note = wx_sign(
-        &keys().wx_a,
-        SERIAL_A,
-        now_s(),
-        wx_body("TRANSACTION.SUCCESS", &wx_transaction("WXE2E00003", "4200000001202311150703", json!(9900))),
-    );
-    note.body[10] ^= 0x01;
-    let resp = wx_http(&server, "/v1/callbacks/wechatpay", &note);
-    assert_eq!(resp.status, 401, "{}", resp.text());
-    assert_eq!(resp.json()["code"], "FAIL");
-    assert!(resp.json()["message"].as_str().is_some_and(|m| !m.is_empty()));
-    let probe = {
-        let mut n = wx_sign(
-            &keys().wx_a,
-            SERIAL_A,
-            now_s(),
-            wx_body("TRANSACTION.SUCCESS", &wx_transaction("WXE2E00003", "4200000001202311150703", json!(9900))),
-        );
-        n.signature = format!("WECHATPAY/SIGNTEST/{}", n.signature);
-        n
-    };
-    let resp = wx_http(&server, "/v1/callbacks/wechatpay", &probe);
-    assert_eq!(resp.status, 401, "{}", resp.text());
-    assert_eq!(resp.json()["code"], "FAIL");
-    let expired = wx_sign(
-        &keys().wx_a,
-        SERIAL_A,
-        now_s() - 400,
-        wx_body("TRANSACTION.SUCCESS", &wx_transaction("WXE2E00003", "4200000001202311150703", json!(9900))),
-    );
-    let resp = wx_http(&server, "/v1/callbacks/wechatpay", &expired);
-    assert_eq!(resp.status, 401, "{}", resp.text());
-    assert_eq!(resp.json()["code"], "FAIL");
-    assert_eq!(server.get("/v1/orders/WXE2E00003").json()["status"], "PENDING");
-    assert_eq!(raw_bodies(&server), bodies, "the exact bytes of the two genuine notifications, nothing else");
-    // Alipay is not configured on this server.
-    let resp = util::request(
-        server.addr,
-        "POST",
-        "/v1/callbacks/alipay",
-        &[("Content-Type", "application/x-www-form-urlencoded")],
-        b"a=b",
-    );
-    assert_eq!(resp.status, 404);
-    assert_eq!(resp.error_code(), "channel_not_configured");
 }
 
-#[test]
-fn alipay_end_to_end_through_the_binary() {
-    let server = Server::start(&[
-        "--alipay-public-key",
-        ALIPAY_PUBLIC_PATH,
-        "--alipay-app-id",
-        ALIPAY_APP_ID,
-        "--coupon",
-        "NEW10",
-        "--points-per-yuan",
-        "1",
-    ]);
-    let form = [("Content-Type", "application/x-www-form-urlencoded; charset=GBK")];
-    // A GBK notice with a Chinese subject.
-    http_create_order(&server, "ALE2E00001", 12345);
-    let mut notice = ali_notice("2023111522001400000801", "ALE2E00001", "123.45", "TRADE_SUCCESS");
-    set(&mut notice, "charset", "gbk");
-    // Paid ten seconds ago by the system clock serve runs on (section 13's window).
-    set(&mut notice, "gmt_payment", &util::alipay_time(util::now_ms() - 10_000));
-    let body = ali_encode(&ali_signed(&notice), Enc::Standard);
-    let resp = util::request(server.addr, "POST", "/v1/callbacks/alipay", &form, &body);
-    assert_eq!(resp.status, 200, "{}", resp.text());
-    assert_eq!(resp.text(), "success");
-    let detail = server.get("/v1/orders/ALE2E00001").json();
-    assert_eq!(detail["status"], "PAID", "{detail}");
-    assert_eq!(detail["payments"][0]["channel"], "alipay");
-    assert_eq!(detail["payments"][0]["amount"], 12345);
-    assert_eq!(detail["coupons"].as_array().unwrap().len(), 1, "{detail}");
-    assert_eq!(detail["points"][0]["points"], 123, "{detail}");
-    // TRADE_FINISHED of the same trade: one payment.
-    let mut finished = notice.clone();
-    set(&mut finished, "trade_status", "TRADE_FINISHED");
-    let resp = util::request(
-        server.addr,
-        "POST",
-        "/v1/callbacks/alipay",
-        &form,
-        &ali_encode(&ali_signed(&finished), Enc::Standard),
-    );
-    assert_eq!((resp.status, resp.text()), (200, "success".to_owned()));
+impl From<&WxNote> for Sent {
+    fn from(note: &WxNote) -> Sent {
+        Sent { headers: note.headers(), body: note.body.clone() }
+    }
+}
 
-    // Refused over HTTP: a valid signature over a bad amount (400), a wrong
-    // app_id and a tampered value (4xx), each `failure`, nothing recorded.
-    http_create_order(&server, "ALE2E00002", 9900);
-    let mut stale = ali_notice("2023111522001400000802", "ALE2E00002", "99.00", "TRADE_SUCCESS");
-    set(&mut stale, "gmt_payment", &util::alipay_time(util::now_ms() + 10 * 60_000));
-    let resp = util::request(
-        server.addr,
-        "POST",
-        "/v1/callbacks/alipay",
-        &form,
-        &ali_encode(&ali_signed(&stale), Enc::Standard),
-    );
-    assert_eq!((resp.status, resp.text()), (400, "failure".to_owned()), "gmt_payment 10 min ahead");
-    let bad_amount = ali_signed(&ali_notice("2023111522001400000802", "ALE2E00002", "99.001", "TRADE_SUCCESS"));
-    let resp =
-        util::request(server.addr, "POST", "/v1/callbacks/alipay", &form, &ali_encode(&bad_amount, Enc::Standard));
-    assert_eq!((resp.status, resp.text()), (400, "failure".to_owned()));
-    let mut other_app = ali_notice("2023111522001400000802", "ALE2E00002", "99.00", "TRADE_SUCCESS");
-    set(&mut other_app, "app_id", "2021000000000002");
-    let resp = util::request(
-        server.addr,
-        "POST",
-        "/v1/callbacks/alipay",
-        &form,
-        &ali_encode(&ali_signed(&other_app), Enc::Standard),
-    );
-    assert!((400..500).contains(&resp.status), "{}", resp.status);
-    assert_eq!(resp.text(), "failure");
-    let mut tampered = ali_signed(&ali_notice("2023111522001400000802", "ALE2E00002", "99.00", "TRADE_SUCCESS"));
-    set(&mut tampered, "total_amount", "0.01");
-    let resp = util::request(server.addr, "POST", "/v1/callbacks/alipay", &form, &ali_encode(&tampered, Enc::Standard));
-    assert!((400..500).contains(&resp.status), "{}", resp.status);
-    assert_eq!(resp.text(), "failure");
-    assert_eq!(server.get("/v1/orders/ALE2E00002").json()["status"], "PENDING");
-    assert_eq!(
-        raw_bodies(&server),
-        vec![("2023111522001400000801".to_owned(), "alipay".to_owned(), body)],
-        "only the genuine notice, as received"
-    );
-    // WeChat is not configured on this server.
-    let resp =
-        util::request(server.addr, "POST", "/v1/callbacks/wechatpay", &[("Content-Type", "application/json")], b"{}");
+/// An Alipay notice as the platform posts it: GBK-declared form, signed.
+fn ali_sent(params: &Params) -> Sent {
+    let content_type = "application/x-www-form-urlencoded; charset=GBK";
+    Sent { headers: vec![("Content-Type".into(), content_type.into())], body: ali_encode(params, Enc::Standard) }
+}
+
+/// A genuine payment notification, paid ten seconds ago by the system
+/// clock serve runs on (section 13's window).
+struct Genuine {
+    order_no: &'static str,
+    amount: i64,
+    pay_no: &'static str,
+    sent: Sent,
+    /// What the platform says of it, for messages.
+    what: &'static str,
+}
+
+/// A notification the binary refuses, recording nothing.
+struct Refusal {
+    what: &'static str,
+    sent: Sent,
+    status: std::ops::RangeInclusive<u16>,
+    /// What only this refusal's answer says.
+    check: fn(&util::HttpResponse),
+}
+
+/// One platform's side of the end-to-end cases: how the real binary is
+/// configured for it alone, its notifications, and its answers.
+trait EndToEnd {
+    const NAME: &'static str;
+    /// The callback path of the platform that is not configured, and a body for it.
+    const OTHER: (&'static str, &'static str, &'static [u8]);
+    fn flags() -> Vec<String>;
+    fn genuine() -> Vec<Genuine>;
+    /// More notices of a paid trade that answer success and change nothing.
+    fn repeats(server: &Server, genuine: &[Genuine]);
+    /// Notices of `order_no` (amount 9900) that are refused.
+    fn refusals(order_no: &str) -> Vec<Refusal>;
+    fn refused_order() -> &'static str;
+    fn expect_accepted(resp: &util::HttpResponse, what: &str);
+    fn expect_refused(resp: &util::HttpResponse, what: &str);
+}
+
+struct WxEndToEnd;
+
+fn wx_paid_note(order_no: &str, txn: &str, key: &SigningKey<Sha256>, serial: &str, paid_ago_ms: i64) -> WxNote {
+    let mut transaction = wx_transaction(order_no, txn, json!(9900));
+    transaction["success_time"] = json!(util::utc8_rfc3339(util::now_ms() - paid_ago_ms));
+    wx_sign(key, serial, now_s(), wx_body("TRANSACTION.SUCCESS", &transaction))
+}
+
+impl EndToEnd for WxEndToEnd {
+    const NAME: &'static str = "wechatpay";
+    const OTHER: (&'static str, &'static str, &'static [u8]) =
+        ("/v1/callbacks/alipay", "application/x-www-form-urlencoded", b"a=b");
+
+    /// Both platform keys (rotation): a bare public key and a certificate.
+    fn flags() -> Vec<String> {
+        let (key_a, key_b) = (format!("{SERIAL_A}={WX_A_PUBLIC_PATH}"), format!("{SERIAL_B}={WX_B_CERT_PATH}"));
+        ["--wechatpay-apiv3-key", APIV3_KEY, "--wechatpay-public-key", &key_a, "--wechatpay-public-key", &key_b]
+            .map(str::to_owned)
+            .to_vec()
+    }
+
+    /// Signed by either platform key: both verify and apply.
+    fn genuine() -> Vec<Genuine> {
+        [
+            ("WXE2E00001", "4200000001202311150701", &keys().wx_a, SERIAL_A),
+            ("WXE2E00002", "4200000001202311150702", &keys().wx_b, SERIAL_B),
+        ]
+        .into_iter()
+        .map(|(order_no, pay_no, key, serial)| Genuine {
+            order_no,
+            amount: 9900,
+            pay_no,
+            sent: Sent::from(&wx_paid_note(order_no, pay_no, key, serial, 10_000)),
+            what: serial,
+        })
+        .collect()
+    }
+
+    fn repeats(_: &Server, _: &[Genuine]) {}
+
+    fn refused_order() -> &'static str {
+        "WXE2E00003"
+    }
+
+    fn refusals(order_no: &str) -> Vec<Refusal> {
+        let txn = "4200000001202311150703";
+        let note = |timestamp| {
+            wx_sign(
+                &keys().wx_a,
+                SERIAL_A,
+                timestamp,
+                wx_body("TRANSACTION.SUCCESS", &wx_transaction(order_no, txn, json!(9900))),
+            )
+        };
+        // Paid 73 hours ago by its success_time (section 13).
+        let stale = wx_paid_note(order_no, txn, &keys().wx_a, SERIAL_A, 73 * 3_600_000);
+        let mut tampered = note(now_s());
+        tampered.body[10] ^= 0x01;
+        let mut probe = note(now_s());
+        probe.signature = format!("WECHATPAY/SIGNTEST/{}", probe.signature);
+        let expired = note(now_s() - 400);
+        let no_check: fn(&util::HttpResponse) = |_| {};
+        vec![
+            Refusal {
+                what: "paid 73 hours ago",
+                sent: Sent::from(&stale),
+                status: 400..=400,
+                check: |resp| {
+                    let message = resp.json()["message"].as_str().map(str::to_owned).unwrap_or_default();
+                    assert!(message.contains("success_time"), "{}", resp.text());
+                },
+            },
+            Refusal {
+                what: "tampered",
+                sent: Sent::from(&tampered),
+                status: 401..=401,
+                check: |resp| assert!(resp.json()["message"].as_str().is_some_and(|m| !m.is_empty())),
+            },
+            Refusal { what: "a signature probe", sent: Sent::from(&probe), status: 401..=401, check: no_check },
+            Refusal { what: "400 s old", sent: Sent::from(&expired), status: 401..=401, check: no_check },
+        ]
+    }
+
+    fn expect_accepted(resp: &util::HttpResponse, what: &str) {
+        assert_eq!(resp.status, 204, "{what}: {}", resp.text());
+        assert!(resp.body.is_empty(), "{what}: empty body");
+    }
+
+    /// `{"code":"FAIL"}` over HTTP.
+    fn expect_refused(resp: &util::HttpResponse, what: &str) {
+        assert_eq!(resp.json()["code"], "FAIL", "{what}: {}", resp.text());
+    }
+}
+
+struct AliEndToEnd;
+
+fn ali_paid_notice(order_no: &str, pay_no: &str, yuan: &str) -> Params {
+    let mut notice = ali_notice(pay_no, order_no, yuan, "TRADE_SUCCESS");
+    set(&mut notice, "gmt_payment", &util::alipay_time(util::now_ms() - 10_000));
+    notice
+}
+
+impl EndToEnd for AliEndToEnd {
+    const NAME: &'static str = "alipay";
+    const OTHER: (&'static str, &'static str, &'static [u8]) = ("/v1/callbacks/wechatpay", "application/json", b"{}");
+
+    fn flags() -> Vec<String> {
+        ["--alipay-public-key", ALIPAY_PUBLIC_PATH, "--alipay-app-id", ALIPAY_APP_ID].map(str::to_owned).to_vec()
+    }
+
+    /// A GBK notice with a Chinese subject.
+    fn genuine() -> Vec<Genuine> {
+        let mut notice = ali_paid_notice("ALE2E00001", "2023111522001400000801", "123.45");
+        set(&mut notice, "charset", "gbk");
+        let sent = ali_sent(&ali_signed(&notice));
+        vec![Genuine { order_no: "ALE2E00001", amount: 12345, pay_no: "2023111522001400000801", sent, what: "GBK" }]
+    }
+
+    /// TRADE_FINISHED of the same trade: one payment.
+    fn repeats(server: &Server, genuine: &[Genuine]) {
+        let mut finished = ali_paid_notice(genuine[0].order_no, genuine[0].pay_no, "123.45");
+        set(&mut finished, "charset", "gbk");
+        set(&mut finished, "trade_status", "TRADE_FINISHED");
+        let resp = ali_sent(&ali_signed(&finished)).post(server, "/v1/callbacks/alipay");
+        assert_eq!((resp.status, resp.text()), (200, "success".to_owned()));
+    }
+
+    fn refused_order() -> &'static str {
+        "ALE2E00002"
+    }
+
+    /// A valid signature over a bad time or amount (400), a wrong app_id
+    /// and a tampered value (4xx).
+    fn refusals(order_no: &str) -> Vec<Refusal> {
+        let pay_no = "2023111522001400000802";
+        let mut ahead = ali_notice(pay_no, order_no, "99.00", "TRADE_SUCCESS");
+        set(&mut ahead, "gmt_payment", &util::alipay_time(util::now_ms() + 10 * 60_000));
+        let bad_amount = ali_notice(pay_no, order_no, "99.001", "TRADE_SUCCESS");
+        let mut other_app = ali_notice(pay_no, order_no, "99.00", "TRADE_SUCCESS");
+        set(&mut other_app, "app_id", "2021000000000002");
+        let mut tampered = ali_signed(&ali_notice(pay_no, order_no, "99.00", "TRADE_SUCCESS"));
+        set(&mut tampered, "total_amount", "0.01");
+        let no_check: fn(&util::HttpResponse) = |_| {};
+        vec![
+            Refusal {
+                what: "gmt_payment 10 min ahead",
+                sent: ali_sent(&ali_signed(&ahead)),
+                status: 400..=400,
+                check: no_check,
+            },
+            Refusal { what: "99.001", sent: ali_sent(&ali_signed(&bad_amount)), status: 400..=400, check: no_check },
+            Refusal {
+                what: "another app_id",
+                sent: ali_sent(&ali_signed(&other_app)),
+                status: 400..=499,
+                check: no_check,
+            },
+            Refusal { what: "tampered", sent: ali_sent(&tampered), status: 400..=499, check: no_check },
+        ]
+    }
+
+    fn expect_accepted(resp: &util::HttpResponse, what: &str) {
+        assert_eq!((resp.status, resp.text()), (200, "success".to_owned()), "{what}");
+    }
+
+    fn expect_refused(resp: &util::HttpResponse, what: &str) {
+        assert_eq!(resp.text(), "failure", "{what}");
+    }
+}
+
+/// Each case over every platform: `<case>::wechatpay`, `<case>::alipay`.
+macro_rules! for_each_platform {
+    ($($case:ident),*) => {
+        $(
+            mod $case {
+                #[test]
+                fn wechatpay() {
+                    super::$case::<super::WxEndToEnd>()
+                }
+
+                #[test]
+                fn alipay() {
+                    super::$case::<super::AliEndToEnd>()
+                }
+            }
+        )*
+    };
+}
+
+for_each_platform!(through_the_binary);
+
+/// The real binary configured for one platform: genuine notifications are
+/// applied once (coupon, points), refused ones record nothing and leave the
+/// order PENDING, the log holds the exact bytes of the genuine ones, and
+/// the other platform is not configured.
+fn through_the_binary<P: EndToEnd>() {
+    let mut flags = P::flags();
+    flags.extend(["--coupon", "NEW10", "--points-per-yuan", "1"].map(str::to_owned));
+    let server = Server::start(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let path = format!("/v1/callbacks/{}", P::NAME);
+    let genuine = P::genuine();
+    for paid in &genuine {
+        http_create_order(&server, paid.order_no, paid.amount);
+        P::expect_accepted(&paid.sent.post(&server, &path), paid.what);
+        let detail = server.get(&format!("/v1/orders/{}", paid.order_no)).json();
+        assert_eq!(detail["status"], "PAID", "{detail}");
+        let payment = &detail["payments"][0];
+        assert_eq!((&payment["channel"], &payment["outcome"]), (&json!(P::NAME), &json!("applied")), "{detail}");
+        assert_eq!(payment["amount"], paid.amount, "{detail}");
+        assert_eq!(detail["coupons"].as_array().map(Vec::len), Some(1), "{detail}");
+        assert_eq!(detail["points"][0]["points"], paid.amount / 100, "{detail}");
+    }
+    P::repeats(&server, &genuine);
+    let refused = P::refused_order();
+    http_create_order(&server, refused, 9900);
+    for refusal in P::refusals(refused) {
+        let resp = refusal.sent.post(&server, &path);
+        assert!(refusal.status.contains(&resp.status), "{}: {} {}", refusal.what, resp.status, resp.text());
+        P::expect_refused(&resp, refusal.what);
+        (refusal.check)(&resp);
+    }
+    assert_eq!(server.get(&format!("/v1/orders/{refused}")).json()["status"], "PENDING");
+    let logged: Vec<(String, String, Vec<u8>)> =
+        genuine.iter().map(|g| (g.pay_no.to_owned(), P::NAME.to_owned(), g.sent.body.clone())).collect();
+    assert_eq!(raw_bodies(&server), logged, "the exact bytes of the genuine notifications, nothing else");
+    let (other, content_type, body) = P::OTHER;
+    let resp = util::request(server.addr, "POST", other, &[("Content-Type", content_type)], body);
     assert_eq!(resp.status, 404);
     assert_eq!(resp.error_code(), "channel_not_configured");
 }

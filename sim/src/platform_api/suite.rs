@@ -4,6 +4,7 @@
 //! sockets. A case becomes `<case>::wechatpay` and `<case>::alipay`; a new
 //! platform is one more line in the macro (docs/platforms.md).
 
+use super::tests::{connect, AliWire, Wire, WxWire};
 use super::*;
 use payonce::platforms::alipay::AlipayApi;
 use payonce::platforms::wechatpay::WechatpayApi;
@@ -22,14 +23,20 @@ struct Pair {
     calls: Box<dyn Calls>,
     /// An order number the platform can carry, unique in the test.
     order: fn(&str) -> String,
+    /// The merchant's requests at the wire, signed by tests.rs's own lines.
+    wire: for<'a> fn(&'a PlatformApi) -> Box<dyn Wire + 'a>,
 }
 
 fn merchant_key() -> MerchantKey {
     MerchantKey::from_pem(MERCHANT_KEY_PEM).expect("merchant key")
 }
 
+fn merchant_private_key() -> RsaPrivateKey {
+    RsaPrivateKey::from_pkcs8_pem(MERCHANT_KEY_PEM).expect("the fixture key")
+}
+
 fn merchant_public_key() -> RsaPublicKey {
-    RsaPrivateKey::from_pkcs8_pem(MERCHANT_KEY_PEM).expect("the fixture key").to_public_key()
+    merchant_private_key().to_public_key()
 }
 
 fn wechatpay(timeout: Duration) -> Pair {
@@ -44,7 +51,12 @@ fn wechatpay(timeout: Duration) -> Pair {
         vec![key],
         timeout,
     );
-    Pair { api, calls: Box::new(calls), order: |n| format!("ORDER-{n}") }
+    Pair { api, calls: Box::new(calls), order: |n| format!("ORDER-{n}"), wire: wechatpay_wire }
+}
+
+fn wechatpay_wire(api: &PlatformApi) -> Box<dyn Wire + '_> {
+    let conn = connect(api);
+    Box::new(WxWire { api, key: merchant_private_key(), serial: MERCHANT_SERIAL, conn, refund_id: None, sent: 0 })
 }
 
 fn alipay(timeout: Duration) -> Pair {
@@ -56,7 +68,11 @@ fn alipay(timeout: Duration) -> Pair {
         api.platform_public_key().clone(),
         timeout,
     );
-    Pair { api, calls: Box::new(calls), order: |n| format!("ORDER_{n}") }
+    Pair { api, calls: Box::new(calls), order: |n| format!("ORDER_{n}"), wire: alipay_wire }
+}
+
+fn alipay_wire(api: &PlatformApi) -> Box<dyn Wire + '_> {
+    Box::new(AliWire { api, key: merchant_private_key(), conn: connect(api), sent: 0 })
 }
 
 /// Each case, once per platform: `fn case(start: fn(Duration) -> Pair)`.
@@ -92,6 +108,15 @@ fn closed_state(api: &PlatformApi) -> &'static str {
     }
 }
 
+/// The platform's word for a paid trade.
+fn paid_state(api: &PlatformApi) -> &'static str {
+    if api.platform() == Platform::Alipay {
+        "TRADE_SUCCESS"
+    } else {
+        "SUCCESS"
+    }
+}
+
 /// The platform's word for a trade waiting for its buyer.
 fn unpaid_state(api: &PlatformApi) -> &'static str {
     if api.platform() == Platform::Alipay {
@@ -108,7 +133,7 @@ fn now() -> i64 {
 for_each_platform! {
     /// Query, close, refund and refund query, each answer verified and read.
     fn round_trip(start: fn(Duration) -> Pair) {
-        let Pair { api, calls, order } = start(TIMEOUT);
+        let Pair { api, calls, order, .. } = start(TIMEOUT);
         let (paid_no, closed_no) = (order("RT1"), order("RT2"));
         api.open_trade(&paid_no, 990).expect("open");
         assert_eq!(calls.query(&paid_no, now()).meaning, TradeState::NotPaid { paying: false });
@@ -144,7 +169,7 @@ for_each_platform! {
 
     /// A tampered answer is no answer, though the call took effect.
     fn tampered_answer(start: fn(Duration) -> Pair) {
-        let Pair { api, calls, order } = start(TIMEOUT);
+        let Pair { api, calls, order, .. } = start(TIMEOUT);
         let (queried, closed) = (order("TA1"), order("TA2"));
         api.open_trade(&queried, 250).expect("open");
         api.buyer_pays(&queried).expect("paid");
@@ -157,9 +182,10 @@ for_each_platform! {
         assert_eq!(api.trade_state(&closed), Some(closed_state(&api)), "the close took effect");
     }
 
-    /// A correctly signed answer about another merchant or trade is no answer.
+    /// A correctly signed answer about another merchant or trade is no answer:
+    /// a query's, and a refund's.
     fn wrong_merchant_or_trade(start: fn(Duration) -> Pair) {
-        let Pair { api, calls, order } = start(TIMEOUT);
+        let Pair { api, calls, order, .. } = start(TIMEOUT);
         let no = order("WM1");
         api.open_trade(&no, 100).expect("open");
         api.buyer_pays(&no).expect("paid");
@@ -170,11 +196,20 @@ for_each_platform! {
             let expect_unknown = fault == Fault::WrongTrade || api.platform() == Platform::Wechatpay;
             assert_eq!(answer.meaning == TradeState::Unknown, expect_unknown, "{fault:?}: {answer:?}");
         }
+        // A refund answer about another trade is no answer, as a tampered
+        // one is, though the refund took effect.
+        api.set_fault(Some(Fault::WrongTrade));
+        let refund_no = order("WMR1");
+        let answer = calls.refund(&no, &refund_no, 100, "CNY", now());
+        assert_eq!(answer.meaning, RefundAnswer::Unknown, "{answer:?}");
+        assert_eq!(api.refunds().len(), 1, "refunded at the platform all the same");
+        api.set_fault(None);
+        assert_eq!(calls.refund(&no, &refund_no, 100, "CNY", now()).meaning, RefundAnswer::Accepted, "the retry");
     }
 
     /// A call that outlives the timeout has no answer; the call took effect.
     fn timeout(start: fn(Duration) -> Pair) {
-        let Pair { api, calls, order } = start(Duration::from_millis(200));
+        let Pair { api, calls, order, .. } = start(Duration::from_millis(200));
         let no = order("TO1");
         api.open_trade(&no, 100).expect("open");
         api.set_fault(Some(Fault::Slow(Duration::from_millis(600))));
@@ -188,7 +223,7 @@ for_each_platform! {
 
     /// A 5xx is no answer and does nothing; the next call is served.
     fn server_error(start: fn(Duration) -> Pair) {
-        let Pair { api, calls, order } = start(TIMEOUT);
+        let Pair { api, calls, order, .. } = start(TIMEOUT);
         let no = order("SE1");
         api.open_trade(&no, 100).expect("open");
         api.fail_next(Fault::ServerError, 2);
@@ -201,5 +236,67 @@ for_each_platform! {
         let statuses: Vec<Option<u16>> = api.calls().iter().map(|c| c.status).collect();
         let closed = if api.platform() == Platform::Alipay { 200 } else { 204 };
         assert_eq!(statuses, [Some(500), Some(500), Some(closed)]);
+    }
+
+    /// Every answer at the wire, each request signed by tests.rs's own lines
+    /// (not payonce's): the steps, states, numbers and signatures here, what
+    /// only one platform answers in its `Wire` hooks.
+    fn wire_round_trip(start: fn(Duration) -> Pair) {
+        let pair = start(TIMEOUT);
+        let (api, order) = (&pair.api, pair.order);
+        let mut wire = (pair.wire)(api);
+        let (no, closed_no, unknown, refund_no) = (order("W1"), order("W2"), order("NONE"), order("RF1"));
+        let amount = 1000;
+        api.open_trade(&no, amount).expect("open");
+        let unpaid = wire.query(&no);
+        assert!(unpaid.verified);
+        assert_eq!(wire.state_of(&unpaid).as_deref(), Some(unpaid_state(api)), "{}", unpaid.json);
+        assert_eq!((unpaid.json["out_trade_no"].as_str(), wire.amount_of(&unpaid)), (Some(no.as_str()), Some(amount)));
+        wire.expect_unpaid(&unpaid);
+        let pay_no = api.buyer_pays(&no).expect("paid");
+        let paid = wire.query(&no);
+        assert!(paid.verified);
+        assert_eq!(wire.state_of(&paid).as_deref(), Some(paid_state(api)), "{}", paid.json);
+        assert_eq!((wire.pay_no_of(&paid), paid.json["out_trade_no"].as_str()), (Some(pay_no.clone()), Some(no.as_str())));
+        wire.expect_paid(&paid, amount);
+        let refused = wire.close(&no);
+        assert!(refused.verified, "a paid trade does not close, signed");
+        wire.expect_close_refused(&refused);
+        for first in [true, false] {
+            let refund = wire.refund(&no, &refund_no, amount);
+            assert!(refund.verified);
+            wire.expect_refund_accepted(&refund, &pay_no, amount, first);
+        }
+        assert_eq!(api.refunds().len(), 1, "one refund for one refund number");
+        let pending = wire.refund_query(&no, &refund_no);
+        assert!(pending.verified);
+        wire.expect_refund_pending(&pending, amount);
+        assert!(api.settle_refund(&refund_no, RefundStatus::Success));
+        let settled = wire.refund_query(&no, &refund_no);
+        assert!(settled.verified);
+        wire.expect_refund_settled(&settled);
+        wire.expect_refunded(&no, &refund_no);
+        // Close, then the buyer is refused; closed again is still an answer.
+        api.open_trade(&closed_no, 1).expect("open");
+        let closed = wire.close(&closed_no);
+        assert!(closed.verified);
+        wire.expect_closed(&closed, &closed_no);
+        assert_eq!(api.buyer_pays(&closed_no), Err(Refused::Closed));
+        let status = wire.query(&closed_no);
+        assert_eq!((wire.state_of(&status).as_deref(), wire.amount_of(&status)), (Some(closed_state(api)), Some(1)));
+        let again = wire.close(&closed_no);
+        assert!(again.verified);
+        wire.expect_closed_again(&again);
+        // Unknown numbers, as each platform answers them.
+        let (query, close) = (wire.query(&unknown), wire.close(&unknown));
+        assert!(query.verified && close.verified);
+        wire.expect_unknown_query(&query);
+        wire.expect_unknown_close(&close);
+        wire.only_here();
+        // Every request recorded, over the one keep-alive connection, verified.
+        let calls = api.calls();
+        assert_eq!(calls.len(), wire.sent());
+        assert!(calls.iter().all(|c| c.verified), "{calls:?}");
+        wire.expect_calls(&calls, &no, &refund_no);
     }
 }

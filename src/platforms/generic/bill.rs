@@ -66,3 +66,23 @@ impl BillRows for Rows {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::recon::{parse, Format, RowKind};
+
+    #[test]
+    fn generic_statement() {
+        let text = "pay_no,order_no,amount,status,paid_at\nP1,O1,9900,SUCCESS,2024-01-01T10:00:00+08:00\nR1,O1,9900,REFUND,2024-01-01T12:00:00Z\n";
+        let rows = parse(Format::Generic, text.as_bytes()).map(|s| s.rows).unwrap_or_default();
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].kind, rows[0].id.as_str(), rows[0].amount), (RowKind::Payment, "P1", 9900));
+        assert_eq!((rows[1].kind, rows[1].id.as_str()), (RowKind::Refund, "R1"));
+        assert!(parse(Format::Generic, b"pay_no,order_no\n").is_err());
+        assert!(parse(
+            Format::Generic,
+            b"pay_no,order_no,amount,status,paid_at\nP1,O1,99.5,SUCCESS,2024-01-01T10:00:00Z\n"
+        )
+        .is_err());
+    }
+}

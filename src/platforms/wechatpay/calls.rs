@@ -142,7 +142,8 @@ impl WechatpayApi {
     }
 
     /// `POST /v3/refund/domestic/refunds` with `out_refund_no` = refund_no
-    /// (WeChat Pay's idempotency key): a 200 naming it is accepted.
+    /// (WeChat Pay's idempotency key): a 200 naming it and the order's
+    /// `out_trade_no` is accepted; one naming another trade is no answer.
     pub fn refund(
         &self,
         order_no: &str,
@@ -162,7 +163,9 @@ impl WechatpayApi {
         let body = serde_json::to_string(&body).unwrap_or_default();
         let request = format!("POST {}{path} {body}", self.api_base);
         match self.exchange("POST", path, Some(&body), now_ms) {
-            Ok((200, text)) if serde_json::from_str::<Value>(&text).is_ok_and(|j| j["out_refund_no"] == refund_no) => {
+            Ok((200, text))
+                if serde_json::from_str::<Value>(&text).is_ok_and(|j| names_refund(&j, order_no, refund_no)) =>
+            {
                 Exchange {
                     request,
                     http_status: Some(200),
@@ -234,6 +237,12 @@ impl WechatpayApi {
         };
         Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
+}
+
+/// A refund answer about this refund of this order: its `out_refund_no`
+/// and, as a query answer's, its `out_trade_no`.
+fn names_refund(json: &Value, order_no: &str, refund_no: &str) -> bool {
+    json["out_refund_no"] == refund_no && json["out_trade_no"] == order_no
 }
 
 /// The body of a refund request, members in this order.
@@ -342,6 +351,17 @@ mod tests {
             assert_eq!(trade_state(&json(&format!(r#"{{"trade_state": "{state}"}}"#))), Some(expected), "{state}");
         }
         assert_eq!(trade_state(&json(r#"{"trade_state": "LATER"}"#)), None);
+    }
+
+    #[test]
+    fn a_refund_answer_names_the_refund_and_its_order() {
+        let answer = |text: &str| serde_json::from_str::<Value>(text).expect("JSON");
+        let ours = answer(r#"{"out_refund_no": "RF-1", "out_trade_no": "ORD-1", "status": "PROCESSING"}"#);
+        assert!(names_refund(&ours, "ORD-1", "RF-1"));
+        assert!(!names_refund(&ours, "ORD-1", "RF-2"), "another refund");
+        assert!(!names_refund(&ours, "ORD-2", "RF-1"), "another trade");
+        let no_trade = answer(r#"{"out_refund_no": "RF-1", "status": "PROCESSING"}"#);
+        assert!(!names_refund(&no_trade, "ORD-1", "RF-1"), "no trade named");
     }
 
     #[test]
