@@ -111,7 +111,7 @@ CREATE TABLE pay_callback_log (
     paid_at     TEXT,
     received_at TEXT    NOT NULL,
     decided_at  TEXT,
-    -- The decision time of an applied payment (section 6's name for it); NULL
+    -- The decision time of an applied payment, equal to decided_at; NULL
     -- for every other outcome. A plain column, so PRAGMA table_info lists it.
     applied_at  TEXT CHECK (applied_at IS NULL OR (outcome = 'applied' AND applied_at = decided_at)),
     -- The rewards due when the payment was applied: {"coupons":[..],"points":N}.
@@ -351,7 +351,7 @@ CREATE TABLE settings (
 );
 INSERT INTO settings (name, value) VALUES ('mode', 'normal');
 
--- The webhook relay (PRODUCT.md section 10). An endpoint is a configured
+-- The webhook relay (docs/webhooks.md). An endpoint is a configured
 -- --webhook-url; it receives the events after from_seq, older ones only by
 -- replay. relayed_seq is the relay's cursor over outbox_event: a delivery row
 -- exists for every event up to it (the outbox's seq order is its commit
@@ -397,8 +397,8 @@ CREATE INDEX ix_webhook_delivery_order ON webhook_delivery (endpoint, order_no, 
 CREATE INDEX ix_webhook_delivery_due ON webhook_delivery (next_attempt_at) WHERE status = 'pending';
 CREATE INDEX ix_webhook_delivery_queued ON webhook_delivery (queued_at) WHERE status = 'pending';
 
--- Every call payonce makes to a payment platform's API (PRODUCT.md section
--- 11), one row per logical call: `attempts` counts its HTTP calls,
+-- Every call payonce makes to a payment platform's API (docs/platforms.md),
+-- one row per logical call: `attempts` counts its HTTP calls,
 -- `http_status` and `response` are the last one's. A row is written before
 -- the call and updated after it; no transaction spans the call. Never deleted.
 CREATE TABLE platform_call (

@@ -1,4 +1,4 @@
-// payonce's operator console (PRODUCT.md section 12): the incident runbook
+// payonce's operator console (docs/console.md): the incident runbook
 // in a browser, through the public /v1 API only.
 //
 // Safety rules this file keeps:

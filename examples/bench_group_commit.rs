@@ -1,4 +1,4 @@
-//! `make bench`, group commit (PRODUCT.md section 9): applied callbacks over
+//! `make bench`, group commit (docs/performance.md): applied callbacks over
 //! HTTP with batching on and off, at 16 and 64 clients, against the physical
 //! limit of the same apply SQL, all in one run on one disk.
 //!

@@ -1,5 +1,6 @@
 //! Webhook latency: from an event's commit to its arrival at a local
-//! receiver (PRODUCT.md section 10; the figures are in docs/performance.md).
+//! receiver (the webhook relay, docs/webhooks.md; the figures are in
+//! docs/performance.md).
 //!
 //! Starts the release `payonce serve` on a fresh SQLite file with one
 //! `--webhook-url` pointing at a minimal HTTP/1.1 receiver in this process,

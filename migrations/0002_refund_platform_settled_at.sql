@@ -1,6 +1,6 @@
 -- Migration 2 (v1 -> v2): refund.platform_settled_at, the platform's own
 -- time of a successful refund (WeChat Pay success_time, Alipay gmt_refund),
--- by which reconciliation dates refunds (PRODUCT.md section 14).
+-- by which reconciliation dates refunds (docs/operations.md).
 --
 -- Run by src/store.rs inside the IMMEDIATE transaction that read
 -- PRAGMA user_version = 1, which it then sets to 2. The table is rebuilt

@@ -1,7 +1,8 @@
 -- Migration 3 (v2 -> v3): audit_log.refund_no, a plain column for the
 -- refund_no of 'unexpected_refund' and 'unexpected_refund_resolved' rows,
 -- replacing the index on json_extract(detail, '$.refund_no'): no query of
--- either engine needs JSON functions (PRODUCT.md section 8).
+-- either engine needs JSON functions (the same queries run on PostgreSQL,
+-- docs/postgres.md).
 --
 -- Run by src/store/sqlite.rs inside the IMMEDIATE transaction that read
 -- PRAGMA user_version = 2, which it then sets to 3. Rebuilt rather than

@@ -1,9 +1,9 @@
--- Migration 5 (v4 -> v5): the webhook relay's tables (PRODUCT.md section 10).
+-- Migration 5 (v4 -> v5): the webhook relay's tables (docs/webhooks.md).
 -- New tables and indexes only: no existing row changes. Run by
 -- src/store/sqlite.rs inside the IMMEDIATE transaction that read
 -- PRAGMA user_version = 4, which it then sets to 5.
 
--- The webhook relay (PRODUCT.md section 10). An endpoint is a configured
+-- The webhook relay (docs/webhooks.md). An endpoint is a configured
 -- --webhook-url; it receives the events after from_seq, older ones only by
 -- replay. relayed_seq is the relay's cursor over outbox_event: a delivery row
 -- exists for every event up to it (the outbox's seq order is its commit

@@ -1,4 +1,4 @@
--- Migration 7 (v6 -> v7): the platform calls of PRODUCT.md section 11.
+-- Migration 7 (v6 -> v7): the platform calls (docs/platforms.md).
 -- `pay_callback_log.source` gains `query` (a payment learnt by asking the
 -- platform). SQLite cannot widen a CHECK in place, so the table is rebuilt:
 -- the old one is renamed aside, the new one created exactly as schema.sql
@@ -32,7 +32,7 @@ CREATE TABLE pay_callback_log (
     paid_at     TEXT,
     received_at TEXT    NOT NULL,
     decided_at  TEXT,
-    -- The decision time of an applied payment (section 6's name for it); NULL
+    -- The decision time of an applied payment, equal to decided_at; NULL
     -- for every other outcome. A plain column, so PRAGMA table_info lists it.
     applied_at  TEXT CHECK (applied_at IS NULL OR (outcome = 'applied' AND applied_at = decided_at)),
     -- The rewards due when the payment was applied: {"coupons":[..],"points":N}.
@@ -101,8 +101,8 @@ BEGIN
     SELECT RAISE(ABORT, 'pay_callback_log is append-only');
 END;
 
--- Every call payonce makes to a payment platform's API (PRODUCT.md section
--- 11), one row per logical call: `attempts` counts its HTTP calls,
+-- Every call payonce makes to a payment platform's API (docs/platforms.md),
+-- one row per logical call: `attempts` counts its HTTP calls,
 -- `http_status` and `response` are the last one's. A row is written before
 -- the call and updated after it; no transaction spans the call. Never deleted.
 CREATE TABLE platform_call (

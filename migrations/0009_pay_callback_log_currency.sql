@@ -42,7 +42,7 @@ CREATE TABLE pay_callback_log (
     paid_at     TEXT,
     received_at TEXT    NOT NULL,
     decided_at  TEXT,
-    -- The decision time of an applied payment (section 6's name for it); NULL
+    -- The decision time of an applied payment, equal to decided_at; NULL
     -- for every other outcome. A plain column, so PRAGMA table_info lists it.
     applied_at  TEXT CHECK (applied_at IS NULL OR (outcome = 'applied' AND applied_at = decided_at)),
     -- The rewards due when the payment was applied: {"coupons":[..],"points":N}.

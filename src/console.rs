@@ -1,4 +1,4 @@
-//! The operator console (PRODUCT.md section 12): three static files,
+//! The operator console (docs/console.md): three static files,
 //! embedded in the binary, served at `/console`. The page reads and writes
 //! only through the public `/v1` API with the operator's token; this module
 //! only hands out the files, with headers that forbid everything the page

@@ -825,7 +825,7 @@ impl PlatformCallStatus {
     }
 }
 
-// ---- webhooks (PRODUCT.md section 10) ----
+// ---- webhooks (docs/webhooks.md) ----
 
 /// Where one delivery (an event to one endpoint) stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

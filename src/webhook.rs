@@ -1,4 +1,4 @@
-//! Webhooks to the merchant's app, the pure part (PRODUCT.md section 10):
+//! Webhooks to the merchant's app, the pure part (docs/webhooks.md):
 //! the settings and their parsing, the Standard Webhooks signature, the
 //! retry schedule's waits and jitter fraction, and `Retry-After`. The relay
 //! that sends them is `relay.rs`, a leased call of `src/outgoing/` (whose
@@ -142,7 +142,7 @@ pub fn signature_header(secrets: &[Vec<u8>], id: &str, timestamp_s: i64, body: &
 }
 
 /// The wait a `Retry-After` value asks for (delay-seconds or an HTTP-date,
-/// RFC 9110 section 10.2.3), capped at one hour; `None` if unparseable.
+/// as RFC 9110 defines the header), capped at one hour; `None` if unparseable.
 pub fn retry_after_ms(value: &str, now_ms: i64) -> Option<u64> {
     let value = value.trim();
     let wait_ms = if let Ok(seconds) = value.parse::<u64>() {

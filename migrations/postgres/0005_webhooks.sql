@@ -1,10 +1,10 @@
 -- Migration 5 (v4 -> v5) on PostgreSQL, the twin of
--- migrations/0005_webhooks.sql: the webhook relay's tables (PRODUCT.md
--- section 10). New tables and indexes only: no existing row changes. Run by
--- src/store/postgres.rs in the transaction, under the schema advisory lock,
--- that read version 4 from payonce_schema_version and then records 5.
+-- migrations/0005_webhooks.sql: the webhook relay's tables
+-- (docs/webhooks.md). New tables and indexes only: no existing row changes.
+-- Run by src/store/postgres.rs in the transaction, under the schema advisory
+-- lock, that read version 4 from payonce_schema_version and then records 5.
 
--- The webhook relay (PRODUCT.md section 10). An endpoint is a configured
+-- The webhook relay (docs/webhooks.md). An endpoint is a configured
 -- --webhook-url; it receives the events after from_seq, older ones only by
 -- replay. relayed_seq is the relay's cursor over outbox_event: a delivery row
 -- exists for every event up to it (the outbox's seq order is its commit

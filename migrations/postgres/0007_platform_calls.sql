@@ -8,8 +8,8 @@ ALTER TABLE pay_callback_log DROP CONSTRAINT pay_callback_log_source_check;
 ALTER TABLE pay_callback_log ADD CONSTRAINT pay_callback_log_source_check
     CHECK (source IN ('callback', 'reconciliation', 'query'));
 
--- Every call payonce makes to a payment platform's API (PRODUCT.md section
--- 11), one row per logical call: `attempts` counts its HTTP calls,
+-- Every call payonce makes to a payment platform's API (docs/platforms.md),
+-- one row per logical call: `attempts` counts its HTTP calls,
 -- `http_status` and `response` are the last one's. A row is written before
 -- the call and updated after it; no transaction spans the call. Never deleted.
 CREATE TABLE platform_call (

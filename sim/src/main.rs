@@ -32,9 +32,10 @@
 //!
 //! - `main.rs` (here): the arguments and the wiring;
 //! - [`scenarios`]: what each scenario sends and expects, and reading the
-//!   results back; its `platform_calls`: the four scenarios of section 11
-//!   (lost_notification, close_race, platform_down, refund_submitted), each
-//!   against a payonce of its own that calls the simulated platforms' APIs;
+//!   results back; its `platform_calls`: the four scenarios of the platform
+//!   calls of docs/platforms.md (lost_notification, close_race,
+//!   platform_down, refund_submitted), each against a payonce of its own
+//!   that calls the simulated platforms' APIs;
 //! - [`platform`]: each [`Platform`]'s notifications, signed from the
 //!   platforms' documentation with this crate's own code (payonce's generic
 //!   HMAC format, WeChat Pay v3: SHA256-RSA over `"{ts}\n{nonce}\n{body}\n"`
@@ -46,8 +47,8 @@
 //!   answers 204, Alipay `success`): for them an answer only says
 //!   "processed", and the outcome is judged from the read API alone;
 //! - [`platform_api`]: the other direction, the platforms' merchant APIs
-//!   payonce calls (section 11: WeChat Pay v3 query, close, refund and refund
-//!   query; Alipay's gateway), on loopback, requests verified and answers
+//!   payonce calls (docs/platforms.md: WeChat Pay v3 query, close, refund and
+//!   refund query; Alipay's gateway), on loopback, requests verified and answers
 //!   signed with this crate's code, with switchable faults;
 //! - [`standalone`]: `payonce-sim platforms`, those merchant APIs on their
 //!   own for a real `payonce serve` to call, driven from stdin;
@@ -60,7 +61,7 @@ mod client;
 mod judge;
 mod local;
 mod platform;
-// The platforms' merchant APIs (PRODUCT.md section 11), served by
+// The platforms' merchant APIs (docs/platforms.md), served by
 // `payonce-sim platforms` and played against payonce by the scenarios that
 // talk to the platforms; some controls only the tests use.
 #[cfg_attr(not(test), allow(dead_code))]
@@ -124,7 +125,7 @@ Scenarios (default: all, in this order):
   payment_after_close  the order is closed, then paid: paid_after_close
   refund               pay, request the refund twice, deliver its SUCCESS twice
   triple_click         three concurrent POST /v1/orders with one order_no
-The next four talk to the platforms' merchant APIs (PRODUCT.md section 11):
+The next four talk to the platforms' merchant APIs (docs/platforms.md):
 each plays the simulated WeChat Pay and Alipay APIs against a payonce of its
 own in this process, configured with both platforms' outgoing settings, on a
 clock the simulator moves (seconds pass in milliseconds), its sweeper and
@@ -146,8 +147,8 @@ and with --target, whose payonce has neither these settings nor that clock.
                        the same database, next to a second payonce): one refund
                        there per refund_no; its late result comes by the query
 lost_notification and close_race also play the same buyers against a payonce
-without platform settings (as before section 11) and print how both ended
-under the table; that pass is not judged.
+without platform settings (as before payonce called the platforms) and
+print how both ended under the table; that pass is not judged.
 
 Channels (--channel; default generic):
   generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256); payonce

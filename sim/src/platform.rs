@@ -5,8 +5,8 @@
 //! This is the independent oracle of payonce's channel verification, so it
 //! shares no code with the service's `channel/` or `signature` modules: the
 //! generic HMAC, WeChat Pay's SHA256-RSA and AES-256-GCM resource and
-//! Alipay's RSA2 form are written here from the contract (PRODUCT.md) and the
-//! platforms' documentation.
+//! Alipay's RSA2 form are written here from payonce's documentation
+//! (docs/channels.md) and the platforms' documentation.
 
 use crate::client::{Reply, ReplyExt, Req};
 use crate::{new_run_id, s, Options};
@@ -324,7 +324,8 @@ impl From<Signed> for Req {
 }
 
 /// `t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>`, the
-/// contract's `Payonce-Signature` (PRODUCT.md, the generic channel).
+/// generic channel's `Payonce-Signature` (docs/channels.md, "The generic
+/// callback channel").
 fn payonce_signature(secret: &[u8], t: i64, body: &[u8]) -> String {
     // HMAC takes keys of any length.
     let mut mac = match <Hmac<Sha256> as Mac>::new_from_slice(secret) {

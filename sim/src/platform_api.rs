@@ -1,5 +1,5 @@
-//! The platforms' merchant APIs, the servers payonce calls (PRODUCT.md
-//! section 11): WeChat Pay v3's trade query, close, refund and refund query,
+//! The platforms' merchant APIs, the servers payonce calls
+//! (docs/platforms.md): WeChat Pay v3's trade query, close, refund and refund query,
 //! and Alipay's OpenAPI gateway (`alipay.trade.query`, `.close`, `.refund`,
 //! `.fastpay.refund.query`), on loopback, for scenarios and tests to drive in
 //! process, and on their own for a real payonce (`payonce-sim platforms`,

@@ -94,7 +94,7 @@ impl Scenario {
     }
 
     /// Played against the simulated platforms' merchant APIs, by a payonce
-    /// of its own that calls them (PRODUCT.md section 11): in process only,
+    /// of its own that calls them (docs/platforms.md): in process only,
     /// and on the channels that have such an API.
     pub fn calls_platforms(self) -> bool {
         matches!(
@@ -1062,8 +1062,8 @@ pub fn simulate(
     let notes: Vec<&String> = runs.iter().flat_map(|r| &r.notes).collect();
     if !notes.is_empty() {
         println!(
-            "\nBefore and after section 11 (the same buyers; before: a payonce without platform settings, which \
-             closes expired orders itself):"
+            "\nBefore and after payonce calls the platforms (the same buyers; before: a payonce without platform \
+             settings, which closes expired orders itself):"
         );
         for note in notes {
             println!("  {note}");

@@ -71,7 +71,7 @@ const ALL_CHANNELS: [&str; 6] = ["--channel", "all", "--orders", "2", "--time-fa
 /// moments once per platform (between payonce's query and its close, the
 /// same with the notification meanwhile, after the close, at random).
 const ALL_CHANNELS_IN_PROCESS: [&str; 6] = ["--channel", "all", "--orders", "4", "--time-factor", "200000"];
-/// The scenarios that talk to the platforms' merchant APIs (section 11).
+/// The scenarios that talk to the platforms' merchant APIs (docs/platforms.md).
 const PLATFORM_SCENARIOS: [&str; 4] = ["lost_notification", "close_race", "platform_down", "refund_submitted"];
 
 // The TEST_ONLY platform keys (tests/fixtures/README.md) and the settings
@@ -177,7 +177,7 @@ fn every_channel_is_ok_against_an_in_process_payonce() {
             assert!(!line.is_empty(), "no before/after line for {scenario} on {channel}: {run:?}");
             line.to_owned()
         };
-        // Before section 11 the lost and the raced payments end paid_after_close
+        // Before the platform calls the lost and the raced payments end paid_after_close
         // (or unknown); with the platforms asked, none does.
         let lost = note("lost_notification");
         assert!(lost.contains("Before: 4 CLOSED, 2 paid_after_close, 2 paid with payonce never knowing"), "{lost}");

@@ -1,4 +1,4 @@
-//! Talking to the payment platforms (PRODUCT.md section 11): payonce asks
+//! Talking to the payment platforms (docs/platforms.md): payonce asks
 //! instead of only listening. Each client signs its requests with the
 //! merchant's key (`ring`: the `rsa` crate's private-key operations carry
 //! RUSTSEC-2023-0071), calls with an explicit timeout (`ureq`), and trusts
@@ -141,7 +141,7 @@ pub struct Exchange<T> {
 
 impl Exchange<TradeState> {
     /// No call made: the platform cannot carry this order_no, so there is no
-    /// such trade there (section 11).
+    /// such trade there (docs/platforms.md).
     pub fn not_carried(request: String, platform: &str) -> Exchange<TradeState> {
         Exchange::not_sent(request, platform, TradeState::NotPaid { paying: false })
     }

@@ -78,7 +78,7 @@ pub trait Notices: Send + Sync {
     }
 }
 
-/// A platform's merchant API: the questions payonce asks it (section 11).
+/// A platform's merchant API: the questions payonce asks it (docs/platforms.md).
 /// Each call is one HTTP exchange, bounded by `--platform-timeout-ms`, whose
 /// answer is trusted only once it verifies and names what was asked.
 pub trait Calls: Send + Sync {

@@ -1,4 +1,4 @@
-//! `platform_call` (PRODUCT.md section 11): a row written before each call
+//! `platform_call` (docs/platforms.md): a row written before each call
 //! to a platform's API and completed after it, outside any transaction that
 //! spans the call. Never deleted. A queued call is a leased call
 //! (`src/outgoing/`), claimed and finished by the statements of

@@ -1,5 +1,5 @@
 //! The PostgreSQL engine: several `payonce serve` processes, on any number of
-//! hosts, on one database (PRODUCT.md section 8).
+//! hosts, on one database (docs/postgres.md).
 //!
 //! - A pool of connections (`r2d2_postgres`), each with its own statement
 //!   cache; the query methods reach a connection only through that cache.

@@ -1,4 +1,4 @@
-//! The webhook relay's queries (PRODUCT.md section 10): endpoints, their
+//! The webhook relay's queries (docs/webhooks.md): endpoints, their
 //! cursor over the outbox, deliveries, disable/enable/retry/replay.
 //!
 //! Every change of a delivery is a compare-and-set whose affected-row count

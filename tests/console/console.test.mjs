@@ -1,5 +1,6 @@
 // make test-console: the operator console in Debian's chromium, driven by
-// playwright-core, through the incident runbook (PRODUCT.md section 12):
+// playwright-core, through the incident runbook (docs/console.md,
+// docs/operations.md):
 // sign in, find an order paid twice through two channels, switch to
 // record-only, see a callback wait, resolve the refund-required payment,
 // switch back and drain, reconcile a statement with a missing payment and
@@ -342,7 +343,7 @@ try {
   assert.equal(retriedOrder.audit.filter((a) => a.action === 'webhook_delivery_retried').length, 1, JSON.stringify(retriedOrder.audit));
   covered('webhooks', 'deliveries by status, retry once');
 
-  // close_unconfirmed (section 11): a second payonce whose WeChat Pay never answers gives up on an
+  // close_unconfirmed (docs/platforms.md): a second payonce whose WeChat Pay never answers gives up on an
   // expired order's close, closes it here and says so; the console resolves it, once.
   const second = await startPayonce([
     '--wechatpay-mchid', '1900000100', '--wechatpay-merchant-serial', 'M1',

@@ -102,7 +102,8 @@ expect() { # WANT GOT WHAT
 for n in 1001 1002 1003 1004 1005 1006 1007 1008; do
     expect 201 "$(api POST /v1/orders "{\"order_no\":\"ORD-$n\",\"user_id\":\"u-42\",\"amount\":9900}")" "create ORD-$n"
 done
-# Platform paid times must lie within 72 h of payonce's clock (section 13): now.
+# Platform paid times must lie within 72 h of payonce's clock (docs/decisions.md,
+# "Platform times"): now.
 PAID_AT=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 PAID_AT_BEIJING=$(date -u -d '+8 hours' '+%Y-%m-%d %H:%M:%S')
 pay() { # PAY_NO ORDER_NO AMOUNT STATUS

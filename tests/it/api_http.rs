@@ -1,7 +1,7 @@
-//! The HTTP API of PRODUCT.md section 4, black box: every endpoint and every
-//! outcome, with the spec's exact field names, status codes and headers,
-//! against the real binary. Database effects are read through a read-only
-//! connection to the server's file (section 6 names).
+//! The HTTP API of docs/openapi.yaml, black box: every endpoint and every
+//! outcome, with its exact field names, status codes and headers, against
+//! the real binary. Database effects are read through a read-only
+//! connection to the server's file (schema.sql's names).
 
 use crate::util::{self, count, footprint, read_only, HttpResponse, Pay, Server, SECRET};
 use rusqlite::Connection;
@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// The order object's keys (section 4, Orders).
+/// The order object's keys (docs/openapi.yaml, `Order`).
 const ORDER_KEYS: [&str; 12] = [
     "order_no",
     "user_id",
@@ -1053,7 +1053,7 @@ fn callback_invalid_bodies_record_nothing() {
         with("paid_at", json!("yesterday")),
         with("paid_at", json!("2024-01-01 10:00:00")),
         with("paid_at", json!(1_700_000_000)),
-        // Section 13: outside [received - 72 h, received + 5 min], or outside 2000-2199.
+        // Platform times (docs/decisions.md): outside [received - 72 h, received + 5 min], or outside 2000-2199.
         with("paid_at", json!(payonce::clock::format_ms(util::now_ms() - 73 * 3_600_000))),
         with("paid_at", json!(payonce::clock::format_ms(util::now_ms() + 6 * 60_000))),
         with("paid_at", json!("2000-01-01T00:00:00Z")),

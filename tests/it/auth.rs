@@ -1,4 +1,4 @@
-//! API tokens (PRODUCT.md sections 3 and 4): `--api-token` / env
+//! API tokens (docs/settings.md, docs/openapi.yaml): `--api-token` / env
 //! `PAYONCE_API_TOKEN`, each `name:token` or a bare token, required as
 //! `Authorization: Bearer` on every `/v1` endpoint except callbacks; 401
 //! `unauthorized` otherwise. The caller the token names scopes Idempotency-

@@ -1,5 +1,5 @@
 //! The HTTP edge against hostile clients, over real sockets, with no proxy
-//! in front (PRODUCT.md section 7). Each test is one attack that worked
+//! in front (docs/deployment.md). Each test is one attack that worked
 //! against the first server payonce used; each shrinks the limit it tests
 //! through `serve`'s own settings, so it runs in seconds.
 

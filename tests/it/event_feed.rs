@@ -1,4 +1,4 @@
-//! The event feed never skips (PRODUCT.md section 8): a reader given
+//! The event feed never skips (docs/postgres.md): a reader given
 //! `next_after = N` never later meets a new event with `seq <= N`, even when
 //! two processes commit events out of the order they took their `seq`.
 //!

@@ -1,4 +1,4 @@
-//! Group commit on SQLite (PRODUCT.md section 9): operations queued behind
+//! Group commit on SQLite (docs/performance.md): operations queued behind
 //! one writer share one transaction and one COMMIT, each in its own
 //! savepoint. A gate operation holds the writer while the others queue, so
 //! the batch below is certain, and the counters prove the operations shared

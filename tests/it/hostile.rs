@@ -1,6 +1,6 @@
-//! Hostile input against the real binary (PRODUCT.md section 4: "No input
-//! that reaches payonce makes it panic, hang, or lose data it already
-//! acknowledged"; 4xx for the caller's mistakes, 5xx only for the server's).
+//! Hostile input against the real binary: no input that reaches payonce
+//! makes it panic, hang, or lose data it already acknowledged; 4xx for the
+//! caller's mistakes, 5xx only for the server's (docs/openapi.yaml).
 //! After every batch the server must still answer /healthz and still create
 //! and pay an order. Attacks on the HTTP framing itself are in `edge.rs`.
 
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const BODY_MAX: usize = 64 * 1024;
 const JSON: (&str, &str) = ("Content-Type", "application/json");
 
-/// The POST routes of section 4, with a payment/refund target that exists.
+/// The POST routes of docs/openapi.yaml, with a payment/refund target that exists.
 const POST_ROUTES: [&str; 5] = [
     "/v1/orders",
     "/v1/orders/H-TARGET/close",

@@ -1,4 +1,4 @@
-//! The access-layer Idempotency-Key of PRODUCT.md section 4: the work runs
+//! The access-layer Idempotency-Key (docs/decisions.md): the work runs
 //! once per (scope, key) and its answer is stored with it, in one
 //! transaction; repeats replay it; what is not the work's answer (400, 413,
 //! 415, 5xx, this section's own 409 and 422) is never stored.

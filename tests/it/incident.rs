@@ -1,4 +1,5 @@
-//! The incident of PRODUCT.md section 1, replayed deterministically.
+//! The incident payonce exists to prevent (ARCHITECTURE.md), replayed
+//! deterministically.
 //!
 //! A deliberately naive payment handler lives only in this file. Each of its
 //! three defenses can be switched off on its own; a small scheduler drives two

@@ -1,6 +1,7 @@
-//! Holding the ledger (PRODUCT.md section 13) against a careless operator
-//! and a forger, over the real binary: atomic backups, watched database
-//! files, time windows for platform times, signals, and health.
+//! Holding the ledger (docs/operations.md, docs/proving.md) against a
+//! careless operator and a forger, over the real binary: atomic backups,
+//! watched database files, time windows for platform times, signals, and
+//! health.
 
 use crate::util::{self, count, payonce_cli, Pay, Rng, Server, TempDir, SECRET};
 use payonce::clock::format_ms;
@@ -276,7 +277,7 @@ fn backup_killed_at_seeded_moments_leaves_no_file_or_a_complete_checked_one() {
     assert!(during_partial >= 6, "only {during_partial} of {kills} kills landed while a *.partial existed");
 }
 
-/// Section 13's proof at full size: 20 kills of a backup of 50 MiB, at
+/// The backup proof at full size (docs/proving.md): 20 kills of a backup of 50 MiB, at
 /// least 10 of them while a `*.partial` existed. About 15 s alone on the
 /// development machine and much longer beside the rest of the suite, so
 /// `make test-slow` runs it (`.ci/run` does).

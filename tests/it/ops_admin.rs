@@ -1,5 +1,5 @@
-//! Operator tools of PRODUCT.md section 4 "Operations (admin)" and "Service
-//! endpoints", section 3 (`inspect`, `backup`) and section 6: record-only
+//! Operator tools of docs/operations.md: the admin and service endpoints,
+//! the `inspect` and `backup` commands, and the database's side: record-only
 //! mode and drain (including a SIGKILL in the middle of a drain), the mode
 //! shared by every process on a file, inspection with every finding kind
 //! produced by editing a copy of the database (the independent witness),
@@ -1576,9 +1576,9 @@ fn call_keyed(app: &App, method: &str, target: &str, key: &str, content_type: &s
     (resp.status, replayed, value)
 }
 
-/// Section 4, Access-layer Idempotency-Key: "its response is stored in the
-/// same transaction as the work it did, so a crash can never leave one
-/// without the other"; a 5xx stores nothing and its retry runs. The test
+/// The access-layer Idempotency-Key (docs/decisions.md): its response is
+/// stored in the same transaction as the work it did, so a crash can never
+/// leave one without the other; a 5xx stores nothing and its retry runs. The test
 /// hook fails a write after its work and stored response, before commit.
 /// Returns the violations found (checked all together by the caller).
 fn keyed_failure_then_retry(

@@ -1,4 +1,4 @@
-//! PostgreSQL for the tests (PRODUCT.md section 8): where the PostgreSQL
+//! PostgreSQL for the tests (docs/postgres.md, 'Tests'): where the PostgreSQL
 //! half of the conformance suite gets its databases.
 //!
 //! The server is `PAYONCE_TEST_PG` (a `postgres://` URL of a server where

@@ -1,4 +1,4 @@
-//! Section 11's settings and `POST /v1/orders/{order_no}/sync` over HTTP
+//! The platform settings (docs/platforms.md, docs/settings.md) and `POST /v1/orders/{order_no}/sync` over HTTP
 //! (the clients against the simulated platforms: sim/src/platform_api/payonce_sync.rs).
 
 use crate::util::{payonce_cli, Server, TempDir};

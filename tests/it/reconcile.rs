@@ -1,5 +1,5 @@
-//! Reconciliation (PRODUCT.md section 4, `POST /v1/reconciliations`;
-//! section 3, `payonce reconcile`) on fixture statements built here, one per
+//! Reconciliation (docs/operations.md: `POST /v1/reconciliations` and
+//! `payonce reconcile`) on fixture statements built here, one per
 //! format, following the published layouts:
 //!
 //! - `generic`: `pay_no,order_no,amount,status,paid_at`, minor units;
@@ -15,7 +15,7 @@
 //!
 //! Local payments are made by signed callbacks carrying `paid_at` on an app
 //! with a manual clock set a minute after each paid time, so every paid time
-//! is deterministic and inside section 13's window.
+//! is deterministic and inside the platform-time window (docs/decisions.md).
 
 use crate::util::{self, count, footprint, payonce_cli, read_only, Footprint, Server, TempDir, SECRET};
 use payonce::api::{self, Request};
@@ -113,7 +113,7 @@ fn seed(db: &Path) {
     for (pay_no, order_no, amount, paid_at, outcome) in PAYMENTS {
         let body =
             json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": "SUCCESS", "paid_at": paid_at});
-        // Delivered a minute after it was paid: within section 13's window,
+        // Delivered a minute after it was paid: within the platform-time window,
         // so the platform's time is the one reconciliation dates it by.
         app.clock.set_ms(ms(paid_at) + 60_000);
         let (status, answer) = signed(&app, "/v1/callbacks/generic", &body);
@@ -911,7 +911,7 @@ fn a_payment_recorded_failed_but_successful_at_the_platform_is_missing_local_and
         amount_mismatch: vec![],
     };
     check(&second, &expected, "after the repair");
-    assert_eq!(source, "reconciliation", "section 4: a repaired payment is recorded with source = reconciliation");
+    assert_eq!(source, "reconciliation", "a repaired payment is recorded with source = reconciliation");
 }
 
 /// A keyed repair applies exactly the `missing_local` rows of the period,

@@ -1,5 +1,5 @@
-//! Reconciliation against the platforms' real bill types (PRODUCT.md section
-//! 14; issue 16), with the fixture bills of `tests/fixtures/bills/`, written
+//! Reconciliation against the platforms' real bill types (docs/channels.md,
+//! docs/operations.md; issue 16), with the fixture bills of `tests/fixtures/bills/`, written
 //! for payonce from the formats as WeChat Pay and Alipay document them:
 //!
 //! - `wechatpay_all_2024-03-04.csv`: an ALL bill (交易账单, `bill_type=ALL`)

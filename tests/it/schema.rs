@@ -1,4 +1,4 @@
-//! The database contract of PRODUCT.md section 6, in process: named unique
+//! The database contract of schema.sql, in process: named unique
 //! indexes, append-only ledgers, CHECKs, the order state machine as a
 //! trigger, the shared `:memory:` database and an idempotent schema setup.
 //! Rows are created through the App's own operations first, so every refusal
@@ -500,7 +500,7 @@ fn order_state_machine_trigger_allows_exactly_the_five_edges() {
     }
 }
 
-/// PENDING -> PAID by a payment callback is "the only way in" (section 1):
+/// PENDING -> PAID by a payment callback is the only way in (the five legal edges, schema.sql):
 /// an order written straight into a later state would skip the state machine
 /// the trigger guards, so the database refuses it too.
 #[test]
@@ -599,7 +599,7 @@ fn schema_applies_once_and_connections_are_configured() {
     assert_eq!(objects(&conn3), before);
     assert_eq!(count(&conn3, "SELECT count(*) FROM pay_callback_log", []), 3);
 
-    // Connection settings of section 2 on a file database.
+    // The connection settings (WAL and the rest of src/store/sqlite.rs's PRAGMAs) on a file database.
     let journal: String = conn3.query_row("PRAGMA journal_mode", [], |r| r.get(0)).expect("journal_mode");
     assert_eq!(journal.to_lowercase(), "wal");
     let synchronous: i64 = conn3.query_row("PRAGMA synchronous", [], |r| r.get(0)).expect("synchronous");
@@ -613,7 +613,7 @@ fn schema_applies_once_and_connections_are_configured() {
     assert_eq!(mconn.query_row("PRAGMA foreign_keys", [], |r| r.get::<_, i64>(0)).expect("fk"), 1);
 }
 
-// ---- upgrades (PRODUCT.md version 2 preamble, "Upgrades") ----
+// ---- upgrades (docs/decisions.md, "Upgrades") ----
 
 /// payonce's schema.sql as released in version 1 (commit 0aaa515).
 const SCHEMA_V1: &str = include_str!("../fixtures/schema_v1.sql");
@@ -944,7 +944,7 @@ for_each_engine! {
             }
             assert_eq!(db.count(&store, &format!("SELECT count(*) FROM {table}")), before, "{}: {table} keeps its rows", db.label());
         }
-        // platform_call (section 11) keeps every call too; one close and one refund submission per key.
+        // platform_call (docs/platforms.md) keeps every call too; one close and one refund submission per key.
         let call = |kind: &str, refund_no: &str| format!(
             "INSERT INTO platform_call (channel, kind, order_no, refund_no, status, attempts, created_at, updated_at)
              VALUES ('wechatpay', '{kind}', 'O-1', {refund_no}, 'done', 1, '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z')");

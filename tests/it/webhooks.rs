@@ -1,4 +1,4 @@
-//! Webhooks to the merchant's app (PRODUCT.md section 10), against a real
+//! Webhooks to the merchant's app (docs/webhooks.md), against a real
 //! receiver over a loopback socket that verifies every delivery with the
 //! third-party `standardwebhooks` library (`receiver.rs`).
 

@@ -1,6 +1,6 @@
 //! payonce's platform clients against these servers, over real sockets:
 //! `App::sync_order` asks the simulated WeChat Pay and Alipay about an
-//! order (PRODUCT.md section 11), with payonce's own signing and
+//! order (docs/platforms.md), with payonce's own signing and
 //! verification on one side and this crate's oracle on the other.
 
 use super::*;

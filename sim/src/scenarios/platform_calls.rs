@@ -1,5 +1,5 @@
-//! The scenarios of PRODUCT.md section 11 (issue 13): payonce asks the
-//! platforms instead of only listening.
+//! The scenarios of the platform calls (docs/platforms.md, issue 13):
+//! payonce asks the platforms instead of only listening.
 //!
 //! Each one plays the simulated WeChat Pay and Alipay merchant APIs
 //! ([`crate::platform_api`]) against a payonce of its own, in this process:
@@ -19,9 +19,10 @@
 //! starts at the real time and moves by seconds.
 //!
 //! `lost_notification` and `close_race` also play the same buyers against a
-//! payonce without platform settings (payonce before section 11, issue 13:
-//! an expired order is closed here, whatever the platform did) and note how those
-//! orders ended, next to the judged pass. That pass is not judged.
+//! payonce without platform settings (payonce before it called the
+//! platforms, issue 13: an expired order is closed here, whatever the
+//! platform did) and note how those orders ended, next to the judged pass.
+//! That pass is not judged.
 
 use super::{api_label, OrderRun, Scenario, ScenarioRun, Sim, SimOrder};
 use crate::client::{Conn, Req, Target};
@@ -550,7 +551,7 @@ fn lost_notification(sim: &Sim, world: &World) -> Result<Played, String> {
     let seen = observe(&here, Scenario::LostNotification, &runs, facts)?;
     drop(payonce);
 
-    // Before section 11: the same buyers, a payonce that closes expired orders itself.
+    // Before the platform calls: the same buyers, a payonce that closes expired orders itself.
     let baseline = world.baseline(sim)?;
     let there = sim_on(sim, &baseline);
     let before = sim_orders(sim, Scenario::LostNotification, "b");
@@ -799,7 +800,7 @@ fn close_race(sim: &Sim, world: &World) -> Result<Played, String> {
     let seen = observe(&here, Scenario::CloseRace, &runs, facts)?;
     drop(payonce);
 
-    // Before section 11: the order closes here at expiry; the platform, never
+    // Before the platform calls: the order closes here at expiry; the platform, never
     // told, takes the buyer's payment, and its notification comes after the close.
     let baseline = world.baseline(sim)?;
     let there = sim_on(sim, &baseline);

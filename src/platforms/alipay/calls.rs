@@ -361,8 +361,8 @@ fn sign_content(form: &BTreeMap<&'static str, String>) -> String {
         .join("&")
 }
 
-/// Section 11's table: TRADE_SUCCESS and TRADE_FINISHED are paid,
-/// WAIT_BUYER_PAY not paid, TRADE_CLOSED closed.
+/// Alipay's trade states in payonce's words: TRADE_SUCCESS and
+/// TRADE_FINISHED are paid, WAIT_BUYER_PAY not paid, TRADE_CLOSED closed.
 fn trade_state(response: &Value) -> Option<TradeState> {
     Some(match response["trade_status"].as_str()? {
         "TRADE_SUCCESS" | "TRADE_FINISHED" => TradeState::Paid {

@@ -302,8 +302,8 @@ impl Calls for WechatpayApi {
     }
 }
 
-/// Section 11's table: SUCCESS and REFUND are paid; NOTPAY, USERPAYING and
-/// PAYERROR not paid; CLOSED and REVOKED closed.
+/// WeChat Pay's trade states in payonce's words: SUCCESS and REFUND are
+/// paid; NOTPAY, USERPAYING and PAYERROR not paid; CLOSED and REVOKED closed.
 fn trade_state(json: &Value) -> Option<TradeState> {
     Some(match json["trade_state"].as_str()? {
         "SUCCESS" | "REFUND" => TradeState::Paid {

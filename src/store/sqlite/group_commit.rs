@@ -1,4 +1,4 @@
-//! Group commit on SQLite (PRODUCT.md section 9): many write operations in
+//! Group commit on SQLite (docs/performance.md): many write operations in
 //! one `BEGIN IMMEDIATE` transaction and one COMMIT (one fsync), each in its
 //! own SAVEPOINT, none answered before that COMMIT returned.
 //!
