@@ -323,39 +323,36 @@ impl<'a> Operations<'a> {
         keep_missing: bool,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<(Reconciliation, Vec<usize>), Error> {
-        let offset = format.day_offset_ms();
-        let compares = |kind: RowKind| statement.compared.contains(&kind);
-        let day = |r: &StatementRow| r.at_ms.map(|at| recon::day_of(at, offset));
-        // Every row's day, and how many rows of a compared kind each day has.
-        let mut days = BTreeSet::new();
-        let mut compared_on: BTreeMap<String, usize> = BTreeMap::new();
-        let mut compared_untimed = 0;
-        for row in statement.rows() {
-            let row = row?;
-            match day(&row) {
-                Some(d) if compares(row.kind) => *compared_on.entry(d.clone()).or_default() += 1,
-                None if compares(row.kind) => compared_untimed += 1,
-                _ => {}
-            }
-            days.extend(day(&row));
-        }
-        // The period: `date=`, else the days of the rows that have a time of
-        // their own (a row dated by something else never widens it).
-        let period: BTreeSet<String> = match date {
-            Some(day) => {
-                recon::day_bounds(day, offset).ok_or_else(|| Error::invalid("date must be YYYY-MM-DD"))?;
-                BTreeSet::from([day.to_owned()])
-            }
-            None => days,
-        };
-        // Compared: the rows of a declared kind inside the period, and the
-        // rows without a time of their own (they belong to the statement).
-        let total = compared_untimed + period.iter().filter_map(|d| compared_on.get(d)).sum::<usize>();
+        let (period, total) = statement_period(format, statement, date)?;
         let mut result = Reconciliation {
             period: period.iter().cloned().collect(),
             compared: statement.compared.iter().map(|k| k.as_str()).collect(),
             ..Reconciliation::default()
         };
+        let (listed, missing) =
+            self.compare_rows(format, statement, &period, keep_missing, total, progress, &mut result)?;
+        self.local_only(format, statement, &period, listed, &mut result)?;
+        Ok((result, missing))
+    }
+
+    /// The comparison's second step: each compared row of the period against
+    /// payonce's amount, in batches of [`COMPARE_BATCH_ROWS`], one read
+    /// transaction a batch. Returns the ids the statement lists and (with
+    /// `keep_missing`) the lines of the payment rows payonce has no record of.
+    #[allow(clippy::too_many_arguments)]
+    fn compare_rows(
+        &self,
+        format: Format,
+        statement: &Statement,
+        period: &BTreeSet<String>,
+        keep_missing: bool,
+        total: usize,
+        progress: &mut dyn FnMut(usize, usize),
+        result: &mut Reconciliation,
+    ) -> Result<(Listed, Vec<usize>), Error> {
+        let offset = format.day_offset_ms();
+        let compares = |kind: RowKind| statement.compared.contains(&kind);
+        let day = |r: &StatementRow| r.at_ms.map(|at| recon::day_of(at, offset));
         let mut listed = Listed::default();
         let mut missing = Vec::new();
         let mut batch = Vec::with_capacity(COMPARE_BATCH_ROWS);
@@ -392,12 +389,27 @@ impl<'a> Operations<'a> {
                 break;
             }
         }
+        Ok((listed, missing))
+    }
+
+    /// The comparison's last step: what payonce recorded in the period that
+    /// the statement does not list, into `missing_remote`.
+    fn local_only(
+        &self,
+        format: Format,
+        statement: &Statement,
+        period: &BTreeSet<String>,
+        listed: Listed,
+        result: &mut Reconciliation,
+    ) -> Result<(), Error> {
+        let offset = format.day_offset_ms();
+        let compares = |kind: RowKind| statement.compared.contains(&kind);
         // What payonce recorded in the period that the statement does not
         // list: read for every day while the listed ids are held, then
         // written out once they are freed.
         let listed = listed.seal();
         let mut local_only = Vec::with_capacity(period.len());
-        for day in &period {
+        for day in period {
             let (from, to) = recon::day_bounds(day, offset).ok_or_else(|| Error::internal("bad period day"))?;
             let unlisted = |pay_no: &str| !listed.contains(RowKind::Payment, pay_no);
             let payments = if compares(RowKind::Payment) {
@@ -424,7 +436,7 @@ impl<'a> Operations<'a> {
             drop(payments);
             result.missing_remote.append(refunds);
         }
-        Ok((result, missing))
+        Ok(())
     }
 
     /// [`Operations::reconcile`] for the API. With an Idempotency-Key and `repair`,
@@ -629,6 +641,45 @@ fn remove_partial(partial: &Path) {
     for suffix in ["", "-journal", "-wal", "-shm"] {
         let _ = std::fs::remove_file(with_suffix(partial, suffix));
     }
+}
+
+/// The comparison's first step: every row read once to check it and find
+/// its day; the period (`date`, else the days of the rows that have a time
+/// of their own) and how many rows of it will be compared.
+fn statement_period(
+    format: Format,
+    statement: &Statement,
+    date: Option<&str>,
+) -> Result<(BTreeSet<String>, usize), Error> {
+    let offset = format.day_offset_ms();
+    let compares = |kind: RowKind| statement.compared.contains(&kind);
+    let day = |r: &StatementRow| r.at_ms.map(|at| recon::day_of(at, offset));
+    // Every row's day, and how many rows of a compared kind each day has.
+    let mut days = BTreeSet::new();
+    let mut compared_on: BTreeMap<String, usize> = BTreeMap::new();
+    let mut compared_untimed = 0;
+    for row in statement.rows() {
+        let row = row?;
+        match day(&row) {
+            Some(d) if compares(row.kind) => *compared_on.entry(d.clone()).or_default() += 1,
+            None if compares(row.kind) => compared_untimed += 1,
+            _ => {}
+        }
+        days.extend(day(&row));
+    }
+    // The period: `date=`, else the days of the rows that have a time of
+    // their own (a row dated by something else never widens it).
+    let period: BTreeSet<String> = match date {
+        Some(day) => {
+            recon::day_bounds(day, offset).ok_or_else(|| Error::invalid("date must be YYYY-MM-DD"))?;
+            BTreeSet::from([day.to_owned()])
+        }
+        None => days,
+    };
+    // Compared: the rows of a declared kind inside the period, and the
+    // rows without a time of their own (they belong to the statement).
+    let total = compared_untimed + period.iter().filter_map(|d| compared_on.get(d)).sum::<usize>();
+    Ok((period, total))
 }
 
 /// payonce's amount, in its order's currency, for a statement row's pay_no

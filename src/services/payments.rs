@@ -212,72 +212,16 @@ impl<'a> Payments<'a> {
         order: &Order,
         now: &str,
     ) -> Result<PaymentOutcome, Error> {
-        let paid_at = record.paid_at.clone().unwrap_or_else(|| now.to_owned());
-        // Currency is part of the amount: money in another currency never
-        // pays the order, whatever the number (docs/channels.md).
-        let same_currency = record.currency.as_deref().is_none_or(|c| c == order.currency);
-        // The order as it stands after the decision (for the event), known
-        // without another read when the CAS moved it.
-        let (outcome, current) = if record.status == PlatformStatus::Failed {
-            (PaymentOutcome::PaymentFailed, None)
-        } else if same_currency && tx.cas_order_paid(order.id, record.amount, &record.pay_no, &paid_at)? {
-            let paid = Order {
-                status: OrderStatus::Paid,
-                pay_no: Some(record.pay_no.clone()),
-                paid_at: Some(paid_at.clone()),
-                ..order.clone()
-            };
-            // A read that fails (the connection just went away) proves
-            // nothing: the transaction cannot commit either.
-            #[cfg(debug_assertions)]
-            if let Ok(read) = tx.order_by_id(order.id) {
-                assert_eq!(read, paid, "the paid order as computed");
-            }
-            (PaymentOutcome::Applied, Some(paid))
-        } else {
-            let current = tx.order_by_id(order.id)?;
-            let outcome = match current.status {
-                OrderStatus::Closed => PaymentOutcome::PaidAfterClose,
-                OrderStatus::Pending => {
-                    assert!(
-                        !same_currency || current.amount != record.amount,
-                        "CAS refused a PENDING order at its own amount"
-                    );
-                    PaymentOutcome::AmountMismatch
-                }
-                _ => PaymentOutcome::AlreadyPaid,
-            };
-            (outcome, Some(current))
-        };
+        let (outcome, current) = judge_payment(tx, record, order, now)?;
         let rewards_due = if outcome == PaymentOutcome::Applied {
             Some(self.apply_rewards(tx, order, record.amount, now)?)
         } else {
             None
         };
         let rewards_due = rewards_due.as_ref().map(JsonText::json_text);
-        match row {
-            DecisionRow::Received(id) => {
-                // Under its pay_no lock nobody else decides it; the keyed
-                // drain holds none, and on PostgreSQL a callback it read as
-                // received may be decided by another process before its CAS.
-                if !tx.decide_callback(id, outcome, now, rewards_due.as_deref())? {
-                    return Err(tx.stale_read(&format!("callback {id} was decided by a concurrent transaction")));
-                }
-            }
-            DecisionRow::New(new) => tx.record_decided(new, outcome, now, rewards_due.as_deref())?,
-        }
+        record_decision(tx, row, outcome, now, rewards_due.as_deref())?;
         if let (Some(current), true) = (current, outcome == PaymentOutcome::Applied || outcome.requires_refund()) {
-            let (pay_no, channel, amount) = (&record.pay_no, &record.channel, record.amount);
-            let data = EventData::Payment { order: &current, pay_no, channel, amount, outcome };
-            let (event_type, subject) = if outcome == PaymentOutcome::Applied {
-                (EventType::OrderPaid, order.order_no.as_str())
-            } else {
-                (EventType::PaymentRefundRequired, record.pay_no.as_str())
-            };
-            if !tx.emit_event(event_type, subject, &order.order_no, &data, now)? {
-                // Impossible while the CAS and uk_pay_no hold; the unique key is the last word.
-                log_suppressed("outbox_event", &event_type.event_id(subject));
-            }
+            emit_payment_event(tx, record, order, &current, outcome, now)?;
         }
         Ok(outcome)
     }
@@ -343,6 +287,100 @@ impl<'a> Payments<'a> {
             })
         })
     }
+}
+
+/// The decision's first step: the CAS PENDING→PAID, and when it changed
+/// nothing, why (the order read back). Returns the outcome and the order as
+/// it stands after the decision (for the event), known without another read
+/// when the CAS moved it.
+fn judge_payment(
+    tx: &WriteTx,
+    record: &Delivery,
+    order: &Order,
+    now: &str,
+) -> Result<(PaymentOutcome, Option<Order>), Error> {
+    let paid_at = record.paid_at.clone().unwrap_or_else(|| now.to_owned());
+    // Currency is part of the amount: money in another currency never
+    // pays the order, whatever the number (docs/channels.md).
+    let same_currency = record.currency.as_deref().is_none_or(|c| c == order.currency);
+    let decided = if record.status == PlatformStatus::Failed {
+        (PaymentOutcome::PaymentFailed, None)
+    } else if same_currency && tx.cas_order_paid(order.id, record.amount, &record.pay_no, &paid_at)? {
+        let paid = Order {
+            status: OrderStatus::Paid,
+            pay_no: Some(record.pay_no.clone()),
+            paid_at: Some(paid_at.clone()),
+            ..order.clone()
+        };
+        // A read that fails (the connection just went away) proves
+        // nothing: the transaction cannot commit either.
+        #[cfg(debug_assertions)]
+        if let Ok(read) = tx.order_by_id(order.id) {
+            assert_eq!(read, paid, "the paid order as computed");
+        }
+        (PaymentOutcome::Applied, Some(paid))
+    } else {
+        let current = tx.order_by_id(order.id)?;
+        let outcome = match current.status {
+            OrderStatus::Closed => PaymentOutcome::PaidAfterClose,
+            OrderStatus::Pending => {
+                assert!(
+                    !same_currency || current.amount != record.amount,
+                    "CAS refused a PENDING order at its own amount"
+                );
+                PaymentOutcome::AmountMismatch
+            }
+            _ => PaymentOutcome::AlreadyPaid,
+        };
+        (outcome, Some(current))
+    };
+    Ok(decided)
+}
+
+/// Writes the outcome on the record: the `received` row it decides, or the
+/// new row inserted already decided.
+fn record_decision(
+    tx: &WriteTx,
+    row: DecisionRow<'_>,
+    outcome: PaymentOutcome,
+    now: &str,
+    rewards_due: Option<&str>,
+) -> Result<(), Error> {
+    match row {
+        DecisionRow::Received(id) => {
+            // Under its pay_no lock nobody else decides it; the keyed
+            // drain holds none, and on PostgreSQL a callback it read as
+            // received may be decided by another process before its CAS.
+            if !tx.decide_callback(id, outcome, now, rewards_due)? {
+                return Err(tx.stale_read(&format!("callback {id} was decided by a concurrent transaction")));
+            }
+        }
+        DecisionRow::New(new) => tx.record_decided(new, outcome, now, rewards_due)?,
+    }
+    Ok(())
+}
+
+/// The outbox event of an applied or refund-required payment.
+fn emit_payment_event(
+    tx: &WriteTx,
+    record: &Delivery,
+    order: &Order,
+    current: &Order,
+    outcome: PaymentOutcome,
+    now: &str,
+) -> Result<(), Error> {
+    let (pay_no, channel, amount) = (&record.pay_no, &record.channel, record.amount);
+    let data = EventData::Payment { order: current, pay_no, channel, amount, outcome };
+    let (event_type, subject) = if outcome == PaymentOutcome::Applied {
+        (EventType::OrderPaid, order.order_no.as_str())
+    } else {
+        (EventType::PaymentRefundRequired, record.pay_no.as_str())
+    };
+    if !tx.emit_event(event_type, subject, &order.order_no, &data, now)? {
+        // Impossible while the CAS and uk_pay_no hold; the unique key is the last word.
+        log_suppressed("outbox_event", &event_type.event_id(subject));
+    }
+    Ok(())
 }
 
 /// The window of a platform's payment time: a platform notification of a pay_no payonce has
