@@ -116,7 +116,7 @@ pub struct App {
     core: Core,
 }
 
-/// An order to create (already shaped; [`App::create_order`] validates it).
+/// An order to create (already shaped; [`Orders::create_order`](crate::services::Orders::create_order) validates it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CreateOrder {
     pub order_no: String,

@@ -9,10 +9,10 @@
 //!    gets to it);
 //! 2. claims, in the same transaction: the due deliveries (each the earliest
 //!    pending event of its order at its endpoint), each attempt by the
-//!    mechanism's CAS on `next_attempt_at` (`App::claim_webhook_attempts`);
+//!    mechanism's CAS on `next_attempt_at` (`Webhooks::claim_webhook_attempts`);
 //! 3. calls, outside any transaction, signed afresh for this attempt;
 //! 4. records the result by the CAS on the claimed attempt number
-//!    (`App::finish_webhook_attempt`); a failure waits on the jittered
+//!    (`Webhooks::finish_webhook_attempt`); a failure waits on the jittered
 //!    `--webhook-retry-s` schedule, stretched by a `Retry-After`.
 //!
 //! Threads: the mechanism's worker (`outgoing::spawn`), one dispatcher
