@@ -397,7 +397,7 @@ fn measure(
             )?);
         }
     }
-    let lock_map_len = app.locks.len();
+    let lock_map_len = app.locks().len();
     let (peak_rss, rss_now) = memory_status();
     // SAFETY: plain reads of SQLite's global memory counters; no arguments to uphold.
     let (sqlite_peak, sqlite_now) =

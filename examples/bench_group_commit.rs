@@ -340,9 +340,9 @@ fn applied_round(
             encode("/v1/callbacks/generic", &[("Payonce-Signature", &signature)], &body)
         })
         .collect();
-    let (b0, o0) = service.app.store.group_commit_totals().unwrap_or((0, 0));
+    let (b0, o0) = service.app.store().group_commit_totals().unwrap_or((0, 0));
     let applied = http_round(service.addr, clients, callbacks, br#""outcome":"applied""#)?;
-    let (b1, o1) = service.app.store.group_commit_totals().unwrap_or((0, 0));
+    let (b1, o1) = service.app.store().group_commit_totals().unwrap_or((0, 0));
     let mean_batch = (o1 - o0) as f64 / (b1 - b0).max(1) as f64;
     Ok((applied, mean_batch))
 }

@@ -14,7 +14,7 @@ fn main() -> Result<(), payonce::Error> {
     let config =
         Config { rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 }, ..Config::default() };
     let app = Arc::new(App::open(":memory:", Clock::manual(1_700_000_000_000), config)?);
-    app.create_order(&CreateOrder {
+    app.orders().create_order(&CreateOrder {
         order_no: "ORD-20240101-0001".into(),
         user_id: "buyer-1".into(),
         amount: 9900,
@@ -42,7 +42,7 @@ fn main() -> Result<(), payonce::Error> {
             thread::spawn(move || {
                 start.wait();
                 thread::sleep(Duration::from_millis(delay_ms));
-                (delay_ms, app.deliver_payment(&cb))
+                (delay_ms, app.payments().deliver_payment(&cb))
             })
         })
         .collect();
@@ -52,11 +52,11 @@ fn main() -> Result<(), payonce::Error> {
         println!("pay_no WX-4200001 at +{delay_ms:>2} ms     {}", reply?.to_json());
     }
     // The buyer also paid through a second channel.
-    let second = app.deliver_payment(&callback("ALI-2024-77", "generic"))?;
+    let second = app.payments().deliver_payment(&callback("ALI-2024-77", "generic"))?;
     println!("pay_no ALI-2024-77 (2nd channel) {}", second.to_json());
 
-    let detail = app.order("ORD-20240101-0001")?;
-    let events = app.events(0, 100)?;
+    let detail = app.orders().order("ORD-20240101-0001")?;
+    let events = app.orders().events(0, 100)?;
     println!("\neffects");
     println!(
         "  order status        {} (paid by {})",

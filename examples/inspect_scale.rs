@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = App::open(&db, Clock::System, Config::default())?;
     let started = Instant::now();
     {
-        let mut conn = app.store.raw_connection()?;
+        let mut conn = app.store().raw_connection()?;
         let tx = conn.transaction()?;
         tx.execute_batch(&format!(
             "WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < {n})
@@ -45,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("built {n} paid orders in {:.1} s ({db})", started.elapsed().as_secs_f64());
     for run in 1..=3 {
         let t = Instant::now();
-        let findings = app.inspect()?;
+        let findings = app.operations().inspect()?;
         println!("inspection run {run}: {:.3} s, {} findings", t.elapsed().as_secs_f64(), findings.len());
     }
     let _ = std::fs::remove_dir_all(&dir);

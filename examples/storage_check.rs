@@ -19,21 +19,21 @@ fn main() -> Result<(), payonce::Error> {
 
     let started = Instant::now();
     for _ in 0..checks {
-        app.store.check_storage()?;
+        app.store().check_storage()?;
     }
     let check_us = started.elapsed().as_secs_f64() * 1e6 / f64::from(checks);
 
     let started = Instant::now();
     for i in 0..payments {
         let order_no = format!("SC-{i}");
-        app.create_order(&CreateOrder {
+        app.orders().create_order(&CreateOrder {
             order_no: order_no.clone(),
             user_id: "u".into(),
             amount: 100,
             currency: "CNY".into(),
             expires_in_s: None,
         })?;
-        app.deliver_payment(&PaymentCallback {
+        app.payments().deliver_payment(&PaymentCallback {
             channel: "generic".into(),
             pay_no: format!("SCP-{i}"),
             order_no,

@@ -38,7 +38,7 @@ fn run(orders: usize, writer_queue: bool) -> Result<(f64, f64, f64, f64, usize),
         Config { rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan: 1 }, ..Config::default() };
     let app = Arc::new(App::open_with(&db, Clock::System, config, &options)?);
     for i in 0..orders {
-        app.create_order(&CreateOrder {
+        app.orders().create_order(&CreateOrder {
             order_no: format!("O{i}"),
             user_id: format!("u{}", i % 97),
             amount: 9900,
@@ -70,7 +70,7 @@ fn run(orders: usize, writer_queue: bool) -> Result<(f64, f64, f64, f64, usize),
                         raw_body: b"{}".to_vec(),
                     };
                     let t = Instant::now();
-                    if app.deliver_payment(&cb).is_err() {
+                    if app.payments().deliver_payment(&cb).is_err() {
                         busy.fetch_add(1, Ordering::SeqCst);
                     }
                     latencies.push(t.elapsed());

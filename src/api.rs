@@ -6,7 +6,6 @@ use crate::app::{sha256_hex, Answer, App, CreateOrder, PAGE_LIMIT_DEFAULT, PAGE_
 use crate::domain::IdempotencySlot;
 use crate::domain::{DeliveryStatus, OrderStatus};
 use crate::error::{Error, ErrorKind};
-use crate::keylock::LockKey;
 use crate::metrics::ScrapeGauges;
 use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::platforms::{reply_outcome, Notice, Notices as Channel, Reply};
@@ -75,7 +74,7 @@ pub fn refuse_at_edge(app: &App, req: &Request, err: &Error) -> Response {
 
 fn observe(app: &App, req: &Request, response: &Response, latency: std::time::Duration) {
     let route = route_label(&req.path);
-    app.metrics.observe_request(&req.method, route, response.status, latency);
+    app.metrics().observe_request(&req.method, route, response.status, latency);
     if crate::log::enabled(crate::log::Level::Info) {
         let latency_ms = format!("{:.3}", latency.as_secs_f64() * 1000.0);
         crate::log::info(
@@ -349,7 +348,7 @@ fn refuse_nul_bytes(route: &Route, req: &Request) -> Result<(), Error> {
 /// configured token; `anonymous` without tokens.
 fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
     use subtle::ConstantTimeEq;
-    if app.config.api_tokens.is_empty() {
+    if app.config().api_tokens.is_empty() {
         return Ok(CALLER_ANONYMOUS.to_owned());
     }
     let presented = req
@@ -361,7 +360,7 @@ fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
     // Compare digests, so the comparison is constant-time whatever the lengths.
     let presented_digest = sha256_hex(presented.as_bytes());
     let mut caller = None;
-    for token in &app.config.api_tokens {
+    for token in &app.config().api_tokens {
         let matches = sha256_hex(token.token.as_bytes()).as_bytes().ct_eq(presented_digest.as_bytes());
         if bool::from(matches) && !presented.is_empty() {
             caller = Some(token.caller.clone());
@@ -387,13 +386,13 @@ fn with_idempotency_key(
     let scope = format!("{caller} {} {path}", req.method);
     let fingerprint = sha256_hex(&req.body);
     let wait = std::time::Duration::from_millis(IDEMPOTENCY_WAIT_MS_MAX);
-    let Some(_key_guard) = app.locks.lock_for(LockKey::IdempotencyKey { scope: &scope, key: &key }, wait) else {
+    let Some(_key_guard) = app.operations().lock_idempotency_key(&scope, &key, wait) else {
         return Err(key_in_use());
     };
     if let Some(response) = replay(app, &scope, &key, &fingerprint)? {
         return Ok(response);
     }
-    let slot = app.idempotency_slot(scope.clone(), key.clone(), fingerprint.clone());
+    let slot = app.operations().idempotency_slot(scope.clone(), key.clone(), fingerprint.clone());
     match run(Some(&slot)) {
         // Another process stored this key between our look-up and our commit.
         Err(e) if e.kind == ErrorKind::IdempotencyKeyInUse => replay(app, &scope, &key, &fingerprint)?.ok_or(e),
@@ -402,7 +401,7 @@ fn with_idempotency_key(
 }
 
 fn replay(app: &App, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Response>, Error> {
-    let Some(stored) = app.stored_response(scope, key)? else {
+    let Some(stored) = app.operations().stored_response(scope, key)? else {
         return Ok(None);
     };
     if stored.fingerprint != fingerprint {
@@ -411,7 +410,7 @@ fn replay(app: &App, scope: &str, key: &str, fingerprint: &str) -> Result<Option
             "this Idempotency-Key was used with a different request body",
         ));
     }
-    app.metrics.observe_duplicate("idempotency_key");
+    app.metrics().observe_duplicate("idempotency_key");
     Ok(Some(Response {
         status: stored.status_code,
         headers: vec![
@@ -470,7 +469,7 @@ fn answered(result: &impl Answer) -> Response {
 }
 
 fn healthz(app: &App) -> Result<Response, Error> {
-    app.health()?;
+    app.operations().health()?;
     Ok(Response::json(200, &json!({"status": "ok"})))
 }
 
@@ -479,7 +478,7 @@ fn create_order(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Res
     let order_no = match (optional_str(&body, "order_no")?, slot) {
         (Some(order_no), _) => order_no,
         // The stored answer makes a server-generated order_no exactly-once per key.
-        (None, Some(_)) => app.generate_order_no()?,
+        (None, Some(_)) => app.orders().generate_order_no()?,
         (None, None) => {
             return Err(Error::new(
                 ErrorKind::IdempotencyKeyRequired,
@@ -494,13 +493,13 @@ fn create_order(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Res
         currency: optional_str(&body, "currency")?.unwrap_or_else(|| "CNY".to_owned()),
         expires_in_s: optional_i64(&body, "expires_in_s")?,
     };
-    let result = app.create_order_keyed(&create, slot)?;
+    let result = app.orders().create_order_keyed(&create, slot)?;
     let response = answered(&result);
     Ok(if result.1 { response } else { response.with_header("Idempotent-Replayed", "true") })
 }
 
 fn get_order(app: &App, order_no: &str) -> Result<Response, Error> {
-    Ok(Response::json(200, &app.order(order_no)?.to_json()))
+    Ok(Response::json(200, &app.orders().order(order_no)?.to_json()))
 }
 
 fn list_orders(app: &App, req: &Request) -> Result<Response, Error> {
@@ -515,7 +514,7 @@ fn list_orders(app: &App, req: &Request) -> Result<Response, Error> {
     };
     let after = query_int(&query, "after", 0, i64::MAX)?;
     let limit = page_limit(&query)?;
-    let (orders, next) = app.list_orders(user_id, status, after, limit)?;
+    let (orders, next) = app.orders().list_orders(user_id, status, after, limit)?;
     Ok(Response::json(200, &render::orders(&orders, next)))
 }
 
@@ -523,13 +522,13 @@ fn close_order(app: &App, req: &Request, order_no: &str, slot: Option<&Idempoten
     if !req.body.is_empty() {
         json_object(req, &[])?;
     }
-    Ok(answered(&app.close_order_keyed(order_no, slot)?))
+    Ok(answered(&app.orders().close_order_keyed(order_no, slot)?))
 }
 
 fn request_refund(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let body = json_object(req, &["refund_no"])?;
     let refund_no = required_str(&body, "refund_no")?;
-    Ok(answered(&app.request_refund_keyed(order_no, &refund_no, slot)?))
+    Ok(answered(&app.refunds().request_refund_keyed(order_no, &refund_no, slot)?))
 }
 
 fn resolve_close(
@@ -541,14 +540,14 @@ fn resolve_close(
 ) -> Result<Response, Error> {
     let body = json_object(req, &["reason"])?;
     let reason = required_str(&body, "reason")?;
-    Ok(answered(&app.resolve_close(order_no, &reason, caller, slot)?))
+    Ok(answered(&app.platform_calls().resolve_close(order_no, &reason, caller, slot)?))
 }
 
 fn sync_order(app: &App, req: &Request, order_no: &str) -> Result<Response, Error> {
     if !req.body.is_empty() {
         json_object(req, &[])?;
     }
-    Ok(Response::json(200, &render::synced(&app.sync_order(order_no)?)))
+    Ok(Response::json(200, &render::synced(&app.platform_calls().sync_order(order_no)?)))
 }
 
 /// A path segment that must be an identifier, e.g. `{user_id}`.
@@ -562,12 +561,12 @@ fn path_identifier<'a>(value: &'a str, name: &str) -> Result<&'a str, Error> {
 
 fn user_coupons(app: &App, user_id: &str) -> Result<Response, Error> {
     let user_id = path_identifier(user_id, "user_id")?;
-    Ok(Response::json(200, &render::user_coupons(&app.user_coupons(user_id)?)))
+    Ok(Response::json(200, &render::user_coupons(&app.orders().user_coupons(user_id)?)))
 }
 
 fn user_points(app: &App, user_id: &str) -> Result<Response, Error> {
     let user_id = path_identifier(user_id, "user_id")?;
-    let (balance, entries) = app.user_points(user_id)?;
+    let (balance, entries) = app.orders().user_points(user_id)?;
     Ok(Response::json(200, &render::user_points(balance, &entries)))
 }
 
@@ -575,7 +574,7 @@ fn events(app: &App, req: &Request) -> Result<Response, Error> {
     let query = parse_query(&req.query)?;
     let after = query_int(&query, "after", 0, i64::MAX)?.unwrap_or(0);
     let limit = page_limit(&query)?;
-    let rows = app.events(after, limit)?;
+    let rows = app.orders().events(after, limit)?;
     let next_after = rows.last().map_or(after, |e| e.seq);
     Ok(Response::json(200, &render::events(&rows, next_after)))
 }
@@ -587,7 +586,7 @@ fn events(app: &App, req: &Request) -> Result<Response, Error> {
 /// channel answers in its platform's protocol.
 fn callback(app: &App, req: &Request, channel: &str, refund_route: bool) -> Response {
     with_channel(app, channel, |chosen| {
-        match chosen.parse(app.clock.now_ms(), req, refund_route).and_then(|notice| deliver(app, notice)) {
+        match chosen.parse(app.clock().now_ms(), req, refund_route).and_then(|notice| deliver(app, notice)) {
             Ok(reply) => chosen.acknowledge(&reply).with_outcome(reply_outcome(&reply)),
             Err(err) => {
                 if err.is_server_error() {
@@ -602,7 +601,7 @@ fn callback(app: &App, req: &Request, channel: &str, refund_route: bool) -> Resp
 /// Runs `f` with the configured channel of that name; 404
 /// `channel_not_configured` otherwise.
 fn with_channel(app: &App, channel: &str, f: impl FnOnce(&dyn Channel) -> Response) -> Response {
-    match app.channel(channel) {
+    match app.payments().channel(channel) {
         Some(chosen) => f(chosen),
         None => Response::error(&Error::new(
             ErrorKind::ChannelNotConfigured,
@@ -613,9 +612,9 @@ fn with_channel(app: &App, channel: &str, f: impl FnOnce(&dyn Channel) -> Respon
 
 fn deliver(app: &App, notice: Notice) -> Result<Reply, Error> {
     Ok(match notice {
-        Notice::Payment(cb) => Reply::Payment(app.deliver_payment(&cb)?),
-        Notice::Refund(cb) => Reply::Refund(app.deliver_refund(&cb)?),
-        Notice::RefundInFlight(cb) => Reply::Refund(app.deliver_refund_in_flight(&cb)?),
+        Notice::Payment(cb) => Reply::Payment(app.payments().deliver_payment(&cb)?),
+        Notice::Refund(cb) => Reply::Refund(app.refunds().deliver_refund(&cb)?),
+        Notice::RefundInFlight(cb) => Reply::Refund(app.refunds().deliver_refund_in_flight(&cb)?),
         Notice::Ignored(_) => Reply::Ignored,
     })
 }
@@ -623,39 +622,39 @@ fn deliver(app: &App, notice: Notice) -> Result<Reply, Error> {
 // ---- operations ----
 
 fn metrics(app: &App) -> Result<Response, Error> {
-    let (webhook_pending, webhook_oldest_pending_s) = app.webhook_pending()?;
+    let (webhook_pending, webhook_oldest_pending_s) = app.webhooks().webhook_pending()?;
     let gauges = ScrapeGauges {
-        record_only: app.mode()? == Mode::RecordOnly,
-        received_waiting: app.received_waiting()?,
-        key_locks: app.locks.len(),
-        group_commit: app.store.group_commit_totals().unwrap_or((0, 0)),
+        record_only: app.operations().mode()? == Mode::RecordOnly,
+        received_waiting: app.operations().received_waiting()?,
+        key_locks: app.operations().key_locks_held(),
+        group_commit: app.operations().group_commit_totals().unwrap_or((0, 0)),
         webhook_pending,
         webhook_oldest_pending_s,
     };
     Ok(Response {
         status: 200,
         headers: vec![("Content-Type".into(), "text/plain; version=0.0.4; charset=utf-8".into())],
-        body: app.metrics.render(&gauges).into_bytes(),
+        body: app.metrics().render(&gauges).into_bytes(),
         outcome: None,
     })
 }
 
 fn get_mode(app: &App) -> Result<Response, Error> {
-    Ok(Response::json(200, &render::mode(app.mode()?)))
+    Ok(Response::json(200, &render::mode(app.operations().mode()?)))
 }
 
 fn put_mode(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     let body = json_object(req, &["mode"])?;
     let mode = required_str(&body, "mode")?;
     let mode = Mode::parse(&mode).ok_or_else(|| Error::invalid("mode must be normal or record_only"))?;
-    Ok(answered(&app.set_mode(mode, caller, slot)?))
+    Ok(answered(&app.operations().set_mode(mode, caller, slot)?))
 }
 
 fn drain(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
     if !req.body.is_empty() {
         json_object(req, &[])?;
     }
-    Ok(answered(&app.drain_keyed(slot)?))
+    Ok(answered(&app.operations().drain_keyed(slot)?))
 }
 
 // ---- webhooks ----
@@ -671,7 +670,7 @@ fn webhook_deliveries(app: &App, req: &Request) -> Result<Response, Error> {
     };
     let after = query_int(&query, "after", 0, i64::MAX)?.unwrap_or(0);
     let limit = page_limit(&query)?;
-    Ok(Response::json(200, &render::deliveries(&app.webhook_deliveries(status, after, limit)?)))
+    Ok(Response::json(200, &render::deliveries(&app.webhooks().webhook_deliveries(status, after, limit)?)))
 }
 
 fn retry_webhook_delivery(
@@ -690,7 +689,7 @@ fn retry_webhook_delivery(
         .ok()
         .filter(|parsed| *parsed > 0 && parsed.to_string() == id)
         .ok_or_else(|| Error::new(ErrorKind::DeliveryNotFound, format!("no webhook delivery with id {id:?}")))?;
-    Ok(answered(&app.retry_webhook_delivery(id, caller, slot)?))
+    Ok(answered(&app.webhooks().retry_webhook_delivery(id, caller, slot)?))
 }
 
 fn enable_webhook_endpoint(
@@ -701,7 +700,7 @@ fn enable_webhook_endpoint(
 ) -> Result<Response, Error> {
     let body = json_object(req, &["endpoint"])?;
     let endpoint = required_str(&body, "endpoint")?;
-    Ok(answered(&app.enable_webhook_endpoint(&endpoint, caller, slot)?))
+    Ok(answered(&app.webhooks().enable_webhook_endpoint(&endpoint, caller, slot)?))
 }
 
 fn replay_webhooks(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
@@ -709,11 +708,11 @@ fn replay_webhooks(app: &App, req: &Request, caller: &str, slot: Option<&Idempot
     let endpoint = required_str(&body, "endpoint")?;
     let after_seq = required_i64(&body, "after_seq")?;
     let until_seq = optional_i64(&body, "until_seq")?;
-    Ok(answered(&app.replay_webhooks(&endpoint, after_seq, until_seq, caller, slot)?))
+    Ok(answered(&app.webhooks().replay_webhooks(&endpoint, after_seq, until_seq, caller, slot)?))
 }
 
 fn inspections(app: &App) -> Result<Response, Error> {
-    Ok(Response::json(200, &render::inspection(&app.inspect()?)))
+    Ok(Response::json(200, &render::inspection(&app.operations().inspect()?)))
 }
 
 /// `{"resolution","reason"}` of both resolve endpoints.
@@ -730,7 +729,7 @@ fn resolve_payment(
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
     let (resolution, reason) = resolution_body(req)?;
-    Ok(answered(&app.resolve_payment(pay_no, &resolution, &reason, caller, slot)?))
+    Ok(answered(&app.payments().resolve_payment(pay_no, &resolution, &reason, caller, slot)?))
 }
 
 fn resolve_refund(
@@ -741,7 +740,7 @@ fn resolve_refund(
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
     let (resolution, reason) = resolution_body(req)?;
-    Ok(answered(&app.resolve_refund(refund_no, &resolution, &reason, caller, slot)?))
+    Ok(answered(&app.refunds().resolve_refund(refund_no, &resolution, &reason, caller, slot)?))
 }
 
 fn compensations(app: &App, req: &Request, caller: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
@@ -755,7 +754,7 @@ fn compensations(app: &App, req: &Request, caller: &str, slot: Option<&Idempoten
     };
     let compensation =
         Compensation { order_no: required_str(&body, "order_no")?, action, reason: required_str(&body, "reason")? };
-    Ok(answered(&app.compensate(&compensation, caller, slot)?))
+    Ok(answered(&app.operations().compensate(&compensation, caller, slot)?))
 }
 
 fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
@@ -779,8 +778,10 @@ fn reconciliations(app: &App, req: &Request, slot: Option<&IdempotencySlot>) -> 
         Some(_) => return Err(Error::invalid("repair must be true or false")),
     };
     let date = query_value(&query, "date");
-    let (status, body) =
-        app.reconcile_keyed(format, &req.body, date, repair, slot)?.into_answer_body(&mut release_freed_memory);
+    let (status, body) = app
+        .operations()
+        .reconcile_keyed(format, &req.body, date, repair, slot)?
+        .into_answer_body(&mut release_freed_memory);
     if req.body.len() >= RELEASE_AFTER_STATEMENT_BYTES_MIN {
         release_freed_memory();
     }

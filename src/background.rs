@@ -13,9 +13,12 @@
 //! - the signal logger: SIGHUP, SIGUSR1 and SIGUSR2 are logged, not obeyed.
 
 use crate::app::App;
+use crate::error::Error;
 use crate::log;
 use crate::ops::Mode;
-use crate::outgoing::{self, Shape};
+use crate::outgoing::{self, Claimed, Queue, Shape};
+use crate::services::PlatformCalls;
+use crate::store::PlatformCallRow;
 use crate::store::Signal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -46,10 +49,10 @@ pub fn spawn_sweeper(app: Arc<App>, interval: Duration, shutdown: Arc<AtomicBool
 /// One round of the sweeper (what it does every `--sweep-interval-s`).
 pub fn sweep_once(app: &App, shutdown: &AtomicBool) {
     // Every write would be refused; the storage watch says so, once every few seconds.
-    if app.store.check_storage().is_err() {
+    if !app.operations().storage_writable() {
         return;
     }
-    let mode = match app.mode() {
+    let mode = match app.operations().mode() {
         Ok(mode) => mode,
         Err(e) => {
             log::warn("reading the mode failed, will retry", &[("error", &e)]);
@@ -60,7 +63,13 @@ pub fn sweep_once(app: &App, shutdown: &AtomicBool) {
     // in arrival order, so a payment that arrived in time is not judged
     // against an order the sweeper closed meanwhile.
     if mode == Mode::Normal {
-        match app.received_waiting().and_then(|n| if n > 0 { app.drain().map(Some) } else { Ok(None) }) {
+        match app.operations().received_waiting().and_then(|n| {
+            if n > 0 {
+                app.operations().drain().map(Some)
+            } else {
+                Ok(None)
+            }
+        }) {
             Ok(Some(n)) => log::info("decided records kept in record-only mode", &[("decided", &n)]),
             Ok(None) => {}
             Err(e) => log::warn("draining record-only records failed, will retry", &[("error", &e)]),
@@ -69,13 +78,15 @@ pub fn sweep_once(app: &App, shutdown: &AtomicBool) {
     // Record-only freezes order state too: no order expires while payments
     // for it may be waiting undecided.
     if mode == Mode::Normal {
-        in_batches_until_none_due(shutdown, "expiry sweep failed, will retry", || app.close_expired(SWEEP_BATCH_MAX));
+        in_batches_until_none_due(shutdown, "expiry sweep failed, will retry", || {
+            app.orders().close_expired(SWEEP_BATCH_MAX)
+        });
     }
     // Batches until none is due, like the expiry above: one batch per sweep
     // fell behind any keyed load faster than SWEEP_BATCH_MAX per interval,
     // and the table then grew without bound.
     in_batches_until_none_due(shutdown, "purging expired Idempotency-Key results failed, will retry", || {
-        app.purge_expired_responses(SWEEP_BATCH_MAX)
+        app.operations().purge_expired_responses(SWEEP_BATCH_MAX)
     });
 }
 
@@ -120,7 +131,29 @@ pub fn spawn_platform_worker(
         wake: Arc::new(Signal::default()),
         poll: interval,
     };
-    outgoing::spawn(app, shape, shutdown)
+    outgoing::spawn(Arc::new(PlatformPool(app)), shape, shutdown)
+}
+
+/// The pool's queue, owned by its threads: the `PlatformCalls` service of
+/// the shared `App`, asked afresh for each step.
+struct PlatformPool(Arc<App>);
+
+impl Queue for PlatformPool {
+    type Job = Claimed<PlatformCallRow>;
+    type Done = ();
+    const ROUND_FAILED: &'static str = <PlatformCalls<'static> as Queue>::ROUND_FAILED;
+
+    fn ready(&self) -> bool {
+        self.0.platform_calls().ready()
+    }
+
+    fn claim_due(&self, limit: usize) -> Result<Vec<Claimed<PlatformCallRow>>, Error> {
+        self.0.platform_calls().claim_due(limit)
+    }
+
+    fn work(&self, call: &Claimed<PlatformCallRow>) {
+        self.0.platform_calls().work(call)
+    }
 }
 
 pub fn spawn_inspector(
@@ -130,7 +163,7 @@ pub fn spawn_inspector(
 ) -> std::io::Result<JoinHandle<()>> {
     thread::Builder::new().name("payonce-inspector".into()).spawn(move || {
         while sleep_unless_shutdown(interval, &shutdown) {
-            match app.inspect() {
+            match app.operations().inspect() {
                 Ok(findings) => {
                     for f in &findings {
                         log::error(
@@ -149,11 +182,11 @@ pub fn spawn_storage_watch(app: Arc<App>, shutdown: Arc<AtomicBool>) -> std::io:
     thread::Builder::new().name("payonce-storage-watch".into()).spawn(move || {
         let mut last_logged: Option<Instant> = None;
         while sleep_unless_shutdown(Duration::from_millis(STORAGE_CHECK_INTERVAL_MS), &shutdown) {
-            if app.store.check_storage().is_ok() {
+            if app.operations().storage_writable() {
                 continue;
             }
             // Retries a rescue checkpoint still pending, then says it again.
-            let Some((why, rescue)) = app.store.storage_lost_state() else {
+            let Some((why, rescue)) = app.operations().storage_lost_state() else {
                 continue;
             };
             let due = last_logged.is_none_or(|at| at.elapsed() >= Duration::from_millis(STORAGE_LOST_LOG_INTERVAL_MS));

@@ -9,7 +9,7 @@
 //! use payonce::{App, Clock, Config, CreateOrder, PaymentCallback, PlatformStatus};
 //!
 //! let app = App::open(":memory:", Clock::manual(1_700_000_000_000), Config::default()).unwrap();
-//! app.create_order(&CreateOrder {
+//! app.orders().create_order(&CreateOrder {
 //!     order_no: "ORD-1".into(), user_id: "u1".into(), amount: 9900,
 //!     currency: "CNY".into(), expires_in_s: None,
 //! }).unwrap();
@@ -17,8 +17,8 @@
 //!     channel: "generic".into(), pay_no: "PAY-1".into(), order_no: "ORD-1".into(),
 //!     amount: 9900, currency: None, status: PlatformStatus::Success, paid_at: None, raw_body: b"{}".to_vec(),
 //! };
-//! assert_eq!(app.deliver_payment(&callback).unwrap().outcome_str(), "applied");
-//! assert_eq!(app.deliver_payment(&callback).unwrap().outcome_str(), "duplicate");
+//! assert_eq!(app.payments().deliver_payment(&callback).unwrap().outcome_str(), "applied");
+//! assert_eq!(app.payments().deliver_payment(&callback).unwrap().outcome_str(), "duplicate");
 //! ```
 
 pub mod api;
@@ -42,6 +42,7 @@ pub mod platforms;
 pub mod recon;
 pub mod relay;
 pub mod render;
+pub mod services;
 pub mod signature;
 pub mod store;
 mod test_hooks;
@@ -71,8 +72,9 @@ mod layering {
         &["api", "console"],
         &["relay", "background"],
         &["render"],
-        &["ops", "webhook_ops", "platform_ops"],
-        &["app"],
+        // App owns the core and hands out the services; ops, webhook_ops and
+        // platform_ops hold the types the services answer (render names them).
+        &["services", "app", "ops", "webhook_ops", "platform_ops"],
         // A platform's folder: its notices, calls, bills and keys; recon reads bills through it.
         &["platforms", "recon"],
         // The leased-call mechanism knows the store and the rows, never who drives it.
@@ -201,11 +203,18 @@ mod layering {
         }
     }
 
-    /// The relay drives webhook deliveries through webhook_ops.rs; it never
-    /// reaches into the store itself.
+    /// Only the services reach the store: `App` keeps it in its core, and
+    /// every module outside src/services/ and src/store/ asks a service
+    /// (`App::store` is a test hatch that returns it, never uses it).
     #[test]
-    fn the_relay_never_names_the_store_of_app() {
-        let relay = include_str!("relay.rs");
-        assert!(!relay.contains(".store."), "relay.rs reaches into app.store");
+    fn only_the_services_reach_the_store() {
+        for (name, source) in sources() {
+            if matches!(module_of(&name), "services" | "store") {
+                continue;
+            }
+            for reach in ["app.store", ".store()."] {
+                assert!(!source.contains(reach), "src/{name} reaches into the store ({reach})");
+            }
+        }
     }
 }

@@ -323,7 +323,7 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
         .map_err(|e| format!("cannot start the storage watch: {e}"))?;
     let relay = spawn_relay(Arc::clone(&app), Arc::clone(&shutdown))
         .map_err(|e| format!("cannot start the webhook relay: {}", e.message))?;
-    let platform_worker = if app.config.platforms.is_empty() {
+    let platform_worker = if app.config().platforms.is_empty() {
         None
     } else {
         let interval = Duration::from_secs(args.sweep_interval_s);
@@ -426,9 +426,8 @@ fn sync(parser: lexopt::Parser) -> Result<ExitCode, String> {
     if platforms.is_empty() {
         return Err(format!("sync needs the outgoing settings of at least one platform\n\n{SYNC_USAGE}"));
     }
-    let mut app = App::open_existing(&args.db, Clock::System).map_err(|e| e.message)?;
-    app.config.platforms = platforms;
-    let synced = app.sync_order(order_no).map_err(|e| e.to_string())?;
+    let app = App::open_existing(&args.db, Clock::System).map_err(|e| e.message)?.with_platforms(platforms);
+    let synced = app.platform_calls().sync_order(order_no).map_err(|e| e.to_string())?;
     println!("{}", payonce::render::synced(&synced));
     let unknown = synced.platforms.iter().any(|p| p.state == payonce::platforms::TradeState::Unknown);
     Ok(if unknown { ExitCode::from(1) } else { ExitCode::SUCCESS })
@@ -440,7 +439,7 @@ fn inspect(parser: lexopt::Parser) -> Result<ExitCode, String> {
     };
     let db = args.db.or_else(db_from_env).ok_or("inspect needs --db PATH|URL (or PAYONCE_DB)")?;
     let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
-    let findings = app.inspect().map_err(|e| e.message)?;
+    let findings = app.operations().inspect().map_err(|e| e.message)?;
     println!("{}", payonce::render::inspection(&findings));
     Ok(if findings.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
@@ -459,6 +458,7 @@ fn reconcile(parser: lexopt::Parser) -> Result<ExitCode, String> {
     let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
     let mut bar = ProgressBar::new("reconcile");
     let result = app
+        .operations()
         .reconcile(format, &statement, args.date.as_deref(), args.repair, &mut |done, total| bar.update(done, total))
         .map_err(|e| e.message)?;
     bar.finish();
@@ -479,7 +479,7 @@ fn backup(parser: lexopt::Parser) -> Result<ExitCode, String> {
     }
     let to = args.to.ok_or("backup needs --to FILE")?;
     let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
-    app.backup(std::path::Path::new(&to), args.force).map_err(|e| e.message)?;
+    app.operations().backup(std::path::Path::new(&to), args.force).map_err(|e| e.message)?;
     eprintln!("payonce: backup of {db} written to {to} (integrity_check ok)");
     Ok(ExitCode::SUCCESS)
 }

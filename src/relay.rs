@@ -9,10 +9,10 @@
 //!    gets to it);
 //! 2. claims, in the same transaction: the due deliveries (each the earliest
 //!    pending event of its order at its endpoint), each attempt by the
-//!    mechanism's CAS on `next_attempt_at` (`App::claim_webhook_attempts`);
+//!    mechanism's CAS on `next_attempt_at` (`Webhooks::claim_webhook_attempts`);
 //! 3. calls, outside any transaction, signed afresh for this attempt;
 //! 4. records the result by the CAS on the claimed attempt number
-//!    (`App::finish_webhook_attempt`); a failure waits on the jittered
+//!    (`Webhooks::finish_webhook_attempt`); a failure waits on the jittered
 //!    `--webhook-retry-s` schedule, stretched by a `Retry-After`.
 //!
 //! Threads: the mechanism's worker (`outgoing::spawn`), one dispatcher
@@ -45,9 +45,9 @@ impl Relay {
     /// A relay for `app`'s configured endpoints, registering each (a new one
     /// starts after the outbox's last seq now).
     pub fn new(app: Arc<App>) -> Result<Relay, Error> {
-        let settings = &app.config.webhooks;
+        let settings = &app.config().webhooks;
         for endpoint in &settings.endpoints {
-            let row = app.register_webhook_endpoint(endpoint)?;
+            let row = app.webhooks().register_webhook_endpoint(endpoint)?;
             log::info(
                 "webhook endpoint",
                 &[
@@ -66,10 +66,10 @@ impl Relay {
 
     /// Steps 3 and 4: makes one claimed attempt and records how it ended.
     pub fn attempt(&self, claimed: &Attempt) -> AttemptResult {
-        let settings = &self.app.config.webhooks;
+        let settings = &self.app.config().webhooks;
         let delivery = &claimed.delivery.row;
         let body = render::event(&claimed.event).to_string();
-        let timestamp_s = self.app.clock.now_ms().div_euclid(1000);
+        let timestamp_s = self.app.clock().now_ms().div_euclid(1000);
         let signature = signature_header(&settings.secrets, &delivery.event_id, timestamp_s, body.as_bytes());
         let sent = self
             .agent
@@ -79,7 +79,7 @@ impl Relay {
             .header("webhook-timestamp", &timestamp_s.to_string())
             .header("webhook-signature", &signature)
             .send(body.as_bytes());
-        let now_ms = self.app.clock.now_ms();
+        let now_ms = self.app.clock().now_ms();
         let (status, error, retry_after) = match sent {
             Ok(mut answer) => {
                 let status = answer.status().as_u16();
@@ -125,7 +125,7 @@ impl Relay {
             ("event_id", &delivery.event_id),
             ("attempt", &claimed.delivery.attempt),
         ];
-        let recorded = match self.app.finish_webhook_attempt(claimed, &result, now_ms) {
+        let recorded = match self.app.webhooks().finish_webhook_attempt(claimed, &result, now_ms) {
             Ok(recorded) => recorded,
             // The lease runs out and the attempt is made again: at least once.
             Err(e) => {
@@ -144,7 +144,7 @@ impl Relay {
             );
             return result;
         }
-        self.app.metrics.observe_webhook(label);
+        self.app.metrics().observe_webhook(label);
         match &result {
             AttemptResult::Delivered { .. } => log::debug("webhook delivered", &fields),
             AttemptResult::Retry { error, next_attempt_at, .. } => log::warn(
@@ -168,7 +168,7 @@ impl Relay {
     /// queues, claims up to `--webhook-concurrency` attempts, makes them
     /// concurrently and waits for all. Returns the results.
     pub fn run_once(&self) -> Result<Vec<AttemptResult>, Error> {
-        outgoing::run_once(self, self.app.config.webhooks.concurrency)
+        outgoing::run_once(self, self.app.config().webhooks.concurrency)
     }
 }
 
@@ -179,19 +179,19 @@ impl Queue for Relay {
 
     /// Every write would be refused otherwise; the storage watch says so.
     fn ready(&self) -> bool {
-        self.app.storage_writable()
+        self.app.operations().storage_writable()
     }
 
     /// Steps 1 and 2, in one transaction per endpoint: up to `limit` due
     /// attempts across the enabled endpoints.
     fn claim_due(&self, limit: usize) -> Result<Vec<Attempt>, Error> {
         let mut claimed = Vec::new();
-        for endpoint in &self.app.config.webhooks.endpoints {
+        for endpoint in &self.app.config().webhooks.endpoints {
             let want = limit.saturating_sub(claimed.len());
             if want == 0 {
                 break;
             }
-            claimed.extend(self.app.claim_webhook_attempts(endpoint, want)?);
+            claimed.extend(self.app.webhooks().claim_webhook_attempts(endpoint, want)?);
         }
         Ok(claimed)
     }
@@ -204,17 +204,17 @@ impl Queue for Relay {
 /// Starts the relay's dispatcher and senders; returns the dispatcher, which
 /// ends when `shutdown` is set, after the senders' current calls.
 pub fn spawn_relay(app: Arc<App>, shutdown: Arc<AtomicBool>) -> Result<Option<JoinHandle<()>>, Error> {
-    if app.config.webhooks.endpoints.is_empty() {
+    if app.config().webhooks.endpoints.is_empty() {
         return Ok(None);
     }
     let relay = Arc::new(Relay::new(Arc::clone(&app))?);
     let shape = Shape {
         name: "payonce-webhook-relay",
         sender_name: "payonce-webhook",
-        concurrency: app.config.webhooks.concurrency,
+        concurrency: app.config().webhooks.concurrency,
         // A delivered event may free the next event of its order: each call rings it too.
-        wake: app.outbox_signal(),
-        poll: Duration::from_millis(app.config.webhooks.poll_ms.max(1)),
+        wake: app.webhooks().outbox_signal(),
+        poll: Duration::from_millis(app.config().webhooks.poll_ms.max(1)),
     };
     let dispatcher = outgoing::spawn(relay, shape, shutdown)
         .map_err(|e| Error::internal(format!("cannot start the webhook relay: {e}")))?;

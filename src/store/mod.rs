@@ -301,7 +301,7 @@ impl Store {
 
     /// [`Store::write`] with the held keys as their texts
     /// ([`crate::keylock::LockKey::text`]), in the order they were taken:
-    /// for `App::write_op`, whose Idempotency-Key lock the API layer holds.
+    /// for `Core::write_op`, whose Idempotency-Key lock the API layer holds.
     pub(crate) fn write_locking<T: Send>(
         &self,
         keys: &[String],

@@ -208,7 +208,7 @@ struct CallbackRow {
 }
 
 fn callback_rows(app: &App) -> Vec<CallbackRow> {
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let mut stmt = conn
         .prepare(
             "SELECT c.pay_no, c.channel, o.order_no, c.amount, c.outcome, c.source, c.raw_body
@@ -246,7 +246,7 @@ struct Ledgers {
 }
 
 fn ledgers(app: &App) -> Ledgers {
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let pairs = |sql: &str| -> Vec<(String, String)> {
         let mut stmt = conn.prepare(sql).expect("prepare");
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).expect("query").collect::<Result<Vec<_>, _>>();
@@ -270,14 +270,14 @@ fn ledgers(app: &App) -> Ledgers {
 }
 
 fn audit_actions(app: &App) -> Vec<String> {
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let mut stmt = conn.prepare("SELECT action FROM audit_log ORDER BY id").expect("prepare");
     let rows = stmt.query_map([], |r| r.get(0)).expect("query").collect::<Result<Vec<String>, _>>();
     rows.expect("rows")
 }
 
 fn refund_status(app: &App, refund_no: &str) -> String {
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     conn.query_row("SELECT status FROM refund WHERE refund_no = ?1", [refund_no], |r| r.get(0)).expect("refund row")
 }
 
@@ -617,7 +617,7 @@ fn assert_ali_fail(resp: &Response, status: Option<u16>, what: &str) {
 
 fn generic_post(app: &App, path: &str, body: &Value) -> Response {
     let body = body.to_string();
-    let now_s = app.clock.now_ms().div_euclid(1000);
+    let now_s = app.clock().now_ms().div_euclid(1000);
     let mut headers = json_headers();
     headers.push(("Payonce-Signature".into(), payonce::signature::sign(GENERIC_SECRET, now_s, body.as_bytes())));
     call(app, "POST", path, &headers, body.as_bytes())
@@ -891,18 +891,18 @@ fn wechatpay_timestamps_more_than_five_minutes_off_are_refused() {
     // Signed now, delivered 5 min + 1 s later (either way), by the manual clock.
     let note = wx_sign(&keys().wx_a, SERIAL_A, T0_S, body.clone());
     for shift in [301_000, -301_000] {
-        app.clock.set_ms(T0_MS + shift);
+        app.clock().set_ms(T0_MS + shift);
         assert_wx_fail(&wx_post(&app, "/v1/callbacks/wechatpay", &note), Some(401), &format!("clock {shift:+} ms"));
         assert_eq!(ledgers(&app), before, "clock {shift:+} ms: nothing recorded");
     }
-    app.clock.set_ms(T0_MS);
+    app.clock().set_ms(T0_MS);
     assert_pending_untouched(&app, order_no);
 
     // Exactly 5 minutes off is still in tolerance.
-    app.clock.set_ms(T0_MS + 300_000);
+    app.clock().set_ms(T0_MS + 300_000);
     assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay", &note), "300 s late");
     assert_applied(&app, order_no, txn, "wechatpay", 9900);
-    app.clock.set_ms(T0_MS);
+    app.clock().set_ms(T0_MS);
     create_order(&app, "WXCLOCK0002", 9900);
     let body = wx_body("TRANSACTION.SUCCESS", &wx_transaction("WXCLOCK0002", "4200000001202311150004", json!(9900)));
     let early = wx_sign(&keys().wx_a, SERIAL_A, T0_S + 300, body);
@@ -1893,7 +1893,7 @@ fn wechatpay_and_alipay_payment_times_are_windowed_and_refund_notices_are_not() 
 
 /// (settled_at, platform_settled_at) of a refund row.
 fn refund_times(app: &App, refund_no: &str) -> (Option<String>, Option<String>) {
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     conn.query_row("SELECT settled_at, platform_settled_at FROM refund WHERE refund_no = ?1", [refund_no], |r| {
         Ok((r.get(0)?, r.get(1)?))
     })
@@ -1935,7 +1935,7 @@ fn wechatpay_serials_match_in_any_case() {
 fn wechatpay_refund_success_time_is_kept_as_the_platform_settlement_time() {
     let app = app();
     wx_paid_and_refunding(&app, "WXRTIME001", "4200000001202311150041", "WXRT-0001");
-    app.clock.advance_ms(60_000);
+    app.clock().advance_ms(60_000);
     let mut refund = wx_refund("WXRTIME001", "4200000001202311150041", "WXRT-0001", "SUCCESS");
     refund["success_time"] = json!("2023-11-15T06:13:55+08:00");
     let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));

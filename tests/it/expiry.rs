@@ -16,6 +16,7 @@ fn app() -> App {
 
 fn order(app: &App, order_no: &str, expires_in_s: i64) {
     let (_, created) = app
+        .orders()
         .create_order(&CreateOrder {
             order_no: order_no.into(),
             user_id: "u1".into(),
@@ -45,28 +46,28 @@ fn sweeper_closes_exactly_the_expired_orders() {
     let app = app();
     order(&app, "short", 60);
     order(&app, "long", 600);
-    app.clock.advance_ms(59_999);
-    assert_eq!(app.close_expired(100).expect("sweep"), 0, "nothing is due before expires_at");
-    app.clock.advance_ms(1);
-    assert_eq!(app.close_expired(100).expect("sweep"), 1);
-    assert_eq!(app.close_expired(100).expect("sweep"), 0, "a second sweep finds nothing");
+    app.clock().advance_ms(59_999);
+    assert_eq!(app.orders().close_expired(100).expect("sweep"), 0, "nothing is due before expires_at");
+    app.clock().advance_ms(1);
+    assert_eq!(app.orders().close_expired(100).expect("sweep"), 1);
+    assert_eq!(app.orders().close_expired(100).expect("sweep"), 0, "a second sweep finds nothing");
 
-    let short = app.order("short").expect("order").order;
+    let short = app.orders().order("short").expect("order").order;
     assert_eq!(short.status.as_str(), "CLOSED");
     assert_eq!(short.closed_at, Some(payonce::clock::format_ms(T0_MS + 60_000)));
     assert_eq!(short.expires_at, payonce::clock::format_ms(T0_MS + 60_000));
-    assert_eq!(app.order("long").expect("order").order.status.as_str(), "PENDING");
-    let events = app.events(0, 100).expect("events");
+    assert_eq!(app.orders().order("long").expect("order").order.status.as_str(), "PENDING");
+    let events = app.orders().events(0, 100).expect("events");
     let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(ids, ["order.closed:short"]);
 
     // A payment arriving after the close is recorded, not applied.
-    let reply = app.deliver_payment(&payment("short", "P-late")).expect("deliver");
+    let reply = app.payments().deliver_payment(&payment("short", "P-late")).expect("deliver");
     assert_eq!(reply.outcome_str(), "paid_after_close");
-    let detail = app.order("short").expect("order");
+    let detail = app.orders().order("short").expect("order");
     assert_eq!(detail.order.status.as_str(), "CLOSED");
     assert!(detail.coupons.is_empty() && detail.points.is_empty());
-    let ids: Vec<String> = app.events(0, 100).expect("events").into_iter().map(|e| e.event_id).collect();
+    let ids: Vec<String> = app.orders().events(0, 100).expect("events").into_iter().map(|e| e.event_id).collect();
     assert_eq!(ids, ["order.closed:short", "payment.refund_required:P-late"]);
 }
 
@@ -76,10 +77,10 @@ fn sweep_respects_the_batch_bound() {
     for i in 0..7 {
         order(&app, &format!("o{i}"), 1);
     }
-    app.clock.advance_ms(1_000);
-    assert_eq!(app.close_expired(3).expect("sweep"), 3);
-    assert_eq!(app.close_expired(3).expect("sweep"), 3);
-    assert_eq!(app.close_expired(3).expect("sweep"), 1);
+    app.clock().advance_ms(1_000);
+    assert_eq!(app.orders().close_expired(3).expect("sweep"), 3);
+    assert_eq!(app.orders().close_expired(3).expect("sweep"), 3);
+    assert_eq!(app.orders().close_expired(3).expect("sweep"), 1);
 }
 
 #[test]
@@ -89,7 +90,7 @@ fn a_payment_racing_the_sweeper_wins_or_loses_but_never_both() {
     for i in 0..ORDERS {
         order(&app, &format!("race{i}"), 10);
     }
-    app.clock.advance_ms(10_000);
+    app.clock().advance_ms(10_000);
     let start = Arc::new(Barrier::new(2));
     let sweeper = {
         let (app, start) = (Arc::clone(&app), Arc::clone(&start));
@@ -98,7 +99,7 @@ fn a_payment_racing_the_sweeper_wins_or_loses_but_never_both() {
             let mut closed = 0;
             // Small batches interleave the sweeper with the payments.
             loop {
-                let n = app.close_expired(5).expect("sweep");
+                let n = app.orders().close_expired(5).expect("sweep");
                 closed += n;
                 if n == 0 {
                     return closed;
@@ -112,7 +113,9 @@ fn a_payment_racing_the_sweeper_wins_or_loses_but_never_both() {
             start.wait();
             (0..ORDERS)
                 .rev()
-                .map(|i| app.deliver_payment(&payment(&format!("race{i}"), &format!("pay{i}"))).expect("deliver"))
+                .map(|i| {
+                    app.payments().deliver_payment(&payment(&format!("race{i}"), &format!("pay{i}"))).expect("deliver")
+                })
                 .map(|reply| reply.outcome_str())
                 .collect::<Vec<_>>()
         })
@@ -124,9 +127,9 @@ fn a_payment_racing_the_sweeper_wins_or_loses_but_never_both() {
     assert_eq!(applied + late, ORDERS, "every payment is applied or paid_after_close: {outcomes:?}");
     assert_eq!(late, closed, "every closed order's payment came late");
 
-    let events = app.events(0, 1_000).expect("events");
+    let events = app.orders().events(0, 1_000).expect("events");
     for i in 0..ORDERS {
-        let detail = app.order(&format!("race{i}")).expect("order");
+        let detail = app.orders().order(&format!("race{i}")).expect("order");
         let (paid, closed) = (
             events.iter().any(|e| e.event_id == format!("order.paid:race{i}")),
             events.iter().any(|e| e.event_id == format!("order.closed:race{i}")),
@@ -138,5 +141,5 @@ fn a_payment_racing_the_sweeper_wins_or_loses_but_never_both() {
             other => panic!("race{i} ended {other}"),
         }
     }
-    assert!(app.locks.is_empty());
+    assert!(app.locks().is_empty());
 }

@@ -165,6 +165,7 @@ fn two_payments_of_one_order_in_one_batch_are_applied_and_already_paid() {
     let app = App::open(&dir.path("payonce.db").display().to_string(), Clock::manual(1_700_000_000_000), config)
         .expect("open");
     let (_, created) = app
+        .orders()
         .create_order(&payonce::CreateOrder {
             order_no: "O-1".into(),
             user_id: "u1".into(),
@@ -174,21 +175,21 @@ fn two_payments_of_one_order_in_one_batch_are_applied_and_already_paid() {
         })
         .expect("create");
     assert!(created);
-    let before = totals(&app.store);
+    let before = totals(app.store());
     let app = &app;
     let pay = |pay_no: &'static str| -> Op<String> {
         Box::new(move |_: &Store| {
             Ok(Pay { pay_no, order_no: "O-1", amount: 100, status: "SUCCESS" }.deliver(app).outcome_str().to_owned())
         })
     };
-    let (gate, results) = one_batch(&app.store, vec![pay("P-A"), pay("P-B")]);
+    let (gate, results) = one_batch(app.store(), vec![pay("P-A"), pay("P-B")]);
     gate.expect("gate");
     let mut outcomes: Vec<String> = results.into_iter().map(|r| r.expect("delivered")).collect();
     outcomes.sort();
     assert_eq!(outcomes, ["already_paid", "applied"], "whichever ran first in the batch applied");
-    let after = totals(&app.store);
+    let after = totals(app.store());
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 3), "both payments and the gate in one COMMIT");
-    let detail = app.order("O-1").expect("order");
+    let detail = app.orders().order("O-1").expect("order");
     assert_eq!((detail.coupons.len(), detail.points.len()), (1, 1), "one coupon, one points entry");
 }
 
@@ -200,16 +201,17 @@ fn concurrent_payments_over_one_writer_share_commits() {
             .expect("open");
     const ORDERS: usize = 200;
     for i in 0..ORDERS {
-        app.create_order(&payonce::CreateOrder {
-            order_no: format!("S-{i}"),
-            user_id: "u1".into(),
-            amount: 100,
-            currency: "CNY".into(),
-            expires_in_s: None,
-        })
-        .expect("create");
+        app.orders()
+            .create_order(&payonce::CreateOrder {
+                order_no: format!("S-{i}"),
+                user_id: "u1".into(),
+                amount: 100,
+                currency: "CNY".into(),
+                expires_in_s: None,
+            })
+            .expect("create");
     }
-    let before = totals(&app.store);
+    let before = totals(app.store());
     thread::scope(|s| {
         for t in 0..16 {
             let app = &app;
@@ -224,7 +226,7 @@ fn concurrent_payments_over_one_writer_share_commits() {
             });
         }
     });
-    let after = totals(&app.store);
+    let after = totals(app.store());
     let (batches, ops) = (after.0 - before.0, after.1 - before.1);
     println!("group commit: {ops} operations in {batches} batches ({:.2} per COMMIT)", ops as f64 / batches as f64);
     assert_eq!(ops, ORDERS as u64, "one write per payment");

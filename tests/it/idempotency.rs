@@ -149,7 +149,7 @@ fn create_body(user_id: &str, amount: i64) -> String {
 
 fn key_rows(app: &App, key: &str) -> i64 {
     count(
-        &app.store.raw_connection().expect("raw connection"),
+        &app.store().raw_connection().expect("raw connection"),
         "SELECT count(*) FROM idempotency_key WHERE key = ?1",
         [&key],
     )
@@ -157,7 +157,7 @@ fn key_rows(app: &App, key: &str) -> i64 {
 
 /// (scope, status, body) of every stored response of `key`.
 fn stored(app: &App, key: &str) -> Vec<(String, u16, String)> {
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let mut stmt = conn
         .prepare("SELECT scope, status_code, response_body FROM idempotency_key WHERE key = ?1 ORDER BY scope")
         .expect("prepare");
@@ -172,19 +172,19 @@ fn stored(app: &App, key: &str) -> Vec<(String, u16, String)> {
 
 fn orders_of(app: &App, user_id: &str) -> i64 {
     count(
-        &app.store.raw_connection().expect("raw connection"),
+        &app.store().raw_connection().expect("raw connection"),
         "SELECT count(*) FROM orders WHERE user_id = ?1",
         [&user_id],
     )
 }
 
 fn status_of(app: &App, order_no: &str) -> String {
-    app.order(order_no).expect("order").order.status.as_str().to_owned()
+    app.orders().order(order_no).expect("order").order.status.as_str().to_owned()
 }
 
 /// Every table's row count and every order's state: what any request could have changed.
 fn snapshot(app: &App) -> (Footprint, Vec<String>) {
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     (footprint(&conn), order_states(&conn))
 }
 
@@ -196,12 +196,12 @@ fn create_plain(app: &App, order_no: &str, user_id: &str, amount: i64) {
         currency: "CNY".into(),
         expires_in_s: None,
     };
-    let (_, created) = app.create_order(&req).expect("create order");
+    let (_, created) = app.orders().create_order(&req).expect("create order");
     assert!(created, "{order_no} is new");
 }
 
 fn signed(app: &App, body: &[u8]) -> String {
-    payonce::signature::sign(SECRET.as_bytes(), app.clock.now_ms().div_euclid(1000), body)
+    payonce::signature::sign(SECRET.as_bytes(), app.clock().now_ms().div_euclid(1000), body)
 }
 
 // ---- concurrency ----
@@ -298,7 +298,7 @@ fn concurrent_identical_keyed_creations_run_once_in_process() {
             assert_eq!(&order_no, explicit, "{context}");
         }
         assert_eq!(
-            count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
+            count(&app.store().raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
             1,
             "{context}: one order"
         );
@@ -351,7 +351,7 @@ fn a_duplicate_waits_for_the_running_request_then_replays_or_409_past_the_bound(
     let cases: [(&str, Option<Duration>); 2] = [("wait-short", Some(Duration::from_millis(800))), ("wait-long", None)];
     for (key, hold) in cases {
         let body = create_body(&format!("u-{key}"), 700);
-        let mut blocker = app.store.raw_connection().expect("raw connection");
+        let mut blocker = app.store().raw_connection().expect("raw connection");
         let tx = blocker
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .expect("blocker BEGIN IMMEDIATE");
@@ -360,7 +360,7 @@ fn a_duplicate_waits_for_the_running_request_then_replays_or_409_past_the_bound(
             // Wait until the first holds its Idempotency-Key (it is the only request, so it gets
             // the key at once) and give it time to block on the database.
             let deadline = Instant::now() + Duration::from_secs(10);
-            while app.locks.is_empty() {
+            while app.locks().is_empty() {
                 assert!(Instant::now() < deadline, "{key}: the first request never reached the database");
                 thread::sleep(Duration::from_millis(5));
             }
@@ -484,7 +484,7 @@ fn business_refusals_are_stored_and_replayed_without_running_again() {
     create_plain(&app, "ORD-PEND", "u-pend", 300);
     let refused = |order_no: &str| {
         count(
-            &app.store.raw_connection().expect("raw connection"),
+            &app.store().raw_connection().expect("raw connection"),
             "SELECT count(*) FROM audit_log WHERE action = 'transition_refused' AND order_no = ?1",
             [&order_no],
         )
@@ -711,7 +711,7 @@ fn the_same_key_with_another_body_is_422_and_changes_nothing() {
         assert_eq!(stored(&app, "k-422"), stored_before, "{context}: the stored answer is untouched");
     }
     assert_eq!(
-        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
+        count(&app.store().raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
         1,
         "no order from the 422s"
     );
@@ -832,7 +832,7 @@ fn invalid_keys_are_400_and_store_nothing() {
         expect_error(&close, 400, "invalid_idempotency_key", &format!("{name} on close"));
     }
     assert_eq!(
-        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []),
+        count(&app.store().raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []),
         0
     );
 
@@ -876,7 +876,7 @@ fn results_expire_after_the_ttl_judged_on_read() {
     let body = create_body("u-exp", 100);
     let first = post(&app, "/v1/orders", "exp-1", &body);
     expect_fresh(&first, 201, "first use");
-    app.clock.advance_ms(TTL_S * 1000 - 1);
+    app.clock().advance_ms(TTL_S * 1000 - 1);
     expect_replay(&post(&app, "/v1/orders", "exp-1", &body), &first, "1 ms before the ttl");
     // Another body inside the ttl: 422.
     expect_error(
@@ -886,7 +886,7 @@ fn results_expire_after_the_ttl_judged_on_read() {
         "inside the ttl",
     );
 
-    app.clock.advance_ms(2);
+    app.clock().advance_ms(2);
     let again = post(&app, "/v1/orders", "exp-1", &body);
     expect_fresh(&again, 201, "1 ms after the ttl: a new request");
     assert_ne!(again.order_no(), first.order_no(), "a new server-generated order");
@@ -897,14 +897,14 @@ fn results_expire_after_the_ttl_judged_on_read() {
     expect_replay(&post(&app, "/v1/orders", "exp-1", &body), &again, "the new answer replays");
 
     // After expiry another body is a new request too (not 422).
-    app.clock.advance_ms(TTL_S * 1000 + 1);
+    app.clock().advance_ms(TTL_S * 1000 + 1);
     let other = post(&app, "/v1/orders", "exp-1", &create_body("u-exp", 102));
     expect_fresh(&other, 201, "another body after the ttl");
     // A stored refusal expires the same way.
     let refusal = post(&app, "/v1/orders/ORD-LATE/close", "exp-2", "{}");
     expect_error(&refusal, 404, "order_not_found", "refusal");
     create_plain(&app, "ORD-LATE", "u-late", 100);
-    app.clock.advance_ms(TTL_S * 1000 + 1);
+    app.clock().advance_ms(TTL_S * 1000 + 1);
     let closed = post(&app, "/v1/orders/ORD-LATE/close", "exp-2", "{}");
     expect_fresh(&closed, 200, "the expired refusal's key runs again");
     assert_eq!(closed.json()["status"], "CLOSED");
@@ -918,23 +918,23 @@ fn purge_removes_expired_results_only_in_bounded_batches() {
     for i in 0..5 {
         create(&format!("old-{i}"), &format!("u-old-{i}"));
     }
-    app.clock.advance_ms(30_000);
+    app.clock().advance_ms(30_000);
     let live_body = create_body("u-live-0", 100);
     let live = post(&app, "/v1/orders", "live-0", &live_body);
     expect_fresh(&live, 201, "live-0");
     create("live-1", "u-live-1");
-    assert_eq!(app.purge_expired_responses(100).expect("purge"), 0, "nothing expired yet");
-    app.clock.advance_ms(31_000); // old-* expired (t0+60 s), live-* not (t0+90 s)
+    assert_eq!(app.operations().purge_expired_responses(100).expect("purge"), 0, "nothing expired yet");
+    app.clock().advance_ms(31_000); // old-* expired (t0+60 s), live-* not (t0+90 s)
     let rows =
-        || count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []);
+        || count(&app.store().raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []);
     assert_eq!(rows(), 7, "expired rows stay until purged (expiry is judged on read)");
-    assert_eq!(app.purge_expired_responses(2).expect("purge"), 2, "a bounded batch");
-    assert_eq!(app.purge_expired_responses(100).expect("purge"), 3);
-    assert_eq!(app.purge_expired_responses(100).expect("purge"), 0);
+    assert_eq!(app.operations().purge_expired_responses(2).expect("purge"), 2, "a bounded batch");
+    assert_eq!(app.operations().purge_expired_responses(100).expect("purge"), 3);
+    assert_eq!(app.operations().purge_expired_responses(100).expect("purge"), 0);
     assert_eq!(rows(), 2);
     assert_eq!(
         count(
-            &app.store.raw_connection().expect("raw connection"),
+            &app.store().raw_connection().expect("raw connection"),
             "SELECT count(*) FROM idempotency_key WHERE key LIKE 'live-%'",
             []
         ),
@@ -942,7 +942,7 @@ fn purge_removes_expired_results_only_in_bounded_batches() {
         "the live rows stay"
     );
     assert_eq!(
-        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
+        count(&app.store().raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
         7,
         "purging keys touches no order"
     );
@@ -961,7 +961,7 @@ fn a_keyed_load_above_the_batch_size_is_pruned_in_one_sweep() {
     const KEYS: usize = 3 * payonce::background::SWEEP_BATCH_MAX;
     let app = new_app();
     let rows =
-        || count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []);
+        || count(&app.store().raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []);
     for i in 0..KEYS {
         expect_fresh(
             &post(&app, "/v1/orders", &format!("load-{i}"), &create_body(&format!("u-{i}"), 100)),
@@ -970,16 +970,16 @@ fn a_keyed_load_above_the_batch_size_is_pruned_in_one_sweep() {
         );
     }
     let live_body = create_body("u-live", 100);
-    app.clock.advance_ms(TTL_S * 1000 / 2);
+    app.clock().advance_ms(TTL_S * 1000 / 2);
     let live = post(&app, "/v1/orders", "live", &live_body);
     expect_fresh(&live, 201, "live");
-    app.clock.advance_ms(TTL_S * 1000 / 2 + 1); // the load's results are due, the live one not
+    app.clock().advance_ms(TTL_S * 1000 / 2 + 1); // the load's results are due, the live one not
     assert_eq!(rows(), KEYS as i64 + 1);
     payonce::background::sweep_once(&app, &AtomicBool::new(false));
     assert_eq!(rows(), 1, "one sweep removes every due result, {KEYS} of them, and keeps the live one");
     expect_replay(&post(&app, "/v1/orders", "live", &live_body), &live, "the live key still replays");
     assert_eq!(
-        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
+        count(&app.store().raw_connection().expect("raw connection"), "SELECT count(*) FROM orders", []),
         KEYS as i64 + 1,
         "pruning keys touches no order"
     );
@@ -1007,13 +1007,13 @@ fn callbacks_and_reads_ignore_the_key() {
     let third = callback("", "/v1/callbacks/generic", &pay_body);
     expect_fresh(&third, 200, "invalid key on a callback");
     assert_eq!(third.json()["outcome"], "duplicate");
-    app.request_refund("ORD-CB", "RF-CB").expect("request refund");
+    app.refunds().request_refund("ORD-CB", "RF-CB").expect("request refund");
     let refund_body = json!({"refund_no": "RF-CB", "order_no": "ORD-CB", "status": "SUCCESS"}).to_string();
     let refunded = callback("cb-key", "/v1/callbacks/generic/refund", &refund_body);
     expect_fresh(&refunded, 200, "keyed refund callback");
     assert_eq!(refunded.json()["outcome"], "applied");
     assert_eq!(
-        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []),
+        count(&app.store().raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []),
         0,
         "callbacks store nothing"
     );
@@ -1030,7 +1030,7 @@ fn callbacks_and_reads_ignore_the_key() {
     let before = call(&app, "GET", "/v1/orders/ORD-CB", &[("Idempotency-Key", "get-2")], b"");
     assert_eq!(before.json()["status"], "REFUNDED");
     assert_eq!(
-        count(&app.store.raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []),
+        count(&app.store().raw_connection().expect("raw connection"), "SELECT count(*) FROM idempotency_key", []),
         0,
         "GETs store nothing"
     );

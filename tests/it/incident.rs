@@ -605,6 +605,7 @@ fn run_payonce(form: Form, db: &str) -> PayonceRun {
     for round in 0..PAYONCE_ROUNDS {
         let order_no = format!("{ORDER_NO}-{round}");
         first
+            .orders()
             .create_order(&CreateOrder {
                 order_no: order_no.clone(),
                 user_id: USER_ID.to_owned(),
@@ -631,7 +632,7 @@ fn run_payonce(form: Form, db: &str) -> PayonceRun {
                 };
                 thread::spawn(move || {
                     barrier.wait();
-                    app.deliver_payment(&callback).expect("payonce delivery")
+                    app.payments().deliver_payment(&callback).expect("payonce delivery")
                 })
             })
             .collect();
@@ -649,11 +650,11 @@ fn run_payonce(form: Form, db: &str) -> PayonceRun {
         replies.sort();
         run.replies.push([replies[0].clone(), replies[1].clone()]);
 
-        let detail = first.order(&order_no).expect("read order back");
+        let detail = first.orders().order(&order_no).expect("read order back");
         assert_eq!(detail.order.status.as_str(), "PAID", "{} round {round}", form.name());
         run.coupons.push(detail.coupons.len());
         run.points_entries.push(detail.points.iter().filter(|p| p.point_type == "ORDER_PAID").count());
-        let events = first.events(0, 1_000).expect("read events");
+        let events = first.orders().events(0, 1_000).expect("read events");
         let of_type = |t: &str| events.iter().filter(|e| e.order_no == order_no && e.event_type == t).count();
         run.paid_events.push(of_type("order.paid"));
         run.refund_required_events.push(of_type("payment.refund_required"));

@@ -53,14 +53,15 @@ fn database_of(db: &Path, mib: u64) -> i64 {
     };
     let app = App::open(&db.display().to_string(), Clock::System, config).expect("open");
     for i in 0..5 {
-        app.create_order(&payonce::CreateOrder {
-            order_no: format!("BK-{i}"),
-            user_id: "u-bk".into(),
-            amount: 100,
-            currency: "CNY".into(),
-            expires_in_s: None,
-        })
-        .expect("order");
+        app.orders()
+            .create_order(&payonce::CreateOrder {
+                order_no: format!("BK-{i}"),
+                user_id: "u-bk".into(),
+                amount: 100,
+                currency: "CNY".into(),
+                expires_in_s: None,
+            })
+            .expect("order");
         let cb = PaymentCallback {
             channel: "generic".into(),
             pay_no: format!("BKP-{i}"),
@@ -71,11 +72,11 @@ fn database_of(db: &Path, mib: u64) -> i64 {
             paid_at: None,
             raw_body: b"{}".to_vec(),
         };
-        assert_eq!(app.deliver_payment(&cb).expect("pay").outcome_str(), "applied");
+        assert_eq!(app.payments().deliver_payment(&cb).expect("pay").outcome_str(), "applied");
     }
     // ~1.07 KiB a row with its index entries.
     let rows = (mib * 1024 * 1024 / 1070) as i64;
-    let conn = app.store.raw_connection().expect("conn");
+    let conn = app.store().raw_connection().expect("conn");
     conn.execute_batch(&format!(
         "BEGIN;
          WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows})
@@ -532,17 +533,18 @@ fn deleted_shm_under_two_serves_loses_no_acknowledged_payment() {
 #[test]
 fn an_in_memory_database_has_no_files_to_watch() {
     let app = App::open(":memory:", Clock::manual(1_700_000_000_000), Config::default()).expect("open");
-    assert!(app.store.database_path().is_none());
-    assert!(app.store.check_storage().is_ok());
-    app.health().expect("healthy");
-    app.create_order(&payonce::CreateOrder {
-        order_no: "M-1".into(),
-        user_id: "u".into(),
-        amount: 1,
-        currency: "CNY".into(),
-        expires_in_s: None,
-    })
-    .expect("a write");
+    assert!(app.store().database_path().is_none());
+    assert!(app.store().check_storage().is_ok());
+    app.operations().health().expect("healthy");
+    app.orders()
+        .create_order(&payonce::CreateOrder {
+            order_no: "M-1".into(),
+            user_id: "u".into(),
+            amount: 1,
+            currency: "CNY".into(),
+            expires_in_s: None,
+        })
+        .expect("a write");
     let gauges = payonce::metrics::ScrapeGauges {
         record_only: false,
         received_waiting: 0,
@@ -551,7 +553,7 @@ fn an_in_memory_database_has_no_files_to_watch() {
         webhook_pending: 0,
         webhook_oldest_pending_s: 0.0,
     };
-    assert!(app.metrics.render(&gauges).lines().any(|l| l == "payonce_storage_ok 1"));
+    assert!(app.metrics().render(&gauges).lines().any(|l| l == "payonce_storage_ok 1"));
 }
 
 // ---------------------------------------------------------------- health and start
@@ -727,14 +729,15 @@ fn the_refusal_names_each_channels_platform_time_field() {
     let app = App::open(":memory:", Clock::manual(t0), config).expect("open");
     for (channel, field) in [("generic", "paid_at"), ("wechatpay", "success_time"), ("alipay", "gmt_payment")] {
         let order_no = format!("FLD-{channel}");
-        app.create_order(&payonce::CreateOrder {
-            order_no: order_no.clone(),
-            user_id: "u".into(),
-            amount: 100,
-            currency: "CNY".into(),
-            expires_in_s: None,
-        })
-        .expect("order");
+        app.orders()
+            .create_order(&payonce::CreateOrder {
+                order_no: order_no.clone(),
+                user_id: "u".into(),
+                amount: 100,
+                currency: "CNY".into(),
+                expires_in_s: None,
+            })
+            .expect("order");
         let cb = |paid_ms: i64| PaymentCallback {
             channel: channel.into(),
             pay_no: format!("FLDP-{channel}"),
@@ -746,20 +749,25 @@ fn the_refusal_names_each_channels_platform_time_field() {
             raw_body: b"{}".to_vec(),
         };
         for paid_ms in [t0 - PLATFORM_TIME_BEFORE_MS_MAX - 1, t0 + PLATFORM_TIME_AFTER_MS_MAX + 1] {
-            let err = app.deliver_payment(&cb(paid_ms)).expect_err("outside the window");
+            let err = app.payments().deliver_payment(&cb(paid_ms)).expect_err("outside the window");
             assert_eq!((payonce::api::status_of(err.kind), payonce::api::code_of(err.kind)), (400, "invalid_request"));
             assert!(err.message.starts_with(field), "{channel}: {}", err.message);
         }
-        assert!(app.order(&order_no).expect("order").payments.is_empty(), "{channel}: nothing recorded");
+        assert!(app.orders().order(&order_no).expect("order").payments.is_empty(), "{channel}: nothing recorded");
         // The window's edges are inside it.
         let edge = if channel == "alipay" { t0 + PLATFORM_TIME_AFTER_MS_MAX } else { t0 - PLATFORM_TIME_BEFORE_MS_MAX };
-        assert_eq!(app.deliver_payment(&cb(edge)).expect("at the edge").outcome_str(), "applied", "{channel}");
+        assert_eq!(
+            app.payments().deliver_payment(&cb(edge)).expect("at the edge").outcome_str(),
+            "applied",
+            "{channel}"
+        );
     }
 }
 
 fn reconcile_day(app: &App, day: &str) -> Vec<String> {
     let header = b"pay_no,order_no,amount,status,paid_at\n";
-    let result = app.reconcile(Format::Generic, header, Some(day), false, &mut |_, _| {}).expect("reconcile");
+    let result =
+        app.operations().reconcile(Format::Generic, header, Some(day), false, &mut |_, _| {}).expect("reconcile");
     result.missing_remote.iter().filter_map(|r| r.to_json()["pay_no"].as_str().map(str::to_owned)).collect()
 }
 
@@ -774,20 +782,21 @@ fn reconciliation_dates_by_decided_at_when_the_platform_time_is_out_of_window() 
     };
     let app = App::open(":memory:", Clock::manual(ms("2026-03-10T12:00:00Z")), config).expect("open");
     let order = |order_no: &str| {
-        app.create_order(&payonce::CreateOrder {
-            order_no: order_no.into(),
-            user_id: "u".into(),
-            amount: 100,
-            currency: "CNY".into(),
-            expires_in_s: Some(86_400),
-        })
-        .expect("order");
+        app.orders()
+            .create_order(&payonce::CreateOrder {
+                order_no: order_no.into(),
+                user_id: "u".into(),
+                amount: 100,
+                currency: "CNY".into(),
+                expires_in_s: Some(86_400),
+            })
+            .expect("order");
     };
     // A repair is the platform's own statement and is not windowed: the
     // forger's year-2000 date is recorded as the platform time...
     order("RD-1");
     let statement = b"pay_no,order_no,amount,status,paid_at\nRDP-1,RD-1,100,SUCCESS,2000-01-01T00:00:00Z\n";
-    let repaired = app.reconcile(Format::Generic, statement, None, true, &mut |_, _| {}).expect("repair");
+    let repaired = app.operations().reconcile(Format::Generic, statement, None, true, &mut |_, _| {}).expect("repair");
     assert_eq!(
         repaired.repaired.as_ref().map(|r| r[0].to_json()["outcome"].clone()),
         Some(json!("applied")),
@@ -800,7 +809,7 @@ fn reconciliation_dates_by_decided_at_when_the_platform_time_is_out_of_window() 
 
     // Just after midnight, paid just before: the platform time (in the window) places it, in one period only.
     order("RD-2");
-    app.clock.set_ms(ms("2026-03-11T00:00:10Z"));
+    app.clock().set_ms(ms("2026-03-11T00:00:10Z"));
     let cb = PaymentCallback {
         channel: "generic".into(),
         pay_no: "RDP-2".into(),
@@ -811,25 +820,25 @@ fn reconciliation_dates_by_decided_at_when_the_platform_time_is_out_of_window() 
         paid_at: Some("2026-03-10T23:59:50.000Z".into()),
         raw_body: b"{}".to_vec(),
     };
-    assert_eq!(app.deliver_payment(&cb).expect("pay").outcome_str(), "applied");
+    assert_eq!(app.payments().deliver_payment(&cb).expect("pay").outcome_str(), "applied");
     assert_eq!(reconcile_day(&app, "2026-03-10"), ["RDP-1", "RDP-2"]);
     assert!(reconcile_day(&app, "2026-03-11").is_empty());
 
     // Recorded in record-only mode 71 h after it was paid, decided 2 h later:
     // the platform time is now 73 h before decided_at, so decided_at places it.
     order("RD-3");
-    app.clock.set_ms(ms("2026-03-14T23:00:00Z"));
-    app.set_mode(payonce::ops::Mode::RecordOnly, "test", None).expect("record-only");
+    app.clock().set_ms(ms("2026-03-14T23:00:00Z"));
+    app.operations().set_mode(payonce::ops::Mode::RecordOnly, "test", None).expect("record-only");
     let cb = PaymentCallback {
         pay_no: "RDP-3".into(),
         order_no: "RD-3".into(),
         paid_at: Some("2026-03-12T00:00:00.000Z".into()),
         ..cb
     };
-    assert_eq!(app.deliver_payment(&cb).expect("pay").outcome_str(), "recorded");
-    app.clock.set_ms(ms("2026-03-15T01:00:00Z"));
-    app.set_mode(payonce::ops::Mode::Normal, "test", None).expect("normal");
-    assert_eq!(app.drain().expect("drain"), 1);
+    assert_eq!(app.payments().deliver_payment(&cb).expect("pay").outcome_str(), "recorded");
+    app.clock().set_ms(ms("2026-03-15T01:00:00Z"));
+    app.operations().set_mode(payonce::ops::Mode::Normal, "test", None).expect("normal");
+    assert_eq!(app.operations().drain().expect("drain"), 1);
     assert!(reconcile_day(&app, "2026-03-12").is_empty());
     assert_eq!(reconcile_day(&app, "2026-03-15"), ["RDP-3"]);
 }

@@ -78,7 +78,7 @@ fn call(app: &App, method: &str, target: &str, body: Option<&Value>) -> (u16, Va
 /// A generic-channel callback signed at the app's (manual) clock.
 fn deliver(app: &App, path: &str, body: &Value) -> (u16, Value) {
     let bytes = body.to_string().into_bytes();
-    let signature = payonce::signature::sign(SECRET.as_bytes(), app.clock.now_ms().div_euclid(1000), &bytes);
+    let signature = payonce::signature::sign(SECRET.as_bytes(), app.clock().now_ms().div_euclid(1000), &bytes);
     let headers = vec![("Content-Type".into(), "application/json".into()), ("Payonce-Signature".into(), signature)];
     handle(app, "POST", path, headers, bytes)
 }
@@ -436,7 +436,7 @@ fn drain_decides_now_whatever_the_mode() {
         "drain keeps the mode"
     );
     for order_no in ["DR-1", "DR-2"] {
-        assert_eq!(app.order(order_no).expect("order").order.status.as_str(), "PAID", "{order_no}");
+        assert_eq!(app.orders().order(order_no).expect("order").order.status.as_str(), "PAID", "{order_no}");
     }
     assert_eq!(call(&app, "POST", "/v1/admin/drain", None), (200, json!({"applied": 0})), "nothing left");
 
@@ -446,16 +446,16 @@ fn drain_decides_now_whatever_the_mode() {
         json!({"code": "SUCCESS", "outcome": "recorded"})
     );
     set_mode(&app, "normal");
-    assert_eq!(app.order("DR-3").expect("order").order.status.as_str(), "PENDING");
+    assert_eq!(app.orders().order("DR-3").expect("order").order.status.as_str(), "PENDING");
     assert_eq!(call(&app, "POST", "/v1/admin/drain", Some(&json!({}))), (200, json!({"applied": 1})));
-    let detail = app.order("DR-3").expect("order");
+    let detail = app.orders().order("DR-3").expect("order");
     assert_eq!(detail.order.status.as_str(), "PAID");
     assert_eq!((detail.coupons.len(), detail.points.len()), (1, 1));
     assert_eq!(
         pay(&app, Pay { pay_no: "DRP-3", order_no: "DR-3", amount: 300, status: "SUCCESS" }),
         json!({"code": "SUCCESS", "outcome": "duplicate", "original": "applied"})
     );
-    let ids: Vec<String> = app.events(0, 100).expect("events").into_iter().map(|e| e.event_id).collect();
+    let ids: Vec<String> = app.orders().events(0, 100).expect("events").into_iter().map(|e| e.event_id).collect();
     assert_eq!(ids, ["order.paid:DR-1", "order.paid:DR-2", "order.paid:DR-3"]);
 }
 
@@ -689,7 +689,7 @@ fn inspection_finds_each_kind_on_edited_copies() {
             "applied"
         );
         create(&app, "K-2", 500);
-        assert!(app.inspect().expect("inspect").is_empty(), "the base is clean");
+        assert!(app.operations().inspect().expect("inspect").is_empty(), "the base is clean");
     }
     let (code, report) = inspect_cli(&base);
     assert_eq!((code, report), (Some(0), json!({"ok": true, "findings": []})), "the base is clean for the CLI too");
@@ -788,7 +788,7 @@ fn inspection_findings_from_operations_and_their_resolutions() {
     let dir = TempDir::new("inspect-live");
     let db = dir.path("live.db");
     let app = app_on(&db.display().to_string());
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     create(&app, "L-1", 1000);
     assert_eq!(
         pay(&app, Pay { pay_no: "LP-1", order_no: "L-1", amount: 1000, status: "SUCCESS" })["outcome"],
@@ -812,7 +812,7 @@ fn inspection_findings_from_operations_and_their_resolutions() {
     let (status, first) = call(&app, "POST", "/v1/admin/payments/LP-1b/resolve", Some(&resolve));
     assert_eq!(status, 200, "{first}");
     assert_eq!(audit_rows("L-1"), before + 1, "the resolution is audited");
-    app.clock.advance_ms(5_000);
+    app.clock().advance_ms(5_000);
     let other = json!({"resolution": "accepted", "reason": "a second operator"});
     for body in [&resolve, &other] {
         let (status, repeat) = call(&app, "POST", "/v1/admin/payments/LP-1b/resolve", Some(body));
@@ -843,7 +843,7 @@ fn inspection_findings_from_operations_and_their_resolutions() {
     let before = audit_rows("L-1");
     let (status, first) = call(&app, "POST", "/v1/admin/refunds/LR-U/resolve", Some(&resolve));
     assert_eq!(status, 200, "{first}");
-    app.clock.advance_ms(5_000);
+    app.clock().advance_ms(5_000);
     let (status, repeat) = call(&app, "POST", "/v1/admin/refunds/LR-U/resolve", Some(&other));
     assert_eq!((status, repeat), (200, first), "a repeat answers the first result");
     assert_eq!(audit_rows("L-1"), before + 1, "audited once");
@@ -863,13 +863,13 @@ fn inspection_findings_from_operations_and_their_resolutions() {
         pay(&app, Pay { pay_no: "LP-3", order_no: "L-3", amount: 300, status: "SUCCESS" })["outcome"],
         "recorded"
     );
-    app.clock.advance_ms(3_600_000);
+    app.clock().advance_ms(3_600_000);
     assert_eq!(findings(&inspections(&app)), [], "waiting is expected while record-only");
-    app.clock.advance_ms(-3_600_000);
+    app.clock().advance_ms(-3_600_000);
     set_mode(&app, "normal");
-    app.clock.advance_ms(10 * 60_000);
+    app.clock().advance_ms(10 * 60_000);
     assert_eq!(findings(&inspections(&app)), [], "exactly 10 minutes is not older than 10 minutes");
-    app.clock.advance_ms(1);
+    app.clock().advance_ms(1);
     assert_eq!(findings(&inspections(&app)), [("received_not_applied".to_owned(), "L-3".to_owned())]);
     let (code, report) = inspect_cli(&db);
     assert_eq!((code, findings(&report)), (Some(1), vec![("received_not_applied".to_owned(), "L-3".to_owned())]));
@@ -884,7 +884,7 @@ fn inspection_findings_from_operations_and_their_resolutions() {
 #[test]
 fn compensation_twice_is_one_effect_answered_the_same_and_never_deletes() {
     let app = app_on(":memory:");
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let mut footprints = vec![footprint(&conn)];
     let reason_rows =
         |reason: &str| count(&conn, "SELECT count(*) FROM audit_log WHERE instr(detail, ?1) > 0", [reason]);
@@ -940,7 +940,7 @@ fn compensation_twice_is_one_effect_answered_the_same_and_never_deletes() {
             "{reason}: no second effect, no second audit row"
         );
     }
-    let c1 = app.order("C-1").expect("order");
+    let c1 = app.orders().order("C-1").expect("order");
     assert_eq!(c1.coupons.iter().map(|c| c.status.as_str()).collect::<Vec<_>>(), ["FROZEN"], "frozen, not deleted");
     let mut points: Vec<(String, i64)> = c1.points.iter().map(|p| (p.point_type.clone(), p.points)).collect();
     points.sort();
@@ -967,7 +967,7 @@ fn compensation_twice_is_one_effect_answered_the_same_and_never_deletes() {
     assert_eq!(reason_rows("reverse C-3"), 1);
     assert_eq!(call(&app, "POST", "/v1/orders/C-3/refund", Some(&json!({"refund_no": "CR-3"}))).0, 200);
     assert_eq!(refund_callback(&app, "CR-3", "C-3", "SUCCESS")["outcome"], "applied");
-    let c3 = app.order("C-3").expect("order");
+    let c3 = app.orders().order("C-3").expect("order");
     assert_eq!(c3.order.status.as_str(), "REFUNDED");
     assert_eq!(reversals("C-3"), 1, "whichever comes first reverses, the other is a no-op");
     assert_eq!(c3.coupons.iter().map(|c| c.status.as_str()).collect::<Vec<_>>(), ["FROZEN"]);
@@ -1589,7 +1589,7 @@ fn keyed_failure_then_retry(
     content_type: &str,
     body: &[u8],
 ) -> Vec<String> {
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let keys = |conn: &Connection| count(conn, "SELECT count(*) FROM idempotency_key", []);
     let before = (footprint(&conn), keys(&conn));
     let mut violations = Vec::new();
@@ -1636,7 +1636,7 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
         json_type,
         br#"{"mode":"record_only"}"#,
     ));
-    assert_eq!(app.mode().expect("mode"), payonce::ops::Mode::RecordOnly);
+    assert_eq!(app.operations().mode().expect("mode"), payonce::ops::Mode::RecordOnly);
 
     let freeze =
         json!({"order_no": "KA-1", "action": "freeze_coupon", "coupon_template_id": "NEW10", "reason": "keyed"});
@@ -1648,7 +1648,7 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
         json_type,
         freeze.to_string().as_bytes(),
     ));
-    assert_eq!(app.order("KA-1").expect("order").coupons[0].status, "FROZEN");
+    assert_eq!(app.orders().order("KA-1").expect("order").coupons[0].status, "FROZEN");
 
     let resolve = json!({"resolution": "accepted", "reason": "keyed"});
     violations.extend(keyed_failure_then_retry(
@@ -1666,7 +1666,7 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
         assert_eq!(pay(&app, Pay { pay_no, order_no, amount: 500, status: "SUCCESS" })["outcome"], "recorded");
     }
     violations.extend(keyed_failure_then_retry(&app, "POST", "/v1/admin/drain", "k-drain", json_type, b"{}"));
-    assert_eq!(app.received_waiting().expect("waiting"), 0);
+    assert_eq!(app.operations().received_waiting().expect("waiting"), 0);
 
     // A keyed reconciliation with repair: one payment the platform has and payonce never recorded.
     set_mode(&app, "normal");
@@ -1681,7 +1681,7 @@ fn keyed_admin_requests_replay_and_a_failed_one_leaves_nothing_behind() {
         "text/csv",
         statement.as_bytes(),
     ));
-    assert_eq!(app.order("KA-4").expect("order").order.status.as_str(), "PAID");
+    assert_eq!(app.orders().order("KA-4").expect("order").order.status.as_str(), "PAID");
 
     assert!(violations.is_empty(), "Idempotency-Key atomicity violated:\n{}", violations.join("\n"));
 }
@@ -1804,7 +1804,7 @@ for_each_engine! {
             let answer = pay(&app, Pay { pay_no, order_no, amount: 300, status: "SUCCESS" });
             assert_eq!(answer, json!({"code": "SUCCESS", "outcome": "recorded"}), "{pay_no}");
         }
-        app.store.fail_next_writes_serializing(2);
+        app.store().fail_next_writes_serializing(2);
         let keyed = || {
             let headers = vec![
                 ("Content-Type".to_owned(), "application/json".to_owned()),
@@ -1816,7 +1816,7 @@ for_each_engine! {
         assert_eq!(keyed(), (200, json!({"applied": 3})), "{}: the stored answer replays", db.label());
         assert_eq!(payment_outcome_count(&app, "applied"), 3, "{}: counted once each", db.label());
         for order_no in ["RR-1", "RR-2", "RR-3"] {
-            assert_eq!(app.order(order_no).expect("order").order.status.as_str(), "PAID", "{order_no}");
+            assert_eq!(app.orders().order(order_no).expect("order").order.status.as_str(), "PAID", "{order_no}");
         }
     }
 }
@@ -1854,7 +1854,7 @@ for_each_engine! {
             });
             let other = s.spawn(|| {
                 barrier.wait();
-                two.drain().expect("the other process's drain")
+                two.operations().drain().expect("the other process's drain")
             });
             (keyed.join().expect("keyed drain thread"), other.join().expect("other drain thread"))
         });
@@ -1862,7 +1862,7 @@ for_each_engine! {
         let by_keyed = keyed.1["applied"].as_u64().expect("applied") as usize;
         assert_eq!(by_keyed + other, RECORDS, "{}: each record decided once ({by_keyed} + {other})", db.label());
         for order_no in &order_nos {
-            let detail = one.order(order_no).expect("order");
+            let detail = one.orders().order(order_no).expect("order");
             assert_eq!(detail.order.status.as_str(), "PAID", "{order_no}");
             assert_eq!(detail.payments.len(), 1, "{order_no}");
             assert_eq!(detail.coupons.len(), 1, "{order_no}: one coupon");

@@ -17,20 +17,21 @@ fn app() -> App {
 }
 
 fn order(app: &App, order_no: &str) {
-    app.create_order(&CreateOrder {
-        order_no: order_no.into(),
-        user_id: format!("user-{order_no}"),
-        amount: 500,
-        currency: "CNY".into(),
-        expires_in_s: Some(600),
-    })
-    .expect("create order");
+    app.orders()
+        .create_order(&CreateOrder {
+            order_no: order_no.into(),
+            user_id: format!("user-{order_no}"),
+            amount: 500,
+            currency: "CNY".into(),
+            expires_in_s: Some(600),
+        })
+        .expect("create order");
 }
 
 /// Delivered in process with `PAY_NO/STATUS` as its raw bytes (an audit row keeps them).
 fn pay(app: &App, pay: Pay) -> String {
     let cb = PaymentCallback { raw_body: format!("{}/{}", pay.pay_no, pay.status).into_bytes(), ..pay.callback() };
-    let reply = app.deliver_payment(&cb).expect("deliver");
+    let reply = app.payments().deliver_payment(&cb).expect("deliver");
     reply.to_json().to_string()
 }
 
@@ -48,14 +49,14 @@ fn a_failed_pay_no_is_never_superseded_for_another_order() {
         pay(&app, Pay { pay_no: "P1", order_no: "B", amount: 500, status: "SUCCESS" }),
         json!({"code":"SUCCESS","outcome":"duplicate","original":"payment_failed"}).to_string()
     );
-    assert_eq!(app.order("B").expect("B").order.status.as_str(), "PENDING");
-    assert!(app.order("B").expect("B").coupons.is_empty());
+    assert_eq!(app.orders().order("B").expect("B").order.status.as_str(), "PENDING");
+    assert!(app.orders().order("B").expect("B").coupons.is_empty());
     // A is still payable by another payment, and the inspection is clean.
     assert_eq!(
         pay(&app, Pay { pay_no: "P2", order_no: "A", amount: 500, status: "SUCCESS" }),
         json!({"code":"SUCCESS","outcome":"applied"}).to_string()
     );
-    assert!(app.inspect().expect("inspect").is_empty());
+    assert!(app.operations().inspect().expect("inspect").is_empty());
     // And the SUCCESS for its own order still supersedes the FAILED once.
     order(&app, "C");
     pay(&app, Pay { pay_no: "P3", order_no: "C", amount: 500, status: "FAILED" });
@@ -68,7 +69,7 @@ fn a_failed_pay_no_is_never_superseded_for_another_order() {
         json!({"code":"SUCCESS","outcome":"duplicate","original":"applied"}).to_string()
     );
     // Nothing acknowledged is lost: the FAILED delivery's bytes are in the audit row.
-    let conn = app.store.raw_connection().expect("conn");
+    let conn = app.store().raw_connection().expect("conn");
     let kept: String = conn
         .query_row(
             "SELECT json_extract(detail, '$.superseded_raw_body_base64') FROM audit_log
@@ -85,7 +86,7 @@ fn a_failed_pay_no_is_never_superseded_for_another_order() {
 fn in_record_only_mode_a_success_supersedes_a_waiting_failed() {
     let app = app();
     order(&app, "R");
-    app.set_mode(Mode::RecordOnly, "test", None).expect("record-only");
+    app.operations().set_mode(Mode::RecordOnly, "test", None).expect("record-only");
     assert_eq!(
         pay(&app, Pay { pay_no: "PR", order_no: "R", amount: 500, status: "FAILED" }),
         json!({"code":"SUCCESS","outcome":"recorded"}).to_string()
@@ -99,8 +100,8 @@ fn in_record_only_mode_a_success_supersedes_a_waiting_failed() {
         pay(&app, Pay { pay_no: "PR", order_no: "R", amount: 500, status: "FAILED" }),
         json!({"code":"SUCCESS","outcome":"duplicate","original":"recorded"}).to_string()
     );
-    assert_eq!(app.drain().expect("drain"), 1);
-    let detail = app.order("R").expect("R");
+    assert_eq!(app.operations().drain().expect("drain"), 1);
+    let detail = app.orders().order("R").expect("R");
     assert_eq!(detail.order.status.as_str(), "PAID");
     assert_eq!((detail.payments.len(), detail.coupons.len(), detail.points.len()), (1, 1, 1));
 }
@@ -112,7 +113,7 @@ fn applied_at_is_a_listed_column_set_only_for_applied_payments() {
     order(&app, "Y");
     pay(&app, Pay { pay_no: "PX", order_no: "X", amount: 500, status: "SUCCESS" });
     pay(&app, Pay { pay_no: "PY", order_no: "Y", amount: 500, status: "FAILED" });
-    let conn = app.store.raw_connection().expect("conn");
+    let conn = app.store().raw_connection().expect("conn");
     let listed: bool = conn
         .query_row("SELECT count(*) FROM pragma_table_info('pay_callback_log') WHERE name = 'applied_at'", [], |r| {
             r.get::<_, i64>(0).map(|n| n == 1)

@@ -283,36 +283,36 @@ for_each_engine! {
         let clock = payonce::Clock::manual(crate::util::now_ms());
         let app = app_with_dead_wechatpay(db, clock.clone());
         let order = |order_no: &str, expires_in_s: Option<i64>| {
-            app.create_order(&payonce::CreateOrder {
+            app.orders().create_order(&payonce::CreateOrder {
                 order_no: order_no.into(), user_id: "u1".into(), amount: 100, currency: "CNY".into(), expires_in_s,
             }).expect("order");
         };
         order("ORD-PC-1", Some(1));
         clock.advance_ms(2_000);
-        assert_eq!(app.close_expired(10).expect("sweep"), 1, "{}: queued", db.label());
-        assert_eq!(app.close_expired(10).expect("sweep"), 0, "{}: queued once", db.label());
-        assert_eq!(app.run_platform_calls_once(8).expect("pool"), 1);
+        assert_eq!(app.orders().close_expired(10).expect("sweep"), 1, "{}: queued", db.label());
+        assert_eq!(app.orders().close_expired(10).expect("sweep"), 0, "{}: queued once", db.label());
+        assert_eq!(app.platform_calls().run_platform_calls_once(8).expect("pool"), 1);
         let store = db.store();
         let count = |sql: &str| db.count(&store, sql);
         assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'close' AND status = 'pending' AND attempts = 1"), 1);
         assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'query' AND status = 'failed'"), 1);
-        assert_eq!(app.run_platform_calls_once(8).expect("pool"), 0, "{}: the retry waits", db.label());
-        assert_eq!(app.order("ORD-PC-1").expect("detail").order.status, payonce::OrderStatus::Pending);
+        assert_eq!(app.platform_calls().run_platform_calls_once(8).expect("pool"), 0, "{}: the retry waits", db.label());
+        assert_eq!(app.orders().order("ORD-PC-1").expect("detail").order.status, payonce::OrderStatus::Pending);
 
         order("ORD-PC-2", None);
-        let synced = app.sync_order("ORD-PC-2").expect("sync");
+        let synced = app.platform_calls().sync_order("ORD-PC-2").expect("sync");
         assert_eq!(synced.platforms[0].state, payonce::platforms::TradeState::Unknown);
         assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'query' AND status = 'failed'"), 2);
 
-        let paid = app.deliver_payment(&payonce::PaymentCallback {
+        let paid = app.payments().deliver_payment(&payonce::PaymentCallback {
             channel: "wechatpay".into(), pay_no: "WX-PC-2".into(), order_no: "ORD-PC-2".into(), amount: 100, currency: None,
             status: payonce::PlatformStatus::Success, paid_at: None, raw_body: b"{}".to_vec(),
         }).expect("payment");
         assert_eq!(paid.outcome_str(), "applied");
-        app.request_refund("ORD-PC-2", "RF-PC-2").expect("refund");
-        app.request_refund("ORD-PC-2", "RF-PC-2").expect("the same request again");
+        app.refunds().request_refund("ORD-PC-2", "RF-PC-2").expect("refund");
+        app.refunds().request_refund("ORD-PC-2", "RF-PC-2").expect("the same request again");
         assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'refund' AND refund_no = 'RF-PC-2'"), 1);
-        assert_eq!(app.run_platform_calls_once(8).expect("pool"), 1, "{}: the submission is tried", db.label());
+        assert_eq!(app.platform_calls().run_platform_calls_once(8).expect("pool"), 1, "{}: the submission is tried", db.label());
         assert_eq!(count("SELECT count(*) FROM platform_call WHERE kind = 'refund' AND status = 'pending' AND attempts = 1"), 1);
     }
 }

@@ -66,7 +66,7 @@ fn post_json(app: &App, path: &str, body: &Value) -> (u16, Value) {
 
 fn signed(app: &App, path: &str, body: &Value) -> (u16, Value) {
     let bytes = body.to_string().into_bytes();
-    let signature = payonce::signature::sign(SECRET.as_bytes(), app.clock.now_ms().div_euclid(1000), &bytes);
+    let signature = payonce::signature::sign(SECRET.as_bytes(), app.clock().now_ms().div_euclid(1000), &bytes);
     handle(app, "POST", path, &[("Content-Type", "application/json"), ("Payonce-Signature", &signature)], bytes)
 }
 
@@ -115,11 +115,11 @@ fn seed(db: &Path) {
             json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": "SUCCESS", "paid_at": paid_at});
         // Delivered a minute after it was paid: within the platform-time window,
         // so the platform's time is the one reconciliation dates it by.
-        app.clock.set_ms(ms(paid_at) + 60_000);
+        app.clock().set_ms(ms(paid_at) + 60_000);
         let (status, answer) = signed(&app, "/v1/callbacks/generic", &body);
         assert_eq!((status, answer["outcome"].as_str()), (200, Some(outcome)), "{pay_no}: {answer}");
     }
-    app.clock.set_ms(ms(SEED_CLOCK));
+    app.clock().set_ms(ms(SEED_CLOCK));
     let (status, body) = post_json(&app, "/v1/orders/RC-R1/refund", &json!({"refund_no": "RF-R1"}));
     assert_eq!(status, 200, "{body}");
     let (status, body) = signed(
@@ -449,6 +449,7 @@ fn date_overrides(format: Format) -> Vec<(&'static str, Vec<Diff>)> {
 
 fn reconcile_in_process(app: &App, format: Format, bytes: &[u8], date: Option<&str>, repair: bool) -> Value {
     let result = app
+        .operations()
         .reconcile(format, bytes, date, repair, &mut |_, _| {})
         .unwrap_or_else(|e| panic!("reconcile {format:?}: {e:?}"));
     result.to_json()

@@ -105,7 +105,7 @@ fn open_app(db: &Path, now: &str) -> App {
 }
 
 fn set_clock(app: &App, now: &str) {
-    assert!(app.clock.set_ms(ms(now)), "a manual clock");
+    assert!(app.clock().set_ms(ms(now)), "a manual clock");
 }
 
 fn call(app: &App, method: &str, target: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
@@ -155,7 +155,7 @@ fn wx_notify(app: &App, path: &str, event_type: &str, resource: &Value) {
                      "associated_data": aad, "nonce": nonce}
     })
     .to_string();
-    let timestamp = app.clock.now_ms().div_euclid(1000).to_string();
+    let timestamp = app.clock().now_ms().div_euclid(1000).to_string();
     let sign_nonce = "BILLS5K8264ILTKCH16CQ2502SI8Z";
     let message = format!("{timestamp}\n{sign_nonce}\n{body}\n");
     let signature = b64(&signing_key(WX_PRIVATE).sign(message.as_bytes()).to_bytes());
@@ -248,7 +248,8 @@ fn ali_params<'a>(trade_no: &'a str, order_no: &'a str, amount: &'a str, status:
 // ---- reconciling ----
 
 fn reconcile(app: &App, format: Format, bytes: &[u8], date: Option<&str>) -> Value {
-    app.reconcile(format, bytes, date, false, &mut |_, _| {})
+    app.operations()
+        .reconcile(format, bytes, date, false, &mut |_, _| {})
         .unwrap_or_else(|e| panic!("reconcile {format:?}: {e:?}"))
         .to_json()
 }
@@ -451,12 +452,16 @@ fn wechatpay_bill_kinds_decide_what_is_compared_and_coupons_are_reported() {
 
     // A SUCCESS bill that lists a refund contradicts itself.
     let success = String::from_utf8(bill(WX_SUCCESS)).expect("UTF-8").replacen("`SUCCESS,", "`REFUND,", 1);
-    let err = app.reconcile(Format::Wechatpay, success.as_bytes(), None, false, &mut |_, _| {}).expect_err("refused");
+    let err = app
+        .operations()
+        .reconcile(Format::Wechatpay, success.as_bytes(), None, false, &mut |_, _| {})
+        .expect_err("refused");
     assert!(err.message.contains("line 2"), "{err:?}");
 
     // Compressed downloads are named as such.
     for (bytes, word) in [(&b"\x1f\x8b\x08\x00rest"[..], "gzip"), (&b"PK\x03\x04rest"[..], "zip")] {
-        let err = app.reconcile(Format::Wechatpay, bytes, None, false, &mut |_, _| {}).expect_err("refused");
+        let err =
+            app.operations().reconcile(Format::Wechatpay, bytes, None, false, &mut |_, _| {}).expect_err("refused");
         assert!(err.message.contains(word), "{err:?}");
     }
 }
@@ -504,7 +509,7 @@ fn alipay_refunds_only_file_matches_and_still_compares_payments() {
     let body = json!({"pay_no": "FORGED-G", "order_no": "BILL-AL-G", "amount": 1_990, "status": "SUCCESS",
                       "paid_at": "2024-03-05T23:59:00+08:00"})
     .to_string();
-    let signature = payonce::signature::sign(SECRET.as_bytes(), app.clock.now_ms().div_euclid(1000), body.as_bytes());
+    let signature = payonce::signature::sign(SECRET.as_bytes(), app.clock().now_ms().div_euclid(1000), body.as_bytes());
     let headers = [("Content-Type", "application/json"), ("Payonce-Signature", signature.as_str())];
     let resp = call(&app, "POST", "/v1/callbacks/generic", &headers, body.as_bytes());
     assert_eq!(resp.status, 200, "{}", text(&resp));

@@ -105,7 +105,7 @@ fn order(app: &App, order_no: &str) {
         currency: "CNY".into(),
         expires_in_s: None,
     };
-    app.create_order(&order).expect("order");
+    app.orders().create_order(&order).expect("order");
 }
 
 #[test]
@@ -114,7 +114,7 @@ fn a_platform_registered_from_outside_takes_notices_and_calls() {
     let fake = || Fake { queries: Arc::clone(&queries) };
     let config = Config { platforms: Platforms::with([Platform::both(fake(), fake())]), ..Config::default() };
     let app = App::open(":memory:", Clock::manual(T0_MS), config).expect("open");
-    assert_eq!(app.config.platforms.channels(), [NAME]);
+    assert_eq!(app.config().platforms.channels(), [NAME]);
 
     // A notice: /v1/callbacks/{NAME} routes to its Notices, in its protocol.
     order(&app, "ORD-F1");
@@ -127,7 +127,7 @@ fn a_platform_registered_from_outside_takes_notices_and_calls() {
     };
     let answer = api::handle(&app, &request(b"PAID ORD-F1 FP-1 500"));
     assert_eq!((answer.status, answer.body.as_slice()), (200, &b"fake-ok"[..]));
-    let detail = app.order("ORD-F1").expect("order");
+    let detail = app.orders().order("ORD-F1").expect("order");
     assert_eq!(detail.order.status, OrderStatus::Paid);
     assert_eq!((detail.payments[0].pay_no.as_str(), detail.payments[0].channel.as_str()), ("FP-1", NAME));
     let refused = api::handle(&app, &request(b"something else"));
@@ -135,10 +135,10 @@ fn a_platform_registered_from_outside_takes_notices_and_calls() {
 
     // An outgoing call: sync asks it through its Calls and applies the answer.
     order(&app, "ORD-F2");
-    let synced = app.sync_order("ORD-F2").expect("sync");
+    let synced = app.platform_calls().sync_order("ORD-F2").expect("sync");
     assert_eq!(queries.load(Ordering::SeqCst), 1);
     assert_eq!(synced.platforms.len(), 1);
     assert_eq!(synced.platforms[0].channel, NAME);
     assert_eq!(synced.order.status, OrderStatus::Paid);
-    assert_eq!(app.order("ORD-F2").expect("order").payments[0].pay_no, "FQ-ORD-F2");
+    assert_eq!(app.orders().order("ORD-F2").expect("order").payments[0].pay_no, "FQ-ORD-F2");
 }

@@ -221,9 +221,9 @@ for_each_engine! {
             if let Some(key) = &mut step.key {
                 *key = format!("{key}-{n}");
             }
-            twice.store.rerun_next_writes(reruns);
+            twice.store().rerun_next_writes(reruns);
             let answered_twice = send(&twice, &step);
-            twice.store.rerun_next_writes(0);
+            twice.store().rerun_next_writes(0);
             let answered_once = send(&once, &step);
             let what = format!("{}: {} {}", db.label(), step.method, step.target);
             let reached_the_work = !matches!(answered_once.0, 400 | 401 | 415 | 422) && answered_once.0 < 500;

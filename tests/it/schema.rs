@@ -23,6 +23,7 @@ fn memory_app() -> App {
 
 fn create(app: &App, order_no: &str, amount: i64) {
     let (_, created) = app
+        .orders()
         .create_order(&CreateOrder {
             order_no: order_no.into(),
             user_id: "u1".into(),
@@ -41,7 +42,7 @@ fn seed(app: &App) {
         Pay { pay_no: "P-1", order_no: "O-1", amount: 9999, status: "SUCCESS" }.deliver(app).outcome_str(),
         "applied"
     );
-    app.request_refund("O-1", "R-1").expect("request refund");
+    app.refunds().request_refund("O-1", "R-1").expect("request refund");
     let refund = RefundCallback {
         channel: "generic".into(),
         refund_no: "R-1".into(),
@@ -49,19 +50,19 @@ fn seed(app: &App) {
         status: PlatformStatus::Success,
         settled_at: None,
     };
-    assert_eq!(app.deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
+    assert_eq!(app.refunds().deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
     create(app, "O-2", 5000);
     assert_eq!(
         Pay { pay_no: "P-2", order_no: "O-2", amount: 5000, status: "SUCCESS" }.deliver(app).outcome_str(),
         "applied"
     );
-    let refused = app.close_order("O-2").expect_err("closing a PAID order is refused");
+    let refused = app.orders().close_order("O-2").expect_err("closing a PAID order is refused");
     assert_eq!(
         (payonce::api::status_of(refused.kind), payonce::api::code_of(refused.kind)),
         (409, "invalid_transition")
     );
     create(app, "O-3", 100);
-    app.close_order("O-3").expect("close");
+    app.orders().close_order("O-3").expect("close");
     assert_eq!(
         Pay { pay_no: "P-3", order_no: "O-3", amount: 100, status: "SUCCESS" }.deliver(app).outcome_str(),
         "paid_after_close"
@@ -93,7 +94,7 @@ fn attempt(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 fn named_unique_indexes_exist_with_their_columns() {
     let app = memory_app();
     seed(&app);
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let expected: [(&str, &str, &[&str]); 8] = [
         ("uk_order_no", "orders", &["order_no"]),
         ("uk_pay_no", "pay_callback_log", &["pay_no"]),
@@ -154,7 +155,7 @@ fn named_unique_indexes_exist_with_their_columns() {
 #[test]
 fn contract_tables_have_their_columns() {
     let app = memory_app();
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let tables: [(&str, &[&str]); 11] = [
         (
             "orders",
@@ -234,7 +235,7 @@ fn contract_tables_have_their_columns() {
 fn ledger_tables_refuse_delete() {
     let app = memory_app();
     seed(&app);
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     for table in ["pay_callback_log", "refund", "user_coupon", "point_log", "outbox_event", "audit_log"] {
         let before = count(&conn, &format!("SELECT count(*) FROM {table}"), []);
         assert!(before > 0, "{table} has rows from the App's operations");
@@ -256,7 +257,7 @@ fn ledger_tables_refuse_delete() {
 fn checks_refuse_bad_states_and_amounts() {
     let app = memory_app();
     seed(&app);
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let o2 = order_id(&conn, "O-2");
     let o3 = order_id(&conn, "O-3");
     let long = format!("'{}'", "a".repeat(65));
@@ -452,7 +453,7 @@ fn order_in_state(conn: &Connection, order_no: &str, state: &str) -> i64 {
 #[test]
 fn order_state_machine_trigger_allows_exactly_the_five_edges() {
     let app = memory_app();
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     let states = ["PENDING", "PAID", "CLOSED", "REFUNDING", "REFUNDED"];
     let mut legal = vec![
         ("PENDING", "PAID"),
@@ -506,7 +507,7 @@ fn order_state_machine_trigger_allows_exactly_the_five_edges() {
 #[test]
 fn orders_are_born_pending() {
     let app = memory_app();
-    let conn = app.store.raw_connection().expect("raw connection");
+    let conn = app.store().raw_connection().expect("raw connection");
     for state in ["PAID", "CLOSED", "REFUNDING", "REFUNDED"] {
         let (columns, values): (Vec<&str>, Vec<&str>) =
             state_columns(state).split(", ").filter_map(|a| a.split_once(" = ")).unzip();
@@ -527,8 +528,8 @@ fn orders_are_born_pending() {
 fn memory_database_is_shared_by_every_pool_connection() {
     let app = memory_app();
     // Hold two pool connections open while the app writes on a third.
-    let first = app.store.raw_connection().expect("first");
-    let second = app.store.raw_connection().expect("second");
+    let first = app.store().raw_connection().expect("first");
+    let second = app.store().raw_connection().expect("second");
     seed(&app);
     for conn in [&first, &second] {
         assert_eq!(count(conn, "SELECT count(*) FROM orders", []), 3, "every connection sees the App's writes");
@@ -546,19 +547,19 @@ fn memory_database_is_shared_by_every_pool_connection() {
             .expect("read"),
         1
     );
-    assert_eq!(app.order("O-1").expect("order").order.status.as_str(), "REFUNDED");
+    assert_eq!(app.orders().order("O-1").expect("order").order.status.as_str(), "REFUNDED");
     // Pool connections come and go; the database stays.
     drop(first);
     drop(second);
-    let conns: Vec<_> = (0..8).map(|_| app.store.raw_connection().expect("conn")).collect();
+    let conns: Vec<_> = (0..8).map(|_| app.store().raw_connection().expect("conn")).collect();
     for conn in &conns {
         assert_eq!(count(conn, "SELECT count(*) FROM orders", []), 3);
     }
     drop(conns);
     // Each App on ":memory:" is a database of its own.
     let other = memory_app();
-    assert!(other.order("O-1").is_err(), "a second :memory: App starts empty");
-    assert_eq!(count(&other.store.raw_connection().expect("conn"), "SELECT count(*) FROM orders", []), 0);
+    assert!(other.orders().order("O-1").is_err(), "a second :memory: App starts empty");
+    assert_eq!(count(&other.store().raw_connection().expect("conn"), "SELECT count(*) FROM orders", []), 0);
 }
 
 #[test]
@@ -567,7 +568,7 @@ fn schema_applies_once_and_connections_are_configured() {
     let path = dir.path("twice.db").display().to_string();
     let first = App::open(&path, Clock::manual(T0), config()).expect("first open");
     seed(&first);
-    let conn = first.store.raw_connection().expect("conn");
+    let conn = first.store().raw_connection().expect("conn");
     conn.execute_batch("UPDATE settings SET value = 'record_only' WHERE name = 'mode'").expect("set mode");
     let objects = |c: &Connection| -> Vec<(String, String)> {
         let mut stmt = c.prepare("SELECT type, name FROM sqlite_master ORDER BY type, name").expect("master");
@@ -579,7 +580,7 @@ fn schema_applies_once_and_connections_are_configured() {
 
     // A second App on the same file while the first is open, then a third after both close.
     let second = App::open(&path, Clock::manual(T0), config()).expect("second open on the same file");
-    let conn2 = second.store.raw_connection().expect("conn");
+    let conn2 = second.store().raw_connection().expect("conn");
     assert_eq!(objects(&conn2), before, "no object added or dropped");
     assert_eq!(conn2.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"), version);
     assert_eq!(count(&conn2, "SELECT count(*) FROM orders", []), 3, "data kept");
@@ -592,10 +593,10 @@ fn schema_applies_once_and_connections_are_configured() {
         "record_only",
         "re-opening does not reset the mode"
     );
-    assert_eq!(second.order("O-2").expect("order").order.status.as_str(), "PAID");
+    assert_eq!(second.orders().order("O-2").expect("order").order.status.as_str(), "PAID");
     drop((conn, conn2, first, second));
     let third = App::open(&path, Clock::manual(T0), config()).expect("third open");
-    let conn3 = third.store.raw_connection().expect("conn");
+    let conn3 = third.store().raw_connection().expect("conn");
     assert_eq!(objects(&conn3), before);
     assert_eq!(count(&conn3, "SELECT count(*) FROM pay_callback_log", []), 3);
 
@@ -609,7 +610,7 @@ fn schema_applies_once_and_connections_are_configured() {
     let busy: i64 = conn3.query_row("PRAGMA busy_timeout", [], |r| r.get(0)).expect("busy_timeout");
     assert!(busy > 0, "busy_timeout set");
     let memory = memory_app();
-    let mconn = memory.store.raw_connection().expect("conn");
+    let mconn = memory.store().raw_connection().expect("conn");
     assert_eq!(mconn.query_row("PRAGMA foreign_keys", [], |r| r.get::<_, i64>(0)).expect("fk"), 1);
 }
 
@@ -738,7 +739,7 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
     }
 
     let app = App::open(&old.display().to_string(), Clock::manual(T0), config()).expect("the new payonce opens v1");
-    let conn = app.store.raw_connection().expect("conn");
+    let conn = app.store().raw_connection().expect("conn");
     assert_eq!(
         conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0)).expect("v"),
         payonce::store::SCHEMA_VERSION
@@ -783,7 +784,7 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
     // The schema is a fresh database's, text for text and column for column.
     let fresh_path = dir.path("fresh.db");
     let fresh = App::open(&fresh_path.display().to_string(), Clock::manual(T0), config()).expect("fresh");
-    let fresh_conn = fresh.store.raw_connection().expect("conn");
+    let fresh_conn = fresh.store().raw_connection().expect("conn");
     assert_same(&schema_objects(&conn), &schema_objects(&fresh_conn), "sqlite_master equals a fresh database's");
     assert_same(&schema_pragmas(&conn), &schema_pragmas(&fresh_conn), "columns and indexes equal a fresh database's");
     assert_eq!(
@@ -800,7 +801,7 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
         status: PlatformStatus::Success,
         settled_at: Some("2024-01-01T00:59:00.000Z".into()),
     };
-    assert_eq!(app.deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
+    assert_eq!(app.refunds().deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
     let stored: Option<String> = conn
         .query_row("SELECT platform_settled_at FROM refund WHERE refund_no = 'R-REQ'", [], |r| r.get(0))
         .expect("R-REQ");
@@ -827,7 +828,7 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
     // Opening it again changes nothing.
     let objects = schema_objects(&fresh_conn);
     let again = App::open(&old.display().to_string(), Clock::manual(T0), config()).expect("reopen");
-    let conn = again.store.raw_connection().expect("conn");
+    let conn = again.store().raw_connection().expect("conn");
     assert_eq!(schema_objects(&conn), objects);
     assert_value_lists_enforced(&conn);
     assert_eq!(conn.query_row("SELECT count(*) FROM refund", [], |r| r.get::<_, i64>(0)).expect("count"), 3);
@@ -838,7 +839,7 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
         .query_row("SELECT count(*) FROM pay_callback_log WHERE currency IS NOT NULL", [], |r| r.get(0))
         .expect("count");
     assert_eq!(stated, 0, "rows from before v9 keep currency NULL");
-    assert_eq!(again.drain().expect("drain"), 1, "P-REC, recorded by v1 in record-only mode");
+    assert_eq!(again.operations().drain().expect("drain"), 1, "P-REC, recorded by v1 in record-only mode");
     let decided: (String, String) = conn
         .query_row(
             "SELECT p.outcome, o.status FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
@@ -1171,12 +1172,12 @@ fn a_postgres_v3_database_migrates_in_place_to_the_fresh_schema() {
     assert_eq!(not_settings(&after), not_settings(&before), "every row survives the migration");
     let version: i64 = client.query_one("SELECT max(version) FROM payonce_schema_version", &[]).expect("v").get(0);
     assert_eq!(version, payonce::store::SCHEMA_VERSION);
-    migrated.store.check_health().expect("healthz on the migrated database");
+    migrated.store().check_health().expect("healthz on the migrated database");
     let stated: i64 =
         client.query_one("SELECT count(*) FROM pay_callback_log WHERE currency IS NOT NULL", &[]).expect("n").get(0);
     assert_eq!(stated, 0, "rows from before v9 keep currency NULL");
     // The payment v3 left waiting is decided as before: no currency named is the order's.
-    assert_eq!(migrated.drain().expect("drain"), 1);
+    assert_eq!(migrated.operations().drain().expect("drain"), 1);
     let outcome: String =
         client.query_one("SELECT outcome FROM pay_callback_log WHERE pay_no = 'V3P-2'", &[]).expect("V3P-2").get(0);
     assert_eq!(outcome, "applied");

@@ -350,7 +350,10 @@ struct DbView {
 fn view_of_app(app: &App, storm: &Storm) -> DbView {
     let mut view = DbView::default();
     for order in &storm.orders {
-        let detail = app.order(&order.order_no).unwrap_or_else(|e| panic!("app.order({}): {e}", order.order_no));
+        let detail = app
+            .orders()
+            .order(&order.order_no)
+            .unwrap_or_else(|e| panic!("app.orders().order({}): {e}", order.order_no));
         view.orders.insert(
             order.order_no.clone(),
             OrderView {
@@ -368,7 +371,7 @@ fn view_of_app(app: &App, storm: &Storm) -> DbView {
     }
     let mut after = 0;
     loop {
-        let page = app.events(after, 100).unwrap_or_else(|e| panic!("app.events({after}): {e}"));
+        let page = app.orders().events(after, 100).unwrap_or_else(|e| panic!("app.orders().events({after}): {e}"));
         let Some(last) = page.last() else { break };
         after = last.seq;
         view.events
@@ -591,7 +594,7 @@ fn in_process_storm(label: &str, db: &str, storm: &Storm) -> Vec<Answer> {
             expires_in_s: None,
         };
         let (_, created) =
-            app.create_order(&create).unwrap_or_else(|e| panic!("{ctx}: create {}: {e}", order.order_no));
+            app.orders().create_order(&create).unwrap_or_else(|e| panic!("{ctx}: create {}: {e}", order.order_no));
         assert!(created, "{ctx}: order {} existed before", order.order_no);
     });
 
@@ -608,6 +611,7 @@ fn in_process_storm(label: &str, db: &str, storm: &Storm) -> Vec<Answer> {
             raw_body: storm.body(d).to_string().into_bytes(),
         };
         let reply = app
+            .payments()
             .deliver_payment(&callback)
             .unwrap_or_else(|e| panic!("{ctx}: deliver {} of {}: {e}", callback.pay_no, callback.order_no));
         let original = match reply.outcome {
@@ -618,7 +622,7 @@ fn in_process_storm(label: &str, db: &str, storm: &Storm) -> Vec<Answer> {
     });
     report(label, storm, &ran);
 
-    let locks = app.locks.len();
+    let locks = app.locks().len();
     println!("{label} storm: keyed-lock map size after the storm = {locks}");
     assert_eq!(locks, 0, "{ctx}: the keyed-lock map keeps {locks} entries after every request finished");
 

@@ -249,7 +249,7 @@ impl Pay<'_> {
 
     /// Delivered in process.
     pub fn deliver(&self, app: &App) -> PaymentReply {
-        app.deliver_payment(&self.callback()).unwrap_or_else(|e| panic!("deliver {}: {e}", self.pay_no))
+        app.payments().deliver_payment(&self.callback()).unwrap_or_else(|e| panic!("deliver {}: {e}", self.pay_no))
     }
 }
 

@@ -293,14 +293,15 @@ fn a_retry_more_than_five_minutes_after_the_first_attempt_still_verifies() {
     };
     let app = Arc::new(App::open(":memory:", clock.clone(), config).expect("app"));
     let relay = Relay::new(Arc::clone(&app)).expect("relay");
-    app.create_order(&payonce::CreateOrder {
-        order_no: "LATER".into(),
-        user_id: "u1".into(),
-        amount: 100,
-        currency: "CNY".into(),
-        expires_in_s: None,
-    })
-    .expect("order");
+    app.orders()
+        .create_order(&payonce::CreateOrder {
+            order_no: "LATER".into(),
+            user_id: "u1".into(),
+            amount: 100,
+            currency: "CNY".into(),
+            expires_in_s: None,
+        })
+        .expect("order");
     Pay { pay_no: "PAY-LATER", order_no: "LATER", amount: 100, status: "SUCCESS" }.deliver(&app);
     let first = relay.run_once().expect("round 1");
     assert!(matches!(first[..], [AttemptResult::Retry { status: Some(500), .. }]), "{first:?}");

@@ -81,14 +81,15 @@ fn order(app: &App, order_no: &str) {
 }
 
 fn order_expiring(app: &App, order_no: &str, expires_in_s: Option<i64>) {
-    app.create_order(&CreateOrder {
-        order_no: order_no.into(),
-        user_id: "u1".into(),
-        amount: 1000,
-        currency: "CNY".into(),
-        expires_in_s,
-    })
-    .expect("order");
+    app.orders()
+        .create_order(&CreateOrder {
+            order_no: order_no.into(),
+            user_id: "u1".into(),
+            amount: 1000,
+            currency: "CNY".into(),
+            expires_in_s,
+        })
+        .expect("order");
 }
 
 /// A payonce on a manual clock at the real time, with `order_no` expired
@@ -104,7 +105,7 @@ fn expired(order_no: &str) -> (Setup, Clock) {
 }
 
 fn audit_actions(app: &App, order_no: &str) -> Vec<String> {
-    app.order(order_no).expect("detail").audit.into_iter().map(|a| a.action).collect()
+    app.orders().order(order_no).expect("detail").audit.into_iter().map(|a| a.action).collect()
 }
 
 fn apis_called(api: &PlatformApi) -> Vec<String> {
@@ -117,7 +118,7 @@ fn states(synced: &payonce::platform_ops::Synced) -> Vec<(&'static str, TradeSta
 
 /// The order's query calls in `status`, as `GET /v1/orders/{order_no}` shows them.
 fn calls(app: &App, order_no: &str, status: &str) -> usize {
-    let detail = app.order(order_no).expect("detail");
+    let detail = app.orders().order(order_no).expect("detail");
     detail.platform_calls.iter().filter(|c| c.kind.as_str() == "query" && c.status.as_str() == status).count()
 }
 
@@ -129,7 +130,7 @@ fn a_payment_whose_notification_never_came_is_applied_once_through_the_query() {
     s.alipay.open_trade("ORD_SYNC_1", 1000).expect("trade");
     let pay_no = s.wechatpay.buyer_pays("ORD_SYNC_1").expect("paid at WeChat Pay");
 
-    let synced = s.app.sync_order("ORD_SYNC_1").expect("sync");
+    let synced = s.app.platform_calls().sync_order("ORD_SYNC_1").expect("sync");
     assert_eq!(synced.order.status, OrderStatus::Paid);
     assert_eq!(
         states(&synced),
@@ -146,7 +147,7 @@ fn a_payment_whose_notification_never_came_is_applied_once_through_the_query() {
             ("alipay", TradeState::NotPaid { paying: false })
         ]
     );
-    let detail = s.app.order("ORD_SYNC_1").expect("detail");
+    let detail = s.app.orders().order("ORD_SYNC_1").expect("detail");
     assert_eq!(detail.payments.len(), 1);
     assert_eq!(detail.payments[0].pay_no, pay_no);
     assert_eq!(detail.payments[0].source, "query");
@@ -157,10 +158,14 @@ fn a_payment_whose_notification_never_came_is_applied_once_through_the_query() {
     );
 
     // Asking again changes nothing: the payment is a duplicate.
-    let again = s.app.sync_order("ORD_SYNC_1").expect("sync again");
+    let again = s.app.platform_calls().sync_order("ORD_SYNC_1").expect("sync again");
     assert_eq!(again.order.status, OrderStatus::Paid);
-    assert_eq!(s.app.order("ORD_SYNC_1").expect("detail").payments.len(), 1);
-    assert_eq!(s.app.order("ORD_SYNC_1").expect("detail").coupons.len(), 0, "no rewards configured, none issued");
+    assert_eq!(s.app.orders().order("ORD_SYNC_1").expect("detail").payments.len(), 1);
+    assert_eq!(
+        s.app.orders().order("ORD_SYNC_1").expect("detail").coupons.len(),
+        0,
+        "no rewards configured, none issued"
+    );
 }
 
 fn synced_paid_at(synced: &payonce::platform_ops::Synced) -> Option<String> {
@@ -180,16 +185,16 @@ fn alipay_paid_closed_and_unknown_trades() {
     let pay_no = s.alipay.buyer_pays("ORD_ALI_PAID").expect("paid");
     s.alipay.open_trade("ORD_ALI_OPEN", 1000).expect("trade");
 
-    let paid = s.app.sync_order("ORD_ALI_PAID").expect("sync");
+    let paid = s.app.platform_calls().sync_order("ORD_ALI_PAID").expect("sync");
     assert_eq!(
         paid.platforms[1].state,
         TradeState::Paid { pay_no, amount: 1000, currency: "CNY".into(), paid_at: None }
     );
     assert_eq!(paid.order.status, OrderStatus::Paid);
-    let open = s.app.sync_order("ORD_ALI_OPEN").expect("sync");
+    let open = s.app.platform_calls().sync_order("ORD_ALI_OPEN").expect("sync");
     assert_eq!(open.platforms[1].state, TradeState::NotPaid { paying: false });
     assert_eq!(open.order.status, OrderStatus::Pending);
-    let none = s.app.sync_order("ORD_ALI_NONE").expect("sync");
+    let none = s.app.platform_calls().sync_order("ORD_ALI_NONE").expect("sync");
     assert_eq!(
         states(&none),
         [("wechatpay", TradeState::NotPaid { paying: false }), ("alipay", TradeState::NotPaid { paying: false })]
@@ -216,7 +221,7 @@ fn an_answer_that_does_not_verify_or_names_another_trade_is_no_answer() {
         // WrongMerchant changes nothing on Alipay (its answers name no merchant).
         let alipay_fault = if fault == Fault::WrongMerchant { Fault::WrongTrade } else { fault.clone() };
         s.alipay.set_fault(Some(alipay_fault));
-        let synced = s.app.sync_order("ORD_TAMPER").expect("sync");
+        let synced = s.app.platform_calls().sync_order("ORD_TAMPER").expect("sync");
         assert_eq!(
             states(&synced),
             [("wechatpay", TradeState::Unknown), ("alipay", TradeState::Unknown)],
@@ -227,9 +232,9 @@ fn an_answer_that_does_not_verify_or_names_another_trade_is_no_answer() {
     assert_eq!(calls(&s.app, "ORD_TAMPER", "failed"), 12, "every unanswered call kept as failed");
     s.wechatpay.set_fault(None);
     s.alipay.set_fault(None);
-    let synced = s.app.sync_order("ORD_TAMPER").expect("sync");
+    let synced = s.app.platform_calls().sync_order("ORD_TAMPER").expect("sync");
     assert_eq!(synced.order.status, OrderStatus::Paid);
-    let detail = s.app.order("ORD_TAMPER").expect("detail");
+    let detail = s.app.orders().order("ORD_TAMPER").expect("detail");
     assert_eq!(detail.payments.len(), 2, "both platforms took the money: one applied, one refund-required");
     let outcomes: Vec<&str> = detail.payments.iter().map(|p| p.outcome.as_str()).collect();
     assert!(outcomes.contains(&"applied") && outcomes.contains(&"already_paid"), "{outcomes:?}");
@@ -242,48 +247,52 @@ fn an_order_no_a_platform_cannot_carry_is_no_such_trade_there_and_no_call_is_mad
     for order_no in ["ORD-DASH-1", "ORD.DOT.1"] {
         order(&s.app, order_no);
     }
-    let dash = s.app.sync_order("ORD-DASH-1").expect("sync");
+    let dash = s.app.platform_calls().sync_order("ORD-DASH-1").expect("sync");
     assert_eq!(
         states(&dash),
         [("wechatpay", TradeState::NotPaid { paying: false }), ("alipay", TradeState::NotPaid { paying: false })]
     );
     assert_eq!(s.alipay.calls().len(), 0, "no call for an out_trade_no Alipay cannot carry");
     assert_eq!(s.wechatpay.calls().len(), 1);
-    s.app.sync_order("ORD.DOT.1").expect("sync");
+    s.app.platform_calls().sync_order("ORD.DOT.1").expect("sync");
     assert_eq!(s.wechatpay.calls().len(), 1, "nor one WeChat Pay cannot carry");
-    assert!(s.app.sync_order("NO-SUCH-ORDER").is_err_and(|e| payonce::api::code_of(e.kind) == "order_not_found"));
+    assert!(s
+        .app
+        .platform_calls()
+        .sync_order("NO-SUCH-ORDER")
+        .is_err_and(|e| payonce::api::code_of(e.kind) == "order_not_found"));
 }
 
 #[test]
 fn an_expired_order_whose_notification_was_lost_is_applied_not_closed() {
     let (s, _clock) = expired("ORD_LOST_1");
     let pay_no = s.wechatpay.buyer_pays("ORD_LOST_1").expect("paid at WeChat Pay");
-    assert_eq!(s.app.close_expired(100).expect("sweep"), 1, "queued, not closed");
-    assert_eq!(s.app.order("ORD_LOST_1").expect("detail").order.status, OrderStatus::Pending);
-    assert_eq!(s.app.close_expired(100).expect("sweep"), 0, "queued once");
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2, "one close row per platform");
-    let detail = s.app.order("ORD_LOST_1").expect("detail");
+    assert_eq!(s.app.orders().close_expired(100).expect("sweep"), 1, "queued, not closed");
+    assert_eq!(s.app.orders().order("ORD_LOST_1").expect("detail").order.status, OrderStatus::Pending);
+    assert_eq!(s.app.orders().close_expired(100).expect("sweep"), 0, "queued once");
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 2, "one close row per platform");
+    let detail = s.app.orders().order("ORD_LOST_1").expect("detail");
     assert_eq!(detail.order.status, OrderStatus::Paid);
     assert_eq!(detail.payments.len(), 1);
     assert_eq!((detail.payments[0].pay_no.as_str(), detail.payments[0].source.as_str()), (pay_no.as_str(), "query"));
     assert!(!apis_called(&s.wechatpay).iter().any(|a| a.ends_with("/close")), "a paid trade is not closed");
     assert!(!audit_actions(&s.app, "ORD_LOST_1").contains(&"platform_closed".to_owned()));
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "nothing left to do");
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 0, "nothing left to do");
 }
 
 #[test]
 fn an_expired_unpaid_order_is_closed_at_every_platform_then_here_once() {
     let (s, _clock) = expired("ORD_CLOSE_1");
-    s.app.close_expired(100).expect("sweep");
-    s.app.run_platform_calls_once(8).expect("pool");
-    assert_eq!(s.app.order("ORD_CLOSE_1").expect("detail").order.status, OrderStatus::Closed);
+    s.app.orders().close_expired(100).expect("sweep");
+    s.app.platform_calls().run_platform_calls_once(8).expect("pool");
+    assert_eq!(s.app.orders().order("ORD_CLOSE_1").expect("detail").order.status, OrderStatus::Closed);
     assert_eq!(audit_actions(&s.app, "ORD_CLOSE_1"), ["platform_closed"]);
     assert!(apis_called(&s.wechatpay).iter().any(|a| a.ends_with("ORD_CLOSE_1/close")));
     assert!(apis_called(&s.alipay).contains(&"alipay.trade.close".to_owned()));
     // After the platform's close, the buyer can no longer pay there: no paid_after_close.
     assert!(s.wechatpay.buyer_pays("ORD_CLOSE_1").is_err());
     assert!(s.alipay.buyer_pays("ORD_CLOSE_1").is_err());
-    s.app.run_platform_calls_once(8).expect("pool");
+    s.app.platform_calls().run_platform_calls_once(8).expect("pool");
     assert_eq!(audit_actions(&s.app, "ORD_CLOSE_1"), ["platform_closed"], "one audit row");
 }
 
@@ -291,51 +300,55 @@ fn an_expired_unpaid_order_is_closed_at_every_platform_then_here_once() {
 fn a_buyer_paying_right_now_is_not_closed_in_this_pass() {
     let (s, clock) = expired("ORD_PAYING_1");
     s.wechatpay.buyer_paying("ORD_PAYING_1").expect("paying");
-    s.app.close_expired(100).expect("sweep");
-    s.app.run_platform_calls_once(8).expect("pool");
-    assert_eq!(s.app.order("ORD_PAYING_1").expect("detail").order.status, OrderStatus::Pending);
+    s.app.orders().close_expired(100).expect("sweep");
+    s.app.platform_calls().run_platform_calls_once(8).expect("pool");
+    assert_eq!(s.app.orders().order("ORD_PAYING_1").expect("detail").order.status, OrderStatus::Pending);
     assert!(!apis_called(&s.wechatpay).iter().any(|a| a.ends_with("/close")));
     s.wechatpay.buyer_pays("ORD_PAYING_1").expect("paid");
     clock.advance_ms(1_000);
-    s.app.run_platform_calls_once(8).expect("pool");
-    assert_eq!(s.app.order("ORD_PAYING_1").expect("detail").order.status, OrderStatus::Paid);
+    s.app.platform_calls().run_platform_calls_once(8).expect("pool");
+    assert_eq!(s.app.orders().order("ORD_PAYING_1").expect("detail").order.status, OrderStatus::Paid);
 }
 
 #[test]
 fn a_platform_down_keeps_the_order_pending_then_payonce_gives_up_and_says_so() {
     let (s, clock) = expired("ORD_DOWN_1");
     s.wechatpay.set_fault(Some(Fault::Refuse));
-    s.app.close_expired(100).expect("sweep");
-    s.app.run_platform_calls_once(8).expect("pool");
+    s.app.orders().close_expired(100).expect("sweep");
+    s.app.platform_calls().run_platform_calls_once(8).expect("pool");
     assert_eq!(
-        s.app.order("ORD_DOWN_1").expect("detail").order.status,
+        s.app.orders().order("ORD_DOWN_1").expect("detail").order.status,
         OrderStatus::Pending,
         "Alipay alone cannot close it"
     );
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "the retry waits for its back-off");
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 0, "the retry waits for its back-off");
     clock.advance_ms(1_000);
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1, "retried after the first wait");
-    assert_eq!(s.app.order("ORD_DOWN_1").expect("detail").order.status, OrderStatus::Pending);
-    assert!(s.app.inspect().expect("inspect").iter().all(|f| f.kind != "close_unconfirmed"));
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 1, "retried after the first wait");
+    assert_eq!(s.app.orders().order("ORD_DOWN_1").expect("detail").order.status, OrderStatus::Pending);
+    assert!(s.app.operations().inspect().expect("inspect").iter().all(|f| f.kind != "close_unconfirmed"));
     clock.advance_ms(GIVE_UP_MS);
-    s.app.run_platform_calls_once(8).expect("pool");
+    s.app.platform_calls().run_platform_calls_once(8).expect("pool");
     assert_eq!(
-        s.app.order("ORD_DOWN_1").expect("detail").order.status,
+        s.app.orders().order("ORD_DOWN_1").expect("detail").order.status,
         OrderStatus::Closed,
         "closed here after giving up"
     );
-    let findings = s.app.inspect().expect("inspect");
+    let findings = s.app.operations().inspect().expect("inspect");
     let unconfirmed: Vec<_> = findings.iter().filter(|f| f.kind == "close_unconfirmed").collect();
     assert_eq!(unconfirmed.len(), 1, "{findings:?}");
     assert_eq!(payonce::render::finding_detail(&unconfirmed[0].detail)["platforms"], serde_json::json!(["wechatpay"]));
-    assert!(s.app.resolve_close("ORD_DOWN_1", "  ", "ops", None).is_err(), "a reason is required");
-    s.app.resolve_close("ORD_DOWN_1", "checked the WeChat Pay console: never paid", "ops", None).expect("resolved");
-    s.app.resolve_close("ORD_DOWN_1", "again", "ops", None).expect("a repeat answers the order");
-    assert!(s.app.inspect().expect("inspect").iter().all(|f| f.kind != "close_unconfirmed"));
+    assert!(s.app.platform_calls().resolve_close("ORD_DOWN_1", "  ", "ops", None).is_err(), "a reason is required");
+    s.app
+        .platform_calls()
+        .resolve_close("ORD_DOWN_1", "checked the WeChat Pay console: never paid", "ops", None)
+        .expect("resolved");
+    s.app.platform_calls().resolve_close("ORD_DOWN_1", "again", "ops", None).expect("a repeat answers the order");
+    assert!(s.app.operations().inspect().expect("inspect").iter().all(|f| f.kind != "close_unconfirmed"));
     let actions = audit_actions(&s.app, "ORD_DOWN_1");
     assert_eq!(actions.iter().filter(|a| *a == "close_resolved").count(), 1, "{actions:?}");
     assert!(s
         .app
+        .platform_calls()
         .resolve_close("ORD_NOTHING", "x", "ops", None)
         .is_err_and(|e| payonce::api::code_of(e.kind) == "order_not_found"));
 }
@@ -349,25 +362,25 @@ fn an_explicit_close_asks_the_platforms_first() {
         s.alipay.open_trade(order_no, 1000).expect("trade");
     }
     s.alipay.buyer_pays("ORD_EXP_PAID").expect("paid");
-    let refused = s.app.close_order("ORD_EXP_PAID").expect_err("paid at Alipay");
+    let refused = s.app.orders().close_order("ORD_EXP_PAID").expect_err("paid at Alipay");
     assert_eq!(
         (payonce::api::status_of(refused.kind), payonce::api::code_of(refused.kind)),
         (409, "invalid_transition")
     );
     assert!(refused.message.contains("PAID"), "{}", refused.message);
-    assert_eq!(s.app.order("ORD_EXP_PAID").expect("detail").order.status, OrderStatus::Paid);
+    assert_eq!(s.app.orders().order("ORD_EXP_PAID").expect("detail").order.status, OrderStatus::Paid);
 
     s.wechatpay.set_fault(Some(Fault::ServerError));
-    let down = s.app.close_order("ORD_EXP_DOWN").expect_err("WeChat Pay cannot confirm");
+    let down = s.app.orders().close_order("ORD_EXP_DOWN").expect_err("WeChat Pay cannot confirm");
     assert_eq!((payonce::api::status_of(down.kind), payonce::api::code_of(down.kind)), (503, "platform_unavailable"));
-    assert_eq!(s.app.order("ORD_EXP_DOWN").expect("detail").order.status, OrderStatus::Pending);
+    assert_eq!(s.app.orders().order("ORD_EXP_DOWN").expect("detail").order.status, OrderStatus::Pending);
     s.wechatpay.set_fault(None);
 
-    let closed = s.app.close_order("ORD_EXP_OK").expect("closed everywhere");
+    let closed = s.app.orders().close_order("ORD_EXP_OK").expect("closed everywhere");
     assert_eq!(closed.status, OrderStatus::Closed);
     assert_eq!(audit_actions(&s.app, "ORD_EXP_OK"), ["platform_closed"]);
     assert_eq!(
-        s.app.close_order("ORD_EXP_OK").expect("again").status,
+        s.app.orders().close_order("ORD_EXP_OK").expect("again").status,
         OrderStatus::Closed,
         "a repeat answers the order"
     );
@@ -379,25 +392,25 @@ fn an_explicit_close_asks_the_platforms_first() {
 #[test]
 fn a_close_interrupted_after_the_platform_closed_finishes_once() {
     let (s, clock) = expired("ORD_CRASH_1");
-    s.app.close_expired(100).expect("sweep");
+    s.app.orders().close_expired(100).expect("sweep");
     // What a killed process leaves: both rows claimed (attempt 1, leased),
     // both trades closed at the platforms, nothing recorded, the order PENDING.
     let now = payonce::clock::format_ms(clock.now_ms());
     let lease = payonce::clock::format_ms(clock.now_ms() + 3_000);
     s.app
-        .store
+        .store()
         .execute_raw(&format!(
         "UPDATE platform_call SET attempts = 1, next_attempt_at = '{lease}', updated_at = '{now}' WHERE kind = 'close'"
     ))
         .expect("leased");
-    let wechat = s.app.config.platforms.registry.calls("wechatpay").expect("wechatpay");
-    let alipay = s.app.config.platforms.registry.calls("alipay").expect("alipay");
+    let wechat = s.app.config().platforms.registry.calls("wechatpay").expect("wechatpay");
+    let alipay = s.app.config().platforms.registry.calls("alipay").expect("alipay");
     assert_eq!(wechat.close("ORD_CRASH_1", clock.now_ms()).meaning, payonce::platforms::CloseAnswer::Closed);
     assert_eq!(alipay.close("ORD_CRASH_1", clock.now_ms()).meaning, payonce::platforms::CloseAnswer::Closed);
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "leased: nobody else takes it");
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 0, "leased: nobody else takes it");
     clock.advance_ms(3_001);
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2);
-    assert_eq!(s.app.order("ORD_CRASH_1").expect("detail").order.status, OrderStatus::Closed);
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 2);
+    assert_eq!(s.app.orders().order("ORD_CRASH_1").expect("detail").order.status, OrderStatus::Closed);
     assert_eq!(audit_actions(&s.app, "ORD_CRASH_1"), ["platform_closed"]);
 }
 
@@ -410,6 +423,7 @@ fn paid_by(s: &Setup, channel: &str, order_no: &str) {
     let pay_no = api.buyer_pays(order_no).expect("paid");
     let reply = s
         .app
+        .payments()
         .deliver_payment(&payonce::PaymentCallback {
             channel: channel.into(),
             pay_no,
@@ -433,15 +447,15 @@ fn a_refund_is_submitted_once_retried_until_accepted_and_its_late_result_queried
     let s = setup_with(clock.clone());
     paid_by(&s, "wechatpay", "ORD_REFUND_1");
     s.wechatpay.set_fault(Some(Fault::ServerError));
-    s.app.request_refund("ORD_REFUND_1", "RF_1").expect("refund requested");
-    s.app.request_refund("ORD_REFUND_1", "RF_1").expect("the same request again changes nothing");
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1);
+    s.app.refunds().request_refund("ORD_REFUND_1", "RF_1").expect("refund requested");
+    s.app.refunds().request_refund("ORD_REFUND_1", "RF_1").expect("the same request again changes nothing");
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 1);
     assert!(s.wechatpay.refunds().is_empty(), "not accepted while WeChat Pay fails");
     s.wechatpay.set_fault(None);
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "the retry waits");
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 0, "the retry waits");
     clock.advance_ms(1_000);
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1);
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "accepted: never submitted again");
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 1);
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 0, "accepted: never submitted again");
     let refunds = s.wechatpay.refunds();
     assert_eq!(refunds.len(), 1, "one refund at the platform");
     assert_eq!((refunds[0].out_refund_no.as_str(), refunds[0].amount), ("RF_1", 1000));
@@ -450,14 +464,14 @@ fn a_refund_is_submitted_once_retried_until_accepted_and_its_late_result_queried
 
     // The result notification is late: after --refund-query-after-s the query asks.
     clock.advance_ms(REFUND_QUERY_AFTER_MS - 1_000);
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 0, "not before the query is due");
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 0, "not before the query is due");
     clock.advance_ms(1_000);
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1, "queried: still PROCESSING");
-    assert_eq!(s.app.order("ORD_REFUND_1").expect("detail").order.status, OrderStatus::Refunding);
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 1, "queried: still PROCESSING");
+    assert_eq!(s.app.orders().order("ORD_REFUND_1").expect("detail").order.status, OrderStatus::Refunding);
     assert!(s.wechatpay.settle_refund("RF_1", RefundStatus::Success));
     clock.advance_ms(1_000);
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 1);
-    assert_eq!(s.app.order("ORD_REFUND_1").expect("detail").order.status, OrderStatus::Refunded);
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 1);
+    assert_eq!(s.app.orders().order("ORD_REFUND_1").expect("detail").order.status, OrderStatus::Refunded);
     assert_eq!(s.wechatpay.refunds().len(), 1);
 }
 
@@ -467,14 +481,15 @@ fn an_alipay_refund_settles_through_its_query_and_a_notification_first_stops_the
     let s = setup_with(clock.clone());
     paid_by(&s, "alipay", "ORD_REFUND_2");
     paid_by(&s, "alipay", "ORD_REFUND_3");
-    s.app.request_refund("ORD_REFUND_2", "RF_2").expect("refund");
-    s.app.request_refund("ORD_REFUND_3", "RF_3").expect("refund");
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2, "both submitted");
+    s.app.refunds().request_refund("ORD_REFUND_2", "RF_2").expect("refund");
+    s.app.refunds().request_refund("ORD_REFUND_3", "RF_3").expect("refund");
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 2, "both submitted");
     assert_eq!(s.alipay.refunds().len(), 2);
     assert!(s.wechatpay.calls().is_empty(), "a refund goes only to the platform that took the payment");
     // RF_3's notification arrives before its query is due: the query then asks nothing.
     let settled = s
         .app
+        .refunds()
         .deliver_refund(&payonce::RefundCallback {
             channel: "alipay".into(),
             refund_no: "RF_3".into(),
@@ -487,9 +502,9 @@ fn an_alipay_refund_settles_through_its_query_and_a_notification_first_stops_the
     assert!(s.alipay.settle_refund("RF_2", RefundStatus::Success));
     clock.advance_ms(REFUND_QUERY_AFTER_MS);
     let before = s.alipay.calls().len();
-    assert_eq!(s.app.run_platform_calls_once(8).expect("pool"), 2);
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(8).expect("pool"), 2);
     assert_eq!(s.alipay.calls().len(), before + 1, "only RF_2 is queried");
-    assert_eq!(s.app.order("ORD_REFUND_2").expect("detail").order.status, OrderStatus::Refunded);
+    assert_eq!(s.app.orders().order("ORD_REFUND_2").expect("detail").order.status, OrderStatus::Refunded);
 }
 
 /// WeChat Pay answers signed with the key of an expired platform
@@ -538,7 +553,8 @@ fn at_most_four_explicit_closes_wait_on_the_platforms() {
     s.wechatpay.set_fault(Some(Fault::Hang));
     let app = &s.app;
     let answers: Vec<Result<payonce::domain::Order, payonce::Error>> = std::thread::scope(|scope| {
-        let waiting: Vec<_> = (0..4).map(|n| scope.spawn(move || app.close_order(&format!("ORD_WAIT_{n}")))).collect();
+        let waiting: Vec<_> =
+            (0..4).map(|n| scope.spawn(move || app.orders().close_order(&format!("ORD_WAIT_{n}")))).collect();
         // The four are inside their platform calls (each bounded by the timeout).
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while s.wechatpay.calls().iter().filter(|c| c.status.is_none()).count() < 4 {
@@ -546,7 +562,7 @@ fn at_most_four_explicit_closes_wait_on_the_platforms() {
             std::thread::sleep(Duration::from_millis(10));
         }
         let started = std::time::Instant::now();
-        let fifth = app.close_order("ORD_WAIT_4");
+        let fifth = app.orders().close_order("ORD_WAIT_4");
         assert!(started.elapsed() < Duration::from_millis(500), "the fifth is refused at once");
         let mut answers: Vec<_> = waiting.into_iter().map(|h| h.join().expect("close")).collect();
         answers.push(fifth);
@@ -557,7 +573,7 @@ fn at_most_four_explicit_closes_wait_on_the_platforms() {
         assert_eq!((payonce::api::status_of(e.kind), payonce::api::code_of(e.kind)), (503, "platform_unavailable"));
     }
     for n in 0..5 {
-        assert_eq!(s.app.order(&format!("ORD_WAIT_{n}")).expect("detail").order.status, OrderStatus::Pending);
+        assert_eq!(s.app.orders().order(&format!("ORD_WAIT_{n}")).expect("detail").order.status, OrderStatus::Pending);
     }
 }
 
@@ -567,14 +583,14 @@ fn at_most_four_explicit_closes_wait_on_the_platforms() {
 fn an_order_paid_at_one_platform_is_still_closed_at_the_other() {
     let (s, _clock) = expired("ORD_OTHER_1");
     s.wechatpay.buyer_pays("ORD_OTHER_1").expect("paid at WeChat Pay");
-    s.app.close_expired(100).expect("sweep");
+    s.app.orders().close_expired(100).expect("sweep");
     // One row a round: WeChat Pay's first (it was queued first), which applies the payment.
-    assert_eq!(s.app.run_platform_calls_once(1).expect("pool"), 1);
-    assert_eq!(s.app.order("ORD_OTHER_1").expect("detail").order.status, OrderStatus::Paid);
-    assert_eq!(s.app.run_platform_calls_once(1).expect("pool"), 1);
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(1).expect("pool"), 1);
+    assert_eq!(s.app.orders().order("ORD_OTHER_1").expect("detail").order.status, OrderStatus::Paid);
+    assert_eq!(s.app.platform_calls().run_platform_calls_once(1).expect("pool"), 1);
     assert_eq!(s.alipay.trade_state("ORD_OTHER_1"), Some("TRADE_CLOSED"), "closed at Alipay too");
     assert!(s.alipay.buyer_pays("ORD_OTHER_1").is_err(), "no second payment there");
-    assert_eq!(s.app.order("ORD_OTHER_1").expect("detail").order.status, OrderStatus::Paid);
+    assert_eq!(s.app.orders().order("ORD_OTHER_1").expect("detail").order.status, OrderStatus::Paid);
     assert!(!audit_actions(&s.app, "ORD_OTHER_1").contains(&"platform_closed".to_owned()));
 }
 
@@ -586,14 +602,14 @@ fn a_payment_answered_in_another_currency_is_amount_mismatch_not_paid() {
     let pay_no = s.wechatpay.buyer_pays("ORD_CURRENCY_1").expect("paid at WeChat Pay");
     s.wechatpay.set_fault(Some(Fault::Currency("USD".into())));
 
-    let synced = s.app.sync_order("ORD_CURRENCY_1").expect("sync");
+    let synced = s.app.platform_calls().sync_order("ORD_CURRENCY_1").expect("sync");
     assert!(
         matches!(&synced.platforms[0].state, TradeState::Paid { currency, .. } if currency == "USD"),
         "{:?}",
         synced.platforms[0].state
     );
     assert_eq!(synced.order.status, OrderStatus::Pending, "1000 USD does not pay 1000 CNY");
-    let detail = s.app.order("ORD_CURRENCY_1").expect("detail");
+    let detail = s.app.orders().order("ORD_CURRENCY_1").expect("detail");
     assert_eq!(detail.payments.len(), 1);
     assert_eq!(
         (detail.payments[0].pay_no.as_str(), detail.payments[0].outcome.as_str()),

@@ -317,7 +317,11 @@ fn create_all(here: &Sim, orders: &[SimOrder], expires_in_s: i64) -> Result<Vec<
 fn round(app: &App) -> Result<usize, String> {
     let mut worked = 0;
     for _ in 0..10_000 {
-        match app.run_platform_calls_once(POOL).map_err(|e| format!("the platform-call pool: {}", e.message))? {
+        match app
+            .platform_calls()
+            .run_platform_calls_once(POOL)
+            .map_err(|e| format!("the platform-call pool: {}", e.message))?
+        {
             0 => return Ok(worked),
             n => worked += n,
         }
@@ -327,7 +331,7 @@ fn round(app: &App) -> Result<usize, String> {
 
 /// payonce's sweeper, once: with platforms it queues the closes, without it closes.
 fn sweep(app: &App) -> Result<usize, String> {
-    app.close_expired(500).map_err(|e| format!("the sweeper: {}", e.message))
+    app.orders().close_expired(500).map_err(|e| format!("the sweeper: {}", e.message))
 }
 
 fn get(here: &Sim, conn: &mut Conn, order: &SimOrder) -> Result<String, String> {
@@ -418,7 +422,7 @@ fn calls_about(api: &PlatformApi, kind: Kind, no: &str) -> usize {
 /// payonce's close row of `order_no` at `channel`, as the order's
 /// `platform_calls` show it: its attempts and status.
 fn close_row(app: &App, channel: Platform, order_no: &str) -> Result<String, String> {
-    let detail = app.order(order_no).map_err(|e| format!("reading order {order_no}: {e}"))?;
+    let detail = app.orders().order(order_no).map_err(|e| format!("reading order {order_no}: {e}"))?;
     let closes: Vec<_> = detail
         .platform_calls
         .iter()
