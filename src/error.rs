@@ -68,20 +68,30 @@ error_kinds! {
     }
 }
 
-impl ErrorKind {
+/// What an error means for the work that raised it, the one question every
+/// kind answers (by exhaustive `match`, in [`ErrorKind::disposition`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disposition {
     /// A business refusal: the work ran and said no. Its transaction
     /// commits (an audit row may record the refusal) and, for a keyed
-    /// request, the answer is stored and replayed like a success. Every
-    /// other error rolls the work back and stores nothing.
-    pub fn commits(self) -> bool {
+    /// request, the answer is stored and replayed like a success.
+    Refusal,
+    /// Refused before or beside the work: nothing of it may stay.
+    Rejected,
+    /// The server's own fault, never the caller's: logged, rolled back, and
+    /// answered as one (`wire::status_of` gives each a 5xx).
+    ServerFault,
+}
+
+impl ErrorKind {
+    pub fn disposition(self) -> Disposition {
         use ErrorKind::*;
         match self {
             // The thing asked for is not there; the work wrote nothing but may audit.
             NotFound | ChannelNotConfigured | OrderNotFound | PaymentNotFound | RefundNotFound | CouponNotFound
-            | PointsNotFound | DeliveryNotFound | EndpointNotFound => true,
+            | PointsNotFound | DeliveryNotFound | EndpointNotFound => Disposition::Refusal,
             // The refusal is the answer, and its audit row must stay.
-            OrderNoConflict | InvalidTransition => true,
-            // Refused before or beside the work: nothing of it may stay.
+            OrderNoConflict | InvalidTransition => Disposition::Refusal,
             InvalidRequest
             | InvalidJson
             | InvalidIdempotencyKey
@@ -94,43 +104,23 @@ impl ErrorKind {
             | IdempotencyKeyInUse
             | PayloadTooLarge
             | UnsupportedMediaType
-            | IdempotencyKeyReused => false,
-            // The server's own faults: roll back.
-            Internal | DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => false,
+            | IdempotencyKeyReused => Disposition::Rejected,
+            Internal | DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => {
+                Disposition::ServerFault
+            }
         }
     }
 
-    /// The server's own fault, never the caller's: logged, and answered as
-    /// one (`wire::status_of` gives each a 5xx).
+    /// A business refusal ([`Disposition::Refusal`]): its transaction
+    /// commits and a keyed request stores its answer. Every other error
+    /// rolls the work back and stores nothing.
+    pub fn commits(self) -> bool {
+        self.disposition() == Disposition::Refusal
+    }
+
+    /// [`Disposition::ServerFault`].
     pub fn is_server_fault(self) -> bool {
-        use ErrorKind::*;
-        match self {
-            Internal | DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => true,
-            InvalidRequest
-            | InvalidJson
-            | InvalidIdempotencyKey
-            | IdempotencyKeyRequired
-            | Unauthorized
-            | InvalidSignature
-            | SignatureExpired
-            | NotFound
-            | ChannelNotConfigured
-            | OrderNotFound
-            | PaymentNotFound
-            | RefundNotFound
-            | CouponNotFound
-            | PointsNotFound
-            | DeliveryNotFound
-            | EndpointNotFound
-            | MethodNotAllowed
-            | RequestTimeout
-            | OrderNoConflict
-            | InvalidTransition
-            | IdempotencyKeyInUse
-            | PayloadTooLarge
-            | UnsupportedMediaType
-            | IdempotencyKeyReused => false,
-        }
+        self.disposition() == Disposition::ServerFault
     }
 
     /// The same request is worth sending again shortly, and the client is

@@ -338,6 +338,23 @@ pub(crate) fn fields_of(line: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The first line whose first field is `first`, as (its line number, its
+/// fields): a platform bill's header row, under the lines the platform puts
+/// above it. `None` when no line has it.
+pub(crate) fn header_row<'t>(
+    lines: &mut dyn Iterator<Item = Result<(usize, Cow<'t, str>), Error>>,
+    first: &str,
+) -> Result<Option<(usize, Vec<String>)>, Error> {
+    for next in lines {
+        let (line, text) = next?;
+        let fields = fields_of(&text);
+        if fields.first().is_some_and(|c| c == first) {
+            return Ok(Some((line, fields)));
+        }
+    }
+    Ok(None)
+}
+
 fn read_row(rows: &dyn BillRows, line: usize, text: &str) -> Result<Read, Error> {
     Ok(match rows.read(line, &fields_of(text))? {
         Read::Row(row) => Read::Row(StatementRow { raw: text.to_owned(), ..row }),

@@ -9,7 +9,7 @@ use crate::domain::is_amount;
 use crate::error::Error;
 use crate::money::yuan_to_fen;
 use crate::recon::{
-    check_ids, column, fields_of, invalid_row, BillFormat, BillRows, Header, Read, RowKind, StatementRow, BOTH_KINDS,
+    check_ids, column, header_row, invalid_row, BillFormat, BillRows, Header, Read, RowKind, StatementRow, BOTH_KINDS,
 };
 use std::borrow::Cow;
 
@@ -29,14 +29,9 @@ impl BillFormat for Bill {
         &self,
         lines: &mut dyn Iterator<Item = Result<(usize, Cow<'t, str>), Error>>,
     ) -> Result<Header, Error> {
-        for next in lines {
-            let (line, text) = next?;
-            let header = fields_of(&text);
-            if header.first().is_some_and(|c| c == "支付宝交易号") {
-                return Ok(Header { compared: BOTH_KINDS, rows: Box::new(AlipayColumns::of(&header)?), line });
-            }
-        }
-        Err(Error::invalid("an alipay statement has a header row beginning 支付宝交易号"))
+        let (line, header) = header_row(lines, "支付宝交易号")?
+            .ok_or_else(|| Error::invalid("an alipay statement has a header row beginning 支付宝交易号"))?;
+        Ok(Header { compared: BOTH_KINDS, rows: Box::new(AlipayColumns::of(&header)?), line })
     }
 }
 

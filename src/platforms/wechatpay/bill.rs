@@ -17,7 +17,7 @@ use crate::domain::{is_amount, is_currency};
 use crate::error::Error;
 use crate::money::yuan_to_fen;
 use crate::recon::{
-    check_ids, column, fields_of, invalid_row, BillFormat, BillRows, Header, Read, RowKind, StatementRow, BOTH_KINDS,
+    check_ids, column, header_row, invalid_row, BillFormat, BillRows, Header, Read, RowKind, StatementRow, BOTH_KINDS,
 };
 use std::borrow::Cow;
 
@@ -33,16 +33,11 @@ impl BillFormat for Bill {
         &self,
         lines: &mut dyn Iterator<Item = Result<(usize, Cow<'t, str>), Error>>,
     ) -> Result<Header, Error> {
-        for next in lines {
-            let (line, text) = next?;
-            let header = fields_of(&text);
-            if header.first().is_some_and(|c| c == "交易时间") {
-                let bill = BillType::of_header(&header);
-                let columns = WechatColumns::of(&header, bill)?;
-                return Ok(Header { compared: bill.compared(), rows: Box::new(Rows { bill, columns }), line });
-            }
-        }
-        Err(Error::invalid("a wechatpay trade bill starts with a header row beginning 交易时间"))
+        let (line, header) = header_row(lines, "交易时间")?
+            .ok_or_else(|| Error::invalid("a wechatpay trade bill starts with a header row beginning 交易时间"))?;
+        let bill = BillType::of_header(&header);
+        let columns = WechatColumns::of(&header, bill)?;
+        Ok(Header { compared: bill.compared(), rows: Box::new(Rows { bill, columns }), line })
     }
 }
 
