@@ -752,44 +752,6 @@ fn alipay_total_amount_is_converted_exactly_or_refused_end_to_end() {
 // ================================================================ WeChat Pay
 
 #[test]
-fn wechatpay_valid_notification_is_verified_and_applied() {
-    let app = app();
-    create_order(&app, "WXORDER0001", 9900);
-    // Pretty-printed: the bytes signed and recorded are the bytes received,
-    // never a re-serialisation.
-    let envelope = wx_envelope_with(
-        APIV3_KEY,
-        "TRANSACTION.SUCCESS",
-        &wx_transaction("WXORDER0001", "4200000001202311150001", json!(9900)),
-        None,
-    );
-    let body = serde_json::to_vec_pretty(&envelope).unwrap();
-    let note = wx_sign(&keys().wx_a, SERIAL_A, T0_S, body.clone());
-    let resp = wx_post(&app, "/v1/callbacks/wechatpay", &note);
-    assert_wx_ok(&resp, "valid notification");
-    assert_applied(&app, "WXORDER0001", "4200000001202311150001", "wechatpay", 9900);
-    let rows = callback_rows(&app);
-    assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].channel, "wechatpay");
-    assert_eq!(rows[0].pay_no, "4200000001202311150001");
-    assert_eq!(rows[0].outcome, "applied");
-    assert_eq!(rows[0].raw_body, body, "raw_body is the exact bytes received");
-
-    // WeChat retries: the same notification again is a duplicate, still 2xx.
-    let before = ledgers(&app);
-    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay", &note), "redelivery");
-    // A fresh delivery (new envelope, new signature) of the same transaction too.
-    let again = wx_sign(
-        &keys().wx_a,
-        SERIAL_A,
-        T0_S,
-        wx_body("TRANSACTION.SUCCESS", &wx_transaction("WXORDER0001", "4200000001202311150001", json!(9900))),
-    );
-    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay", &again), "second delivery");
-    assert_eq!(ledgers(&app), before, "duplicates change nothing");
-}
-
-#[test]
 fn wechatpay_tampering_is_refused_and_records_nothing() {
     let app = app();
     let order_no = "WXTAMPER0001";
@@ -1054,32 +1016,6 @@ fn wechatpay_refund_closed_or_abnormal_fails_the_refund_and_the_order_is_paid_ag
 }
 
 // ================================================================ Alipay
-
-#[test]
-fn alipay_valid_notification_is_verified_and_applied() {
-    let app = app();
-    create_order(&app, "ALORDER0001", 9900);
-    let signed = ali_signed(&ali_notice("2023111522001400000001", "ALORDER0001", "99.00", "TRADE_SUCCESS"));
-    let body = ali_encode(&signed, Enc::Standard);
-    let resp = ali_post_bytes(&app, &body);
-    assert_ali_ok(&resp, "valid notice");
-    assert!(
-        resp.headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("Content-Type") && v.starts_with("text/plain")),
-        "plain text: {:?}",
-        resp.headers
-    );
-    assert_applied(&app, "ALORDER0001", "2023111522001400000001", "alipay", 9900);
-    let rows = callback_rows(&app);
-    assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].channel, "alipay");
-    assert_eq!(rows[0].pay_no, "2023111522001400000001");
-    assert_eq!(rows[0].amount, 9900);
-    assert_eq!(rows[0].raw_body, body, "raw_body is the exact bytes received");
-    // Alipay retries until it reads `success`: a redelivery is a duplicate.
-    let before = ledgers(&app);
-    assert_ali_ok(&ali_post_bytes(&app, &body), "redelivery");
-    assert_eq!(ledgers(&app), before);
-}
 
 #[test]
 fn alipay_tampering_is_refused_and_records_nothing() {
@@ -1554,10 +1490,23 @@ impl Sent {
     }
 }
 
+impl Sent {
+    /// Posted to the app in process.
+    fn handle(&self, app: &App, path: &str) -> Response {
+        call(app, "POST", path, &self.headers, &self.body)
+    }
+}
+
 impl From<&WxNote> for Sent {
     fn from(note: &WxNote) -> Sent {
         Sent { headers: note.headers(), body: note.body.clone() }
     }
+}
+
+/// An Alipay form as the in-process cases post it (`ali_post_bytes`).
+fn ali_utf8_sent(body: Vec<u8>) -> Sent {
+    let content_type = "application/x-www-form-urlencoded; charset=utf-8";
+    Sent { headers: vec![("Content-Type".into(), content_type.into())], body }
 }
 
 /// An Alipay notice as the platform posts it: GBK-declared form, signed.
@@ -1586,8 +1535,9 @@ struct Refusal {
     check: fn(&util::HttpResponse),
 }
 
-/// One platform's side of the end-to-end cases: how the real binary is
-/// configured for it alone, its notifications, and its answers.
+/// One platform's side of the shared cases: how the real binary is
+/// configured for it alone, its notifications, and its answers, over HTTP
+/// and in process (`app()`, its manual clock at T0).
 trait EndToEnd {
     const NAME: &'static str;
     /// The callback path of the platform that is not configured, and a body for it.
@@ -1601,6 +1551,18 @@ trait EndToEnd {
     fn refused_order() -> &'static str;
     fn expect_accepted(resp: &util::HttpResponse, what: &str);
     fn expect_refused(resp: &util::HttpResponse, what: &str);
+    /// The platform's success answer in process.
+    fn expect_ok(resp: &Response, what: &str);
+    /// Its failure answer in process: `status`, or any 4xx.
+    fn expect_fail(resp: &Response, status: Option<u16>, what: &str);
+    /// The order and pay_no of `valid_notification_is_verified_and_applied`.
+    const VALID: (&'static str, &'static str);
+    /// A genuine notification of `order_no` paid as `pay_no` (9900 fen).
+    fn valid(order_no: &str, pay_no: &str) -> Sent;
+    /// What only this platform's answer to it carries.
+    fn expect_valid_answer(resp: &Response);
+    /// Fresh deliveries of the same payment (other bytes), as the platform retries.
+    fn fresh_deliveries(order_no: &str, pay_no: &str) -> Vec<(&'static str, Sent)>;
 }
 
 struct WxEndToEnd;
@@ -1695,6 +1657,39 @@ impl EndToEnd for WxEndToEnd {
     fn expect_refused(resp: &util::HttpResponse, what: &str) {
         assert_eq!(resp.json()["code"], "FAIL", "{what}: {}", resp.text());
     }
+
+    fn expect_ok(resp: &Response, what: &str) {
+        assert_wx_ok(resp, what);
+    }
+
+    fn expect_fail(resp: &Response, status: Option<u16>, what: &str) {
+        assert_wx_fail(resp, status, what);
+    }
+
+    const VALID: (&'static str, &'static str) = ("WXORDER0001", "4200000001202311150001");
+
+    /// Pretty-printed: the bytes signed and recorded are the bytes received,
+    /// never a re-serialisation.
+    fn valid(order_no: &str, pay_no: &str) -> Sent {
+        let envelope =
+            wx_envelope_with(APIV3_KEY, "TRANSACTION.SUCCESS", &wx_transaction(order_no, pay_no, json!(9900)), None);
+        let body = serde_json::to_vec_pretty(&envelope).unwrap();
+        Sent::from(&wx_sign(&keys().wx_a, SERIAL_A, T0_S, body))
+    }
+
+    /// The 204's empty body is `expect_ok`'s.
+    fn expect_valid_answer(_: &Response) {}
+
+    /// A new envelope, a new signature, the same transaction.
+    fn fresh_deliveries(order_no: &str, pay_no: &str) -> Vec<(&'static str, Sent)> {
+        let again = wx_sign(
+            &keys().wx_a,
+            SERIAL_A,
+            T0_S,
+            wx_body("TRANSACTION.SUCCESS", &wx_transaction(order_no, pay_no, json!(9900))),
+        );
+        vec![("second delivery", Sent::from(&again))]
+    }
 }
 
 struct AliEndToEnd;
@@ -1771,6 +1766,35 @@ impl EndToEnd for AliEndToEnd {
     fn expect_refused(resp: &util::HttpResponse, what: &str) {
         assert_eq!(resp.text(), "failure", "{what}");
     }
+
+    fn expect_ok(resp: &Response, what: &str) {
+        assert_ali_ok(resp, what);
+    }
+
+    fn expect_fail(resp: &Response, status: Option<u16>, what: &str) {
+        assert_ali_fail(resp, status, what);
+    }
+
+    const VALID: (&'static str, &'static str) = ("ALORDER0001", "2023111522001400000001");
+
+    fn valid(order_no: &str, pay_no: &str) -> Sent {
+        let signed = ali_signed(&ali_notice(pay_no, order_no, "99.00", "TRADE_SUCCESS"));
+        ali_utf8_sent(ali_encode(&signed, Enc::Standard))
+    }
+
+    /// `success` in plain text.
+    fn expect_valid_answer(resp: &Response) {
+        assert!(
+            resp.headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("Content-Type") && v.starts_with("text/plain")),
+            "plain text: {:?}",
+            resp.headers
+        );
+    }
+
+    /// Alipay retries with the same bytes until it reads `success`.
+    fn fresh_deliveries(_: &str, _: &str) -> Vec<(&'static str, Sent)> {
+        Vec::new()
+    }
 }
 
 /// Each case over every platform: `<case>::wechatpay`, `<case>::alipay`.
@@ -1792,7 +1816,7 @@ macro_rules! for_each_platform {
     };
 }
 
-for_each_platform!(through_the_binary);
+for_each_platform!(through_the_binary, valid_notification_is_verified_and_applied);
 
 /// The real binary configured for one platform: genuine notifications are
 /// applied once (coupon, points), refused ones record nothing and leave the
@@ -1832,6 +1856,33 @@ fn through_the_binary<P: EndToEnd>() {
     let resp = util::request(server.addr, "POST", other, &[("Content-Type", content_type)], body);
     assert_eq!(resp.status, 404);
     assert_eq!(resp.error_code(), "channel_not_configured");
+}
+
+/// In process: a genuine notification is verified and applied, its exact
+/// bytes recorded; the same notification again, or delivered afresh, is a
+/// duplicate that still answers success.
+fn valid_notification_is_verified_and_applied<P: EndToEnd>() {
+    let app = app();
+    let path = format!("/v1/callbacks/{}", P::NAME);
+    let (order_no, pay_no) = P::VALID;
+    create_order(&app, order_no, 9900);
+    let sent = P::valid(order_no, pay_no);
+    let resp = sent.handle(&app, &path);
+    P::expect_ok(&resp, "valid notification");
+    P::expect_valid_answer(&resp);
+    assert_applied(&app, order_no, pay_no, P::NAME, 9900);
+    let rows = callback_rows(&app);
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].channel.as_str(), rows[0].pay_no.as_str()), (P::NAME, pay_no));
+    assert_eq!((rows[0].amount, rows[0].outcome.as_str()), (9900, "applied"));
+    assert_eq!(rows[0].raw_body, sent.body, "raw_body is the exact bytes received");
+    // The platform retries: a redelivery is a duplicate, still a success.
+    let before = ledgers(&app);
+    P::expect_ok(&sent.handle(&app, &path), "redelivery");
+    for (what, fresh) in P::fresh_deliveries(order_no, pay_no) {
+        P::expect_ok(&fresh.handle(&app, &path), what);
+    }
+    assert_eq!(ledgers(&app), before, "duplicates change nothing");
 }
 
 // ================================================================ platform times (section 13)
