@@ -1413,6 +1413,26 @@ trait EndToEnd {
     /// A genuine notification of `order_no` paid as `pay_no` (9900 fen), and
     /// it tampered with or signed otherwise: (what, notification, status).
     fn tamperings(order_no: &str, pay_no: &str) -> (Sent, Vec<(String, Sent, Option<u16>)>);
+    /// Where refund results are posted.
+    const REFUND_PATH: &'static str;
+    /// (order_no, pay_no, refund_no) of `refund_time_is_kept_as_the_platform_settlement_time`:
+    /// the refund settled, and the one whose time is not a time.
+    const REFUND_TIMED: [(&'static str, &'static str, &'static str); 2];
+    /// An order paid (9900 fen) with `refund_no` requested.
+    fn paid_and_refunding(app: &App, order_no: &str, pay_no: &str, refund_no: &str);
+    /// The refund's success with a time of the platform's own, as `app`
+    /// receives it: (what, notification, [settled_at, platform_settled_at]).
+    fn refund_settled(
+        app: &App,
+        order_no: &str,
+        pay_no: &str,
+        refund_no: &str,
+    ) -> (&'static str, Sent, [&'static str; 2]);
+    /// A refund result whose platform time is not a time.
+    fn refund_time_not_a_time(order_no: &str, pay_no: &str, refund_no: &str) -> (&'static str, Sent);
+    /// What only this platform keeps of refund times; `refused` is the
+    /// refund of `refund_time_not_a_time`.
+    fn refund_times_only_here(app: &App, refused: (&str, &str, &str));
 }
 
 struct WxEndToEnd;
@@ -1629,6 +1649,43 @@ impl EndToEnd for WxEndToEnd {
         }
         (Sent::from(&good), cases)
     }
+
+    const REFUND_PATH: &'static str = "/v1/callbacks/wechatpay/refund";
+    const REFUND_TIMED: [(&'static str, &'static str, &'static str); 2] =
+        [("WXRTIME001", "4200000001202311150041", "WXRT-0001"), ("WXRTIME003", "4200000001202311150043", "WXRT-0003")];
+
+    fn paid_and_refunding(app: &App, order_no: &str, txn: &str, refund_no: &str) {
+        wx_paid_and_refunding(app, order_no, txn, refund_no);
+    }
+
+    /// A minute after T0 by payonce's clock; WeChat's success_time 25 s before it.
+    fn refund_settled(
+        app: &App,
+        order_no: &str,
+        txn: &str,
+        refund_no: &str,
+    ) -> (&'static str, Sent, [&'static str; 2]) {
+        app.clock.advance_ms(60_000);
+        let mut refund = wx_refund(order_no, txn, refund_no, "SUCCESS");
+        refund["success_time"] = json!("2023-11-15T06:13:55+08:00");
+        let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
+        ("REFUND.SUCCESS", Sent::from(&note), ["2023-11-14T22:14:20.000Z", "2023-11-14T22:13:55.000Z"])
+    }
+
+    fn refund_time_not_a_time(order_no: &str, txn: &str, refund_no: &str) -> (&'static str, Sent) {
+        let mut refund = wx_refund(order_no, txn, refund_no, "SUCCESS");
+        refund["success_time"] = json!("2023-11-15 06:20:00");
+        let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
+        ("success_time not RFC 3339", Sent::from(&note))
+    }
+
+    /// A failed refund has no platform settlement time, whatever the resource carries.
+    fn refund_times_only_here(app: &App, _: (&str, &str, &str)) {
+        wx_paid_and_refunding(app, "WXRTIME002", "4200000001202311150042", "WXRT-0002");
+        let note = wx_refund_note("WXRTIME002", "4200000001202311150042", "WXRT-0002", "REFUND.CLOSED", "CLOSED");
+        assert_wx_ok(&wx_post(app, "/v1/callbacks/wechatpay/refund", &note), "REFUND.CLOSED");
+        assert_eq!(refund_times(app, "WXRT-0002").1, None);
+    }
 }
 
 struct AliEndToEnd;
@@ -1804,6 +1861,45 @@ impl EndToEnd for AliEndToEnd {
             cases.into_iter().map(|(what, body, status)| (what.to_owned(), ali_utf8_sent(body), status)).collect();
         (ali_utf8_sent(ali_encode(&good, Enc::Standard)), cases)
     }
+
+    const REFUND_PATH: &'static str = "/v1/callbacks/alipay";
+    const REFUND_TIMED: [(&'static str, &'static str, &'static str); 2] = [
+        ("ALRTIME0001", "2023111522001400001101", "ALRT-0001"),
+        ("ALRTIME0002", "2023111522001400001102", "ALRT-0002"),
+    ];
+
+    fn paid_and_refunding(app: &App, order_no: &str, trade_no: &str, refund_no: &str) {
+        ali_paid_and_refunding(app, order_no, trade_no, refund_no);
+    }
+
+    /// ali_refund_notice carries gmt_refund 2023-11-15 06:20:00.123 (Beijing), with milliseconds.
+    fn refund_settled(
+        _: &App,
+        order_no: &str,
+        trade_no: &str,
+        refund_no: &str,
+    ) -> (&'static str, Sent, [&'static str; 2]) {
+        let notice = ali_signed(&ali_refund_notice(trade_no, order_no, "TRADE_SUCCESS", Some(refund_no)));
+        (
+            "refund notice",
+            ali_utf8_sent(ali_encode(&notice, Enc::Standard)),
+            ["2023-11-14T22:13:20.000Z", "2023-11-14T22:20:00.123Z"],
+        )
+    }
+
+    fn refund_time_not_a_time(order_no: &str, trade_no: &str, _: &str) -> (&'static str, Sent) {
+        let mut p = ali_refund_notice(trade_no, order_no, "TRADE_CLOSED", None);
+        set(&mut p, "gmt_refund", "2023/11/15 06:20");
+        ("gmt_refund not a time", ali_utf8_sent(ali_encode(&ali_signed(&p), Enc::Standard)))
+    }
+
+    /// Without milliseconds too: the refused refund, its gmt_refund a time.
+    fn refund_times_only_here(app: &App, (order_no, trade_no, refund_no): (&str, &str, &str)) {
+        let mut p = ali_refund_notice(trade_no, order_no, "TRADE_CLOSED", None);
+        set(&mut p, "gmt_refund", "2023-11-15 06:21:00");
+        assert_ali_ok(&ali_post(app, &ali_signed(&p)), "gmt_refund without milliseconds");
+        assert_eq!(refund_times(app, refund_no).1.as_deref(), Some("2023-11-14T22:21:00.000Z"));
+    }
 }
 
 /// Each case over every platform: `<case>::wechatpay`, `<case>::alipay`.
@@ -1828,7 +1924,8 @@ macro_rules! for_each_platform {
 for_each_platform!(
     through_the_binary,
     valid_notification_is_verified_and_applied,
-    tampering_is_refused_and_records_nothing
+    tampering_is_refused_and_records_nothing,
+    refund_time_is_kept_as_the_platform_settlement_time
 );
 
 /// The real binary configured for one platform: genuine notifications are
@@ -1916,6 +2013,31 @@ fn tampering_is_refused_and_records_nothing<P: EndToEnd>() {
     // The genuine notification still verifies and applies.
     P::expect_ok(&good.handle(&app, &path), "genuine");
     assert_applied(&app, order_no, pay_no, P::NAME, 9900);
+}
+
+/// In process: a refund result's own time is kept as the refund's platform
+/// settlement time beside payonce's settled_at; one that is not a time is
+/// refused and changes nothing.
+fn refund_time_is_kept_as_the_platform_settlement_time<P: EndToEnd>() {
+    let app = app();
+    let [settled, refused] = P::REFUND_TIMED;
+    let (order_no, pay_no, refund_no) = settled;
+    P::paid_and_refunding(&app, order_no, pay_no, refund_no);
+    let (what, sent, [settled_at, platform_settled_at]) = P::refund_settled(&app, order_no, pay_no, refund_no);
+    P::expect_ok(&sent.handle(&app, P::REFUND_PATH), what);
+    assert_refunded(&app, order_no, refund_no);
+    assert_eq!(
+        refund_times(&app, refund_no),
+        (Some(settled_at.to_owned()), Some(platform_settled_at.to_owned())),
+        "settled_at is payonce's clock, platform_settled_at the platform's own time"
+    );
+    let (order_no, pay_no, refund_no) = refused;
+    P::paid_and_refunding(&app, order_no, pay_no, refund_no);
+    let before = ledgers(&app);
+    let (what, sent) = P::refund_time_not_a_time(order_no, pay_no, refund_no);
+    P::expect_fail(&sent.handle(&app, P::REFUND_PATH), Some(400), what);
+    assert_eq!(ledgers(&app), before);
+    P::refund_times_only_here(&app, refused);
 }
 
 // ================================================================ platform times (section 13)
@@ -2015,35 +2137,6 @@ fn wechatpay_serials_match_in_any_case() {
     assert_pending_untouched(&app, "WXCASE0099");
 }
 
-#[test]
-fn wechatpay_refund_success_time_is_kept_as_the_platform_settlement_time() {
-    let app = app();
-    wx_paid_and_refunding(&app, "WXRTIME001", "4200000001202311150041", "WXRT-0001");
-    app.clock.advance_ms(60_000);
-    let mut refund = wx_refund("WXRTIME001", "4200000001202311150041", "WXRT-0001", "SUCCESS");
-    refund["success_time"] = json!("2023-11-15T06:13:55+08:00");
-    let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
-    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), "REFUND.SUCCESS");
-    assert_eq!(
-        refund_times(&app, "WXRT-0001"),
-        (Some("2023-11-14T22:14:20.000Z".to_owned()), Some("2023-11-14T22:13:55.000Z".to_owned())),
-        "settled_at is payonce's clock, platform_settled_at WeChat's success_time"
-    );
-    // A failed refund has no platform settlement time, whatever the resource carries.
-    wx_paid_and_refunding(&app, "WXRTIME002", "4200000001202311150042", "WXRT-0002");
-    let note = wx_refund_note("WXRTIME002", "4200000001202311150042", "WXRT-0002", "REFUND.CLOSED", "CLOSED");
-    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), "REFUND.CLOSED");
-    assert_eq!(refund_times(&app, "WXRT-0002").1, None);
-    // A success_time that is not a time is refused, and nothing changes.
-    wx_paid_and_refunding(&app, "WXRTIME003", "4200000001202311150043", "WXRT-0003");
-    let mut refund = wx_refund("WXRTIME003", "4200000001202311150043", "WXRT-0003", "SUCCESS");
-    refund["success_time"] = json!("2023-11-15 06:20:00");
-    let before = ledgers(&app);
-    let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
-    assert_wx_fail(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), Some(400), "success_time not RFC 3339");
-    assert_eq!(ledgers(&app), before);
-}
-
 /// Alipay's string to sign as its Java SDK (`getSignCheckContentV1`) and
 /// python-alipay-sdk build it: sorted `k=v` except sign and sign_type, empty
 /// values kept as `k=`.
@@ -2141,32 +2234,6 @@ fn alipay_empty_refund_fields_are_absent() {
         let times = refund_times(&app, &format!("ALABR-{n:04}"));
         assert!(times.0.is_some() && times.1.is_none(), "{times:?}");
     }
-}
-
-#[test]
-fn alipay_gmt_refund_is_kept_as_the_platform_settlement_time() {
-    let app = app();
-    let (order_no, trade_no) = ("ALRTIME0001", "2023111522001400001101");
-    ali_paid_and_refunding(&app, order_no, trade_no, "ALRT-0001");
-    // ali_refund_notice carries gmt_refund 2023-11-15 06:20:00.123 (Beijing), with milliseconds.
-    let notice = ali_signed(&ali_refund_notice(trade_no, order_no, "TRADE_SUCCESS", Some("ALRT-0001")));
-    assert_ali_ok(&ali_post(&app, &notice), "refund notice");
-    assert_refunded(&app, order_no, "ALRT-0001");
-    assert_eq!(
-        refund_times(&app, "ALRT-0001"),
-        (Some("2023-11-14T22:13:20.000Z".to_owned()), Some("2023-11-14T22:20:00.123Z".to_owned()))
-    );
-    // Without milliseconds too; a gmt_refund that is not a time is refused.
-    let (order_no, trade_no) = ("ALRTIME0002", "2023111522001400001102");
-    ali_paid_and_refunding(&app, order_no, trade_no, "ALRT-0002");
-    let mut p = ali_refund_notice(trade_no, order_no, "TRADE_CLOSED", None);
-    set(&mut p, "gmt_refund", "2023/11/15 06:20");
-    let before = ledgers(&app);
-    assert_ali_fail(&ali_post(&app, &ali_signed(&p)), Some(400), "gmt_refund not a time");
-    assert_eq!(ledgers(&app), before);
-    set(&mut p, "gmt_refund", "2023-11-15 06:21:00");
-    assert_ali_ok(&ali_post(&app, &ali_signed(&p)), "gmt_refund without milliseconds");
-    assert_eq!(refund_times(&app, "ALRT-0002").1.as_deref(), Some("2023-11-14T22:21:00.000Z"));
 }
 
 // ---------------------------------------------------------------- currency, over sockets
