@@ -752,129 +752,6 @@ fn alipay_total_amount_is_converted_exactly_or_refused_end_to_end() {
 // ================================================================ WeChat Pay
 
 #[test]
-fn wechatpay_valid_notification_is_verified_and_applied() {
-    let app = app();
-    create_order(&app, "WXORDER0001", 9900);
-    // Pretty-printed: the bytes signed and recorded are the bytes received,
-    // never a re-serialisation.
-    let envelope = wx_envelope_with(
-        APIV3_KEY,
-        "TRANSACTION.SUCCESS",
-        &wx_transaction("WXORDER0001", "4200000001202311150001", json!(9900)),
-        None,
-    );
-    let body = serde_json::to_vec_pretty(&envelope).unwrap();
-    let note = wx_sign(&keys().wx_a, SERIAL_A, T0_S, body.clone());
-    let resp = wx_post(&app, "/v1/callbacks/wechatpay", &note);
-    assert_wx_ok(&resp, "valid notification");
-    assert_applied(&app, "WXORDER0001", "4200000001202311150001", "wechatpay", 9900);
-    let rows = callback_rows(&app);
-    assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].channel, "wechatpay");
-    assert_eq!(rows[0].pay_no, "4200000001202311150001");
-    assert_eq!(rows[0].outcome, "applied");
-    assert_eq!(rows[0].raw_body, body, "raw_body is the exact bytes received");
-
-    // WeChat retries: the same notification again is a duplicate, still 2xx.
-    let before = ledgers(&app);
-    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay", &note), "redelivery");
-    // A fresh delivery (new envelope, new signature) of the same transaction too.
-    let again = wx_sign(
-        &keys().wx_a,
-        SERIAL_A,
-        T0_S,
-        wx_body("TRANSACTION.SUCCESS", &wx_transaction("WXORDER0001", "4200000001202311150001", json!(9900))),
-    );
-    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay", &again), "second delivery");
-    assert_eq!(ledgers(&app), before, "duplicates change nothing");
-}
-
-#[test]
-fn wechatpay_tampering_is_refused_and_records_nothing() {
-    let app = app();
-    let order_no = "WXTAMPER0001";
-    let txn = "4200000001202311150002";
-    create_order(&app, order_no, 9900);
-    let plain = wx_transaction(order_no, txn, json!(9900));
-    let body = wx_body("TRANSACTION.SUCCESS", &plain);
-    let good = wx_sign(&keys().wx_a, SERIAL_A, T0_S, body.clone());
-    let before = ledgers(&app);
-
-    let mut cases: Vec<(&str, WxNote, Option<u16>)> = Vec::new();
-    let text = String::from_utf8(body.clone()).unwrap();
-    let mut changed = good.clone();
-    changed.body = text.replacen("\"EV-2018", "\"EV-2019", 1).into_bytes();
-    assert_ne!(changed.body, good.body);
-    cases.push(("a changed body byte (id)", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.body = text.replacen("支付成功", "支付失败", 1).into_bytes();
-    cases.push(("a changed body byte (summary)", changed, Some(401)));
-    let mut changed = good.clone();
-    let ct_at = text.find("\"ciphertext\":\"").unwrap() + 14;
-    changed.body[ct_at] = if changed.body[ct_at] == b'A' { b'B' } else { b'A' };
-    cases.push(("a changed ciphertext byte", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.body.push(b'\n');
-    cases.push(("a trailing newline added", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.body = serde_json::to_vec_pretty(&serde_json::from_slice::<Value>(&body).unwrap()).unwrap();
-    cases.push(("the same JSON re-serialised", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.timestamp = (T0_S + 1).to_string();
-    cases.push(("a changed Wechatpay-Timestamp", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.nonce = format!("{}X", &good.nonce[..good.nonce.len() - 1]);
-    cases.push(("a changed Wechatpay-Nonce", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.serial = SERIAL_B.into();
-    cases.push(("signed by a, serial of b", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.serial = "PUB_KEY_ID_0000000000000000000000000000".into();
-    cases.push(("an unknown serial", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.serial = String::new();
-    cases.push(("an empty serial", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.signature = String::new();
-    cases.push(("an empty signature", changed, Some(401)));
-    let mut changed = good.clone();
-    changed.signature = "not base64!".into();
-    cases.push(("a signature that is not base64", changed, Some(401)));
-    cases.push(("signed by platform b, serial of a", wx_sign(&keys().wx_b, SERIAL_A, T0_S, body.clone()), Some(401)));
-    cases.push(("signed by merchant_other", wx_sign(&keys().other, SERIAL_A, T0_S, body.clone()), Some(401)));
-    cases.push(("signed by the alipay platform key", wx_sign(&keys().alipay, SERIAL_A, T0_S, body.clone()), Some(401)));
-    let mut probe = good.clone();
-    probe.signature = format!("WECHATPAY/SIGNTEST/{}", good.signature);
-    cases.push(("a WECHATPAY/SIGNTEST/ probe", probe, Some(401)));
-    let mut probe = good.clone();
-    probe.signature = "WECHATPAY/SIGNTEST/AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA".into();
-    cases.push(("a WECHATPAY/SIGNTEST/ probe (random)", probe, Some(401)));
-    // Authentic signatures over resources payonce cannot read.
-    let other_key = wx_envelope_with(OTHER_APIV3_KEY, "TRANSACTION.SUCCESS", &plain, None).to_string().into_bytes();
-    cases.push(("a resource encrypted with another APIv3 key", wx_sign(&keys().wx_a, SERIAL_A, T0_S, other_key), None));
-    let other_aad = wx_envelope_with(APIV3_KEY, "TRANSACTION.SUCCESS", &plain, Some("refund")).to_string().into_bytes();
-    cases.push(("associated_data not the one encrypted with", wx_sign(&keys().wx_a, SERIAL_A, T0_S, other_aad), None));
-
-    for (what, note, status) in &cases {
-        let resp = wx_post(&app, "/v1/callbacks/wechatpay", note);
-        assert_wx_fail(&resp, *status, what);
-        assert_eq!(ledgers(&app), before, "{what}: nothing recorded");
-    }
-    // Headers missing altogether.
-    for missing in ["Wechatpay-Serial", "Wechatpay-Timestamp", "Wechatpay-Nonce", "Wechatpay-Signature"] {
-        let headers: Vec<(String, String)> = good.headers().into_iter().filter(|(n, _)| n != missing).collect();
-        let resp = call(&app, "POST", "/v1/callbacks/wechatpay", &headers, &good.body);
-        assert_wx_fail(&resp, Some(401), &format!("without {missing}"));
-        assert_eq!(ledgers(&app), before, "without {missing}: nothing recorded");
-    }
-    assert_pending_untouched(&app, order_no);
-
-    // The genuine notification still verifies and applies.
-    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay", &good), "genuine");
-    assert_applied(&app, order_no, txn, "wechatpay", 9900);
-}
-
-#[test]
 fn wechatpay_timestamps_more_than_five_minutes_off_are_refused() {
     let app = app();
     let order_no = "WXCLOCK0001";
@@ -1054,102 +931,6 @@ fn wechatpay_refund_closed_or_abnormal_fails_the_refund_and_the_order_is_paid_ag
 }
 
 // ================================================================ Alipay
-
-#[test]
-fn alipay_valid_notification_is_verified_and_applied() {
-    let app = app();
-    create_order(&app, "ALORDER0001", 9900);
-    let signed = ali_signed(&ali_notice("2023111522001400000001", "ALORDER0001", "99.00", "TRADE_SUCCESS"));
-    let body = ali_encode(&signed, Enc::Standard);
-    let resp = ali_post_bytes(&app, &body);
-    assert_ali_ok(&resp, "valid notice");
-    assert!(
-        resp.headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("Content-Type") && v.starts_with("text/plain")),
-        "plain text: {:?}",
-        resp.headers
-    );
-    assert_applied(&app, "ALORDER0001", "2023111522001400000001", "alipay", 9900);
-    let rows = callback_rows(&app);
-    assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].channel, "alipay");
-    assert_eq!(rows[0].pay_no, "2023111522001400000001");
-    assert_eq!(rows[0].amount, 9900);
-    assert_eq!(rows[0].raw_body, body, "raw_body is the exact bytes received");
-    // Alipay retries until it reads `success`: a redelivery is a duplicate.
-    let before = ledgers(&app);
-    assert_ali_ok(&ali_post_bytes(&app, &body), "redelivery");
-    assert_eq!(ledgers(&app), before);
-}
-
-#[test]
-fn alipay_tampering_is_refused_and_records_nothing() {
-    let app = app();
-    let (order_no, trade_no) = ("ALTAMPER0001", "2023111522001400000002");
-    create_order(&app, order_no, 9900);
-    let notice = ali_notice(trade_no, order_no, "99.00", "TRADE_SUCCESS");
-    let good = ali_signed(&notice);
-    let before = ledgers(&app);
-
-    let mut cases: Vec<(&str, Vec<u8>, Option<u16>)> = Vec::new();
-    let after_signing = |f: &dyn Fn(&mut Params)| {
-        let mut p = good.clone();
-        f(&mut p);
-        ali_encode(&p, Enc::Standard)
-    };
-    cases.push(("total_amount changed", after_signing(&|p| set(p, "total_amount", "0.01")), None));
-    cases.push(("receipt_amount changed", after_signing(&|p| set(p, "receipt_amount", "0.01")), None));
-    cases.push(("subject changed", after_signing(&|p| set(p, "subject", "测试商品 Test Good")), None));
-    cases.push(("out_trade_no changed", after_signing(&|p| set(p, "out_trade_no", "ALTAMPER0002")), None));
-    cases.push(("trade_status changed", after_signing(&|p| set(p, "trade_status", "TRADE_FINISHED")), None));
-    cases.push(("charset changed", after_signing(&|p| set(p, "charset", "gbk")), None));
-    cases.push(("a field added", after_signing(&|p| set(p, "hb_fq_num", "3")), None));
-    cases.push(("a field removed", after_signing(&|p| remove(p, "buyer_id")), None));
-    cases.push(("a field emptied", after_signing(&|p| set(p, "buyer_id", "")), None));
-    cases.push(("refund_fee added", after_signing(&|p| set(p, "refund_fee", "99.00")), None));
-    cases.push(("app_id changed after signing", after_signing(&|p| set(p, "app_id", "2021000000000002")), None));
-    cases.push(("sign removed", after_signing(&|p| remove(p, "sign")), None));
-    cases.push((
-        "sign corrupted",
-        after_signing(&|p| {
-            let s = get(p, "sign").unwrap().to_owned();
-            let first = if s.as_bytes()[0] == b'A' { "B" } else { "A" };
-            let flipped = format!("{first}{}", &s[1..]);
-            set(p, "sign", &flipped)
-        }),
-        None,
-    ));
-    cases.push(("sign not base64", after_signing(&|p| set(p, "sign", "not base64!")), None));
-    cases.push(("sign_type RSA", after_signing(&|p| set(p, "sign_type", "RSA")), None));
-    let mut twice = ali_encode(&good, Enc::Standard);
-    twice.extend_from_slice(b"&total_amount=0.01");
-    cases.push(("total_amount twice", twice, None));
-    // Signed correctly, but not for this merchant / not by Alipay.
-    let mut other_app = notice.clone();
-    set(&mut other_app, "app_id", "2021000000000002");
-    set(&mut other_app, "auth_app_id", "2021000000000002");
-    cases.push(("wrong app_id, validly signed", ali_encode(&ali_signed(&other_app), Enc::Standard), None));
-    let mut no_app = notice.clone();
-    remove(&mut no_app, "app_id");
-    cases.push(("no app_id, validly signed", ali_encode(&ali_signed(&no_app), Enc::Standard), None));
-    cases.push(("signed by merchant_other", ali_encode(&ali_signed_by(&keys().other, &notice), Enc::Standard), None));
-    cases.push(("signed by a wechatpay key", ali_encode(&ali_signed_by(&keys().wx_a, &notice), Enc::Standard), None));
-    // A GBK notice whose signature was computed over the UTF-8 bytes.
-    let mut gbk = notice.clone();
-    set(&mut gbk, "charset", "gbk");
-    let utf8_sign = rsa_sign(&keys().alipay, ali_content(&gbk).as_bytes());
-    let mut wrong_charset = gbk.clone();
-    set(&mut wrong_charset, "sign", &utf8_sign);
-    cases.push(("gbk notice signed over UTF-8 bytes", ali_encode(&wrong_charset, Enc::Standard), None));
-
-    for (what, body, status) in &cases {
-        let resp = ali_post_bytes(&app, body);
-        assert_ali_fail(&resp, *status, what);
-        assert_eq!(ledgers(&app), before, "{what}: nothing recorded");
-    }
-    assert_pending_untouched(&app, order_no);
-    assert_ali_ok(&ali_post(&app, &good), "genuine");
-    assert_applied(&app, order_no, trade_no, "alipay", 9900);
-}
 
 #[test]
 fn alipay_harmless_variations_still_verify() {
@@ -1554,10 +1335,23 @@ impl Sent {
     }
 }
 
+impl Sent {
+    /// Posted to the app in process.
+    fn handle(&self, app: &App, path: &str) -> Response {
+        call(app, "POST", path, &self.headers, &self.body)
+    }
+}
+
 impl From<&WxNote> for Sent {
     fn from(note: &WxNote) -> Sent {
         Sent { headers: note.headers(), body: note.body.clone() }
     }
+}
+
+/// An Alipay form as the in-process cases post it (`ali_post_bytes`).
+fn ali_utf8_sent(body: Vec<u8>) -> Sent {
+    let content_type = "application/x-www-form-urlencoded; charset=utf-8";
+    Sent { headers: vec![("Content-Type".into(), content_type.into())], body }
 }
 
 /// An Alipay notice as the platform posts it: GBK-declared form, signed.
@@ -1586,8 +1380,9 @@ struct Refusal {
     check: fn(&util::HttpResponse),
 }
 
-/// One platform's side of the end-to-end cases: how the real binary is
-/// configured for it alone, its notifications, and its answers.
+/// One platform's side of the shared cases: how the real binary is
+/// configured for it alone, its notifications, and its answers, over HTTP
+/// and in process (`app()`, its manual clock at T0).
 trait EndToEnd {
     const NAME: &'static str;
     /// The callback path of the platform that is not configured, and a body for it.
@@ -1601,6 +1396,43 @@ trait EndToEnd {
     fn refused_order() -> &'static str;
     fn expect_accepted(resp: &util::HttpResponse, what: &str);
     fn expect_refused(resp: &util::HttpResponse, what: &str);
+    /// The platform's success answer in process.
+    fn expect_ok(resp: &Response, what: &str);
+    /// Its failure answer in process: `status`, or any 4xx.
+    fn expect_fail(resp: &Response, status: Option<u16>, what: &str);
+    /// The order and pay_no of `valid_notification_is_verified_and_applied`.
+    const VALID: (&'static str, &'static str);
+    /// A genuine notification of `order_no` paid as `pay_no` (9900 fen).
+    fn valid(order_no: &str, pay_no: &str) -> Sent;
+    /// What only this platform's answer to it carries.
+    fn expect_valid_answer(resp: &Response);
+    /// Fresh deliveries of the same payment (other bytes), as the platform retries.
+    fn fresh_deliveries(order_no: &str, pay_no: &str) -> Vec<(&'static str, Sent)>;
+    /// The order and pay_no of `tampering_is_refused_and_records_nothing`.
+    const TAMPERED: (&'static str, &'static str);
+    /// A genuine notification of `order_no` paid as `pay_no` (9900 fen), and
+    /// it tampered with or signed otherwise: (what, notification, status).
+    fn tamperings(order_no: &str, pay_no: &str) -> (Sent, Vec<(String, Sent, Option<u16>)>);
+    /// Where refund results are posted.
+    const REFUND_PATH: &'static str;
+    /// (order_no, pay_no, refund_no) of `refund_time_is_kept_as_the_platform_settlement_time`:
+    /// the refund settled, and the one whose time is not a time.
+    const REFUND_TIMED: [(&'static str, &'static str, &'static str); 2];
+    /// An order paid (9900 fen) with `refund_no` requested.
+    fn paid_and_refunding(app: &App, order_no: &str, pay_no: &str, refund_no: &str);
+    /// The refund's success with a time of the platform's own, as `app`
+    /// receives it: (what, notification, [settled_at, platform_settled_at]).
+    fn refund_settled(
+        app: &App,
+        order_no: &str,
+        pay_no: &str,
+        refund_no: &str,
+    ) -> (&'static str, Sent, [&'static str; 2]);
+    /// A refund result whose platform time is not a time.
+    fn refund_time_not_a_time(order_no: &str, pay_no: &str, refund_no: &str) -> (&'static str, Sent);
+    /// What only this platform keeps of refund times; `refused` is the
+    /// refund of `refund_time_not_a_time`.
+    fn refund_times_only_here(app: &App, refused: (&str, &str, &str));
 }
 
 struct WxEndToEnd;
@@ -1695,6 +1527,165 @@ impl EndToEnd for WxEndToEnd {
     fn expect_refused(resp: &util::HttpResponse, what: &str) {
         assert_eq!(resp.json()["code"], "FAIL", "{what}: {}", resp.text());
     }
+
+    fn expect_ok(resp: &Response, what: &str) {
+        assert_wx_ok(resp, what);
+    }
+
+    fn expect_fail(resp: &Response, status: Option<u16>, what: &str) {
+        assert_wx_fail(resp, status, what);
+    }
+
+    const VALID: (&'static str, &'static str) = ("WXORDER0001", "4200000001202311150001");
+
+    /// Pretty-printed: the bytes signed and recorded are the bytes received,
+    /// never a re-serialisation.
+    fn valid(order_no: &str, pay_no: &str) -> Sent {
+        let envelope =
+            wx_envelope_with(APIV3_KEY, "TRANSACTION.SUCCESS", &wx_transaction(order_no, pay_no, json!(9900)), None);
+        let body = serde_json::to_vec_pretty(&envelope).unwrap();
+        Sent::from(&wx_sign(&keys().wx_a, SERIAL_A, T0_S, body))
+    }
+
+    /// The 204's empty body is `expect_ok`'s.
+    fn expect_valid_answer(_: &Response) {}
+
+    /// A new envelope, a new signature, the same transaction.
+    fn fresh_deliveries(order_no: &str, pay_no: &str) -> Vec<(&'static str, Sent)> {
+        let again = wx_sign(
+            &keys().wx_a,
+            SERIAL_A,
+            T0_S,
+            wx_body("TRANSACTION.SUCCESS", &wx_transaction(order_no, pay_no, json!(9900))),
+        );
+        vec![("second delivery", Sent::from(&again))]
+    }
+
+    const TAMPERED: (&'static str, &'static str) = ("WXTAMPER0001", "4200000001202311150002");
+
+    /// Bytes, headers and keys; authentic signatures over resources payonce
+    /// cannot read (4xx); each header missing.
+    fn tamperings(order_no: &str, txn: &str) -> (Sent, Vec<(String, Sent, Option<u16>)>) {
+        let plain = wx_transaction(order_no, txn, json!(9900));
+        let body = wx_body("TRANSACTION.SUCCESS", &plain);
+        let good = wx_sign(&keys().wx_a, SERIAL_A, T0_S, body.clone());
+        let mut cases: Vec<(&str, WxNote, Option<u16>)> = Vec::new();
+        let text = String::from_utf8(body.clone()).unwrap();
+        let mut changed = good.clone();
+        changed.body = text.replacen("\"EV-2018", "\"EV-2019", 1).into_bytes();
+        assert_ne!(changed.body, good.body);
+        cases.push(("a changed body byte (id)", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.body = text.replacen("支付成功", "支付失败", 1).into_bytes();
+        cases.push(("a changed body byte (summary)", changed, Some(401)));
+        let mut changed = good.clone();
+        let ct_at = text.find("\"ciphertext\":\"").unwrap() + 14;
+        changed.body[ct_at] = if changed.body[ct_at] == b'A' { b'B' } else { b'A' };
+        cases.push(("a changed ciphertext byte", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.body.push(b'\n');
+        cases.push(("a trailing newline added", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.body = serde_json::to_vec_pretty(&serde_json::from_slice::<Value>(&body).unwrap()).unwrap();
+        cases.push(("the same JSON re-serialised", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.timestamp = (T0_S + 1).to_string();
+        cases.push(("a changed Wechatpay-Timestamp", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.nonce = format!("{}X", &good.nonce[..good.nonce.len() - 1]);
+        cases.push(("a changed Wechatpay-Nonce", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.serial = SERIAL_B.into();
+        cases.push(("signed by a, serial of b", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.serial = "PUB_KEY_ID_0000000000000000000000000000".into();
+        cases.push(("an unknown serial", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.serial = String::new();
+        cases.push(("an empty serial", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.signature = String::new();
+        cases.push(("an empty signature", changed, Some(401)));
+        let mut changed = good.clone();
+        changed.signature = "not base64!".into();
+        cases.push(("a signature that is not base64", changed, Some(401)));
+        cases.push((
+            "signed by platform b, serial of a",
+            wx_sign(&keys().wx_b, SERIAL_A, T0_S, body.clone()),
+            Some(401),
+        ));
+        cases.push(("signed by merchant_other", wx_sign(&keys().other, SERIAL_A, T0_S, body.clone()), Some(401)));
+        cases.push((
+            "signed by the alipay platform key",
+            wx_sign(&keys().alipay, SERIAL_A, T0_S, body.clone()),
+            Some(401),
+        ));
+        let mut probe = good.clone();
+        probe.signature = format!("WECHATPAY/SIGNTEST/{}", good.signature);
+        cases.push(("a WECHATPAY/SIGNTEST/ probe", probe, Some(401)));
+        let mut probe = good.clone();
+        probe.signature = "WECHATPAY/SIGNTEST/AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA".into();
+        cases.push(("a WECHATPAY/SIGNTEST/ probe (random)", probe, Some(401)));
+        // Authentic signatures over resources payonce cannot read.
+        let other_key = wx_envelope_with(OTHER_APIV3_KEY, "TRANSACTION.SUCCESS", &plain, None).to_string().into_bytes();
+        cases.push((
+            "a resource encrypted with another APIv3 key",
+            wx_sign(&keys().wx_a, SERIAL_A, T0_S, other_key),
+            None,
+        ));
+        let other_aad =
+            wx_envelope_with(APIV3_KEY, "TRANSACTION.SUCCESS", &plain, Some("refund")).to_string().into_bytes();
+        cases.push((
+            "associated_data not the one encrypted with",
+            wx_sign(&keys().wx_a, SERIAL_A, T0_S, other_aad),
+            None,
+        ));
+        let mut cases: Vec<(String, Sent, Option<u16>)> =
+            cases.iter().map(|(what, note, status)| ((*what).to_owned(), Sent::from(note), *status)).collect();
+        // Headers missing altogether.
+        for missing in ["Wechatpay-Serial", "Wechatpay-Timestamp", "Wechatpay-Nonce", "Wechatpay-Signature"] {
+            let headers: Vec<(String, String)> = good.headers().into_iter().filter(|(n, _)| n != missing).collect();
+            cases.push((format!("without {missing}"), Sent { headers, body: good.body.clone() }, Some(401)));
+        }
+        (Sent::from(&good), cases)
+    }
+
+    const REFUND_PATH: &'static str = "/v1/callbacks/wechatpay/refund";
+    const REFUND_TIMED: [(&'static str, &'static str, &'static str); 2] =
+        [("WXRTIME001", "4200000001202311150041", "WXRT-0001"), ("WXRTIME003", "4200000001202311150043", "WXRT-0003")];
+
+    fn paid_and_refunding(app: &App, order_no: &str, txn: &str, refund_no: &str) {
+        wx_paid_and_refunding(app, order_no, txn, refund_no);
+    }
+
+    /// A minute after T0 by payonce's clock; WeChat's success_time 25 s before it.
+    fn refund_settled(
+        app: &App,
+        order_no: &str,
+        txn: &str,
+        refund_no: &str,
+    ) -> (&'static str, Sent, [&'static str; 2]) {
+        app.clock().advance_ms(60_000);
+        let mut refund = wx_refund(order_no, txn, refund_no, "SUCCESS");
+        refund["success_time"] = json!("2023-11-15T06:13:55+08:00");
+        let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
+        ("REFUND.SUCCESS", Sent::from(&note), ["2023-11-14T22:14:20.000Z", "2023-11-14T22:13:55.000Z"])
+    }
+
+    fn refund_time_not_a_time(order_no: &str, txn: &str, refund_no: &str) -> (&'static str, Sent) {
+        let mut refund = wx_refund(order_no, txn, refund_no, "SUCCESS");
+        refund["success_time"] = json!("2023-11-15 06:20:00");
+        let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
+        ("success_time not RFC 3339", Sent::from(&note))
+    }
+
+    /// A failed refund has no platform settlement time, whatever the resource carries.
+    fn refund_times_only_here(app: &App, _: (&str, &str, &str)) {
+        wx_paid_and_refunding(app, "WXRTIME002", "4200000001202311150042", "WXRT-0002");
+        let note = wx_refund_note("WXRTIME002", "4200000001202311150042", "WXRT-0002", "REFUND.CLOSED", "CLOSED");
+        assert_wx_ok(&wx_post(app, "/v1/callbacks/wechatpay/refund", &note), "REFUND.CLOSED");
+        assert_eq!(refund_times(app, "WXRT-0002").1, None);
+    }
 }
 
 struct AliEndToEnd;
@@ -1771,6 +1762,144 @@ impl EndToEnd for AliEndToEnd {
     fn expect_refused(resp: &util::HttpResponse, what: &str) {
         assert_eq!(resp.text(), "failure", "{what}");
     }
+
+    fn expect_ok(resp: &Response, what: &str) {
+        assert_ali_ok(resp, what);
+    }
+
+    fn expect_fail(resp: &Response, status: Option<u16>, what: &str) {
+        assert_ali_fail(resp, status, what);
+    }
+
+    const VALID: (&'static str, &'static str) = ("ALORDER0001", "2023111522001400000001");
+
+    fn valid(order_no: &str, pay_no: &str) -> Sent {
+        let signed = ali_signed(&ali_notice(pay_no, order_no, "99.00", "TRADE_SUCCESS"));
+        ali_utf8_sent(ali_encode(&signed, Enc::Standard))
+    }
+
+    /// `success` in plain text.
+    fn expect_valid_answer(resp: &Response) {
+        assert!(
+            resp.headers.iter().any(|(n, v)| n.eq_ignore_ascii_case("Content-Type") && v.starts_with("text/plain")),
+            "plain text: {:?}",
+            resp.headers
+        );
+    }
+
+    /// Alipay retries with the same bytes until it reads `success`.
+    fn fresh_deliveries(_: &str, _: &str) -> Vec<(&'static str, Sent)> {
+        Vec::new()
+    }
+
+    const TAMPERED: (&'static str, &'static str) = ("ALTAMPER0001", "2023111522001400000002");
+
+    /// Fields changed after signing; validly signed, but not for this
+    /// merchant or not by Alipay; GBK signed over UTF-8 (each a 4xx).
+    fn tamperings(order_no: &str, trade_no: &str) -> (Sent, Vec<(String, Sent, Option<u16>)>) {
+        let notice = ali_notice(trade_no, order_no, "99.00", "TRADE_SUCCESS");
+        let good = ali_signed(&notice);
+        let mut cases: Vec<(&str, Vec<u8>, Option<u16>)> = Vec::new();
+        let after_signing = |f: &dyn Fn(&mut Params)| {
+            let mut p = good.clone();
+            f(&mut p);
+            ali_encode(&p, Enc::Standard)
+        };
+        cases.push(("total_amount changed", after_signing(&|p| set(p, "total_amount", "0.01")), None));
+        cases.push(("receipt_amount changed", after_signing(&|p| set(p, "receipt_amount", "0.01")), None));
+        cases.push(("subject changed", after_signing(&|p| set(p, "subject", "测试商品 Test Good")), None));
+        cases.push(("out_trade_no changed", after_signing(&|p| set(p, "out_trade_no", "ALTAMPER0002")), None));
+        cases.push(("trade_status changed", after_signing(&|p| set(p, "trade_status", "TRADE_FINISHED")), None));
+        cases.push(("charset changed", after_signing(&|p| set(p, "charset", "gbk")), None));
+        cases.push(("a field added", after_signing(&|p| set(p, "hb_fq_num", "3")), None));
+        cases.push(("a field removed", after_signing(&|p| remove(p, "buyer_id")), None));
+        cases.push(("a field emptied", after_signing(&|p| set(p, "buyer_id", "")), None));
+        cases.push(("refund_fee added", after_signing(&|p| set(p, "refund_fee", "99.00")), None));
+        cases.push(("app_id changed after signing", after_signing(&|p| set(p, "app_id", "2021000000000002")), None));
+        cases.push(("sign removed", after_signing(&|p| remove(p, "sign")), None));
+        cases.push((
+            "sign corrupted",
+            after_signing(&|p| {
+                let s = get(p, "sign").unwrap().to_owned();
+                let first = if s.as_bytes()[0] == b'A' { "B" } else { "A" };
+                let flipped = format!("{first}{}", &s[1..]);
+                set(p, "sign", &flipped)
+            }),
+            None,
+        ));
+        cases.push(("sign not base64", after_signing(&|p| set(p, "sign", "not base64!")), None));
+        cases.push(("sign_type RSA", after_signing(&|p| set(p, "sign_type", "RSA")), None));
+        let mut twice = ali_encode(&good, Enc::Standard);
+        twice.extend_from_slice(b"&total_amount=0.01");
+        cases.push(("total_amount twice", twice, None));
+        // Signed correctly, but not for this merchant / not by Alipay.
+        let mut other_app = notice.clone();
+        set(&mut other_app, "app_id", "2021000000000002");
+        set(&mut other_app, "auth_app_id", "2021000000000002");
+        cases.push(("wrong app_id, validly signed", ali_encode(&ali_signed(&other_app), Enc::Standard), None));
+        let mut no_app = notice.clone();
+        remove(&mut no_app, "app_id");
+        cases.push(("no app_id, validly signed", ali_encode(&ali_signed(&no_app), Enc::Standard), None));
+        cases.push((
+            "signed by merchant_other",
+            ali_encode(&ali_signed_by(&keys().other, &notice), Enc::Standard),
+            None,
+        ));
+        cases.push((
+            "signed by a wechatpay key",
+            ali_encode(&ali_signed_by(&keys().wx_a, &notice), Enc::Standard),
+            None,
+        ));
+        // A GBK notice whose signature was computed over the UTF-8 bytes.
+        let mut gbk = notice.clone();
+        set(&mut gbk, "charset", "gbk");
+        let utf8_sign = rsa_sign(&keys().alipay, ali_content(&gbk).as_bytes());
+        let mut wrong_charset = gbk.clone();
+        set(&mut wrong_charset, "sign", &utf8_sign);
+        cases.push(("gbk notice signed over UTF-8 bytes", ali_encode(&wrong_charset, Enc::Standard), None));
+        let cases =
+            cases.into_iter().map(|(what, body, status)| (what.to_owned(), ali_utf8_sent(body), status)).collect();
+        (ali_utf8_sent(ali_encode(&good, Enc::Standard)), cases)
+    }
+
+    const REFUND_PATH: &'static str = "/v1/callbacks/alipay";
+    const REFUND_TIMED: [(&'static str, &'static str, &'static str); 2] = [
+        ("ALRTIME0001", "2023111522001400001101", "ALRT-0001"),
+        ("ALRTIME0002", "2023111522001400001102", "ALRT-0002"),
+    ];
+
+    fn paid_and_refunding(app: &App, order_no: &str, trade_no: &str, refund_no: &str) {
+        ali_paid_and_refunding(app, order_no, trade_no, refund_no);
+    }
+
+    /// ali_refund_notice carries gmt_refund 2023-11-15 06:20:00.123 (Beijing), with milliseconds.
+    fn refund_settled(
+        _: &App,
+        order_no: &str,
+        trade_no: &str,
+        refund_no: &str,
+    ) -> (&'static str, Sent, [&'static str; 2]) {
+        let notice = ali_signed(&ali_refund_notice(trade_no, order_no, "TRADE_SUCCESS", Some(refund_no)));
+        (
+            "refund notice",
+            ali_utf8_sent(ali_encode(&notice, Enc::Standard)),
+            ["2023-11-14T22:13:20.000Z", "2023-11-14T22:20:00.123Z"],
+        )
+    }
+
+    fn refund_time_not_a_time(order_no: &str, trade_no: &str, _: &str) -> (&'static str, Sent) {
+        let mut p = ali_refund_notice(trade_no, order_no, "TRADE_CLOSED", None);
+        set(&mut p, "gmt_refund", "2023/11/15 06:20");
+        ("gmt_refund not a time", ali_utf8_sent(ali_encode(&ali_signed(&p), Enc::Standard)))
+    }
+
+    /// Without milliseconds too: the refused refund, its gmt_refund a time.
+    fn refund_times_only_here(app: &App, (order_no, trade_no, refund_no): (&str, &str, &str)) {
+        let mut p = ali_refund_notice(trade_no, order_no, "TRADE_CLOSED", None);
+        set(&mut p, "gmt_refund", "2023-11-15 06:21:00");
+        assert_ali_ok(&ali_post(app, &ali_signed(&p)), "gmt_refund without milliseconds");
+        assert_eq!(refund_times(app, refund_no).1.as_deref(), Some("2023-11-14T22:21:00.000Z"));
+    }
 }
 
 /// Each case over every platform: `<case>::wechatpay`, `<case>::alipay`.
@@ -1792,7 +1921,12 @@ macro_rules! for_each_platform {
     };
 }
 
-for_each_platform!(through_the_binary);
+for_each_platform!(
+    through_the_binary,
+    valid_notification_is_verified_and_applied,
+    tampering_is_refused_and_records_nothing,
+    refund_time_is_kept_as_the_platform_settlement_time
+);
 
 /// The real binary configured for one platform: genuine notifications are
 /// applied once (coupon, points), refused ones record nothing and leave the
@@ -1832,6 +1966,78 @@ fn through_the_binary<P: EndToEnd>() {
     let resp = util::request(server.addr, "POST", other, &[("Content-Type", content_type)], body);
     assert_eq!(resp.status, 404);
     assert_eq!(resp.error_code(), "channel_not_configured");
+}
+
+/// In process: a genuine notification is verified and applied, its exact
+/// bytes recorded; the same notification again, or delivered afresh, is a
+/// duplicate that still answers success.
+fn valid_notification_is_verified_and_applied<P: EndToEnd>() {
+    let app = app();
+    let path = format!("/v1/callbacks/{}", P::NAME);
+    let (order_no, pay_no) = P::VALID;
+    create_order(&app, order_no, 9900);
+    let sent = P::valid(order_no, pay_no);
+    let resp = sent.handle(&app, &path);
+    P::expect_ok(&resp, "valid notification");
+    P::expect_valid_answer(&resp);
+    assert_applied(&app, order_no, pay_no, P::NAME, 9900);
+    let rows = callback_rows(&app);
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].channel.as_str(), rows[0].pay_no.as_str()), (P::NAME, pay_no));
+    assert_eq!((rows[0].amount, rows[0].outcome.as_str()), (9900, "applied"));
+    assert_eq!(rows[0].raw_body, sent.body, "raw_body is the exact bytes received");
+    // The platform retries: a redelivery is a duplicate, still a success.
+    let before = ledgers(&app);
+    P::expect_ok(&sent.handle(&app, &path), "redelivery");
+    for (what, fresh) in P::fresh_deliveries(order_no, pay_no) {
+        P::expect_ok(&fresh.handle(&app, &path), what);
+    }
+    assert_eq!(ledgers(&app), before, "duplicates change nothing");
+}
+
+/// In process: each tampered or otherwise signed notification is refused
+/// with the platform's failure answer and records nothing; the genuine one
+/// then still verifies and applies.
+fn tampering_is_refused_and_records_nothing<P: EndToEnd>() {
+    let app = app();
+    let path = format!("/v1/callbacks/{}", P::NAME);
+    let (order_no, pay_no) = P::TAMPERED;
+    create_order(&app, order_no, 9900);
+    let (good, cases) = P::tamperings(order_no, pay_no);
+    let before = ledgers(&app);
+    for (what, sent, status) in &cases {
+        P::expect_fail(&sent.handle(&app, &path), *status, what);
+        assert_eq!(ledgers(&app), before, "{what}: nothing recorded");
+    }
+    assert_pending_untouched(&app, order_no);
+    // The genuine notification still verifies and applies.
+    P::expect_ok(&good.handle(&app, &path), "genuine");
+    assert_applied(&app, order_no, pay_no, P::NAME, 9900);
+}
+
+/// In process: a refund result's own time is kept as the refund's platform
+/// settlement time beside payonce's settled_at; one that is not a time is
+/// refused and changes nothing.
+fn refund_time_is_kept_as_the_platform_settlement_time<P: EndToEnd>() {
+    let app = app();
+    let [settled, refused] = P::REFUND_TIMED;
+    let (order_no, pay_no, refund_no) = settled;
+    P::paid_and_refunding(&app, order_no, pay_no, refund_no);
+    let (what, sent, [settled_at, platform_settled_at]) = P::refund_settled(&app, order_no, pay_no, refund_no);
+    P::expect_ok(&sent.handle(&app, P::REFUND_PATH), what);
+    assert_refunded(&app, order_no, refund_no);
+    assert_eq!(
+        refund_times(&app, refund_no),
+        (Some(settled_at.to_owned()), Some(platform_settled_at.to_owned())),
+        "settled_at is payonce's clock, platform_settled_at the platform's own time"
+    );
+    let (order_no, pay_no, refund_no) = refused;
+    P::paid_and_refunding(&app, order_no, pay_no, refund_no);
+    let before = ledgers(&app);
+    let (what, sent) = P::refund_time_not_a_time(order_no, pay_no, refund_no);
+    P::expect_fail(&sent.handle(&app, P::REFUND_PATH), Some(400), what);
+    assert_eq!(ledgers(&app), before);
+    P::refund_times_only_here(&app, refused);
 }
 
 // ================================================================ platform times (section 13)
@@ -1931,35 +2137,6 @@ fn wechatpay_serials_match_in_any_case() {
     assert_pending_untouched(&app, "WXCASE0099");
 }
 
-#[test]
-fn wechatpay_refund_success_time_is_kept_as_the_platform_settlement_time() {
-    let app = app();
-    wx_paid_and_refunding(&app, "WXRTIME001", "4200000001202311150041", "WXRT-0001");
-    app.clock().advance_ms(60_000);
-    let mut refund = wx_refund("WXRTIME001", "4200000001202311150041", "WXRT-0001", "SUCCESS");
-    refund["success_time"] = json!("2023-11-15T06:13:55+08:00");
-    let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
-    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), "REFUND.SUCCESS");
-    assert_eq!(
-        refund_times(&app, "WXRT-0001"),
-        (Some("2023-11-14T22:14:20.000Z".to_owned()), Some("2023-11-14T22:13:55.000Z".to_owned())),
-        "settled_at is payonce's clock, platform_settled_at WeChat's success_time"
-    );
-    // A failed refund has no platform settlement time, whatever the resource carries.
-    wx_paid_and_refunding(&app, "WXRTIME002", "4200000001202311150042", "WXRT-0002");
-    let note = wx_refund_note("WXRTIME002", "4200000001202311150042", "WXRT-0002", "REFUND.CLOSED", "CLOSED");
-    assert_wx_ok(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), "REFUND.CLOSED");
-    assert_eq!(refund_times(&app, "WXRT-0002").1, None);
-    // A success_time that is not a time is refused, and nothing changes.
-    wx_paid_and_refunding(&app, "WXRTIME003", "4200000001202311150043", "WXRT-0003");
-    let mut refund = wx_refund("WXRTIME003", "4200000001202311150043", "WXRT-0003", "SUCCESS");
-    refund["success_time"] = json!("2023-11-15 06:20:00");
-    let before = ledgers(&app);
-    let note = wx_sign(&keys().wx_b, SERIAL_B, T0_S + 60, wx_body("REFUND.SUCCESS", &refund));
-    assert_wx_fail(&wx_post(&app, "/v1/callbacks/wechatpay/refund", &note), Some(400), "success_time not RFC 3339");
-    assert_eq!(ledgers(&app), before);
-}
-
 /// Alipay's string to sign as its Java SDK (`getSignCheckContentV1`) and
 /// python-alipay-sdk build it: sorted `k=v` except sign and sign_type, empty
 /// values kept as `k=`.
@@ -2057,32 +2234,6 @@ fn alipay_empty_refund_fields_are_absent() {
         let times = refund_times(&app, &format!("ALABR-{n:04}"));
         assert!(times.0.is_some() && times.1.is_none(), "{times:?}");
     }
-}
-
-#[test]
-fn alipay_gmt_refund_is_kept_as_the_platform_settlement_time() {
-    let app = app();
-    let (order_no, trade_no) = ("ALRTIME0001", "2023111522001400001101");
-    ali_paid_and_refunding(&app, order_no, trade_no, "ALRT-0001");
-    // ali_refund_notice carries gmt_refund 2023-11-15 06:20:00.123 (Beijing), with milliseconds.
-    let notice = ali_signed(&ali_refund_notice(trade_no, order_no, "TRADE_SUCCESS", Some("ALRT-0001")));
-    assert_ali_ok(&ali_post(&app, &notice), "refund notice");
-    assert_refunded(&app, order_no, "ALRT-0001");
-    assert_eq!(
-        refund_times(&app, "ALRT-0001"),
-        (Some("2023-11-14T22:13:20.000Z".to_owned()), Some("2023-11-14T22:20:00.123Z".to_owned()))
-    );
-    // Without milliseconds too; a gmt_refund that is not a time is refused.
-    let (order_no, trade_no) = ("ALRTIME0002", "2023111522001400001102");
-    ali_paid_and_refunding(&app, order_no, trade_no, "ALRT-0002");
-    let mut p = ali_refund_notice(trade_no, order_no, "TRADE_CLOSED", None);
-    set(&mut p, "gmt_refund", "2023/11/15 06:20");
-    let before = ledgers(&app);
-    assert_ali_fail(&ali_post(&app, &ali_signed(&p)), Some(400), "gmt_refund not a time");
-    assert_eq!(ledgers(&app), before);
-    set(&mut p, "gmt_refund", "2023-11-15 06:21:00");
-    assert_ali_ok(&ali_post(&app, &ali_signed(&p)), "gmt_refund without milliseconds");
-    assert_eq!(refund_times(&app, "ALRT-0002").1.as_deref(), Some("2023-11-14T22:21:00.000Z"));
 }
 
 // ---------------------------------------------------------------- currency, over sockets

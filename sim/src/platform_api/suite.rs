@@ -4,7 +4,7 @@
 //! sockets. A case becomes `<case>::wechatpay` and `<case>::alipay`; a new
 //! platform is one more line in the macro (docs/platforms.md).
 
-use super::tests::{connect, AliWire, Wire, WxWire};
+use super::tests::{connect, AliWire, Missigned, Wire, WxWire};
 use super::*;
 use payonce::platforms::alipay::AlipayApi;
 use payonce::platforms::wechatpay::WechatpayApi;
@@ -298,5 +298,32 @@ for_each_platform! {
         assert_eq!(calls.len(), wire.sent());
         assert!(calls.iter().all(|c| c.verified), "{calls:?}");
         wire.expect_calls(&calls, &no, &refund_no);
+    }
+
+    /// A request the merchant did not sign as it signs is refused with an
+    /// answer signed all the same, and nothing refused is acted on; what
+    /// only one platform refuses is in its `Wire` hooks (tests.rs).
+    fn refuses_requests_the_merchant_did_not_sign(start: fn(Duration) -> Pair) {
+        let pair = start(TIMEOUT);
+        let (api, order) = (&pair.api, pair.order);
+        let mut wire = (pair.wire)(api);
+        let no = order("NS1");
+        api.open_trade(&no, 100).expect("open");
+        for Missigned { case, answer, code } in wire.missigned(&no) {
+            assert!(answer.verified, "{case}: refusals are signed too");
+            wire.expect_missigned(case, &answer, code);
+        }
+        // The signature covers the request: changed after signing, refused.
+        let changed = wire.changed_after_signing(&no);
+        assert!(changed.verified, "signed too");
+        wire.expect_changed_after_signing(&changed);
+        wire.signing_only_here(&no);
+        // Every request refused at verification but the last one.
+        let calls = api.calls();
+        let verified: Vec<bool> = calls.iter().map(|c| c.verified).collect();
+        let mut expected = vec![false; wire.sent() - 1];
+        expected.push(true);
+        assert_eq!(verified, expected, "{calls:?}");
+        assert_eq!(api.trade_state(&no), Some(unpaid_state(api)), "nothing refused was acted on");
     }
 }
