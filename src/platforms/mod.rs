@@ -78,6 +78,16 @@ pub trait Notices: Send + Sync {
     }
 }
 
+/// A refund to submit: `amount` (in the currency's minor unit) of the
+/// order `order_no`'s payment, under the merchant's `refund_no`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefundRequest<'a> {
+    pub order_no: &'a str,
+    pub refund_no: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
+}
+
 /// A platform's merchant API: the questions payonce asks it (docs/platforms.md).
 /// Each call is one HTTP exchange, bounded by `--platform-timeout-ms`, whose
 /// answer is trusted only once it verifies and names what was asked.
@@ -90,15 +100,8 @@ pub trait Calls: Send + Sync {
     fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState>;
     /// Close the trade, so the buyer can no longer pay it there.
     fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer>;
-    /// Submit a refund of `amount` in `currency` under `refund_no`.
-    fn refund(
-        &self,
-        order_no: &str,
-        refund_no: &str,
-        amount: i64,
-        currency: &str,
-        now_ms: i64,
-    ) -> Exchange<RefundAnswer>;
+    /// Submit a refund of its amount in its currency under its refund_no.
+    fn refund(&self, refund: &RefundRequest<'_>, now_ms: i64) -> Exchange<RefundAnswer>;
     /// The state of a refund it accepted.
     fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState>;
 }
@@ -324,13 +327,10 @@ impl Platforms {
     pub(crate) fn refund(
         &self,
         channel: &str,
-        order_no: &str,
-        refund_no: &str,
-        amount: i64,
-        currency: &str,
+        refund: &RefundRequest<'_>,
         now_ms: i64,
     ) -> Option<Exchange<RefundAnswer>> {
-        self.registry.calls(channel).map(|api| api.refund(order_no, refund_no, amount, currency, now_ms))
+        self.registry.calls(channel).map(|api| api.refund(refund, now_ms))
     }
 
     pub(crate) fn refund_query(

@@ -20,7 +20,9 @@ use crate::ops::Mode;
 use crate::outgoing::{self, Claimed, Lease, PlatformAttempt, Queue, Schedule, Settle, Spent};
 use crate::platform_ops::{PlatformAnswer, Synced};
 use crate::platforms::SOURCE_QUERY;
-use crate::platforms::{CloseAnswer, Exchange, RefundAnswer, RefundState, TradeState, PLATFORM_WAITERS_MAX};
+use crate::platforms::{
+    CloseAnswer, Exchange, RefundAnswer, RefundRequest, RefundState, TradeState, PLATFORM_WAITERS_MAX,
+};
 use crate::store::{NewPlatformCall, PlatformCallRow};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -166,9 +168,13 @@ impl<'a> PlatformCalls<'a> {
         let order = self.core.orders().order(&row.order_no)?.order;
         let now_ms = self.core.clock().now_ms();
         let platforms = &self.core.config().platforms;
-        let Some(exchange) =
-            platforms.refund(&row.channel, &row.order_no, &refund_no, order.amount, &order.currency, now_ms)
-        else {
+        let refund = RefundRequest {
+            order_no: &row.order_no,
+            refund_no: &refund_no,
+            amount: order.amount,
+            currency: &order.currency,
+        };
+        let Some(exchange) = platforms.refund(&row.channel, &refund, now_ms) else {
             return Ok(());
         };
         if exchange.meaning == RefundAnswer::NotSendable {

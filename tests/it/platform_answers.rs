@@ -8,6 +8,7 @@
 
 use crate::util::{Server, TempDir};
 use base64::Engine as _;
+use payonce::platforms::{Calls, RefundRequest};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -316,7 +317,10 @@ fn forged_alipay_answers_are_no_answer_for_every_method() {
                 (e.distrust.is_none(), e.meaning == CloseAnswer::Closed)
             }
             "alipay.trade.refund" => {
-                let e = api.refund("ORD_A1", "RF_1", 1000, "CNY", now);
+                let e = api.refund(
+                    &RefundRequest { order_no: "ORD_A1", refund_no: "RF_1", amount: 1000, currency: "CNY" },
+                    now,
+                );
                 (e.distrust.is_none(), e.meaning == RefundAnswer::Accepted)
             }
             _ => {
@@ -641,7 +645,10 @@ fn an_alipay_refund_of_a_non_cny_order_is_not_sent() {
     use payonce::platforms::RefundAnswer;
     let gateway = Gateway::start(|seen| alipay_answer(seen.alipay_method(), &alipay_yes(seen.alipay_method(), "X")));
     let api = alipay_client(&gateway);
-    let exchange = api.refund("ORD_U1", "RF_U1", 1000, "USD", crate::util::now_ms());
+    let exchange = api.refund(
+        &RefundRequest { order_no: "ORD_U1", refund_no: "RF_U1", amount: 1000, currency: "USD" },
+        crate::util::now_ms(),
+    );
     assert_eq!(exchange.meaning, RefundAnswer::NotSendable);
     assert!(exchange.distrust.as_deref().is_some_and(|why| why.contains("USD")), "{:?}", exchange.distrust);
     assert!(gateway.seen().is_empty(), "nothing sent");

@@ -8,7 +8,7 @@
 //! that name then goes to the fake's code, none to WeChat Pay's.
 
 use payonce::api::{self, Request, Response};
-use payonce::platforms::Calls;
+use payonce::platforms::{Calls, RefundRequest};
 use payonce::platforms::{
     CloseAnswer, Exchange, Notice, Notices, Platform, Platforms, RefundAnswer, RefundState, Reply, TradeState,
 };
@@ -88,7 +88,7 @@ impl Calls for Fake {
         unreachable!("the test never closes")
     }
 
-    fn refund(&self, _: &str, _: &str, _: i64, _: &str, _: i64) -> Exchange<RefundAnswer> {
+    fn refund(&self, _: &RefundRequest<'_>, _: i64) -> Exchange<RefundAnswer> {
         unreachable!("the test never refunds")
     }
 

@@ -8,7 +8,7 @@ use payonce::domain::OrderStatus;
 use payonce::platform_ops::Platforms;
 use payonce::platforms::alipay::AlipayApi;
 use payonce::platforms::wechatpay::WechatpayApi;
-use payonce::platforms::{MerchantKey, TradeState};
+use payonce::platforms::{Calls, MerchantKey, TradeState};
 use payonce::{App, Clock, Config, CreateOrder};
 use rsa::pkcs8::DecodePrivateKey;
 

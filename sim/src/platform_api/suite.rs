@@ -8,7 +8,7 @@ use super::tests::{connect, AliWire, Missigned, Wire, WxWire};
 use super::*;
 use payonce::platforms::alipay::AlipayApi;
 use payonce::platforms::wechatpay::WechatpayApi;
-use payonce::platforms::{Calls, CloseAnswer, MerchantKey, RefundAnswer, RefundState, TradeState};
+use payonce::platforms::{Calls, CloseAnswer, MerchantKey, RefundAnswer, RefundRequest, RefundState, TradeState};
 use payonce::{Clock, PlatformStatus};
 use rsa::pkcs8::DecodePrivateKey;
 
@@ -145,8 +145,8 @@ for_each_platform! {
         );
         assert_eq!(calls.close(&paid_no, now()).meaning, CloseAnswer::Paid, "a paid trade does not close");
         let refund_no = order("RF1");
-        assert_eq!(calls.refund(&paid_no, &refund_no, 990, "CNY", now()).meaning, RefundAnswer::Accepted);
-        assert_eq!(calls.refund(&paid_no, &refund_no, 990, "CNY", now()).meaning, RefundAnswer::Accepted, "a retry");
+        assert_eq!(calls.refund(&refund(&paid_no, &refund_no, 990), now()).meaning, RefundAnswer::Accepted);
+        assert_eq!(calls.refund(&refund(&paid_no, &refund_no, 990), now()).meaning, RefundAnswer::Accepted, "a retry");
         assert_eq!(api.refunds().len(), 1, "one refund for one refund_no");
         assert_eq!(calls.refund_query(&paid_no, &refund_no, now()).meaning, RefundState::NotYet);
         assert!(api.settle_refund(&refund_no, RefundStatus::Success));
@@ -200,11 +200,11 @@ for_each_platform! {
         // one is, though the refund took effect.
         api.set_fault(Some(Fault::WrongTrade));
         let refund_no = order("WMR1");
-        let answer = calls.refund(&no, &refund_no, 100, "CNY", now());
+        let answer = calls.refund(&refund(&no, &refund_no, 100), now());
         assert_eq!(answer.meaning, RefundAnswer::Unknown, "{answer:?}");
         assert_eq!(api.refunds().len(), 1, "refunded at the platform all the same");
         api.set_fault(None);
-        assert_eq!(calls.refund(&no, &refund_no, 100, "CNY", now()).meaning, RefundAnswer::Accepted, "the retry");
+        assert_eq!(calls.refund(&refund(&no, &refund_no, 100), now()).meaning, RefundAnswer::Accepted, "the retry");
     }
 
     /// A call that outlives the timeout has no answer; the call took effect.
@@ -326,4 +326,9 @@ for_each_platform! {
         assert_eq!(verified, expected, "{calls:?}");
         assert_eq!(api.trade_state(&no), Some(unpaid_state(api)), "nothing refused was acted on");
     }
+}
+
+/// A refund of `amount` fen of `order_no` under `refund_no`.
+fn refund<'a>(order_no: &'a str, refund_no: &'a str, amount: i64) -> RefundRequest<'a> {
+    RefundRequest { order_no, refund_no, amount, currency: "CNY" }
 }

@@ -8,6 +8,7 @@
 use super::{CURRENCY, NAME};
 use crate::clock::{format_ms, UTC8_OFFSET_MS};
 use crate::domain::PlatformStatus;
+use crate::platforms::RefundRequest;
 use crate::platforms::{
     agent, body_text, unusable, Calls, CloseAnswer, Exchange, MerchantKey, RefundAnswer, RefundState, TradeState,
 };
@@ -84,142 +85,6 @@ impl AlipayApi {
             Ok(response) => Ok((status, text, response)),
             Err(why) => Err((Some(status), text, why)),
         }
-    }
-
-    /// `alipay.trade.close`: success, `ACQ.TRADE_NOT_EXIST` and a closed
-    /// trade mean closed; `ACQ.TRADE_STATUS_ERROR` (paid, or closed
-    /// already) means query again and decide.
-    pub fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
-        const METHOD: &str = "alipay.trade.close";
-        let biz = Biz::of(order_no).to_json();
-        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
-        if !can_carry(order_no) {
-            return Exchange::<CloseAnswer>::not_carried(request, "Alipay");
-        }
-        let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
-            Ok(answered) => answered,
-            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, CloseAnswer::Unknown),
-        };
-        let meaning = match (response["code"].as_str(), response["sub_code"].as_str()) {
-            (Some("10000"), _) if response.get("out_trade_no").is_none_or(|n| n == order_no) => CloseAnswer::Closed,
-            (Some("40004"), Some("ACQ.TRADE_NOT_EXIST")) => CloseAnswer::Closed,
-            (Some("40004"), Some("ACQ.TRADE_STATUS_ERROR")) => CloseAnswer::Paid,
-            _ => {
-                return Exchange::unknown(
-                    request,
-                    Some(status),
-                    text,
-                    "Alipay refused the close".into(),
-                    CloseAnswer::Unknown,
-                )
-            }
-        };
-        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
-    }
-
-    /// `alipay.trade.refund` with `out_request_no` = refund_no (Alipay's
-    /// idempotency key): success is accepted, also for a repeat
-    /// (`fund_change` `N`: the money moved the first time).
-    pub fn refund(
-        &self,
-        order_no: &str,
-        refund_no: &str,
-        amount: i64,
-        currency: &str,
-        now_ms: i64,
-    ) -> Exchange<RefundAnswer> {
-        const METHOD: &str = "alipay.trade.refund";
-        let refund_amount = crate::money::fen_to_yuan(amount);
-        let biz = Biz { refund_amount: Some(&refund_amount), out_request_no: Some(refund_no), ..Biz::of(order_no) };
-        let biz = biz.to_json();
-        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
-        // `refund_amount` is yuan: an order in another currency cannot be
-        // refunded through this API without refunding the wrong money.
-        if currency != CURRENCY {
-            let why = format!("not sent: Alipay refunds {}, and this order is in {currency}", CURRENCY);
-            return Exchange::unknown(request, None, String::new(), why, RefundAnswer::NotSendable);
-        }
-        match self.call(METHOD, &biz, now_ms) {
-            Ok((status, text, response))
-                if response["code"] == "10000" && response.get("out_trade_no").is_none_or(|n| n == order_no) =>
-            {
-                Exchange {
-                    request,
-                    http_status: Some(status),
-                    response: text,
-                    meaning: RefundAnswer::Accepted,
-                    distrust: None,
-                }
-            }
-            Ok((status, text, _)) => Exchange::unknown(
-                request,
-                Some(status),
-                text,
-                "Alipay did not accept the refund".into(),
-                RefundAnswer::Unknown,
-            ),
-            Err((status, text, why)) => Exchange::unknown(request, status, text, why, RefundAnswer::Unknown),
-        }
-    }
-
-    /// `alipay.trade.fastpay.refund.query`: `refund_status` REFUND_SUCCESS
-    /// settles it; without `refund_status` it is not yet, never failed.
-    pub fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
-        const METHOD: &str = "alipay.trade.fastpay.refund.query";
-        let biz = Biz { out_request_no: Some(refund_no), ..Biz::of(order_no) }.to_json();
-        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
-        let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
-            Ok(answered) => answered,
-            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, RefundState::Unknown),
-        };
-        if response["code"] != "10000" || response.get("out_trade_no").is_some_and(|n| n != order_no) {
-            return Exchange::unknown(
-                request,
-                Some(status),
-                text,
-                "Alipay refused the query".into(),
-                RefundState::Unknown,
-            );
-        }
-        let meaning = match response["refund_status"].as_str() {
-            Some("REFUND_SUCCESS") => RefundState::Settled(PlatformStatus::Success),
-            _ => RefundState::NotYet,
-        };
-        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
-    }
-
-    /// `alipay.trade.query`: the trade's state.
-    pub fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState> {
-        const METHOD: &str = "alipay.trade.query";
-        let biz = Biz::of(order_no).to_json();
-        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
-        if !can_carry(order_no) {
-            return Exchange::<TradeState>::not_carried(request, "Alipay");
-        }
-        let unknown = |status: Option<u16>, response: String, why: String| {
-            Exchange::unknown(request.clone(), status, response, why, TradeState::Unknown)
-        };
-        let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
-            Ok(answered) => answered,
-            Err((status, text, why)) => return unknown(status, text, why),
-        };
-        let meaning = match (response["code"].as_str(), response["sub_code"].as_str()) {
-            (Some("10000"), _) => {
-                if response["out_trade_no"] != order_no {
-                    return unknown(Some(status), text, "the answer names another out_trade_no".into());
-                }
-                match trade_state(&response) {
-                    Some(state) => state,
-                    None => return unknown(Some(status), text, "the answer's trade_status is unknown".into()),
-                }
-            }
-            (Some("40004"), Some("ACQ.TRADE_NOT_EXIST")) => TradeState::NotPaid { paying: false },
-            _ => return unknown(Some(status), text, "Alipay refused the call".into()),
-        };
-        if let Some(why) = unusable(&meaning) {
-            return unknown(Some(status), text, why);
-        }
-        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
 
     /// The `*_response` object of `method`'s answer once its `sign` verifies
@@ -323,27 +188,134 @@ impl Calls for AlipayApi {
         &self.gateway
     }
 
+    /// `alipay.trade.query`: the trade's state.
     fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState> {
-        AlipayApi::query(self, order_no, now_ms)
+        const METHOD: &str = "alipay.trade.query";
+        let biz = Biz::of(order_no).to_json();
+        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
+        if !can_carry(order_no) {
+            return Exchange::<TradeState>::not_carried(request, "Alipay");
+        }
+        let unknown = |status: Option<u16>, response: String, why: String| {
+            Exchange::unknown(request.clone(), status, response, why, TradeState::Unknown)
+        };
+        let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return unknown(status, text, why),
+        };
+        let meaning = match (response["code"].as_str(), response["sub_code"].as_str()) {
+            (Some("10000"), _) => {
+                if response["out_trade_no"] != order_no {
+                    return unknown(Some(status), text, "the answer names another out_trade_no".into());
+                }
+                match trade_state(&response) {
+                    Some(state) => state,
+                    None => return unknown(Some(status), text, "the answer's trade_status is unknown".into()),
+                }
+            }
+            (Some("40004"), Some("ACQ.TRADE_NOT_EXIST")) => TradeState::NotPaid { paying: false },
+            _ => return unknown(Some(status), text, "Alipay refused the call".into()),
+        };
+        if let Some(why) = unusable(&meaning) {
+            return unknown(Some(status), text, why);
+        }
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
 
+    /// `alipay.trade.close`: success, `ACQ.TRADE_NOT_EXIST` and a closed
+    /// trade mean closed; `ACQ.TRADE_STATUS_ERROR` (paid, or closed
+    /// already) means query again and decide.
     fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
-        AlipayApi::close(self, order_no, now_ms)
+        const METHOD: &str = "alipay.trade.close";
+        let biz = Biz::of(order_no).to_json();
+        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
+        if !can_carry(order_no) {
+            return Exchange::<CloseAnswer>::not_carried(request, "Alipay");
+        }
+        let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, CloseAnswer::Unknown),
+        };
+        let meaning = match (response["code"].as_str(), response["sub_code"].as_str()) {
+            (Some("10000"), _) if response.get("out_trade_no").is_none_or(|n| n == order_no) => CloseAnswer::Closed,
+            (Some("40004"), Some("ACQ.TRADE_NOT_EXIST")) => CloseAnswer::Closed,
+            (Some("40004"), Some("ACQ.TRADE_STATUS_ERROR")) => CloseAnswer::Paid,
+            _ => {
+                return Exchange::unknown(
+                    request,
+                    Some(status),
+                    text,
+                    "Alipay refused the close".into(),
+                    CloseAnswer::Unknown,
+                )
+            }
+        };
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
 
-    fn refund(
-        &self,
-        order_no: &str,
-        refund_no: &str,
-        amount: i64,
-        currency: &str,
-        now_ms: i64,
-    ) -> Exchange<RefundAnswer> {
-        AlipayApi::refund(self, order_no, refund_no, amount, currency, now_ms)
+    /// `alipay.trade.refund` with `out_request_no` = refund_no (Alipay's
+    /// idempotency key): success is accepted, also for a repeat
+    /// (`fund_change` `N`: the money moved the first time).
+    fn refund(&self, refund: &RefundRequest<'_>, now_ms: i64) -> Exchange<RefundAnswer> {
+        let RefundRequest { order_no, refund_no, amount, currency } = *refund;
+        const METHOD: &str = "alipay.trade.refund";
+        let refund_amount = crate::money::fen_to_yuan(amount);
+        let biz = Biz { refund_amount: Some(&refund_amount), out_request_no: Some(refund_no), ..Biz::of(order_no) };
+        let biz = biz.to_json();
+        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
+        // `refund_amount` is yuan: an order in another currency cannot be
+        // refunded through this API without refunding the wrong money.
+        if currency != CURRENCY {
+            let why = format!("not sent: Alipay refunds {}, and this order is in {currency}", CURRENCY);
+            return Exchange::unknown(request, None, String::new(), why, RefundAnswer::NotSendable);
+        }
+        match self.call(METHOD, &biz, now_ms) {
+            Ok((status, text, response))
+                if response["code"] == "10000" && response.get("out_trade_no").is_none_or(|n| n == order_no) =>
+            {
+                Exchange {
+                    request,
+                    http_status: Some(status),
+                    response: text,
+                    meaning: RefundAnswer::Accepted,
+                    distrust: None,
+                }
+            }
+            Ok((status, text, _)) => Exchange::unknown(
+                request,
+                Some(status),
+                text,
+                "Alipay did not accept the refund".into(),
+                RefundAnswer::Unknown,
+            ),
+            Err((status, text, why)) => Exchange::unknown(request, status, text, why, RefundAnswer::Unknown),
+        }
     }
 
+    /// `alipay.trade.fastpay.refund.query`: `refund_status` REFUND_SUCCESS
+    /// settles it; without `refund_status` it is not yet, never failed.
     fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
-        AlipayApi::refund_query(self, order_no, refund_no, now_ms)
+        const METHOD: &str = "alipay.trade.fastpay.refund.query";
+        let biz = Biz { out_request_no: Some(refund_no), ..Biz::of(order_no) }.to_json();
+        let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
+        let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, RefundState::Unknown),
+        };
+        if response["code"] != "10000" || response.get("out_trade_no").is_some_and(|n| n != order_no) {
+            return Exchange::unknown(
+                request,
+                Some(status),
+                text,
+                "Alipay refused the query".into(),
+                RefundState::Unknown,
+            );
+        }
+        let meaning = match response["refund_status"].as_str() {
+            Some("REFUND_SUCCESS") => RefundState::Settled(PlatformStatus::Success),
+            _ => RefundState::NotYet,
+        };
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
 }
 

@@ -6,6 +6,7 @@
 
 use super::{notices::currency_of, verify_signed, KeyExpiries, NAME};
 use crate::domain::PlatformStatus;
+use crate::platforms::RefundRequest;
 use crate::platforms::{
     agent, body_text, nonce, normalised_time, unusable, Calls, CloseAnswer, Exchange, MerchantKey, RefundAnswer,
     RefundState, TradeState,
@@ -70,40 +71,6 @@ impl WechatpayApi {
             self.mchid, self.merchant_serial
         ))
     }
-
-    /// `GET /v3/pay/transactions/out-trade-no/{order_no}?mchid=`: the trade's state.
-    pub fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState> {
-        let path = format!("/v3/pay/transactions/out-trade-no/{order_no}?mchid={}", self.mchid);
-        let request = format!("GET {}{path}", self.api_base);
-        if !can_carry(order_no) {
-            return Exchange::<TradeState>::not_carried(request, "WeChat Pay");
-        }
-        let (status, text) = match self.exchange("GET", &path, None, now_ms) {
-            Ok(answered) => answered,
-            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, TradeState::Unknown),
-        };
-        let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        let meaning = match status {
-            200 if json["mchid"] != self.mchid.as_str() || json["out_trade_no"] != order_no => None,
-            200 => trade_state(&json),
-            404 if json["code"] == "ORDER_NOT_EXIST" => Some(TradeState::NotPaid { paying: false }),
-            _ => None,
-        };
-        if let Some(why) = meaning.as_ref().and_then(unusable) {
-            return Exchange::unknown(request, Some(status), text, why, TradeState::Unknown);
-        }
-        match meaning {
-            Some(meaning) => Exchange { request, http_status: Some(status), response: text, meaning, distrust: None },
-            None => {
-                let why = if status == 200 {
-                    "the answer names another mchid or out_trade_no, or an unknown trade_state".to_owned()
-                } else {
-                    format!("HTTP {status}")
-                };
-                Exchange::unknown(request, Some(status), text, why, TradeState::Unknown)
-            }
-        }
-    }
 }
 
 impl WechatpayApi {
@@ -139,103 +106,6 @@ impl WechatpayApi {
             Ok(()) => Ok((status, text)),
             Err(e) => Err((Some(status), text, format!("the answer does not verify: {}", e.message))),
         }
-    }
-
-    /// `POST /v3/refund/domestic/refunds` with `out_refund_no` = refund_no
-    /// (WeChat Pay's idempotency key): a 200 naming it and the order's
-    /// `out_trade_no` is accepted; one naming another trade is no answer.
-    pub fn refund(
-        &self,
-        order_no: &str,
-        refund_no: &str,
-        amount: i64,
-        currency: &str,
-        now_ms: i64,
-    ) -> Exchange<RefundAnswer> {
-        let path = "/v3/refund/domestic/refunds";
-        // The order's currency: the money goes back as it came (docs/channels.md).
-        let body = RefundBody {
-            out_trade_no: order_no,
-            out_refund_no: refund_no,
-            amount: RefundAmount { refund: amount, total: amount, currency },
-            notify_url: self.refund_notify_url.as_deref(),
-        };
-        let body = serde_json::to_string(&body).unwrap_or_default();
-        let request = format!("POST {}{path} {body}", self.api_base);
-        match self.exchange("POST", path, Some(&body), now_ms) {
-            Ok((200, text))
-                if serde_json::from_str::<Value>(&text).is_ok_and(|j| names_refund(&j, order_no, refund_no)) =>
-            {
-                Exchange {
-                    request,
-                    http_status: Some(200),
-                    response: text,
-                    meaning: RefundAnswer::Accepted,
-                    distrust: None,
-                }
-            }
-            Ok((status, text)) => Exchange::unknown(
-                request,
-                Some(status),
-                text,
-                format!("HTTP {status}: not accepted"),
-                RefundAnswer::Unknown,
-            ),
-            Err((status, text, why)) => Exchange::unknown(request, status, text, why, RefundAnswer::Unknown),
-        }
-    }
-
-    /// `GET /v3/refund/domestic/refunds/{refund_no}`: SUCCESS settles it;
-    /// CLOSED and ABNORMAL settle it as failed; PROCESSING is not yet.
-    pub fn refund_query(&self, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
-        let path = format!("/v3/refund/domestic/refunds/{refund_no}");
-        let request = format!("GET {}{path}", self.api_base);
-        let (status, text) = match self.exchange("GET", &path, None, now_ms) {
-            Ok(answered) => answered,
-            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, RefundState::Unknown),
-        };
-        let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        if status != 200 || json["out_refund_no"] != refund_no {
-            return Exchange::unknown(request, Some(status), text, format!("HTTP {status}"), RefundState::Unknown);
-        }
-        let meaning = match json["status"].as_str() {
-            Some("SUCCESS") => RefundState::Settled(PlatformStatus::Success),
-            Some("CLOSED") | Some("ABNORMAL") => RefundState::Settled(PlatformStatus::Failed),
-            Some("PROCESSING") => RefundState::NotYet,
-            _ => {
-                return Exchange::unknown(
-                    request,
-                    Some(status),
-                    text,
-                    "unknown refund status".into(),
-                    RefundState::Unknown,
-                )
-            }
-        };
-        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
-    }
-
-    /// `POST /v3/pay/transactions/out-trade-no/{order_no}/close`: 204 (also
-    /// for an unknown out_trade_no) and `ORDER_CLOSED` mean closed;
-    /// `ORDERPAID` means query again and apply.
-    pub fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
-        let path = format!("/v3/pay/transactions/out-trade-no/{order_no}/close");
-        let body = serde_json::to_string(&CloseBody { mchid: &self.mchid }).unwrap_or_default();
-        let request = format!("POST {}{path} {body}", self.api_base);
-        if !can_carry(order_no) {
-            return Exchange::<CloseAnswer>::not_carried(request, "WeChat Pay");
-        }
-        let (status, text) = match self.exchange("POST", &path, Some(&body), now_ms) {
-            Ok(answered) => answered,
-            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, CloseAnswer::Unknown),
-        };
-        let code = serde_json::from_str::<Value>(&text).ok().and_then(|j| j["code"].as_str().map(str::to_owned));
-        let meaning = match (status, code.as_deref()) {
-            (204, _) | (400, Some("ORDER_CLOSED")) => CloseAnswer::Closed,
-            (400, Some("ORDERPAID")) => CloseAnswer::Paid,
-            _ => return Exchange::unknown(request, Some(status), text, format!("HTTP {status}"), CloseAnswer::Unknown),
-        };
-        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
 }
 
@@ -277,28 +147,130 @@ impl Calls for WechatpayApi {
         &self.api_base
     }
 
+    /// `GET /v3/pay/transactions/out-trade-no/{order_no}?mchid=`: the trade's state.
     fn query(&self, order_no: &str, now_ms: i64) -> Exchange<TradeState> {
-        WechatpayApi::query(self, order_no, now_ms)
+        let path = format!("/v3/pay/transactions/out-trade-no/{order_no}?mchid={}", self.mchid);
+        let request = format!("GET {}{path}", self.api_base);
+        if !can_carry(order_no) {
+            return Exchange::<TradeState>::not_carried(request, "WeChat Pay");
+        }
+        let (status, text) = match self.exchange("GET", &path, None, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, TradeState::Unknown),
+        };
+        let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let meaning = match status {
+            200 if json["mchid"] != self.mchid.as_str() || json["out_trade_no"] != order_no => None,
+            200 => trade_state(&json),
+            404 if json["code"] == "ORDER_NOT_EXIST" => Some(TradeState::NotPaid { paying: false }),
+            _ => None,
+        };
+        if let Some(why) = meaning.as_ref().and_then(unusable) {
+            return Exchange::unknown(request, Some(status), text, why, TradeState::Unknown);
+        }
+        match meaning {
+            Some(meaning) => Exchange { request, http_status: Some(status), response: text, meaning, distrust: None },
+            None => {
+                let why = if status == 200 {
+                    "the answer names another mchid or out_trade_no, or an unknown trade_state".to_owned()
+                } else {
+                    format!("HTTP {status}")
+                };
+                Exchange::unknown(request, Some(status), text, why, TradeState::Unknown)
+            }
+        }
     }
 
+    /// `POST /v3/pay/transactions/out-trade-no/{order_no}/close`: 204 (also
+    /// for an unknown out_trade_no) and `ORDER_CLOSED` mean closed;
+    /// `ORDERPAID` means query again and apply.
     fn close(&self, order_no: &str, now_ms: i64) -> Exchange<CloseAnswer> {
-        WechatpayApi::close(self, order_no, now_ms)
+        let path = format!("/v3/pay/transactions/out-trade-no/{order_no}/close");
+        let body = serde_json::to_string(&CloseBody { mchid: &self.mchid }).unwrap_or_default();
+        let request = format!("POST {}{path} {body}", self.api_base);
+        if !can_carry(order_no) {
+            return Exchange::<CloseAnswer>::not_carried(request, "WeChat Pay");
+        }
+        let (status, text) = match self.exchange("POST", &path, Some(&body), now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, CloseAnswer::Unknown),
+        };
+        let code = serde_json::from_str::<Value>(&text).ok().and_then(|j| j["code"].as_str().map(str::to_owned));
+        let meaning = match (status, code.as_deref()) {
+            (204, _) | (400, Some("ORDER_CLOSED")) => CloseAnswer::Closed,
+            (400, Some("ORDERPAID")) => CloseAnswer::Paid,
+            _ => return Exchange::unknown(request, Some(status), text, format!("HTTP {status}"), CloseAnswer::Unknown),
+        };
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
 
-    fn refund(
-        &self,
-        order_no: &str,
-        refund_no: &str,
-        amount: i64,
-        currency: &str,
-        now_ms: i64,
-    ) -> Exchange<RefundAnswer> {
-        WechatpayApi::refund(self, order_no, refund_no, amount, currency, now_ms)
+    /// `POST /v3/refund/domestic/refunds` with `out_refund_no` = refund_no
+    /// (WeChat Pay's idempotency key): a 200 naming it and the order's
+    /// `out_trade_no` is accepted; one naming another trade is no answer.
+    fn refund(&self, refund: &RefundRequest<'_>, now_ms: i64) -> Exchange<RefundAnswer> {
+        let RefundRequest { order_no, refund_no, amount, currency } = *refund;
+        let path = "/v3/refund/domestic/refunds";
+        // The order's currency: the money goes back as it came (docs/channels.md).
+        let body = RefundBody {
+            out_trade_no: order_no,
+            out_refund_no: refund_no,
+            amount: RefundAmount { refund: amount, total: amount, currency },
+            notify_url: self.refund_notify_url.as_deref(),
+        };
+        let body = serde_json::to_string(&body).unwrap_or_default();
+        let request = format!("POST {}{path} {body}", self.api_base);
+        match self.exchange("POST", path, Some(&body), now_ms) {
+            Ok((200, text))
+                if serde_json::from_str::<Value>(&text).is_ok_and(|j| names_refund(&j, order_no, refund_no)) =>
+            {
+                Exchange {
+                    request,
+                    http_status: Some(200),
+                    response: text,
+                    meaning: RefundAnswer::Accepted,
+                    distrust: None,
+                }
+            }
+            Ok((status, text)) => Exchange::unknown(
+                request,
+                Some(status),
+                text,
+                format!("HTTP {status}: not accepted"),
+                RefundAnswer::Unknown,
+            ),
+            Err((status, text, why)) => Exchange::unknown(request, status, text, why, RefundAnswer::Unknown),
+        }
     }
 
-    /// By `out_refund_no` alone: WeChat Pay's refund numbers are the merchant's.
+    /// `GET /v3/refund/domestic/refunds/{refund_no}`, by `out_refund_no`
+    /// alone (WeChat Pay's refund numbers are the merchant's): SUCCESS
+    /// settles it; CLOSED and ABNORMAL settle it as failed; PROCESSING is not yet.
     fn refund_query(&self, _order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
-        WechatpayApi::refund_query(self, refund_no, now_ms)
+        let path = format!("/v3/refund/domestic/refunds/{refund_no}");
+        let request = format!("GET {}{path}", self.api_base);
+        let (status, text) = match self.exchange("GET", &path, None, now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, RefundState::Unknown),
+        };
+        let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if status != 200 || json["out_refund_no"] != refund_no {
+            return Exchange::unknown(request, Some(status), text, format!("HTTP {status}"), RefundState::Unknown);
+        }
+        let meaning = match json["status"].as_str() {
+            Some("SUCCESS") => RefundState::Settled(PlatformStatus::Success),
+            Some("CLOSED") | Some("ABNORMAL") => RefundState::Settled(PlatformStatus::Failed),
+            Some("PROCESSING") => RefundState::NotYet,
+            _ => {
+                return Exchange::unknown(
+                    request,
+                    Some(status),
+                    text,
+                    "unknown refund status".into(),
+                    RefundState::Unknown,
+                )
+            }
+        };
+        Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
 }
 
