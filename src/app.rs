@@ -42,7 +42,7 @@ pub struct Config {
     /// The webhook relay's endpoints, secrets, timeout and schedule.
     pub webhooks: crate::webhook::WebhookConfig,
     /// The platforms that are on (their notices, and the calls payonce may
-    /// make, section 11) and how calls are paced; none by default.
+    /// make, docs/platforms.md) and how calls are paced; none by default.
     pub platforms: crate::platforms::Platforms,
 }
 

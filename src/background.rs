@@ -113,7 +113,7 @@ fn in_batches_until_none_due(
 /// Platform calls in flight at once in the platform-call pool.
 pub const PLATFORM_POOL_SIZE: usize = 8;
 
-/// The platform-call pool (section 11): the leased-call worker of
+/// The platform-call pool (docs/platforms.md): the leased-call worker of
 /// `src/outgoing/` over the due `platform_call` rows (closes: ask, apply
 /// or close at the platform, then the local close; refund submissions and
 /// queries), while the mode is normal. It looks for due calls every

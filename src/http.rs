@@ -9,7 +9,7 @@
 //! touches the store, and no worker ever waits on a client's socket, so slow
 //! or hostile clients cannot hold the pool.
 //!
-//! What holds here without a reverse proxy (PRODUCT.md section 7):
+//! What holds here without a reverse proxy (docs/deployment.md):
 //! - at most `max_connections` connections are served; more wait in the
 //!   kernel's backlog;
 //! - a head must arrive within `header_read_timeout_ms`, be at most
@@ -92,7 +92,7 @@ const ACCEPT_BACKOFF_MS: u64 = 50;
 /// Accept errors are logged at most this often.
 const ACCEPT_ERROR_LOG_INTERVAL_MS: u64 = 1_000;
 
-/// Every limit of the edge, each a `serve` setting (section 7), so tests can
+/// Every limit of the edge, each a `serve` setting (docs/settings.md), so tests can
 /// shrink them.
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -524,7 +524,7 @@ async fn run_on_worker(edge: &Edge, request: Request) -> Response {
     answer.await.unwrap_or_else(|_| unavailable())
 }
 
-/// Section 7's framing rules, stricter than hyper's own: hyper lets
+/// The edge's framing rules (docs/deployment.md), stricter than hyper's own: hyper lets
 /// Content-Length with Transfer-Encoding, equal duplicate Content-Lengths and
 /// `identity, chunked` through, and any of them can smuggle a second request
 /// past a proxy that reads the framing differently. hyper drops the extra

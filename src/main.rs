@@ -161,7 +161,7 @@ calls are on when any of its outgoing-only settings is given; then all are requi
                                   confirmation, close locally and report close_unconfirmed
                                   [default: 86400]
 
-HTTP edge limits (section 7; each holds without a reverse proxy):
+HTTP edge limits (each holds without a reverse proxy; docs/deployment.md):
   --max-connections N             connections served at once; more wait in the kernel's backlog.
                                   Clamped to RLIMIT_NOFILE minus --fd-reserve [default: 1024]
   --header-read-timeout-ms N      a request head must arrive within this [default: 10000]

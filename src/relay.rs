@@ -1,4 +1,4 @@
-//! The webhook relay (PRODUCT.md section 10): pushes the outbox to each
+//! The webhook relay (docs/webhooks.md): pushes the outbox to each
 //! configured endpoint, at least once, signed per Standard Webhooks,
 //! ordered per order.
 //!

@@ -1,7 +1,6 @@
-//! Real payment platforms (PRODUCT.md section 4, "Real payment platforms";
-//! issue 6): WeChat Pay v3 and Alipay notifications, built and signed here
-//! the way the platforms document them, with the TEST-ONLY keys of
-//! `tests/fixtures`. Most cases run in process on `:memory:` with a manual
+//! Real payment platforms (docs/channels.md): WeChat Pay v3 and Alipay
+//! notifications, built and signed here the way the platforms document
+//! them, with the TEST-ONLY keys of `tests/fixtures`. Most cases run in process on `:memory:` with a manual
 //! clock; one end-to-end test per platform runs the real binary with its
 //! command-line flags.
 //!
@@ -1361,7 +1360,7 @@ fn ali_sent(params: &Params) -> Sent {
 }
 
 /// A genuine payment notification, paid ten seconds ago by the system
-/// clock serve runs on (section 13's window).
+/// clock serve runs on (inside the platform-time window, docs/decisions.md).
 struct Genuine {
     order_no: &'static str,
     amount: i64,
@@ -1489,7 +1488,7 @@ impl EndToEnd for WxEndToEnd {
                 wx_body("TRANSACTION.SUCCESS", &wx_transaction(order_no, txn, json!(9900))),
             )
         };
-        // Paid 73 hours ago by its success_time (section 13).
+        // Paid 73 hours ago by its success_time (past the platform-time window).
         let stale = wx_paid_note(order_no, txn, &keys().wx_a, SERIAL_A, 73 * 3_600_000);
         let mut tampered = note(now_s());
         tampered.body[10] ^= 0x01;
@@ -2040,7 +2039,7 @@ fn refund_time_is_kept_as_the_platform_settlement_time<P: EndToEnd>() {
     P::refund_times_only_here(&app, refused);
 }
 
-// ================================================================ platform times (section 13)
+// ================================================================ platform times (docs/decisions.md)
 
 #[test]
 fn wechatpay_and_alipay_payment_times_are_windowed_and_refund_notices_are_not() {
