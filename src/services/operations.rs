@@ -24,6 +24,15 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// What one reconciliation compares: a statement of a format over the days
+/// of its period.
+#[derive(Clone, Copy)]
+struct Compared<'a> {
+    format: Format,
+    statement: &'a Statement<'a>,
+    period: &'a BTreeSet<String>,
+}
+
 #[derive(Clone, Copy)]
 pub struct Operations<'a> {
     core: &'a Core,
@@ -329,9 +338,9 @@ impl<'a> Operations<'a> {
             compared: statement.compared.iter().map(|k| k.as_str()).collect(),
             ..Reconciliation::default()
         };
-        let (listed, missing) =
-            self.compare_rows(format, statement, &period, keep_missing, total, progress, &mut result)?;
-        self.local_only(format, statement, &period, listed, &mut result)?;
+        let compared = Compared { format, statement, period: &period };
+        let (listed, missing) = self.compare_rows(&compared, keep_missing, total, progress, &mut result)?;
+        self.local_only(&compared, listed, &mut result)?;
         Ok((result, missing))
     }
 
@@ -339,17 +348,15 @@ impl<'a> Operations<'a> {
     /// payonce's amount, in batches of [`COMPARE_BATCH_ROWS`], one read
     /// transaction a batch. Returns the ids the statement lists and (with
     /// `keep_missing`) the lines of the payment rows payonce has no record of.
-    #[allow(clippy::too_many_arguments)]
     fn compare_rows(
         &self,
-        format: Format,
-        statement: &Statement,
-        period: &BTreeSet<String>,
+        compared: &Compared<'_>,
         keep_missing: bool,
         total: usize,
         progress: &mut dyn FnMut(usize, usize),
         result: &mut Reconciliation,
     ) -> Result<(Listed, Vec<usize>), Error> {
+        let Compared { format, statement, period } = *compared;
         let offset = format.day_offset_ms();
         let compares = |kind: RowKind| statement.compared.contains(&kind);
         let day = |r: &StatementRow| r.at_ms.map(|at| recon::day_of(at, offset));
@@ -394,14 +401,8 @@ impl<'a> Operations<'a> {
 
     /// The comparison's last step: what payonce recorded in the period that
     /// the statement does not list, into `missing_remote`.
-    fn local_only(
-        &self,
-        format: Format,
-        statement: &Statement,
-        period: &BTreeSet<String>,
-        listed: Listed,
-        result: &mut Reconciliation,
-    ) -> Result<(), Error> {
+    fn local_only(&self, compared: &Compared<'_>, listed: Listed, result: &mut Reconciliation) -> Result<(), Error> {
+        let Compared { format, statement, period } = *compared;
         let offset = format.day_offset_ms();
         let compares = |kind: RowKind| statement.compared.contains(&kind);
         // What payonce recorded in the period that the statement does not
