@@ -109,12 +109,8 @@ impl Metrics {
     fn render_requests(&self, out: &mut String) {
         header(out, "payonce_http_requests_total", "counter", "HTTP requests by method, route and status.");
         for ((method, route, status), n) in self.requests.lock().iter() {
-            let _ = writeln!(
-                out,
-                "payonce_http_requests_total{{method=\"{}\",route=\"{}\",status=\"{status}\"}} {n}",
-                escape(method),
-                escape(route)
-            );
+            let status = status.to_string();
+            sample(out, "payonce_http_requests_total", &[("method", method), ("route", route), ("status", &status)], n);
         }
         header(out, "payonce_http_request_duration_seconds", "histogram", "HTTP request latency.");
         for (bucket, bound) in self.latency_buckets.iter().zip(LATENCY_BUCKETS_S) {
@@ -135,24 +131,19 @@ impl Metrics {
     fn render_outcomes(&self, out: &mut String) {
         header(out, "payonce_callback_outcomes_total", "counter", "Callback answers by kind and outcome.");
         for ((kind, outcome), n) in self.callback_outcomes.lock().iter() {
-            let _ = writeln!(
-                out,
-                "payonce_callback_outcomes_total{{kind=\"{}\",outcome=\"{}\"}} {n}",
-                escape(kind),
-                escape(outcome)
-            );
+            sample(out, "payonce_callback_outcomes_total", &[("kind", kind), ("outcome", outcome)], n);
         }
         header(out, "payonce_duplicates_suppressed_total", "counter", "Repeats answered without doing the work again.");
         for (layer, n) in self.duplicates_suppressed.lock().iter() {
-            let _ = writeln!(out, "payonce_duplicates_suppressed_total{{layer=\"{layer}\"}} {n}");
+            sample(out, "payonce_duplicates_suppressed_total", &[("layer", layer)], n);
         }
         header(out, "payonce_inspection_findings_total", "counter", "Inspection findings by kind, over all runs.");
         for (kind, n) in self.inspection_findings.lock().iter() {
-            let _ = writeln!(out, "payonce_inspection_findings_total{{kind=\"{}\"}} {n}", escape(kind));
+            sample(out, "payonce_inspection_findings_total", &[("kind", kind)], n);
         }
         header(out, "payonce_inspection_last_findings", "gauge", "Findings of the last inspection run, by kind.");
         for (kind, n) in self.inspection_last.lock().iter() {
-            let _ = writeln!(out, "payonce_inspection_last_findings{{kind=\"{}\"}} {n}", escape(kind));
+            sample(out, "payonce_inspection_last_findings", &[("kind", kind)], n);
         }
     }
 
@@ -161,15 +152,20 @@ impl Metrics {
         header(out, "payonce_mode", "gauge", "Current mode: 1 for the mode in force.");
         let _ = writeln!(out, "payonce_mode{{mode=\"normal\"}} {}", u8::from(!gauges.record_only));
         let _ = writeln!(out, "payonce_mode{{mode=\"record_only\"}} {}", u8::from(gauges.record_only));
-        header(
+        single(
             out,
             "payonce_received_waiting",
             "gauge",
             "Callbacks recorded in record-only mode, waiting to be decided.",
+            gauges.received_waiting,
         );
-        let _ = writeln!(out, "payonce_received_waiting {}", gauges.received_waiting);
-        header(out, "payonce_key_locks", "gauge", "Entries in the keyed-lock map (held or awaited keys).");
-        let _ = writeln!(out, "payonce_key_locks {}", gauges.key_locks);
+        single(
+            out,
+            "payonce_key_locks",
+            "gauge",
+            "Entries in the keyed-lock map (held or awaited keys).",
+            gauges.key_locks,
+        );
         header(
             out,
             "payonce_storage_ok",
@@ -178,20 +174,14 @@ impl Metrics {
         );
         let storage_ok = self.storage_ok.as_ref().is_none_or(|f| f.load(Ordering::Acquire));
         let _ = writeln!(out, "payonce_storage_ok {}", u8::from(storage_ok));
-        header(
-            out,
-            "payonce_group_commit_batches_total",
-            "counter",
-            "SQLite write transactions the group committer ended (committed or failed); each carried one or more operations.",
-        );
-        let _ = writeln!(out, "payonce_group_commit_batches_total {}", gauges.group_commit.0);
-        header(
+        single(out, "payonce_group_commit_batches_total", "counter", "SQLite write transactions the group committer ended (committed or failed); each carried one or more operations.", gauges.group_commit.0);
+        single(
             out,
             "payonce_group_commit_operations_total",
             "counter",
             "Write operations in those transactions: operations / batches is the mean batch size.",
+            gauges.group_commit.1,
         );
-        let _ = writeln!(out, "payonce_group_commit_operations_total {}", gauges.group_commit.1);
     }
 
     /// Webhook attempts by result, and the pending deliveries of the database.
@@ -209,16 +199,33 @@ impl Metrics {
                 let _ = writeln!(out, "payonce_webhook_deliveries_total{{result=\"{result}\"}} {n}");
             }
         }
-        header(out, "payonce_webhook_pending", "gauge", "Webhook deliveries pending in the database (all processes).");
-        let _ = writeln!(out, "payonce_webhook_pending {}", gauges.webhook_pending);
-        header(
+        single(
+            out,
+            "payonce_webhook_pending",
+            "gauge",
+            "Webhook deliveries pending in the database (all processes).",
+            gauges.webhook_pending,
+        );
+        single(
             out,
             "payonce_webhook_oldest_pending_seconds",
             "gauge",
             "Age of the oldest pending webhook delivery since it was queued; 0 when none is pending.",
+            gauges.webhook_oldest_pending_s,
         );
-        let _ = writeln!(out, "payonce_webhook_oldest_pending_seconds {}", gauges.webhook_oldest_pending_s);
     }
+}
+
+/// A series of one sample without labels, with its HELP and TYPE.
+fn single(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    header(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
+}
+
+/// One sample line: `name{label="value",...} value`, the label values escaped.
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+    let labels: Vec<String> = labels.iter().map(|(label, v)| format!("{label}=\"{}\"", escape(v))).collect();
+    let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
 }
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
