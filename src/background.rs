@@ -16,7 +16,7 @@ use crate::app::App;
 use crate::error::Error;
 use crate::log;
 use crate::ops::Mode;
-use crate::outgoing::{self, Claimed, Queue, Shape};
+use crate::outgoing::{self, AtShutdown, Claimed, Queue, Shape};
 use crate::services::PlatformCalls;
 use crate::store::PlatformCallRow;
 use crate::store::Signal;
@@ -130,6 +130,7 @@ pub fn spawn_platform_worker(
         concurrency: PLATFORM_POOL_SIZE,
         wake: Arc::new(Signal::default()),
         poll: interval,
+        at_shutdown: AtShutdown::FinishCalls,
     };
     outgoing::spawn(Arc::new(PlatformPool(app)), shape, shutdown)
 }

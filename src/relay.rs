@@ -25,7 +25,7 @@ use crate::app::App;
 use crate::domain::AttemptResult;
 use crate::error::Error;
 use crate::log;
-use crate::outgoing::{self, random_unit, Queue, Schedule, Shape, Spent};
+use crate::outgoing::{self, random_unit, AtShutdown, Queue, Schedule, Shape, Spent};
 use crate::render;
 use crate::store::escape_foreign_text;
 use crate::webhook::{retry_after_ms, signature_header, ERROR_TEXT_MAX, JITTER_FRACTION};
@@ -215,6 +215,7 @@ pub fn spawn_relay(app: Arc<App>, shutdown: Arc<AtomicBool>) -> Result<Option<Jo
         // A delivered event may free the next event of its order: each call rings it too.
         wake: app.webhooks().outbox_signal(),
         poll: Duration::from_millis(app.config().webhooks.poll_ms.max(1)),
+        at_shutdown: AtShutdown::LeaveCalls,
     };
     let dispatcher = outgoing::spawn(relay, shape, shutdown)
         .map_err(|e| Error::internal(format!("cannot start the webhook relay: {e}")))?;

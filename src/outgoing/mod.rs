@@ -25,7 +25,7 @@ mod worker;
 
 pub use kinds::PlatformAttempt;
 pub use schedule::{random_unit, Schedule, Spent};
-pub use worker::{run_once, spawn, Queue, Shape};
+pub use worker::{run_once, spawn, AtShutdown, Queue, Shape};
 
 use crate::clock::format_ms;
 use crate::error::Error;

@@ -174,6 +174,7 @@ fn the_worker_bounds_its_calls_and_stops_on_shutdown() {
         concurrency: 3,
         wake,
         poll: Duration::from_secs(5),
+        at_shutdown: AtShutdown::FinishCalls,
     };
     let worker = spawn(Arc::clone(&queue), shape, Arc::clone(&shutdown)).expect("spawn");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -187,4 +188,74 @@ fn the_worker_bounds_its_calls_and_stops_on_shutdown() {
     shutdown.store(true, Ordering::SeqCst);
     worker.join().expect("the dispatcher ends");
     assert!(asked.elapsed() < Duration::from_secs(2), "stopped within its shutdown poll");
+}
+
+/// One call that blocks until released.
+struct Hanging {
+    started: AtomicBool,
+    released: AtomicBool,
+    claimed: AtomicBool,
+}
+
+impl Queue for Hanging {
+    type Job = ();
+    type Done = ();
+    const ROUND_FAILED: &'static str = "test round failed";
+
+    fn ready(&self) -> bool {
+        true
+    }
+
+    fn claim_due(&self, _limit: usize) -> Result<Vec<()>, Error> {
+        Ok(if self.claimed.swap(true, Ordering::SeqCst) { Vec::new() } else { vec![()] })
+    }
+
+    fn work(&self, _job: &()) {
+        self.started.store(true, Ordering::SeqCst);
+        while !self.released.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// A stopping worker with a call that never ends: `LeaveCalls` ends its
+/// dispatcher at once (the call is left to its lease), `FinishCalls` only
+/// once the call ended.
+#[test]
+fn a_stopping_worker_leaves_or_finishes_the_call_in_flight_as_its_queue_says() {
+    for at_shutdown in [AtShutdown::LeaveCalls, AtShutdown::FinishCalls] {
+        let queue = Arc::new(Hanging {
+            started: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+            claimed: AtomicBool::new(false),
+        });
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let shape = Shape {
+            name: "test-dispatcher",
+            sender_name: "test-sender",
+            concurrency: 1,
+            wake: Arc::new(crate::store::Signal::default()),
+            poll: Duration::from_millis(10),
+            at_shutdown,
+        };
+        let worker = spawn(Arc::clone(&queue), shape, Arc::clone(&shutdown)).expect("spawn");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !queue.started.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the call never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        shutdown.store(true, Ordering::SeqCst);
+        // Ending at once is seen within seconds; waiting, for as long as we look.
+        let look = if at_shutdown == AtShutdown::LeaveCalls { 10_000 } else { 300 };
+        let deadline = Instant::now() + Duration::from_millis(look);
+        while !worker.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match at_shutdown {
+            AtShutdown::LeaveCalls => assert!(worker.is_finished(), "left the hanging call to its lease"),
+            AtShutdown::FinishCalls => assert!(!worker.is_finished(), "waits for the call in flight"),
+        }
+        queue.released.store(true, Ordering::SeqCst);
+        worker.join().expect("the dispatcher ends");
+    }
 }

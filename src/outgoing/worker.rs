@@ -3,9 +3,9 @@
 //! threads make them, so a hanging call holds one sender only. The
 //! dispatcher sleeps on a [`Signal`] (rung by each finished call, and by
 //! whatever else the queue's work depends on) or until its poll interval
-//! passed. Once shutdown is set it claims nothing more, its senders finish
-//! the call they are making and leave the ones not started to their lease,
-//! and the dispatcher ends after them.
+//! passed. Once shutdown is set it claims nothing more and its senders
+//! start no claimed call (those are left to their lease). What happens to
+//! the calls being made is the queue's choice ([`AtShutdown`]).
 
 use crate::error::Error;
 use crate::log;
@@ -34,6 +34,20 @@ pub trait Queue: Send + Sync {
     fn work(&self, job: &Self::Job) -> Self::Done;
 }
 
+/// What a stopping worker does with the calls its senders are making.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtShutdown {
+    /// The dispatcher ends once each sender finished its call (the
+    /// platform-call pool: a close between the platform's answer and the
+    /// local close is finished, as the pool's rounds always were).
+    FinishCalls,
+    /// The dispatcher ends at once and leaves the calls in flight to the
+    /// process's exit: one it interrupted is made again when its lease runs
+    /// out (the webhook relay: a receiver that never answers must not hold
+    /// the exit past `--shutdown-grace-ms`).
+    LeaveCalls,
+}
+
 /// A worker's threads and when its dispatcher wakes.
 pub struct Shape {
     /// The dispatcher's thread name; the senders' are `{name}-{n}`.
@@ -45,6 +59,7 @@ pub struct Shape {
     pub wake: Arc<Signal>,
     /// The longest sleep between two rounds without a ring.
     pub poll: Duration,
+    pub at_shutdown: AtShutdown,
 }
 
 /// One round by hand (tests, tools, the explicit drain of a pool): claims
@@ -59,7 +74,8 @@ pub fn run_once<Q: Queue>(queue: &Q, limit: usize) -> Result<Vec<Q::Done>, Error
 }
 
 /// Starts a worker for `queue`; returns its dispatcher, which ends once
-/// `shutdown` is set and every sender finished its call.
+/// `shutdown` is set (and, with [`AtShutdown::FinishCalls`], every sender
+/// finished its call).
 pub fn spawn<Q>(queue: Arc<Q>, shape: Shape, shutdown: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>>
 where
     Q: Queue + 'static,
@@ -91,8 +107,10 @@ where
             wait(&shape.wake, seen, shape.poll, &shutdown);
         }
         drop(jobs);
-        for sender in senders {
-            let _ = sender.join();
+        if shape.at_shutdown == AtShutdown::FinishCalls {
+            for sender in senders {
+                let _ = sender.join();
+            }
         }
     })
 }

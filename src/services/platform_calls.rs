@@ -27,6 +27,11 @@ use crate::store::{NewPlatformCall, PlatformCallRow};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// The most platform calls one pool job makes (a close: query, close, query).
+const CALLS_PER_JOB_MAX: u64 = 3;
+/// What a lease adds to its calls' timeouts, for the recording around them.
+const LEASE_MARGIN_MS: u64 = 1_000;
+
 #[derive(Clone, Copy)]
 pub struct PlatformCalls<'a> {
     core: &'a Core,
@@ -134,8 +139,13 @@ impl<'a> PlatformCalls<'a> {
     /// does (so the pool and an explicit close never work one row at once):
     /// the claim, or `None` when another holds it or it moved on.
     fn claim(&self, row: &PlatformCallRow) -> Result<Option<Claimed<PlatformCallRow>>, Error> {
-        // A close makes two calls (a query and the close), each bounded by the timeout.
-        let lease = Lease::new(self.core.clock().now_ms(), self.core.config().platforms.timeout_ms.saturating_mul(2));
+        // A job makes at most three calls (a close: a query, the close, and a
+        // query again after a "paid" refusal), each bounded by the timeout;
+        // the lease outlasts them all, so no worker claims a row whose call
+        // is still being made.
+        let timeout_ms = self.core.config().platforms.timeout_ms;
+        let lease_ms = timeout_ms.saturating_mul(CALLS_PER_JOB_MAX).saturating_add(LEASE_MARGIN_MS);
+        let lease = Lease::new(self.core.clock().now_ms(), lease_ms);
         outgoing::claim(self.core.store(), row, &lease)
     }
 

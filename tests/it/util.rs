@@ -151,6 +151,20 @@ impl Server {
         let _ = self.child.wait();
     }
 
+    /// Waits up to `timeout` for the process to exit; `None` if it did not.
+    pub fn wait_exit(&mut self, timeout: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                _ => return None,
+            }
+        }
+    }
+
     /// Sends a signal by number (15 = SIGTERM, 2 = SIGINT) with `kill(1)`.
     pub fn signal(&self, signal: i32) {
         let _ = Command::new("kill").arg(format!("-{signal}")).arg(self.child.id().to_string()).status();

@@ -548,3 +548,40 @@ for_each_engine! {
 fn serve_with_webhooks_on(db: &Db, url: &str) -> Server {
     db.serve_env(&["--webhook-url", url], &[("PAYONCE_WEBHOOK_SECRET", SECRETS)])
 }
+
+/// A receiver that accepts and never answers does not hold payonce's exit:
+/// on SIGTERM the relay leaves its call in flight to the lease (a restart
+/// makes it again), and payonce exits within its shutdown grace, not after
+/// `--webhook-timeout-ms`.
+#[test]
+fn a_receiver_that_never_answers_does_not_hold_the_exit() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let accepted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let held = Arc::clone(&accepted);
+    std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.store(true, std::sync::atomic::Ordering::SeqCst);
+            open.push(stream); // read nothing, answer nothing, close nothing
+        }
+    });
+    let db = Db::sqlite("webhook_hanging_exit");
+    let mut server =
+        serve_with_webhooks(&db, &[url], &["--webhook-timeout-ms", "60000", "--shutdown-grace-ms", "1000"]);
+    pay_order(&server, "HANG-1");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !accepted.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the relay never called the receiver");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let asked = Instant::now();
+    server.signal(15);
+    let status = server.wait_exit(Duration::from_secs(30));
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "payonce exits 0 on SIGTERM");
+    assert!(
+        asked.elapsed() < Duration::from_secs(15),
+        "exited {:?} after SIGTERM, not after the 60 s webhook timeout",
+        asked.elapsed()
+    );
+}
