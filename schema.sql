@@ -1,4 +1,4 @@
--- payonce schema, version 9: the whole current schema.
+-- payonce schema, version 10: the whole current schema.
 --
 -- Every uniqueness and every allowed value is a constraint here, so the
 -- database refuses what the code must never do, even if the code is wrong.
@@ -404,7 +404,8 @@ CREATE INDEX ix_webhook_delivery_queued ON webhook_delivery (queued_at) WHERE st
 CREATE TABLE platform_call (
     id              INTEGER PRIMARY KEY,
     channel         TEXT    NOT NULL CHECK (channel IN ('wechatpay', 'alipay')),
-    kind            TEXT    NOT NULL CHECK ((kind = 'query' OR kind = 'close' OR kind = 'refund' OR kind = 'refund_query')),
+    kind            TEXT    NOT NULL CHECK ((kind = 'query' OR kind = 'close' OR kind = 'refund' OR kind = 'refund_query'
+                                             OR kind = 'prepay')),
     order_no        TEXT    NOT NULL,
     refund_no       TEXT,
     status          TEXT    NOT NULL CHECK ((status = 'pending' OR status = 'done' OR status = 'failed' OR status = 'given_up')),
@@ -417,14 +418,28 @@ CREATE TABLE platform_call (
     response        TEXT,
     created_at      TEXT    NOT NULL,
     updated_at      TEXT    NOT NULL,
+    -- Prepay rows only (the payment created once per order and channel,
+    -- src/store/platform_calls.rs): the method asked for, the appid it was
+    -- created under (NULL where the platform has none), and the payment
+    -- object payonce answered, as JSON text, so every waiter and every reuse
+    -- answers the same bytes. Last, because PostgreSQL's migration 10
+    -- appends them (ALTER TABLE ADD COLUMN).
+    method          TEXT,
+    appid           TEXT,
+    payment         TEXT CHECK (payment IS NULL OR json_valid(payment)),
     CHECK ((kind IN ('refund', 'refund_query')) = (refund_no IS NOT NULL)),
-    CHECK ((status = 'pending') = (next_attempt_at IS NOT NULL))
+    CHECK ((status = 'pending') = (next_attempt_at IS NOT NULL)),
+    CONSTRAINT platform_call_prepay_method CHECK ((kind = 'prepay') = (method IS NOT NULL)),
+    CONSTRAINT platform_call_prepay_only CHECK (kind = 'prepay' OR (appid IS NULL AND payment IS NULL))
 );
 -- One close per order and one refund submission per refund_no at each platform.
 CREATE UNIQUE INDEX uk_platform_call ON platform_call (channel, kind, order_no, coalesce(refund_no, ''))
     WHERE kind IN ('close', 'refund');
 CREATE INDEX ix_platform_call_due ON platform_call (next_attempt_at) WHERE status = 'pending';
 CREATE INDEX ix_platform_call_order ON platform_call (order_no, id);
+-- One payment created per order at each platform: concurrent pay requests
+-- race on this index, and the loser waits for the winner's row.
+CREATE UNIQUE INDEX uk_platform_call_prepay ON platform_call (channel, order_no) WHERE kind = 'prepay';
 
 CREATE TRIGGER platform_call_no_delete BEFORE DELETE ON platform_call
 BEGIN

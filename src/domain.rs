@@ -755,11 +755,20 @@ pub enum PlatformCallKind {
     /// A query made at once for `/sync` or `payonce sync`: recorded, never
     /// queued, so the pool never sees one.
     Query,
+    /// The creation of the platform's payment for an order, once per order
+    /// and channel (`uk_platform_call_prepay`): made at once by the pay
+    /// request that wins the row, never queued, so the pool never sees one.
+    Prepay,
 }
 
 impl PlatformCallKind {
-    pub const ALL: [PlatformCallKind; 4] =
-        [PlatformCallKind::Close, PlatformCallKind::Refund, PlatformCallKind::RefundQuery, PlatformCallKind::Query];
+    pub const ALL: [PlatformCallKind; 5] = [
+        PlatformCallKind::Close,
+        PlatformCallKind::Refund,
+        PlatformCallKind::RefundQuery,
+        PlatformCallKind::Query,
+        PlatformCallKind::Prepay,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -767,6 +776,7 @@ impl PlatformCallKind {
             PlatformCallKind::Refund => "refund",
             PlatformCallKind::RefundQuery => "refund_query",
             PlatformCallKind::Query => "query",
+            PlatformCallKind::Prepay => "prepay",
         }
     }
 

@@ -611,9 +611,12 @@ impl Queue for PlatformCalls<'_> {
             PlatformCallKind::Close => self.work_close(call, true).map(drop),
             PlatformCallKind::Refund => self.work_refund(call),
             PlatformCallKind::RefundQuery => self.work_refund_query(call),
-            // Made at once, recorded, never queued: not the pool's.
-            PlatformCallKind::Query => {
-                Err(Error::internal(format!("platform call {} is a query: never queued", row.id)))
+            // Made at once by the request that needs them, recorded, never
+            // queued: not the pool's (`due_platform_calls` never returns one).
+            PlatformCallKind::Query | PlatformCallKind::Prepay => {
+                let why = format!("platform call {} is a {}: never queued", row.id, row.kind.as_str());
+                crate::log::error("platform call of a kind the pool never works", &[("why", &why)]);
+                Err(Error::internal(why))
             }
         };
         if let Err(e) = worked {

@@ -36,7 +36,7 @@ pub use leases::LeasedTable;
 mod orders;
 mod payments;
 mod platform_calls;
-pub use platform_calls::{NewPlatformCall, PlatformCallRow, PLATFORM_CALLS};
+pub use platform_calls::{NewPlatformCall, NewPrepay, PlatformCallRow, PrepayFinish, PrepayRow, PLATFORM_CALLS};
 mod postgres;
 mod reports;
 mod sqlite;
@@ -58,7 +58,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -106,6 +106,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pay_callback_log_currency",
         sql: include_str!("../../migrations/0009_pay_callback_log_currency.sql"),
     },
+    Migration {
+        version: 10,
+        name: "platform_call_prepay",
+        sql: include_str!("../../migrations/0010_platform_call_prepay.sql"),
+    },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -141,6 +146,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         version: 9,
         name: "pay_callback_log_currency",
         sql: include_str!("../../migrations/postgres/0009_pay_callback_log_currency.sql"),
+    },
+    Migration {
+        version: 10,
+        name: "platform_call_prepay",
+        sql: include_str!("../../migrations/postgres/0010_platform_call_prepay.sql"),
     },
 ];
 

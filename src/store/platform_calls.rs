@@ -2,7 +2,8 @@
 //! to a platform's API and completed after it, outside any transaction that
 //! spans the call. Never deleted. A queued call is a leased call
 //! (`src/outgoing/`), claimed and finished by the statements of
-//! [`PLATFORM_CALLS`] (`store/leases.rs`).
+//! [`PLATFORM_CALLS`] (`store/leases.rs`). A `prepay` row is not queued:
+//! the pay requests make and finish it with CASes of their own (below).
 
 use super::leases::{leased_table, LeasedTable};
 use super::{bad_value, escape_foreign_text, limit_param, one_row, params, ReadTx, Row, WriteTx};
@@ -77,7 +78,10 @@ impl ReadTx<'_> {
     }
 
     /// Pending calls of the pool (closes, refund submissions, refund
-    /// queries) whose next attempt may start at `now`.
+    /// queries) whose next attempt may start at `now`. Never a `query` or a
+    /// `prepay`: those are made at once by the request that needs them, and
+    /// a pending prepay whose lease ran out waits for the next pay request
+    /// (`reclaim_prepay`), not for the pool.
     pub fn due_platform_calls(&self, now: &str, limit: usize) -> Result<Vec<PlatformCallRow>, Error> {
         self.all(
             "SELECT id, channel, kind, order_no, status, attempts, next_attempt_at, refund_no FROM platform_call
@@ -154,5 +158,155 @@ impl WriteTx<'_> {
             ],
             |r| r.int(0),
         )
+    }
+}
+
+// ---- the prepay row: the platform's payment created once per order ----
+//
+// One `platform_call` row of kind `prepay` per (channel, order_no)
+// (`uk_platform_call_prepay`), made at once by the pay request that wins
+// it and never queued (`due_platform_calls` leaves it out). `attempts`
+// counts its calls; while one is in flight the row is `pending` and
+// `next_attempt_at` is that call's lease. Each write below is a
+// compare-and-set decided by its affected-row count, so concurrent
+// requests, in one process or several on one database, make one call.
+
+/// The first call of a prepay row, about to be made.
+pub struct NewPrepay<'a> {
+    pub channel: &'a str,
+    pub order_no: &'a str,
+    pub method: &'a str,
+    /// The appid the payment is created under; `None` where the platform
+    /// has none.
+    pub appid: Option<&'a str>,
+    /// What is sent, as the platform receives it (its signature left out).
+    pub request: &'a str,
+    pub now: &'a str,
+    /// Until when the call may run: the row's `next_attempt_at` while it is
+    /// pending. Past it, another request may reclaim the row.
+    pub lease_until: &'a str,
+}
+
+/// How a prepay attempt ended.
+pub struct PrepayFinish<'a> {
+    /// [`PlatformCallStatus::Done`] or [`PlatformCallStatus::Failed`].
+    pub status: PlatformCallStatus,
+    pub request: &'a str,
+    /// The answer's HTTP status; `None` when none came.
+    pub http_status: Option<u16>,
+    pub response: &'a str,
+    /// The payment object answered (JSON text), kept for every waiter and
+    /// every reuse; `None` for an attempt whose answer is not kept.
+    pub payment: Option<&'a str>,
+    pub now: &'a str,
+}
+
+/// The prepay row of an order at one platform, as the pay requests read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrepayRow {
+    pub id: i64,
+    pub method: String,
+    pub appid: Option<String>,
+    pub status: PlatformCallStatus,
+    pub attempts: i64,
+    /// The lease of the call in flight while `pending`; `None` once finished.
+    pub next_attempt_at: Option<String>,
+    /// The payment object the last finished attempt answered, JSON text.
+    pub payment: Option<String>,
+    pub updated_at: String,
+}
+
+fn prepay_from_row(r: &Row) -> Result<PrepayRow, Error> {
+    Ok(PrepayRow {
+        id: r.int(0)?,
+        method: r.text(1)?,
+        appid: r.opt_text(2)?,
+        status: {
+            let status = r.text(3)?;
+            PlatformCallStatus::parse(&status).ok_or_else(|| bad_value("platform_call status", &status))?
+        },
+        attempts: r.int(4)?,
+        next_attempt_at: r.opt_text(5)?,
+        payment: r.opt_text(6)?,
+        updated_at: r.text(7)?,
+    })
+}
+
+impl ReadTx<'_> {
+    /// The prepay row of `order_no` at `channel`, if a pay request made one.
+    pub fn prepay_row(&self, channel: &str, order_no: &str) -> Result<Option<PrepayRow>, Error> {
+        self.optional(
+            "SELECT id, method, appid, status, attempts, next_attempt_at, payment, updated_at FROM platform_call
+             WHERE channel = ?1 AND order_no = ?2 AND kind = 'prepay'",
+            params![channel, order_no],
+            prepay_from_row,
+        )
+    }
+}
+
+impl WriteTx<'_> {
+    /// The prepay row of a first call, pending with attempt 1 in flight
+    /// until `lease_until`: its id, or `None` when another request's row is
+    /// there already (`uk_platform_call_prepay`), which the loser then reads.
+    pub fn begin_prepay(&self, call: &NewPrepay) -> Result<Option<i64>, Error> {
+        self.optional(
+            "INSERT INTO platform_call (channel, kind, order_no, refund_no, status, attempts, next_attempt_at,
+                                        request, created_at, updated_at, method, appid)
+             VALUES (?1, 'prepay', ?2, NULL, 'pending', 1, ?3, ?4, ?5, ?5, ?6, ?7)
+             ON CONFLICT DO NOTHING
+             RETURNING id",
+            params![
+                call.channel,
+                call.order_no,
+                call.lease_until,
+                escape_foreign_text(call.request).as_ref(),
+                call.now,
+                call.method,
+                call.appid
+            ],
+            |r| r.int(0),
+        )
+    }
+
+    /// Takes prepay row `id` for a new call (`attempts` + 1, pending, leased
+    /// until `lease_until`): a refresh after the reuse window, a retry after
+    /// a failure, or the call of a caller that died mid-call. True only when
+    /// `attempts` is still `seen_attempts` and no call is in flight (the row
+    /// is finished, or its lease ended by `now`); false when another request
+    /// took it first.
+    pub fn reclaim_prepay(&self, id: i64, seen_attempts: i64, now: &str, lease_until: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE platform_call SET status = 'pending', attempts = attempts + 1, next_attempt_at = ?4, updated_at = ?3
+             WHERE id = ?1 AND kind = 'prepay' AND attempts = ?2 AND (status <> 'pending' OR next_attempt_at <= ?3)",
+            params![id, seen_attempts, now, lease_until],
+        )?;
+        one_row(changed, "reclaim prepay")
+    }
+
+    /// Records how attempt `attempt` of prepay row `id` ended: its status,
+    /// what was sent and answered, and the payment kept (`payment` replaces
+    /// the one before; `None` keeps none). False, changing nothing, when the
+    /// row moved on meanwhile (its lease ran out and another attempt took
+    /// it, or it is no longer pending).
+    pub fn finish_prepay(&self, id: i64, attempt: i64, end: &PrepayFinish) -> Result<bool, Error> {
+        if !matches!(end.status, PlatformCallStatus::Done | PlatformCallStatus::Failed) {
+            return Err(Error::internal(format!("a prepay call ends done or failed, not {}", end.status.as_str())));
+        }
+        let changed = self.execute(
+            "UPDATE platform_call SET status = ?3, next_attempt_at = NULL, request = ?4, http_status = ?5,
+                                      response = ?6, payment = ?7, updated_at = ?8
+             WHERE id = ?1 AND kind = 'prepay' AND attempts = ?2 AND status = 'pending'",
+            params![
+                id,
+                attempt,
+                end.status.as_str(),
+                escape_foreign_text(end.request).as_ref(),
+                end.http_status,
+                escape_foreign_text(end.response).as_ref(),
+                end.payment,
+                end.now
+            ],
+        )?;
+        one_row(changed, "finish prepay")
     }
 }
