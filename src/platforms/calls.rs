@@ -126,6 +126,67 @@ pub enum RefundState {
     Unknown,
 }
 
+/// What the platform gives the buyer to pay with: exactly the keys of its
+/// method (docs/platforms.md, "Paying"): `code_url`; `prepay_id` and
+/// `client_params`; `h5_url`; `qr_code`; `url`; `order_string`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Payment {
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Payment {
+    /// A payment of these keys and text values, in this order.
+    pub(crate) fn of(fields: &[(&str, &str)]) -> Payment {
+        let fields = fields.iter().map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v))).collect();
+        Payment { fields }
+    }
+}
+
+/// What a platform says to "create the payment of this order".
+#[derive(Clone, Debug, PartialEq)]
+pub enum PrepayAnswer {
+    /// Created (or, for a request the buyer opens, signed and ready).
+    Created(Payment),
+    /// The platform says the trade is paid (WeChat `ORDERPAID`, Alipay
+    /// `ACQ.TRADE_HAS_SUCCESS`): query and apply.
+    Paid,
+    /// The platform says the trade is closed.
+    Closed,
+    /// Any other refusal, in the platform's words.
+    Refused { code: String, message: String },
+    /// Not sent, and never will be as asked: why (an order_no the channel
+    /// cannot carry, a currency it does not take, a method it lacks).
+    NotSendable(String),
+    /// Unreachable, timed out, unverified, or an answer about another
+    /// trade or merchant.
+    Unknown,
+}
+
+impl Exchange<PrepayAnswer> {
+    /// No call made: payonce cannot send this request, for `why`.
+    pub fn not_sendable(request: String, why: String) -> Exchange<PrepayAnswer> {
+        Exchange {
+            request,
+            http_status: None,
+            response: format!("not sent: {why}"),
+            meaning: PrepayAnswer::NotSendable(why),
+            distrust: None,
+        }
+    }
+}
+
+/// `yyyy-MM-ddTHH:mm:ss+08:00`: Unix milliseconds in Beijing time, to the second.
+pub(crate) fn beijing_rfc3339(unix_ms: i64) -> String {
+    let local = crate::clock::format_ms(unix_ms.saturating_add(crate::clock::UTC8_OFFSET_MS));
+    format!("{}+08:00", &local[..19])
+}
+
+/// `yyyy-MM-dd HH:mm:ss`: Unix milliseconds in Beijing time, to the second.
+pub(crate) fn beijing_plain(unix_ms: i64) -> String {
+    let local = crate::clock::format_ms(unix_ms.saturating_add(crate::clock::UTC8_OFFSET_MS));
+    format!("{} {}", &local[..10], &local[11..19])
+}
+
 /// One HTTP exchange with a platform, as `platform_call` keeps it, and what it meant.
 #[derive(Clone, Debug)]
 pub struct Exchange<T> {
@@ -289,6 +350,15 @@ pub(crate) fn nonce() -> String {
     let mut bytes = [0u8; 16];
     let _ = getrandom::fill(&mut bytes);
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn beijing_times() {
+        assert_eq!(super::beijing_rfc3339(1_700_000_000_999), "2023-11-15T06:13:20+08:00");
+        assert_eq!(super::beijing_plain(1_700_000_000_000), "2023-11-15 06:13:20");
+    }
 }
 
 #[cfg(test)]

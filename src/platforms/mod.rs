@@ -24,11 +24,13 @@ pub mod wechatpay;
 #[cfg(test)]
 pub(crate) use calls::test_keys;
 pub use calls::{
-    agent, public_key_from_pem, CloseAnswer, Exchange, MerchantKey, RefundAnswer, RefundState, TradeState,
-    CLOSE_GIVE_UP_S_DEFAULT, PLATFORM_RETRY_S_DEFAULT, PLATFORM_TIMEOUT_MS_DEFAULT, PLATFORM_WAITERS_MAX,
+    agent, public_key_from_pem, CloseAnswer, Exchange, MerchantKey, Payment, PrepayAnswer, RefundAnswer, RefundState,
+    TradeState, CLOSE_GIVE_UP_S_DEFAULT, PLATFORM_RETRY_S_DEFAULT, PLATFORM_TIMEOUT_MS_DEFAULT, PLATFORM_WAITERS_MAX,
     REFUND_QUERY_AFTER_S_DEFAULT, RESPONSE_BYTES_MAX, SOURCE_QUERY,
 };
-pub(crate) use calls::{body_text, nonce, normalised_time, read_key_file, require, unusable};
+pub(crate) use calls::{
+    beijing_plain, beijing_rfc3339, body_text, nonce, normalised_time, read_key_file, require, unusable,
+};
 
 use crate::domain::{PaymentCallback, PaymentReply, RefundCallback, RefundOutcome};
 use crate::error::Error;
@@ -88,6 +90,27 @@ pub struct RefundRequest<'a> {
     pub currency: &'a str,
 }
 
+/// A payment to create at the platform (docs/platforms.md, "Paying"): the
+/// order `order_no`'s `amount` (minor units) in `currency`, payable until
+/// `expires_at_ms`, its result notified to `notify_url`, by `method` (one of
+/// [`Calls::prepay_methods`]); what some methods need besides: the WeChat
+/// `appid`, the JSAPI payer's `openid`, the H5 buyer's `client_ip`, the
+/// page Alipay returns the buyer to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrepayRequest<'a> {
+    pub order_no: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
+    pub description: &'a str,
+    pub expires_at_ms: i64,
+    pub notify_url: &'a str,
+    pub method: &'a str,
+    pub appid: Option<&'a str>,
+    pub openid: Option<&'a str>,
+    pub client_ip: Option<&'a str>,
+    pub return_url: Option<&'a str>,
+}
+
 /// A platform's merchant API: the questions payonce asks it (docs/platforms.md).
 /// Each call is one HTTP exchange, bounded by `--platform-timeout-ms`, whose
 /// answer is trusted only once it verifies and names what was asked.
@@ -104,6 +127,12 @@ pub trait Calls: Send + Sync {
     fn refund(&self, refund: &RefundRequest<'_>, now_ms: i64) -> Exchange<RefundAnswer>;
     /// The state of a refund it accepted.
     fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState>;
+    /// The payment methods it creates payments for (`PrepayRequest::method`).
+    fn prepay_methods(&self) -> &'static [&'static str];
+    /// Create the order's payment, with `out_trade_no` = order_no: one
+    /// signed call bounded by the timeout, or, for a request the buyer
+    /// opens (Alipay page, wap, app), no call (no `http_status`).
+    fn prepay(&self, request: &PrepayRequest<'_>, now_ms: i64) -> Exchange<PrepayAnswer>;
 }
 
 /// One platform as its settings turned it on: its notices when its incoming

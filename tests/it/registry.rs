@@ -8,7 +8,7 @@
 //! that name then goes to the fake's code, none to WeChat Pay's.
 
 use payonce::api::{self, Request, Response};
-use payonce::platforms::{Calls, RefundRequest};
+use payonce::platforms::{Calls, PrepayAnswer, PrepayRequest, RefundRequest};
 use payonce::platforms::{
     CloseAnswer, Exchange, Notice, Notices, Platform, Platforms, RefundAnswer, RefundState, Reply, TradeState,
 };
@@ -94,6 +94,14 @@ impl Calls for Fake {
 
     fn refund_query(&self, _: &str, _: &str, _: i64) -> Exchange<RefundState> {
         unreachable!("the test never queries a refund")
+    }
+
+    fn prepay_methods(&self) -> &'static [&'static str] {
+        unreachable!("the test never pays")
+    }
+
+    fn prepay(&self, _: &PrepayRequest<'_>, _: i64) -> Exchange<PrepayAnswer> {
+        unreachable!("the test never pays")
     }
 }
 

@@ -6,12 +6,12 @@
 //! then checked to name the `out_trade_no` asked about.
 
 use super::{CURRENCY, NAME};
-use crate::clock::{format_ms, UTC8_OFFSET_MS};
 use crate::domain::PlatformStatus;
-use crate::platforms::RefundRequest;
 use crate::platforms::{
-    agent, body_text, unusable, Calls, CloseAnswer, Exchange, MerchantKey, RefundAnswer, RefundState, TradeState,
+    agent, beijing_plain, body_text, unusable, Calls, CloseAnswer, Exchange, MerchantKey, Payment, PrepayAnswer,
+    RefundAnswer, RefundState, TradeState,
 };
+use crate::platforms::{PrepayRequest, RefundRequest};
 use base64::Engine as _;
 use rsa::pkcs1v15::{Signature, VerifyingKey};
 use rsa::signature::Verifier;
@@ -49,11 +49,17 @@ impl AlipayApi {
         AlipayApi { app_id, key, gateway: gateway.to_owned(), alipay_key, agent: agent(timeout) }
     }
 
-    /// The signed form of one call.
-    fn form(&self, method: &str, biz_content: &str, now_ms: i64) -> Result<BTreeMap<&'static str, String>, String> {
+    /// The signed form of one call with `extra` common parameters
+    /// (`notify_url`, `return_url`), signed with the rest.
+    fn form_with(
+        &self,
+        method: &str,
+        biz_content: &str,
+        extra: &[(&'static str, &str)],
+        now_ms: i64,
+    ) -> Result<BTreeMap<&'static str, String>, String> {
         // yyyy-MM-dd HH:mm:ss in Beijing time.
-        let beijing = format_ms(now_ms.saturating_add(UTC8_OFFSET_MS));
-        let timestamp = format!("{} {}", &beijing[..10], &beijing[11..19]);
+        let timestamp = beijing_plain(now_ms);
         let mut form: BTreeMap<&'static str, String> = BTreeMap::from([
             ("app_id", self.app_id.clone()),
             ("method", method.to_owned()),
@@ -64,6 +70,7 @@ impl AlipayApi {
             ("version", "1.0".to_owned()),
             ("biz_content", biz_content.to_owned()),
         ]);
+        form.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
         let content = sign_content(&form);
         form.insert("sign", self.key.sign_base64(content.as_bytes())?);
         Ok(form)
@@ -72,7 +79,18 @@ impl AlipayApi {
     /// One signed call of `method`: the verified `*_response`, or why
     /// there is none (with the status and text received).
     fn call(&self, method: &str, biz: &str, now_ms: i64) -> Result<Answered, Unanswered> {
-        let form = self.form(method, biz, now_ms).map_err(|e| (None, String::new(), e))?;
+        self.call_with(method, biz, &[], now_ms)
+    }
+
+    /// [`AlipayApi::call`] with `extra` common parameters.
+    fn call_with(
+        &self,
+        method: &str,
+        biz: &str,
+        extra: &[(&'static str, &str)],
+        now_ms: i64,
+    ) -> Result<Answered, Unanswered> {
+        let form = self.form_with(method, biz, extra, now_ms).map_err(|e| (None, String::new(), e))?;
         let sent = self
             .agent
             .post(&self.gateway)
@@ -177,6 +195,126 @@ impl<'a> Biz<'a> {
     fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
     }
+}
+
+/// The payment methods, each with its OpenAPI method and `product_code`
+/// (precreate, a QR code the buyer scans, takes none).
+const PREPAY_METHODS: &[&str] = &["precreate", "page", "wap", "app"];
+const PRECREATE: &str = "alipay.trade.precreate";
+
+fn prepay_method(method: &str) -> Option<(&'static str, Option<&'static str>)> {
+    Some(match method {
+        "precreate" => (PRECREATE, None),
+        "page" => ("alipay.trade.page.pay", Some("FAST_INSTANT_TRADE_PAY")),
+        "wap" => ("alipay.trade.wap.pay", Some("QUICK_WAP_WAY")),
+        "app" => ("alipay.trade.app.pay", Some("QUICK_MSECURITY_PAY")),
+        _ => return None,
+    })
+}
+
+/// A payment's `biz_content`, members in this order.
+#[derive(Serialize)]
+struct PrepayBiz<'a> {
+    out_trade_no: &'a str,
+    total_amount: String,
+    subject: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    product_code: Option<&'static str>,
+    time_expire: String,
+}
+
+impl AlipayApi {
+    /// The OpenAPI method and `biz_content` of a payment, or why payonce
+    /// cannot send it.
+    fn prepay_biz(request: &PrepayRequest<'_>) -> Result<(&'static str, String), String> {
+        let (method, product_code) = prepay_method(request.method)
+            .ok_or_else(|| format!("Alipay has no payment method {:?}", request.method))?;
+        if !can_carry(request.order_no) {
+            return Err("Alipay cannot carry this order_no (up to 64 characters of [A-Za-z0-9_])".into());
+        }
+        if request.currency != CURRENCY {
+            return Err(format!("Alipay takes {CURRENCY}, and this order is in {}", request.currency));
+        }
+        let biz = PrepayBiz {
+            out_trade_no: request.order_no,
+            total_amount: crate::money::fen_to_yuan(request.amount),
+            subject: request.description,
+            product_code,
+            time_expire: beijing_plain(request.expires_at_ms),
+        };
+        Ok((method, serde_json::to_string(&biz).unwrap_or_default()))
+    }
+
+    /// Page, wap and app: no call, a request signed for the buyer to open:
+    /// the gateway URL with the signed form (page, wap: `url`), or the
+    /// signed form itself (app: `order_string`).
+    fn signed_for_buyer(
+        &self,
+        request: &PrepayRequest<'_>,
+        method: &str,
+        biz: &str,
+        now_ms: i64,
+    ) -> Exchange<PrepayAnswer> {
+        let sent = format!("{} method={method} biz_content={biz}", self.gateway);
+        let mut extra = vec![("notify_url", request.notify_url)];
+        extra.extend(request.return_url.filter(|_| request.method != "app").map(|url| ("return_url", url)));
+        let form = match self.form_with(method, biz, &extra, now_ms) {
+            Ok(form) => form,
+            Err(why) => return Exchange::unknown(sent, None, String::new(), why, PrepayAnswer::Unknown),
+        };
+        let encoded = form_encode(&form);
+        let payment = if request.method == "app" {
+            Payment::of(&[("order_string", &encoded)])
+        } else {
+            let joint = if self.gateway.contains('?') { '&' } else { '?' };
+            Payment::of(&[("url", &format!("{}{joint}{encoded}", self.gateway))])
+        };
+        Exchange {
+            request: sent,
+            http_status: None,
+            response: format!("not sent: {method} is signed for the buyer to open"),
+            meaning: PrepayAnswer::Created(payment),
+            distrust: None,
+        }
+    }
+}
+
+/// What a verified `alipay_trade_precreate_response` means: success naming
+/// this trade with a `qr_code` is created; `ACQ.TRADE_HAS_SUCCESS` paid,
+/// `ACQ.TRADE_HAS_CLOSE` closed; Alipay's own failure (`20000`) no answer;
+/// any other code a refusal.
+fn precreate_meaning(response: &Value, order_no: &str) -> Result<PrepayAnswer, String> {
+    let text = |name: &str| response[name].as_str().filter(|v| !v.is_empty());
+    match (text("code"), text("sub_code")) {
+        (Some("10000"), _) => {
+            if response["out_trade_no"] != order_no {
+                return Err("the answer names another out_trade_no".into());
+            }
+            let qr_code = text("qr_code").ok_or("the answer has no qr_code")?;
+            Ok(PrepayAnswer::Created(Payment::of(&[("qr_code", qr_code)])))
+        }
+        (_, Some("ACQ.TRADE_HAS_SUCCESS")) => Ok(PrepayAnswer::Paid),
+        (_, Some("ACQ.TRADE_HAS_CLOSE")) => Ok(PrepayAnswer::Closed),
+        (None, _) | (Some("20000"), _) => Err("Alipay could not answer".into()),
+        (Some(code), sub_code) => Ok(PrepayAnswer::Refused {
+            code: sub_code.unwrap_or(code).to_owned(),
+            message: text("sub_msg").or(text("msg")).unwrap_or_default().to_owned(),
+        }),
+    }
+}
+
+/// `k=v&...` of a form, each name and value percent-encoded (all but
+/// `[A-Za-z0-9*-._~]`), as a browser or Alipay's app SDK sends it.
+fn form_encode(form: &BTreeMap<&'static str, String>) -> String {
+    let encode = |text: &str| -> String {
+        text.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' | b'~' => char::from(b).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
+    };
+    form.iter().map(|(k, v)| format!("{}={}", encode(k), encode(v))).collect::<Vec<_>>().join("&")
 }
 
 impl Calls for AlipayApi {
@@ -317,6 +455,36 @@ impl Calls for AlipayApi {
         };
         Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
+
+    fn prepay_methods(&self) -> &'static [&'static str] {
+        PREPAY_METHODS
+    }
+
+    /// `alipay.trade.precreate` (one call: the `qr_code`), or, for page,
+    /// wap and app, a request signed for the buyer to open (no call).
+    fn prepay(&self, prepay: &PrepayRequest<'_>, now_ms: i64) -> Exchange<PrepayAnswer> {
+        let (method, biz) = match Self::prepay_biz(prepay) {
+            Ok(made) => made,
+            Err(why) => return Exchange::not_sendable(format!("POST {} method={}", self.gateway, prepay.method), why),
+        };
+        if method != PRECREATE {
+            return self.signed_for_buyer(prepay, method, &biz, now_ms);
+        }
+        let request = format!("POST {} method={method} biz_content={biz}", self.gateway);
+        let (status, text, response) = match self.call_with(method, &biz, &[("notify_url", prepay.notify_url)], now_ms)
+        {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, PrepayAnswer::Unknown),
+        };
+        let meaning = match status {
+            200 => precreate_meaning(&response, prepay.order_no),
+            _ => Err(format!("HTTP {status}")),
+        };
+        match meaning {
+            Ok(meaning) => Exchange { request, http_status: Some(status), response: text, meaning, distrust: None },
+            Err(why) => Exchange::unknown(request, Some(status), text, why, PrepayAnswer::Unknown),
+        }
+    }
 }
 
 /// A verified answer: (HTTP status, body, the `*_response` object).
@@ -395,7 +563,8 @@ mod tests {
             alipay.public.clone(),
             Duration::from_secs(1),
         );
-        let form = api.form("alipay.trade.query", r#"{"out_trade_no":"ORD_1"}"#, 1_700_000_000_000).expect("form");
+        let form =
+            api.form_with("alipay.trade.query", r#"{"out_trade_no":"ORD_1"}"#, &[], 1_700_000_000_000).expect("form");
         assert_eq!(form["timestamp"], "2023-11-15 06:13:20", "Beijing time");
         let signature = base64::engine::general_purpose::STANDARD.decode(&form["sign"]).expect("b64");
         let signature = Signature::try_from(signature.as_slice()).expect("signature");
@@ -422,5 +591,108 @@ mod tests {
         let forged = crate::platforms::test_keys::sign(&merchant.private, response.as_bytes());
         let forged = format!(r#"{{"alipay_trade_query_response":{response},"sign":"{forged}"}}"#);
         assert!(api.verified_response(&forged, "alipay.trade.query").is_err(), "another key's sign is refused");
+    }
+
+    fn prepay_request(method: &str) -> PrepayRequest<'_> {
+        PrepayRequest {
+            order_no: "ORD_1",
+            amount: 1050,
+            currency: "CNY",
+            description: "Tea & cake",
+            expires_at_ms: 1_700_000_900_000,
+            notify_url: "https://shop.example/v1/callbacks/alipay",
+            method,
+            appid: None,
+            openid: None,
+            client_ip: None,
+            return_url: Some("https://shop.example/paid?o=ORD_1"),
+        }
+    }
+
+    /// The form of a signed URL or order string, decoded.
+    fn decoded(encoded: &str) -> BTreeMap<String, String> {
+        let decode = |text: &str| {
+            let bytes = text.as_bytes();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < bytes.len() {
+                if bytes[i] == b'%' {
+                    out.push(u8::from_str_radix(&text[i + 1..i + 3], 16).expect("hex"));
+                    i += 3;
+                } else {
+                    out.push(bytes[i]);
+                    i += 1;
+                }
+            }
+            String::from_utf8(out).expect("utf-8")
+        };
+        encoded.split('&').map(|pair| pair.split_once('=').expect("k=v")).map(|(k, v)| (decode(k), decode(v))).collect()
+    }
+
+    #[test]
+    fn a_page_payment_is_a_gateway_url_signed_with_the_app_key() {
+        let merchant = crate::platforms::test_keys::merchant();
+        let api = AlipayApi::new(
+            "2021000000000001".into(),
+            MerchantKey::from_pem(merchant.private_pem).expect("key"),
+            "http://127.0.0.1:9/gateway.do",
+            crate::platforms::test_keys::platform().public,
+            Duration::from_secs(1),
+        );
+        let exchange = api.prepay(&prepay_request("page"), 1_700_000_000_000);
+        assert_eq!(exchange.http_status, None, "no call");
+        let PrepayAnswer::Created(payment) = exchange.meaning else { panic!("{exchange:?}") };
+        assert_eq!(payment.fields.keys().collect::<Vec<_>>(), ["url"]);
+        let url = payment.fields["url"].as_str().expect("text");
+        let query = url.strip_prefix("http://127.0.0.1:9/gateway.do?").expect("the gateway URL");
+        let form = decoded(query);
+        assert_eq!(form["method"], "alipay.trade.page.pay");
+        assert_eq!(form["return_url"], "https://shop.example/paid?o=ORD_1");
+        assert_eq!(form["notify_url"], "https://shop.example/v1/callbacks/alipay");
+        let biz: Value = serde_json::from_str(&form["biz_content"]).expect("JSON");
+        assert_eq!(biz["product_code"], "FAST_INSTANT_TRADE_PAY");
+        assert_eq!((biz["total_amount"].as_str(), biz["subject"].as_str()), (Some("10.50"), Some("Tea & cake")));
+        assert_eq!(biz["time_expire"], "2023-11-15 06:28:20", "Beijing time");
+        let content = form
+            .iter()
+            .filter(|(k, v)| *k != "sign" && !v.is_empty())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("&");
+        let signature = base64::engine::general_purpose::STANDARD.decode(&form["sign"]).expect("b64");
+        let signature = Signature::try_from(signature.as_slice()).expect("signature");
+        VerifyingKey::<Sha256>::new(merchant.public.clone())
+            .verify(content.as_bytes(), &signature)
+            .expect("the URL's form verifies with the app's public key");
+
+        let app = api.prepay(&prepay_request("app"), 1_700_000_000_000);
+        let PrepayAnswer::Created(payment) = app.meaning else { panic!("{app:?}") };
+        let form = decoded(payment.fields["order_string"].as_str().expect("text"));
+        assert_eq!((form["method"].as_str(), form.get("return_url")), ("alipay.trade.app.pay", None));
+        let usd = PrepayRequest { currency: "USD", ..prepay_request("precreate") };
+        assert!(matches!(api.prepay(&usd, 0).meaning, PrepayAnswer::NotSendable(why) if why.contains("USD")));
+        let dashed = PrepayRequest { order_no: "ORD-1", ..prepay_request("wap") };
+        assert!(matches!(api.prepay(&dashed, 0).meaning, PrepayAnswer::NotSendable(_)));
+    }
+
+    #[test]
+    fn precreate_answers_mean_what_they_say() {
+        let json = |text: &str| serde_json::from_str::<Value>(text).expect("JSON");
+        let created = json(r#"{"code":"10000","msg":"Success","out_trade_no":"ORD_1","qr_code":"https://qr/x"}"#);
+        assert_eq!(
+            precreate_meaning(&created, "ORD_1"),
+            Ok(PrepayAnswer::Created(Payment::of(&[("qr_code", "https://qr/x")])))
+        );
+        assert!(precreate_meaning(&created, "ORD_2").is_err(), "another trade");
+        let refusal = |sub: &str| {
+            json(&format!(r#"{{"code":"40004","msg":"Business Failed","sub_code":"{sub}","sub_msg":"m"}}"#))
+        };
+        assert_eq!(precreate_meaning(&refusal("ACQ.TRADE_HAS_SUCCESS"), "ORD_1"), Ok(PrepayAnswer::Paid));
+        assert_eq!(precreate_meaning(&refusal("ACQ.TRADE_HAS_CLOSE"), "ORD_1"), Ok(PrepayAnswer::Closed));
+        assert_eq!(
+            precreate_meaning(&refusal("ACQ.ACCESS_FORBIDDEN"), "ORD_1"),
+            Ok(PrepayAnswer::Refused { code: "ACQ.ACCESS_FORBIDDEN".into(), message: "m".into() })
+        );
+        assert!(precreate_meaning(&json(r#"{"code":"20000","sub_code":"isp.unknow-error"}"#), "ORD_1").is_err());
     }
 }

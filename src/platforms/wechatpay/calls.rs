@@ -6,14 +6,14 @@
 
 use super::{notices::currency_of, verify_signed, KeyExpiries, NAME};
 use crate::domain::PlatformStatus;
-use crate::platforms::RefundRequest;
 use crate::platforms::{
-    agent, body_text, nonce, normalised_time, unusable, Calls, CloseAnswer, Exchange, MerchantKey, RefundAnswer,
-    RefundState, TradeState,
+    agent, beijing_rfc3339, body_text, nonce, normalised_time, unusable, Calls, CloseAnswer, Exchange, MerchantKey,
+    Payment, PrepayAnswer, RefundAnswer, RefundState, TradeState,
 };
+use crate::platforms::{PrepayRequest, RefundRequest};
 use rsa::RsaPublicKey;
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::time::Duration;
 
 pub const API_BASE_DEFAULT: &str = "https://api.mch.weixin.qq.com";
@@ -109,6 +109,124 @@ impl WechatpayApi {
     }
 }
 
+impl WechatpayApi {
+    /// The body of a prepay request, or why payonce cannot send it.
+    fn prepay_body<'a>(&'a self, request: &PrepayRequest<'a>) -> Result<PrepayBody<'a>, String> {
+        let method = request.method;
+        if !PREPAY_METHODS.contains(&method) {
+            return Err(format!("WeChat Pay has no payment method {method:?}"));
+        }
+        if !can_carry(request.order_no) {
+            return Err("WeChat Pay cannot carry this order_no (6-32 characters of [A-Za-z0-9_*|-])".into());
+        }
+        if request.currency != PREPAY_CURRENCY {
+            let currency = request.currency;
+            return Err(format!("WeChat Pay's payment API takes {PREPAY_CURRENCY}, and this order is in {currency}"));
+        }
+        let appid = request.appid.ok_or("WeChat Pay's payments need an appid")?;
+        let payer = match (method, request.openid) {
+            ("jsapi", None) => return Err("a jsapi payment needs the payer's openid".into()),
+            ("jsapi", Some(openid)) => Some(Payer { openid }),
+            _ => None,
+        };
+        let scene_info = match (method, request.client_ip) {
+            ("h5", None) => return Err("an h5 payment needs the buyer's client_ip".into()),
+            ("h5", Some(payer_client_ip)) => Some(SceneInfo { payer_client_ip, h5_info: H5Info { kind: "Wap" } }),
+            _ => None,
+        };
+        Ok(PrepayBody {
+            appid,
+            mchid: &self.mchid,
+            description: request.description,
+            out_trade_no: request.order_no,
+            time_expire: beijing_rfc3339(request.expires_at_ms),
+            notify_url: request.notify_url,
+            amount: PrepayAmount { total: request.amount, currency: PREPAY_CURRENCY },
+            payer,
+            scene_info,
+        })
+    }
+
+    /// The payment a verified 200 answer gives, when it is about this
+    /// merchant and trade (an answer naming another is no answer) and holds
+    /// the method's identifier.
+    fn created(&self, request: &PrepayRequest<'_>, json: &Value, now_ms: i64) -> Result<Payment, String> {
+        let names_other = |field: &str, ours: &str| json.get(field).is_some_and(|v| v != ours);
+        let appid = request.appid.unwrap_or_default();
+        if names_other("mchid", &self.mchid)
+            || names_other("appid", appid)
+            || names_other("out_trade_no", request.order_no)
+        {
+            return Err("the answer names another mchid, appid or out_trade_no".into());
+        }
+        let key = match request.method {
+            "native" => "code_url",
+            "h5" => "h5_url",
+            _ => "prepay_id",
+        };
+        let value = json[key].as_str().filter(|v| !v.is_empty()).ok_or_else(|| format!("the answer has no {key}"))?;
+        let client_params = match request.method {
+            "jsapi" => self.jsapi_params(appid, value, now_ms)?,
+            "app" => self.app_params(appid, value, now_ms)?,
+            _ => return Ok(Payment::of(&[(key, value)])),
+        };
+        let mut payment = Payment::of(&[(key, value)]);
+        payment.fields.insert("client_params".into(), Value::Object(client_params));
+        Ok(payment)
+    }
+
+    /// What a JSAPI page hands WeChat's client: `paySign` by the merchant's
+    /// key over `"{appId}\n{timeStamp}\n{nonceStr}\n{package}\n"`.
+    fn jsapi_params(&self, appid: &str, prepay_id: &str, now_ms: i64) -> Result<Map<String, Value>, String> {
+        let (timestamp, nonce) = (now_ms.div_euclid(1000).to_string(), nonce());
+        let package = format!("prepay_id={prepay_id}");
+        let pay_sign = self.key.sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{package}\n").as_bytes())?;
+        Ok(text_map(&[
+            ("appId", appid),
+            ("timeStamp", &timestamp),
+            ("nonceStr", &nonce),
+            ("package", &package),
+            ("signType", "RSA"),
+            ("paySign", &pay_sign),
+        ]))
+    }
+
+    /// What an app hands WeChat's SDK: `sign` by the merchant's key over
+    /// `"{appid}\n{timestamp}\n{noncestr}\n{prepayid}\n"`.
+    fn app_params(&self, appid: &str, prepay_id: &str, now_ms: i64) -> Result<Map<String, Value>, String> {
+        let (timestamp, nonce) = (now_ms.div_euclid(1000).to_string(), nonce());
+        let sign = self.key.sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{prepay_id}\n").as_bytes())?;
+        Ok(text_map(&[
+            ("appid", appid),
+            ("partnerid", &self.mchid),
+            ("prepayid", prepay_id),
+            ("package", "Sign=WXPay"),
+            ("noncestr", &nonce),
+            ("timestamp", &timestamp),
+            ("sign", &sign),
+        ]))
+    }
+}
+
+/// A JSON object of text members.
+fn text_map(members: &[(&str, &str)]) -> Map<String, Value> {
+    members.iter().map(|(k, v)| ((*k).to_owned(), Value::from(*v))).collect()
+}
+
+/// A verified 4xx answer to a prepay: `ORDERPAID` is paid, `ORDER_CLOSED`
+/// (or `ORDERCLOSED`) closed, any other code a refusal; none, no answer.
+fn prepay_refusal(json: &Value) -> Option<PrepayAnswer> {
+    let code = json["code"].as_str().filter(|c| !c.is_empty())?;
+    Some(match code {
+        "ORDERPAID" => PrepayAnswer::Paid,
+        "ORDER_CLOSED" | "ORDERCLOSED" => PrepayAnswer::Closed,
+        _ => PrepayAnswer::Refused {
+            code: code.to_owned(),
+            message: json["message"].as_str().unwrap_or_default().to_owned(),
+        },
+    })
+}
+
 /// A refund answer about this refund of this order: its `out_refund_no`
 /// and, as a query answer's, its `out_trade_no`.
 fn names_refund(json: &Value, order_no: &str, refund_no: &str) -> bool {
@@ -130,6 +248,50 @@ struct RefundAmount<'a> {
     refund: i64,
     total: i64,
     currency: &'a str,
+}
+
+/// The payment methods: each is its own `/v3/pay/transactions/{method}`.
+const PREPAY_METHODS: &[&str] = &["native", "jsapi", "h5", "app"];
+/// The one currency of the domestic payment API.
+const PREPAY_CURRENCY: &str = "CNY";
+
+/// The body of a prepay request, members in this order.
+#[derive(Serialize)]
+struct PrepayBody<'a> {
+    appid: &'a str,
+    mchid: &'a str,
+    description: &'a str,
+    out_trade_no: &'a str,
+    time_expire: String,
+    notify_url: &'a str,
+    amount: PrepayAmount<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payer: Option<Payer<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scene_info: Option<SceneInfo<'a>>,
+}
+
+#[derive(Serialize)]
+struct PrepayAmount<'a> {
+    total: i64,
+    currency: &'a str,
+}
+
+#[derive(Serialize)]
+struct Payer<'a> {
+    openid: &'a str,
+}
+
+#[derive(Serialize)]
+struct SceneInfo<'a> {
+    payer_client_ip: &'a str,
+    h5_info: H5Info,
+}
+
+#[derive(Serialize)]
+struct H5Info {
+    #[serde(rename = "type")]
+    kind: &'static str,
 }
 
 /// The body of a close request.
@@ -272,6 +434,36 @@ impl Calls for WechatpayApi {
         };
         Exchange { request, http_status: Some(status), response: text, meaning, distrust: None }
     }
+
+    fn prepay_methods(&self) -> &'static [&'static str] {
+        PREPAY_METHODS
+    }
+
+    /// `POST /v3/pay/transactions/{method}`: a 200 gives the method's
+    /// identifier (and, for jsapi and app, the client's signed parameters);
+    /// `ORDERPAID` is paid, `ORDER_CLOSED` closed, another 4xx a refusal.
+    fn prepay(&self, prepay: &PrepayRequest<'_>, now_ms: i64) -> Exchange<PrepayAnswer> {
+        let path = format!("/v3/pay/transactions/{}", prepay.method);
+        let body = match self.prepay_body(prepay) {
+            Ok(body) => serde_json::to_string(&body).unwrap_or_default(),
+            Err(why) => return Exchange::not_sendable(format!("POST {}{path}", self.api_base), why),
+        };
+        let request = format!("POST {}{path} {body}", self.api_base);
+        let (status, text) = match self.exchange("POST", &path, Some(&body), now_ms) {
+            Ok(answered) => answered,
+            Err((status, text, why)) => return Exchange::unknown(request, status, text, why, PrepayAnswer::Unknown),
+        };
+        let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let meaning = match status {
+            200 => self.created(prepay, &json, now_ms).map(PrepayAnswer::Created),
+            400..=499 => prepay_refusal(&json).ok_or_else(|| format!("HTTP {status} without a code")),
+            _ => Err(format!("HTTP {status}")),
+        };
+        match meaning {
+            Ok(meaning) => Exchange { request, http_status: Some(status), response: text, meaning, distrust: None },
+            Err(why) => Exchange::unknown(request, Some(status), text, why, PrepayAnswer::Unknown),
+        }
+    }
 }
 
 /// WeChat Pay's trade states in payonce's words: SUCCESS and REFUND are
@@ -372,5 +564,103 @@ mod tests {
         rsa::pkcs1v15::VerifyingKey::<sha2::Sha256>::new(pair.public)
             .verify(message.as_bytes(), &signature)
             .expect("verifies");
+    }
+
+    fn verifies(public: &rsa::RsaPublicKey, message: &str, signature: &str) -> bool {
+        use base64::Engine as _;
+        use rsa::signature::Verifier;
+        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(signature) else { return false };
+        let Ok(signature) = rsa::pkcs1v15::Signature::try_from(bytes.as_slice()) else { return false };
+        rsa::pkcs1v15::VerifyingKey::<sha2::Sha256>::new(public.clone()).verify(message.as_bytes(), &signature).is_ok()
+    }
+
+    fn api(pair: &crate::platforms::test_keys::Pair) -> WechatpayApi {
+        WechatpayApi::new(
+            "1900000001".into(),
+            "MERCHANT-SERIAL".into(),
+            MerchantKey::from_pem(pair.private_pem).expect("key"),
+            "http://127.0.0.1:9",
+            Vec::new(),
+            Duration::from_secs(1),
+        )
+    }
+
+    fn prepay_request(method: &str) -> PrepayRequest<'_> {
+        PrepayRequest {
+            order_no: "ORD-123456",
+            amount: 990,
+            currency: "CNY",
+            description: "Tea",
+            expires_at_ms: 1_700_000_900_000,
+            notify_url: "https://shop.example/v1/callbacks/wechatpay",
+            method,
+            appid: Some("wx0000000000000001"),
+            openid: Some("oBuyer"),
+            client_ip: Some("203.0.113.7"),
+            return_url: None,
+        }
+    }
+
+    #[test]
+    fn jsapi_pay_sign_verifies_with_the_merchant_public_key() {
+        let pair = crate::platforms::test_keys::merchant();
+        let answer = serde_json::from_str::<Value>(r#"{"prepay_id": "wx201410272009395522657a690389285100"}"#).unwrap();
+        let payment = api(&pair).created(&prepay_request("jsapi"), &answer, 1_700_000_000_000).expect("created");
+        assert_eq!(payment.fields.keys().collect::<Vec<_>>(), ["prepay_id", "client_params"]);
+        let p = &payment.fields["client_params"];
+        let field = |name: &str| p[name].as_str().expect(name).to_owned();
+        assert_eq!(
+            (field("package"), field("signType")),
+            ("prepay_id=wx201410272009395522657a690389285100".into(), "RSA".into())
+        );
+        assert_eq!((field("appId"), field("timeStamp")), ("wx0000000000000001".into(), "1700000000".into()));
+        let message =
+            format!("{}\n{}\n{}\n{}\n", field("appId"), field("timeStamp"), field("nonceStr"), field("package"));
+        assert!(verifies(&pair.public, &message, &field("paySign")), "paySign verifies");
+        assert!(!verifies(&crate::platforms::test_keys::platform().public, &message, &field("paySign")));
+    }
+
+    #[test]
+    fn app_sign_verifies_with_the_merchant_public_key() {
+        let pair = crate::platforms::test_keys::merchant();
+        let answer = serde_json::from_str::<Value>(r#"{"prepay_id": "wx2014"}"#).unwrap();
+        let payment = api(&pair).created(&prepay_request("app"), &answer, 1_700_000_000_000).expect("created");
+        let p = &payment.fields["client_params"];
+        let field = |name: &str| p[name].as_str().expect(name).to_owned();
+        assert_eq!(
+            (field("partnerid"), field("prepayid"), field("package")),
+            ("1900000001".into(), "wx2014".into(), "Sign=WXPay".into())
+        );
+        let message =
+            format!("{}\n{}\n{}\n{}\n", field("appid"), field("timestamp"), field("noncestr"), field("prepayid"));
+        assert!(verifies(&pair.public, &message, &field("sign")), "sign verifies");
+    }
+
+    #[test]
+    fn prepay_bodies_and_answers() {
+        let pair = crate::platforms::test_keys::merchant();
+        let api = api(&pair);
+        let h5 = serde_json::to_value(api.prepay_body(&prepay_request("h5")).expect("body")).unwrap();
+        assert_eq!(h5["time_expire"], "2023-11-15T06:28:20+08:00");
+        assert_eq!(h5["scene_info"]["h5_info"]["type"], "Wap");
+        assert_eq!((h5["amount"]["total"].as_i64(), h5.get("payer")), (Some(990), None));
+        let jsapi = serde_json::to_value(api.prepay_body(&prepay_request("jsapi")).expect("body")).unwrap();
+        assert_eq!(jsapi["payer"]["openid"], "oBuyer");
+        let no_openid = PrepayRequest { openid: None, ..prepay_request("jsapi") };
+        assert!(api.prepay_body(&no_openid).is_err());
+        let usd = PrepayRequest { currency: "USD", ..prepay_request("native") };
+        assert!(matches!(api.prepay(&usd, 0).meaning, PrepayAnswer::NotSendable(why) if why.contains("USD")));
+        let short = PrepayRequest { order_no: "ORD1", ..prepay_request("native") };
+        assert!(matches!(api.prepay(&short, 0).meaning, PrepayAnswer::NotSendable(_)));
+        let other = serde_json::from_str::<Value>(r#"{"code_url": "weixin://x", "mchid": "1900009999"}"#).unwrap();
+        assert!(api.created(&prepay_request("native"), &other, 0).is_err(), "another merchant");
+        let code = |c: &str| serde_json::from_str::<Value>(&format!(r#"{{"code": "{c}", "message": "m"}}"#)).unwrap();
+        assert_eq!(prepay_refusal(&code("ORDERPAID")), Some(PrepayAnswer::Paid));
+        assert_eq!(prepay_refusal(&code("ORDER_CLOSED")), Some(PrepayAnswer::Closed));
+        assert_eq!(prepay_refusal(&code("ORDERCLOSED")), Some(PrepayAnswer::Closed));
+        assert_eq!(
+            prepay_refusal(&code("APPID_MCHID_NOT_MATCH")),
+            Some(PrepayAnswer::Refused { code: "APPID_MCHID_NOT_MATCH".into(), message: "m".into() })
+        );
     }
 }
