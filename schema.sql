@@ -419,18 +419,21 @@ CREATE TABLE platform_call (
     created_at      TEXT    NOT NULL,
     updated_at      TEXT    NOT NULL,
     -- Prepay rows only (the payment created once per order and channel,
-    -- src/store/platform_calls.rs): the method asked for, the appid it was
-    -- created under (NULL where the platform has none), and the payment
-    -- object payonce answered, as JSON text, so every waiter and every reuse
-    -- answers the same bytes. Last, because PostgreSQL's migration 10
+    -- src/store/platform_calls.rs): the method asked for; the appid it is
+    -- created under (NULL where the platform has none); the first request's
+    -- other parameters (JSON: openid, client_ip, description), so a refresh
+    -- sends the platform the same request; and what payonce answered last
+    -- (JSON: the payment object when done, the error object when failed),
+    -- so every waiter and every reuse answers the same bytes. Last, because PostgreSQL's migration 10
     -- appends them (ALTER TABLE ADD COLUMN).
     method          TEXT,
     appid           TEXT,
-    payment         TEXT CHECK (payment IS NULL OR json_valid(payment)),
+    params          TEXT CHECK (params IS NULL OR json_valid(params)),
+    answer          TEXT CHECK (answer IS NULL OR json_valid(answer)),
     CHECK ((kind IN ('refund', 'refund_query')) = (refund_no IS NOT NULL)),
     CHECK ((status = 'pending') = (next_attempt_at IS NOT NULL)),
-    CONSTRAINT platform_call_prepay_method CHECK ((kind = 'prepay') = (method IS NOT NULL)),
-    CONSTRAINT platform_call_prepay_only CHECK (kind = 'prepay' OR (appid IS NULL AND payment IS NULL))
+    CONSTRAINT platform_call_prepay_method CHECK ((kind = 'prepay') = (method IS NOT NULL AND params IS NOT NULL)),
+    CONSTRAINT platform_call_prepay_only CHECK (kind = 'prepay' OR (appid IS NULL AND params IS NULL AND answer IS NULL))
 );
 -- One close per order and one refund submission per refund_no at each platform.
 CREATE UNIQUE INDEX uk_platform_call ON platform_call (channel, kind, order_no, coalesce(refund_no, ''))

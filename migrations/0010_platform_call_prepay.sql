@@ -1,14 +1,15 @@
 -- Migration 10 (v9 -> v10): the prepay row (src/store/platform_calls.rs):
 -- `platform_call.kind` gains `prepay`, the call that creates the platform's
 -- payment for an order, once per order and channel (`uk_platform_call_prepay`),
--- with the new columns `method`, `appid` and `payment` (the payment object
--- payonce answered, JSON text), which only prepay rows carry.
+-- with the new columns `method`, `appid`, `params` (the first request's
+-- other parameters) and `answer` (what payonce answered, JSON text), which
+-- only prepay rows carry.
 --
 -- SQLite cannot widen a CHECK in place, and ADD COLUMN would splice the
 -- columns into the stored CREATE TABLE text on its own terms, so, as
 -- migrations 7 and 9 did, the table is rebuilt: the old one renamed aside,
 -- the new one created exactly as schema.sql has it, every row copied with
--- its id (the old columns in the same order, then method, appid and payment,
+-- its id (the old columns in the same order, then method, appid, params, answer,
 -- NULL: no row before v10 is a prepay), the old one dropped (with its
 -- indexes and trigger, which nothing else names), and the indexes and the
 -- no-delete trigger created again. No other table references platform_call.
@@ -36,25 +37,28 @@ CREATE TABLE platform_call (
     created_at      TEXT    NOT NULL,
     updated_at      TEXT    NOT NULL,
     -- Prepay rows only (the payment created once per order and channel,
-    -- src/store/platform_calls.rs): the method asked for, the appid it was
-    -- created under (NULL where the platform has none), and the payment
-    -- object payonce answered, as JSON text, so every waiter and every reuse
-    -- answers the same bytes. Last, because PostgreSQL's migration 10
+    -- src/store/platform_calls.rs): the method asked for; the appid it is
+    -- created under (NULL where the platform has none); the first request's
+    -- other parameters (JSON: openid, client_ip, description), so a refresh
+    -- sends the platform the same request; and what payonce answered last
+    -- (JSON: the payment object when done, the error object when failed),
+    -- so every waiter and every reuse answers the same bytes. Last, because PostgreSQL's migration 10
     -- appends them (ALTER TABLE ADD COLUMN).
     method          TEXT,
     appid           TEXT,
-    payment         TEXT CHECK (payment IS NULL OR json_valid(payment)),
+    params          TEXT CHECK (params IS NULL OR json_valid(params)),
+    answer          TEXT CHECK (answer IS NULL OR json_valid(answer)),
     CHECK ((kind IN ('refund', 'refund_query')) = (refund_no IS NOT NULL)),
     CHECK ((status = 'pending') = (next_attempt_at IS NOT NULL)),
-    CONSTRAINT platform_call_prepay_method CHECK ((kind = 'prepay') = (method IS NOT NULL)),
-    CONSTRAINT platform_call_prepay_only CHECK (kind = 'prepay' OR (appid IS NULL AND payment IS NULL))
+    CONSTRAINT platform_call_prepay_method CHECK ((kind = 'prepay') = (method IS NOT NULL AND params IS NOT NULL)),
+    CONSTRAINT platform_call_prepay_only CHECK (kind = 'prepay' OR (appid IS NULL AND params IS NULL AND answer IS NULL))
 );
 
 INSERT INTO platform_call
     (id, channel, kind, order_no, refund_no, status, attempts, next_attempt_at, request, http_status, response,
-     created_at, updated_at, method, appid, payment)
+     created_at, updated_at, method, appid, params, answer)
 SELECT id, channel, kind, order_no, refund_no, status, attempts, next_attempt_at, request, http_status, response,
-       created_at, updated_at, NULL, NULL, NULL
+       created_at, updated_at, NULL, NULL, NULL, NULL
 FROM platform_call_v9;
 DROP TABLE platform_call_v9;
 -- One close per order and one refund submission per refund_no at each platform.

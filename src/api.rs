@@ -11,6 +11,7 @@ use crate::ops::{Compensation, CompensationAction, Mode};
 use crate::platforms::{reply_outcome, Notice, Notices as Channel, Reply};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::render;
+use crate::services::prepays::PayRequest;
 /// What an error kind is answered with: its status and its code. The
 /// mapping sits in `wire.rs`, below the channels and `render`, which answer
 /// errors too; this is where the API names it.
@@ -167,6 +168,7 @@ static ROUTE_TABLE: &[Route] = &[
     protected("GET", "/v1/orders/{order_no}", |c| get_order(c.app, c.param(0))),
     protected("POST", "/v1/orders/{order_no}/close", |c| close_order(c.app, c.req, c.param(0), c.slot)),
     protected("POST", "/v1/orders/{order_no}/refund", |c| request_refund(c.app, c.req, c.param(0), c.slot)),
+    protected("POST", "/v1/orders/{order_no}/pay", |c| pay_order(c.app, c.req, c.param(0), c.slot)),
     // Never stored under an Idempotency-Key: a replay would repeat a stale platform state.
     protected_unkeyed("POST", "/v1/orders/{order_no}/sync", |c| sync_order(c.app, c.req, c.param(0))),
     protected("GET", "/v1/users/{user_id}/coupons", |c| user_coupons(c.app, c.param(0))),
@@ -523,6 +525,21 @@ fn close_order(app: &App, req: &Request, order_no: &str, slot: Option<&Idempoten
         json_object(req, &[])?;
     }
     Ok(answered(&app.orders().close_order_keyed(order_no, slot)?))
+}
+
+fn pay_order(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {
+    let fields = ["channel", "method", "appid", "openid", "client_ip", "return_url", "description"];
+    let body = json_object(req, &fields)?;
+    let request = PayRequest {
+        channel: required_str(&body, "channel")?,
+        method: required_str(&body, "method")?,
+        appid: optional_str(&body, "appid")?,
+        openid: optional_str(&body, "openid")?,
+        client_ip: optional_str(&body, "client_ip")?,
+        return_url: optional_str(&body, "return_url")?,
+        description: optional_str(&body, "description")?,
+    };
+    Ok(answered(&app.prepays().pay(order_no, &request, slot)?))
 }
 
 fn request_refund(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {

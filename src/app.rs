@@ -14,7 +14,7 @@ use crate::error::Error;
 #[cfg(any(test, feature = "test-support"))]
 use crate::keylock::KeyedLocks;
 use crate::metrics::Metrics;
-use crate::services::{Core, Operations, Orders, Payments, PlatformCalls, Refunds, Webhooks};
+use crate::services::{Core, Operations, Orders, Payments, PlatformCalls, Prepays, Refunds, Webhooks};
 use crate::store::{Store, StoreOptions};
 use serde_json::Value;
 
@@ -210,6 +210,11 @@ impl App {
     /// Sync, closes and refunds at the platforms; the platform-call pool's queue.
     pub fn platform_calls(&self) -> PlatformCalls<'_> {
         self.core.platform_calls()
+    }
+
+    /// Payments created at the platforms, once per order and channel.
+    pub fn prepays(&self) -> Prepays<'_> {
+        self.core.prepays()
     }
 
     /// Webhook deliveries and the relay's reads and writes.

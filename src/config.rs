@@ -54,6 +54,8 @@ pub struct Settings {
     close_give_up_s: i64,
     refund_query_after_s: i64,
     public_base_url: Option<String>,
+    wechatpay_appids: Vec<String>,
+    prepay_reuse_s: i64,
 }
 
 /// One setting: its flag without `--`, whether it takes a value, and what
@@ -184,6 +186,19 @@ pub const SETTINGS: &[Setting] = &[
     }),
     setting("close-give-up-s", |s, v| int_into(&mut s.close_give_up_s, "close-give-up-s", v, 1, 365 * 86_400)),
     setting("platform-timeout-ms", |s, v| timeout(&mut s.platform_timeout_ms, "platform-timeout-ms", v)),
+    setting("wechatpay-appid", |s, v| {
+        // WeChat's appids are `wx` and 16 hex digits; payonce checks only
+        // that it can send one, and WeChat Pay refuses an appid not bound
+        // to the mchid (APPID_MCHID_NOT_MATCH, answered as platform_refused).
+        if v.is_empty() || v.len() > 32 || !v.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(format!("--wechatpay-appid {v:?}: 1-32 characters of [A-Za-z0-9]"));
+        }
+        if !s.wechatpay_appids.iter().any(|a| a == v) {
+            s.wechatpay_appids.push(v.to_owned());
+        }
+        Ok(())
+    }),
+    setting("prepay-reuse-s", |s, v| int_into(&mut s.prepay_reuse_s, "prepay-reuse-s", v, 0, 7_200)),
 ];
 
 /// The setting whose flag is `--name`.
@@ -284,6 +299,8 @@ impl Settings {
             close_give_up_s: crate::platforms::CLOSE_GIVE_UP_S_DEFAULT,
             refund_query_after_s: crate::platforms::REFUND_QUERY_AFTER_S_DEFAULT,
             public_base_url: None,
+            wechatpay_appids: Vec::new(),
+            prepay_reuse_s: crate::platforms::PREPAY_REUSE_S_DEFAULT,
         })
     }
 
@@ -324,6 +341,7 @@ impl Settings {
                 merchant_serial: self.wechatpay_merchant_serial.clone(),
                 merchant_key: self.wechatpay_merchant_key.clone(),
                 api_base: self.wechatpay_api_base.clone(),
+                appids: self.wechatpay_appids.clone(),
             },
             alipay: alipay::Settings {
                 public_key: self.alipay_public_key.clone(),
@@ -356,6 +374,8 @@ impl Settings {
             retry_schedule_ms: self.platform_retry_ms.clone(),
             close_give_up_ms: self.close_give_up_s.saturating_mul(1000),
             refund_query_after_ms: self.refund_query_after_s.saturating_mul(1000),
+            public_base_url: self.public_base_url.clone(),
+            prepay_reuse_ms: self.prepay_reuse_s.saturating_mul(1000),
             ..Platforms::default()
         }
     }

@@ -53,12 +53,16 @@ error_kinds! {
         OrderNoConflict,
         InvalidTransition,
         IdempotencyKeyInUse,
+        OrderExpired,
+        PaymentInProgress,
+        PaymentConflict,
         // 413, 415, 422
         PayloadTooLarge,
         UnsupportedMediaType,
         IdempotencyKeyReused,
-        // 500
+        // 500, 502
         Internal,
+        PlatformRefused,
         // 503
         DatabaseBusy,
         DatabaseUnavailable,
@@ -91,7 +95,7 @@ impl ErrorKind {
             NotFound | ChannelNotConfigured | OrderNotFound | PaymentNotFound | RefundNotFound | CouponNotFound
             | PointsNotFound | DeliveryNotFound | EndpointNotFound => Disposition::Refusal,
             // The refusal is the answer, and its audit row must stay.
-            OrderNoConflict | InvalidTransition => Disposition::Refusal,
+            OrderNoConflict | InvalidTransition | OrderExpired | PaymentConflict => Disposition::Refusal,
             InvalidRequest
             | InvalidJson
             | InvalidIdempotencyKey
@@ -102,12 +106,14 @@ impl ErrorKind {
             | MethodNotAllowed
             | RequestTimeout
             | IdempotencyKeyInUse
+            | PaymentInProgress
             | PayloadTooLarge
             | UnsupportedMediaType
             | IdempotencyKeyReused => Disposition::Rejected,
-            Internal | DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => {
-                Disposition::ServerFault
-            }
+            // A platform's refusal is not the caller's fault either, and is
+            // never kept: the next request asks the platform again.
+            Internal | PlatformRefused | DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown
+            | PlatformUnavailable => Disposition::ServerFault,
         }
     }
 
@@ -125,16 +131,16 @@ impl ErrorKind {
 
     /// The same request is worth sending again shortly, and the client is
     /// told when: the server is unavailable ([`ErrorKind::is_unavailable`]),
-    /// or a key another request still holds.
+    /// or a key (or a payment's creation) another request still holds.
     pub fn retry_after(self) -> bool {
-        self.is_unavailable() || self == ErrorKind::IdempotencyKeyInUse
+        self.is_unavailable() || matches!(self, ErrorKind::IdempotencyKeyInUse | ErrorKind::PaymentInProgress)
     }
 
     /// The server cannot serve now (every server fault but `Internal`,
-    /// its bug): the database or a platform is busy or gone, the storage
-    /// lost, or payonce is stopping.
+    /// its bug, and a platform's refusal, its answer): the database or a
+    /// platform is busy or gone, the storage lost, or payonce is stopping.
     pub fn is_unavailable(self) -> bool {
-        self.is_server_fault() && self != ErrorKind::Internal
+        self.is_server_fault() && !matches!(self, ErrorKind::Internal | ErrorKind::PlatformRefused)
     }
 }
 

@@ -156,7 +156,13 @@ calls are on when any of its outgoing-only settings is given; then all are requi
   --refund-query-after-s N        a submitted refund without a result this long is queried
                                   (then on --platform-retry-s) [default: 300]
   --public-base-url URL           where platforms reach this payonce; WeChat Pay refunds then
-                                  carry notify_url = URL/v1/callbacks/wechatpay/refund
+                                  carry notify_url = URL/v1/callbacks/wechatpay/refund, and
+                                  payments created by POST /v1/orders/{order_no}/pay carry
+                                  notify_url = URL/v1/callbacks/{channel}
+  --wechatpay-appid APPID         an official account, mini program or app WeChat Pay payments
+                                  are created under (repeatable; a request picks one by appid)
+  --prepay-reuse-s N              a created payment is answered again without a call this long;
+                                  then one call refreshes it [default: 6600, at most 7200]
   --close-give-up-s N             after this long past expires_at without a platform's
                                   confirmation, close locally and report close_unconfirmed
                                   [default: 86400]

@@ -24,3 +24,29 @@ pub struct Synced {
     pub order: Order,
     pub platforms: Vec<PlatformAnswer>,
 }
+
+/// A payment created at a platform, as `POST /v1/orders/{order_no}/pay`
+/// answers it: the order and the payment object (`channel`, `method`,
+/// `created_at`, `expires_at` and the method's keys).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Paying {
+    pub order: Order,
+    pub payment: PaymentOffer,
+}
+
+/// The payment object, as the JSON text a prepay row keeps, so every
+/// request for it answers the same bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaymentOffer {
+    text: String,
+}
+
+impl PaymentOffer {
+    pub fn from_text(text: &str) -> PaymentOffer {
+        PaymentOffer { text: text.to_owned() }
+    }
+
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}

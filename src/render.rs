@@ -19,7 +19,7 @@ use crate::ops::{
     Compensated, CompensationEffect, DiffRow, DiffRows, Drained, Mode, PaymentResolution, Reconciliation,
     RefundResolution, Repaired, Repairing, DIFF_PIECE_BYTES,
 };
-use crate::platform_ops::Synced;
+use crate::platform_ops::{Paying, Synced};
 use crate::platforms::TradeState;
 use crate::webhook_ops::{DeliveryPage, EnabledEndpoint, Replayed};
 use crate::wire;
@@ -443,6 +443,15 @@ impl Answer for Replayed {
 impl Answer for (Order, bool) {
     fn answer(&self) -> (u16, Value) {
         (if self.1 { 201 } else { 200 }, self.0.to_json())
+    }
+}
+
+/// `POST /v1/orders/{order_no}/pay`: the order and the payment object, whose
+/// text is the one every request for the payment answers.
+impl Answer for Paying {
+    fn answer(&self) -> (u16, Value) {
+        let payment: Value = serde_json::from_str(self.payment.text()).unwrap_or_default();
+        (200, json!({"order": self.order.to_json(), "payment": payment}))
     }
 }
 

@@ -18,18 +18,28 @@ pub(crate) enum EnvHook {
     /// waits this long between a platform's confirmed close and recording it
     /// (tests/it/platforms.rs).
     HoldAfterPlatformCloseMs,
+    /// `PAYONCE_TEST_HOLD_AFTER_PREPAY_MS`: a pay request waits this long
+    /// between the platform's answer to the payment's creation and storing
+    /// it (the SIGKILL test of the prepay, sim/tests/prepay.rs).
+    HoldAfterPrepayMs,
     /// `PAYONCE_TEST_NAIVE_OUTBOX=1`: PostgreSQL numbers events with a plain
     /// sequence, whose feed can skip (examples/bench_processes.rs compares).
     NaiveOutbox,
 }
 
 impl EnvHook {
-    const ALL: [EnvHook; 3] = [EnvHook::HoldAfterEventMs, EnvHook::HoldAfterPlatformCloseMs, EnvHook::NaiveOutbox];
+    const ALL: [EnvHook; 4] = [
+        EnvHook::HoldAfterEventMs,
+        EnvHook::HoldAfterPlatformCloseMs,
+        EnvHook::HoldAfterPrepayMs,
+        EnvHook::NaiveOutbox,
+    ];
 
     pub(crate) fn variable(self) -> &'static str {
         match self {
             EnvHook::HoldAfterEventMs => "PAYONCE_TEST_HOLD_AFTER_EVENT_MS",
             EnvHook::HoldAfterPlatformCloseMs => "PAYONCE_TEST_HOLD_AFTER_PLATFORM_CLOSE_MS",
+            EnvHook::HoldAfterPrepayMs => "PAYONCE_TEST_HOLD_AFTER_PREPAY_MS",
             EnvHook::NaiveOutbox => "PAYONCE_TEST_NAIVE_OUTBOX",
         }
     }

@@ -95,11 +95,13 @@ pub fn status_of(kind: ErrorKind) -> u16 {
         | PointsNotFound | DeliveryNotFound | EndpointNotFound => 404,
         MethodNotAllowed => 405,
         RequestTimeout => 408,
-        OrderNoConflict | InvalidTransition | IdempotencyKeyInUse => 409,
+        OrderNoConflict | InvalidTransition | IdempotencyKeyInUse | OrderExpired | PaymentInProgress
+        | PaymentConflict => 409,
         PayloadTooLarge => 413,
         UnsupportedMediaType => 415,
         IdempotencyKeyReused => 422,
         Internal => 500,
+        PlatformRefused => 502,
         DatabaseBusy | DatabaseUnavailable | StorageLost | ShuttingDown | PlatformUnavailable => 503,
     }
 }
@@ -130,10 +132,14 @@ pub fn code_of(kind: ErrorKind) -> &'static str {
         OrderNoConflict => "order_no_conflict",
         InvalidTransition => "invalid_transition",
         IdempotencyKeyInUse => "idempotency_key_in_use",
+        OrderExpired => "order_expired",
+        PaymentInProgress => "payment_in_progress",
+        PaymentConflict => "payment_conflict",
         PayloadTooLarge => "payload_too_large",
         UnsupportedMediaType => "unsupported_media_type",
         IdempotencyKeyReused => "idempotency_key_reused",
         Internal => "internal_error",
+        PlatformRefused => "platform_refused",
         DatabaseBusy => "database_busy",
         DatabaseUnavailable => "database_unavailable",
         StorageLost => "storage_lost",
@@ -351,13 +357,14 @@ mod tests {
 
     /// The kinds' own questions agree with the statuses they are answered
     /// with: a server fault is exactly a 5xx, and `Retry-After` goes with
-    /// every 503 and the 409 `idempotency_key_in_use`.
+    /// every 503 and the 409s `idempotency_key_in_use` and `payment_in_progress`.
     #[test]
     fn kinds_agree_with_their_statuses() {
         use ErrorKind::*;
         for &kind in ErrorKind::ALL {
             assert_eq!(kind.is_server_fault(), status_of(kind) >= 500, "{kind:?}");
-            assert_eq!(kind.retry_after(), status_of(kind) == 503 || kind == IdempotencyKeyInUse, "{kind:?}");
+            let held = matches!(kind, IdempotencyKeyInUse | PaymentInProgress);
+            assert_eq!(kind.retry_after(), status_of(kind) == 503 || held, "{kind:?}");
         }
         let err = Error::new(PaymentNotFound, "no payment");
         assert_eq!((status_of(err.kind), code_of(err.kind)), (404, "payment_not_found"));

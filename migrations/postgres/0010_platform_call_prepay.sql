@@ -2,8 +2,8 @@
 -- migrations/0010_platform_call_prepay.sql: `platform_call.kind` gains
 -- `prepay` (the call that creates the platform's payment for an order, once
 -- per order and channel: `uk_platform_call_prepay`; src/store/platform_calls.rs),
--- and the prepay rows' own columns `method`, `appid` and `payment` (the
--- payment object payonce answered, JSON text). PostgreSQL swaps the kind
+-- and the prepay rows' own columns `method`, `appid`, `params` (the first
+-- request's other parameters) and `answer` (what payonce answered, JSON). PostgreSQL swaps the kind
 -- CHECK in place, keeping its name; ADD COLUMN appends the columns, last,
 -- where schema.postgres.sql has them, and with no default rewrites no row.
 -- The two table CHECKs are named, so a fresh database and a migrated one
@@ -17,11 +17,12 @@ ALTER TABLE platform_call ADD CONSTRAINT platform_call_kind_check
 
 ALTER TABLE platform_call ADD COLUMN method TEXT;
 ALTER TABLE platform_call ADD COLUMN appid TEXT;
-ALTER TABLE platform_call ADD COLUMN payment TEXT CHECK (payment IS NULL OR payonce_json_valid(payment));
+ALTER TABLE platform_call ADD COLUMN params TEXT CHECK (params IS NULL OR payonce_json_valid(params));
+ALTER TABLE platform_call ADD COLUMN answer TEXT CHECK (answer IS NULL OR payonce_json_valid(answer));
 ALTER TABLE platform_call ADD CONSTRAINT platform_call_prepay_method
-    CHECK ((kind = 'prepay') = (method IS NOT NULL));
+    CHECK ((kind = 'prepay') = (method IS NOT NULL AND params IS NOT NULL));
 ALTER TABLE platform_call ADD CONSTRAINT platform_call_prepay_only
-    CHECK (kind = 'prepay' OR (appid IS NULL AND payment IS NULL));
+    CHECK (kind = 'prepay' OR (appid IS NULL AND params IS NULL AND answer IS NULL));
 
 -- One payment created per order at each platform: concurrent pay requests
 -- race on this index, and the loser waits for the winner's row.

@@ -24,6 +24,9 @@ pub const PLATFORM_RETRY_S_DEFAULT: &str = "5,30,120,600,1800,3600";
 pub const CLOSE_GIVE_UP_S_DEFAULT: i64 = 86_400;
 /// `--refund-query-after-s`.
 pub const REFUND_QUERY_AFTER_S_DEFAULT: i64 = 300;
+/// `--prepay-reuse-s` [6600]: a created payment is answered again for 110
+/// minutes; WeChat Pay's `prepay_id` and `code_url` live two hours.
+pub const PREPAY_REUSE_S_DEFAULT: i64 = 6_600;
 /// API requests that may wait on the platforms at once (explicit closes);
 /// the rest get 503 `platform_unavailable`.
 pub const PLATFORM_WAITERS_MAX: usize = 4;
@@ -136,7 +139,7 @@ pub struct Payment {
 
 impl Payment {
     /// A payment of these keys and text values, in this order.
-    pub(crate) fn of(fields: &[(&str, &str)]) -> Payment {
+    pub fn of(fields: &[(&str, &str)]) -> Payment {
         let fields = fields.iter().map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v))).collect();
         Payment { fields }
     }

@@ -26,7 +26,7 @@ pub(crate) use calls::test_keys;
 pub use calls::{
     agent, public_key_from_pem, CloseAnswer, Exchange, MerchantKey, Payment, PrepayAnswer, RefundAnswer, RefundState,
     TradeState, CLOSE_GIVE_UP_S_DEFAULT, PLATFORM_RETRY_S_DEFAULT, PLATFORM_TIMEOUT_MS_DEFAULT, PLATFORM_WAITERS_MAX,
-    REFUND_QUERY_AFTER_S_DEFAULT, RESPONSE_BYTES_MAX, SOURCE_QUERY,
+    PREPAY_REUSE_S_DEFAULT, REFUND_QUERY_AFTER_S_DEFAULT, RESPONSE_BYTES_MAX, SOURCE_QUERY,
 };
 pub(crate) use calls::{
     beijing_plain, beijing_rfc3339, body_text, nonce, normalised_time, read_key_file, require, unusable,
@@ -129,6 +129,22 @@ pub trait Calls: Send + Sync {
     fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState>;
     /// The payment methods it creates payments for (`PrepayRequest::method`).
     fn prepay_methods(&self) -> &'static [&'static str];
+    /// Whether `method`'s payment is a request signed for the buyer to open
+    /// (no server call, nothing kept: Alipay page, wap, app) rather than one
+    /// made at the platform once.
+    fn prepay_is_signed_only(&self, _method: &str) -> bool {
+        false
+    }
+    /// The apps payments are created under (WeChat Pay's `appid`s, from
+    /// `--wechatpay-appid`; empty: none configured, so no payment), or
+    /// `None` where a payment names no app.
+    fn prepay_appids(&self) -> Option<&[String]> {
+        None
+    }
+    /// Why `request` cannot be sent as asked (the field named), checked
+    /// before anything is recorded or called.
+    fn prepay_check(&self, request: &PrepayRequest<'_>) -> Result<(), String>;
+
     /// Create the order's payment, with `out_trade_no` = order_no: one
     /// signed call bounded by the timeout, or, for a request the buyer
     /// opens (Alipay page, wap, app), no call (no `http_status`).
@@ -313,6 +329,12 @@ pub struct Platforms {
     pub refund_query_after_ms: i64,
     /// API requests waiting on platforms right now.
     pub waiting: Arc<AtomicUsize>,
+    /// `--public-base-url`: the payments' `notify_url` is this plus
+    /// `/v1/callbacks/{channel}`; without it no payment is created.
+    pub public_base_url: Option<String>,
+    /// `--prepay-reuse-s` in ms: how long a created payment is answered
+    /// again without asking the platform.
+    pub prepay_reuse_ms: i64,
 }
 
 impl Default for Platforms {
@@ -325,6 +347,8 @@ impl Default for Platforms {
             close_give_up_ms: CLOSE_GIVE_UP_S_DEFAULT * 1000,
             refund_query_after_ms: REFUND_QUERY_AFTER_S_DEFAULT * 1000,
             waiting: Arc::default(),
+            public_base_url: None,
+            prepay_reuse_ms: PREPAY_REUSE_S_DEFAULT * 1000,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! the metrics and the settings, each behind a crate-visible accessor, and
 //! the one shape of an API write (`Core::write_op`).
 
-use super::{Operations, Orders, Payments, PlatformCalls, Refunds, Webhooks};
+use super::{Operations, Orders, Payments, PlatformCalls, Prepays, Refunds, Webhooks};
 use crate::app::{Answer, Config};
 use crate::clock::Clock;
 use crate::domain::IdempotencySlot;
@@ -86,6 +86,10 @@ impl Core {
 
     pub(crate) fn platform_calls(&self) -> PlatformCalls<'_> {
         PlatformCalls::new(self)
+    }
+
+    pub(crate) fn prepays(&self) -> Prepays<'_> {
+        Prepays::new(self)
     }
 
     pub(crate) fn webhooks(&self) -> Webhooks<'_> {

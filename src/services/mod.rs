@@ -21,6 +21,7 @@ pub mod operations;
 pub mod orders;
 pub mod payments;
 pub mod platform_calls;
+pub mod prepays;
 pub mod refunds;
 pub mod webhooks;
 
@@ -29,6 +30,7 @@ pub use operations::Operations;
 pub use orders::Orders;
 pub use payments::Payments;
 pub use platform_calls::PlatformCalls;
+pub use prepays::Prepays;
 pub use refunds::Refunds;
 pub use webhooks::Webhooks;
 

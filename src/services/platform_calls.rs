@@ -38,10 +38,10 @@ pub struct PlatformCalls<'a> {
 }
 
 /// Holds one of the [`PLATFORM_WAITERS_MAX`] places of API requests waiting on platforms.
-struct WaitingPlace(Arc<AtomicUsize>);
+pub(crate) struct WaitingPlace(Arc<AtomicUsize>);
 
 impl WaitingPlace {
-    fn take(waiting: &Arc<AtomicUsize>) -> Option<WaitingPlace> {
+    pub(crate) fn take(waiting: &Arc<AtomicUsize>) -> Option<WaitingPlace> {
         waiting
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < PLATFORM_WAITERS_MAX).then_some(n + 1))
             .ok()
@@ -109,6 +109,21 @@ impl<'a> PlatformCalls<'a> {
         Ok(Synced { order: self.core.orders().order(order_no)?.order, platforms: asked })
     }
 
+    /// Asks `channel` about `order_no` and applies a paid answer (source
+    /// `query`), as [`PlatformCalls::sync_order`] does for every platform:
+    /// the order after it. For a payment's creation the platform refused
+    /// because the trade is paid.
+    pub(crate) fn sync_at(&self, channel: &'static str, order_no: &str) -> Result<Order, Error> {
+        let platforms = &self.core.config().platforms;
+        let answer = self.ask(channel, order_no, |now| {
+            platforms.query(channel, order_no, now).unwrap_or_else(|| not_configured(channel))
+        })?;
+        if let Err(e) = self.apply_queried(&answer, order_no) {
+            warn_unusable(channel, order_no, &no_answer_if_refused(e)?);
+        }
+        Ok(self.core.orders().order(order_no)?.order)
+    }
+
     /// Queues the close at every configured platform of up to `batch`
     /// expired PENDING orders not queued yet (the sweeper's part when
     /// platforms are configured: it never waits on a platform). Returns how
@@ -118,7 +133,10 @@ impl<'a> PlatformCalls<'a> {
         let channels = self.core.config().platforms.channels();
         let due = self.core.store().read(|tx| tx.expired_pending_orders_unqueued(&now, batch))?;
         for order_no in &due {
-            self.core.store().write(&[], |tx| {
+            // Under the order's key, as a payment's creation begins: one of
+            // the two comes first (services/prepays.rs).
+            let key = self.core.locks().lock(LockKey::Order(order_no));
+            self.core.store().write(&[&key], |tx| {
                 for channel in &channels {
                     tx.enqueue_platform_close(channel, order_no, &now)?;
                 }
@@ -298,6 +316,18 @@ impl<'a> PlatformCalls<'a> {
             .registry
             .known(channel)
             .ok_or_else(|| Error::internal(format!("platform_call names an unknown channel {channel:?}")))?;
+        // A payment being created right now may create the trade after this
+        // close found none: the close waits for the creation to end.
+        let now_text = format_ms(now_ms);
+        let prepay = self.core.store().read(|tx| tx.prepay_row(channel, order_no))?;
+        let creating = prepay.is_some_and(|row| {
+            row.status == PlatformCallStatus::Pending
+                && row.next_attempt_at.as_deref().is_some_and(|lease| lease > now_text.as_str())
+        });
+        if creating {
+            let why = "a payment is being created at the platform".to_owned();
+            return Ok((CloseStep::Unconfirmed, format!("query {order_no}"), None, why));
+        }
         let answer = self.ask(channel, order_no, |now| {
             platforms.query(channel, order_no, now).unwrap_or_else(|| not_configured(channel))
         })?;
@@ -472,12 +502,14 @@ impl<'a> PlatformCalls<'a> {
         };
         let now = self.core.clock().now_text();
         let channels = self.core.config().platforms.channels();
-        self.core.store().write(&[], |tx| {
+        let key = self.core.locks().lock(LockKey::Order(order_no));
+        self.core.store().write(&[&key], |tx| {
             for channel in &channels {
                 tx.enqueue_platform_close(channel, order_no, &now)?;
             }
             Ok(())
         })?;
+        drop(key);
         let closes = self.core.store().read(|tx| tx.platform_closes_of_order(order_no))?;
         let steps: Vec<CloseStep> = std::thread::scope(|scope| {
             let calls: Vec<_> = closes

@@ -179,8 +179,9 @@ pub struct NewPrepay<'a> {
     /// The appid the payment is created under; `None` where the platform
     /// has none.
     pub appid: Option<&'a str>,
-    /// What is sent, as the platform receives it (its signature left out).
-    pub request: &'a str,
+    /// The request's other parameters (JSON text: openid, client_ip,
+    /// description), sent again as they are by every later call of the row.
+    pub params: &'a str,
     pub now: &'a str,
     /// Until when the call may run: the row's `next_attempt_at` while it is
     /// pending. Past it, another request may reclaim the row.
@@ -189,15 +190,17 @@ pub struct NewPrepay<'a> {
 
 /// How a prepay attempt ended.
 pub struct PrepayFinish<'a> {
-    /// [`PlatformCallStatus::Done`] or [`PlatformCallStatus::Failed`].
+    /// [`PlatformCallStatus::Done`] (a payment to answer) or
+    /// [`PlatformCallStatus::Failed`] (an error answered once, not kept).
     pub status: PlatformCallStatus,
+    /// What was sent, as the platform received it (its signature left out).
     pub request: &'a str,
     /// The answer's HTTP status; `None` when none came.
     pub http_status: Option<u16>,
     pub response: &'a str,
-    /// The payment object answered (JSON text), kept for every waiter and
-    /// every reuse; `None` for an attempt whose answer is not kept.
-    pub payment: Option<&'a str>,
+    /// What payonce answered (JSON text): the payment object, or the error
+    /// object, for the requests that waited on this call.
+    pub answer: &'a str,
     pub now: &'a str,
 }
 
@@ -207,12 +210,14 @@ pub struct PrepayRow {
     pub id: i64,
     pub method: String,
     pub appid: Option<String>,
+    /// The first request's other parameters, JSON text.
+    pub params: String,
     pub status: PlatformCallStatus,
     pub attempts: i64,
     /// The lease of the call in flight while `pending`; `None` once finished.
     pub next_attempt_at: Option<String>,
-    /// The payment object the last finished attempt answered, JSON text.
-    pub payment: Option<String>,
+    /// What the last finished attempt answered, JSON text.
+    pub answer: Option<String>,
     pub updated_at: String,
 }
 
@@ -221,14 +226,15 @@ fn prepay_from_row(r: &Row) -> Result<PrepayRow, Error> {
         id: r.int(0)?,
         method: r.text(1)?,
         appid: r.opt_text(2)?,
+        params: r.text(3)?,
         status: {
-            let status = r.text(3)?;
+            let status = r.text(4)?;
             PlatformCallStatus::parse(&status).ok_or_else(|| bad_value("platform_call status", &status))?
         },
-        attempts: r.int(4)?,
-        next_attempt_at: r.opt_text(5)?,
-        payment: r.opt_text(6)?,
-        updated_at: r.text(7)?,
+        attempts: r.int(5)?,
+        next_attempt_at: r.opt_text(6)?,
+        answer: r.opt_text(7)?,
+        updated_at: r.text(8)?,
     })
 }
 
@@ -236,8 +242,8 @@ impl ReadTx<'_> {
     /// The prepay row of `order_no` at `channel`, if a pay request made one.
     pub fn prepay_row(&self, channel: &str, order_no: &str) -> Result<Option<PrepayRow>, Error> {
         self.optional(
-            "SELECT id, method, appid, status, attempts, next_attempt_at, payment, updated_at FROM platform_call
-             WHERE channel = ?1 AND order_no = ?2 AND kind = 'prepay'",
+            "SELECT id, method, appid, params, status, attempts, next_attempt_at, answer, updated_at
+             FROM platform_call WHERE channel = ?1 AND order_no = ?2 AND kind = 'prepay'",
             params![channel, order_no],
             prepay_from_row,
         )
@@ -251,19 +257,11 @@ impl WriteTx<'_> {
     pub fn begin_prepay(&self, call: &NewPrepay) -> Result<Option<i64>, Error> {
         self.optional(
             "INSERT INTO platform_call (channel, kind, order_no, refund_no, status, attempts, next_attempt_at,
-                                        request, created_at, updated_at, method, appid)
-             VALUES (?1, 'prepay', ?2, NULL, 'pending', 1, ?3, ?4, ?5, ?5, ?6, ?7)
+                                        created_at, updated_at, method, appid, params)
+             VALUES (?1, 'prepay', ?2, NULL, 'pending', 1, ?3, ?4, ?4, ?5, ?6, ?7)
              ON CONFLICT DO NOTHING
              RETURNING id",
-            params![
-                call.channel,
-                call.order_no,
-                call.lease_until,
-                escape_foreign_text(call.request).as_ref(),
-                call.now,
-                call.method,
-                call.appid
-            ],
+            params![call.channel, call.order_no, call.lease_until, call.now, call.method, call.appid, call.params],
             |r| r.int(0),
         )
     }
@@ -284,17 +282,15 @@ impl WriteTx<'_> {
     }
 
     /// Records how attempt `attempt` of prepay row `id` ended: its status,
-    /// what was sent and answered, and the payment kept (`payment` replaces
-    /// the one before; `None` keeps none). False, changing nothing, when the
-    /// row moved on meanwhile (its lease ran out and another attempt took
-    /// it, or it is no longer pending).
+    /// what was sent and answered. False, changing nothing, when the row
+    /// moved on meanwhile (its lease ran out and another attempt took it).
     pub fn finish_prepay(&self, id: i64, attempt: i64, end: &PrepayFinish) -> Result<bool, Error> {
         if !matches!(end.status, PlatformCallStatus::Done | PlatformCallStatus::Failed) {
             return Err(Error::internal(format!("a prepay call ends done or failed, not {}", end.status.as_str())));
         }
         let changed = self.execute(
             "UPDATE platform_call SET status = ?3, next_attempt_at = NULL, request = ?4, http_status = ?5,
-                                      response = ?6, payment = ?7, updated_at = ?8
+                                      response = ?6, answer = ?7, updated_at = ?8
              WHERE id = ?1 AND kind = 'prepay' AND attempts = ?2 AND status = 'pending'",
             params![
                 id,
@@ -303,7 +299,7 @@ impl WriteTx<'_> {
                 escape_foreign_text(end.request).as_ref(),
                 end.http_status,
                 escape_foreign_text(end.response).as_ref(),
-                end.payment,
+                end.answer,
                 end.now
             ],
         )?;

@@ -5,6 +5,7 @@ mod util;
 mod engines;
 mod pg;
 mod platforms;
+mod prepay;
 
 mod api_http;
 mod auth;

@@ -103,6 +103,10 @@ impl Calls for Fake {
     fn prepay(&self, _: &PrepayRequest<'_>, _: i64) -> Exchange<PrepayAnswer> {
         unreachable!("the test never pays")
     }
+
+    fn prepay_check(&self, _: &PrepayRequest<'_>) -> Result<(), String> {
+        unreachable!("the test never pays")
+    }
 }
 
 fn order(app: &App, order_no: &str) {

@@ -967,7 +967,11 @@ for_each_engine! {
     /// Each side effect's own UNIQUE key refuses a second row.
     fn unique_keys_refuse_a_second_row(db) {
         let (_app, store) = seeded(db);
-        let cases: [(&str, &'static str); 8] = [
+        let prepay = "INSERT INTO platform_call (channel, kind, order_no, status, attempts, next_attempt_at, created_at,
+                                                 updated_at, method, params)
+                      VALUES ('wechatpay', 'prepay', 'O-1', 'pending', 1, 't', 't', 't', 'native', '{}')";
+        let cases: [(&str, &'static str); 9] = [
+            (prepay, "uk_platform_call_prepay"),
             ("INSERT INTO orders (order_no, user_id, amount, currency, status, created_at, expires_at)
               SELECT order_no, user_id, amount, currency, 'PENDING', created_at, expires_at FROM orders WHERE order_no = 'O-1'",
              "uk_order_no"),
@@ -1007,6 +1011,7 @@ for_each_engine! {
                 "0".repeat(64)
             ))
             .expect("a first stored response");
+        store.execute_raw(prepay).expect("a first prepay row");
         for (sql, index) in cases {
             refused_by(db, &store, sql, unique_message(db, index));
         }

@@ -460,6 +460,14 @@ impl Calls for AlipayApi {
         PREPAY_METHODS
     }
 
+    fn prepay_check(&self, request: &PrepayRequest<'_>) -> Result<(), String> {
+        Self::prepay_biz(request).map(drop)
+    }
+
+    fn prepay_is_signed_only(&self, method: &str) -> bool {
+        prepay_method(method).is_some_and(|(api_method, _)| api_method != PRECREATE)
+    }
+
     /// `alipay.trade.precreate` (one call: the `qr_code`), or, for page,
     /// wap and app, a request signed for the buyer to open (no call).
     fn prepay(&self, prepay: &PrepayRequest<'_>, now_ms: i64) -> Exchange<PrepayAnswer> {

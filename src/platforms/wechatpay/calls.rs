@@ -34,6 +34,9 @@ pub struct WechatpayApi {
     agent: ureq::Agent,
     /// `notify_url` of refund requests (`--public-base-url`), if any.
     pub refund_notify_url: Option<String>,
+    /// `--wechatpay-appid`, repeated: the official accounts, mini programs
+    /// and apps payments are created under; none, no payment is created.
+    pub appids: Vec<String>,
     /// The platform certificates' ends of validity: an answer signed by an
     /// expired one counts as no answer.
     pub certificate_expiries: KeyExpiries,
@@ -56,6 +59,7 @@ impl WechatpayApi {
             platform_keys,
             agent: agent(timeout),
             refund_notify_url: None,
+            appids: Vec::new(),
             certificate_expiries: Vec::new(),
         }
     }
@@ -437,6 +441,14 @@ impl Calls for WechatpayApi {
 
     fn prepay_methods(&self) -> &'static [&'static str] {
         PREPAY_METHODS
+    }
+
+    fn prepay_appids(&self) -> Option<&[String]> {
+        Some(&self.appids)
+    }
+
+    fn prepay_check(&self, request: &PrepayRequest<'_>) -> Result<(), String> {
+        self.prepay_body(request).map(drop)
     }
 
     /// `POST /v3/pay/transactions/{method}`: a 200 gives the method's

@@ -32,6 +32,8 @@ pub struct Settings {
     pub merchant_key: Option<String>,
     /// `--wechatpay-api-base`.
     pub api_base: String,
+    /// `--wechatpay-appid`, repeated.
+    pub appids: Vec<String>,
 }
 
 impl Settings {
@@ -95,6 +97,7 @@ fn api(settings: &PlatformSettings, keys: &(PlatformKeys, KeyExpiries)) -> Resul
         settings.timeout,
     );
     api.certificate_expiries = keys.1.clone();
+    api.appids = own.appids.clone();
     api.refund_notify_url = settings
         .public_base_url
         .as_ref()
