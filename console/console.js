@@ -308,6 +308,15 @@ async function orderView(orderNo) {
     h('h2', {}, 'Events'),
     table([['seq', (e) => e.seq], ['type', (e) => e.type], ['event_id', (e) => e.event_id], ['created_at', (e) => e.created_at]],
       order.events, 'No event.'),
+    h('h2', {}, 'Platform calls'),
+    table([
+      ['channel', (c) => c.channel],
+      ['kind', (c) => c.kind],
+      ['status', (c) => c.status],
+      ['attempts', (c) => c.attempts],
+      ['http_status', (c) => (c.http_status === null ? '—' : c.http_status)],
+      ['created_at', (c) => c.created_at],
+    ], order.platform_calls || [], 'No call to a platform.'),
     h('h2', {}, 'Audit'),
     table([['at', (a) => a.at], ['actor', (a) => a.actor], ['action', (a) => a.action], ['detail', (a) => json(a.detail)]],
       order.audit, 'No audit row.'));

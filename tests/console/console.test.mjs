@@ -377,8 +377,11 @@ try {
     assert.equal(gone.body.audit.filter((a) => a.action === 'close_resolved').length, 1, JSON.stringify(gone.body.audit));
     await page.goto(second.base + '/console#/order/ORD_GIVEN_UP');
     await page.locator('h2:has-text("Audit") + table', { hasText: 'never paid, checked by hand <img src=x' }).waitFor();
+    const calls = await page.locator('h2:has-text("Platform calls") + table tbody tr').allTextContents();
+    assert.ok(calls.some((c) => c.includes('wechatpay') && c.includes('close') && c.includes('given_up')), calls.join('\n'));
     await assertNoInjection(second.base);
     covered('findings', 'close_unconfirmed resolved once through resolve-close, the probe as its reason');
+    covered('order', 'platform calls (channel, kind, status, attempts)');
   } finally {
     second.child.kill();
   }
