@@ -58,6 +58,11 @@ pub enum Fault {
     /// The request is acted on and answered after this delay: a client that
     /// gives up first has lost an answer to a call that took effect.
     Slow(Duration),
+    /// The request waits this long before it is acted on, then is acted on
+    /// and answered normally: a platform slow to process, holding one call
+    /// while others arrive (or the client gives up on a call that then
+    /// takes effect anyway).
+    Delay(Duration),
     /// Acted on, answered, and one byte of the signed text changed after
     /// signing (a digit of an amount where there is one); a body-less WeChat
     /// 204 gets its `Wechatpay-Signature` changed instead.

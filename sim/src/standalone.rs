@@ -71,7 +71,8 @@ Commands on stdin, one a line; each answers one line on stdout unless said:
   fault PLATFORM FAULT              every request to PLATFORM (wechatpay, alipay) from now
                                     on: refuse (closed unanswered), hang (never answered),
                                     5xx (a signed system error), slow MS (acted on, answered
-                                    MS ms late), tamper (a byte of the signed answer changed),
+                                    MS ms late), delay MS (held MS ms, then acted on and
+                                    answered), tamper (a byte of the signed answer changed),
                                     wrong-merchant, wrong-trade (another mchid or out_trade_no
                                     in a signed answer), none (healthy again): `ok`
   state ORDER_NO                    `wechatpay=STATE alipay=STATE` in the platforms' words
@@ -430,12 +431,16 @@ fn parse_fault(words: &[&str]) -> Result<Option<Fault>, String> {
             Ok(ms) if ms <= 600_000 => Fault::Slow(Duration::from_millis(ms)),
             _ => return Err(format!("slow {ms:?}: milliseconds from 0 to 600000")),
         },
+        ["delay", ms] => match ms.parse::<u64>() {
+            Ok(ms) if ms <= 600_000 => Fault::Delay(Duration::from_millis(ms)),
+            _ => return Err(format!("delay {ms:?}: milliseconds from 0 to 600000")),
+        },
         ["tamper"] => Fault::TamperAnswers,
         ["wrong-merchant"] => Fault::WrongMerchant,
         ["wrong-trade"] => Fault::WrongTrade,
         _ => {
             return Err(format!(
-                "fault {:?}: one of refuse, hang, 5xx, slow MS, tamper, wrong-merchant, wrong-trade, none",
+                "fault {:?}: one of refuse, hang, 5xx, slow MS, delay MS, tamper, wrong-merchant, wrong-trade, none",
                 words.join(" ")
             ))
         }
@@ -608,7 +613,10 @@ mod tests {
         assert!(parse_fault(&["slow"]).is_err());
         assert!(parse_fault(&["slow", "soon"]).is_err());
         assert!(parse_fault(&["broken"]).is_err());
-        for word in ["refuse", "hang", "5xx", "slow MS", "tamper", "wrong-merchant", "wrong-trade", "none"] {
+        assert_eq!(parse_fault(&["delay", "250"]), Ok(Some(Fault::Delay(Duration::from_millis(250)))));
+        assert!(parse_fault(&["delay", "600001"]).is_err());
+        for word in ["refuse", "hang", "5xx", "slow MS", "delay MS", "tamper", "wrong-merchant", "wrong-trade", "none"]
+        {
             assert!(USAGE.contains(word), "{word} documented");
         }
     }

@@ -1,6 +1,7 @@
 //! The platforms' HTTP/1.1 side: a std listener on loopback, a thread per
 //! connection, keep-alive with Content-Length bodies, and the transport
-//! faults (a refused connection, an answer that never comes, a late one).
+//! faults (a refused connection, an answer that never comes, a late one,
+//! a request held before it is acted on).
 //! What a request means and what it is answered is the [`Api`]'s.
 //!
 //! Small on purpose: its only clients are payonce and the tests, on
@@ -276,6 +277,8 @@ fn serve<A: Api>(stream: TcpStream, api: &A, shared: &Shared) {
                 while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
                 break;
             }
+            // Unlike Slow, held before it is acted on.
+            Some(Fault::Delay(delay)) if !shared.sleep(delay) => break,
             _ => {}
         }
         let answer = api.answer(&request, checked, fault.as_ref());

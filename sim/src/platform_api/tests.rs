@@ -406,6 +406,29 @@ fn slow_answers_come_late_for_calls_that_took_effect() {
 }
 
 #[test]
+fn delayed_requests_are_acted_on_only_after_the_delay() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0051", 100).expect("open");
+    api.fail_next(Fault::Delay(Duration::from_millis(400)), 1);
+    let mut conn = connect(&api);
+    conn.set_read_timeout(Duration::from_millis(100)).expect("timeout");
+    let close = WxSigner::merchant().request(&api, "POST", &close_target("ORDER-W-0051"), r#"{"mchid":"1900000100"}"#);
+    // Unlike a slow answer, nothing has happened yet while it is held.
+    assert_eq!(conn.exchange(&close), Err(RecvError::Timeout));
+    assert_eq!(api.trade_state("ORDER-W-0051"), Some("NOTPAY"));
+    assert!(api.calls().is_empty(), "recorded once answered");
+    conn.set_read_timeout(5 * SECOND).expect("timeout");
+    let answer = conn.receive().expect("the answer after the delay");
+    assert_eq!(answer.status, 204);
+    assert!(wx_verified(&api, &answer));
+    assert_eq!(api.trade_state("ORDER-W-0051"), Some("CLOSED"));
+    // Only the next request was held.
+    let started = Instant::now();
+    assert_eq!(wx(&api, &mut conn, "GET", &query_target("ORDER-W-0051"), &Value::Null).status, 200);
+    assert!(started.elapsed() < Duration::from_millis(400), "{:?}", started.elapsed());
+}
+
+#[test]
 fn tampered_answers_fail_verification() {
     let api = wechatpay();
     api.open_trade("ORDER-W-0060", 250).expect("open");
