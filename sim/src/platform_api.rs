@@ -1,19 +1,22 @@
 //! The platforms' merchant APIs, the servers payonce calls
-//! (docs/platforms.md): WeChat Pay v3's trade query, close, refund and refund query,
-//! and Alipay's OpenAPI gateway (`alipay.trade.query`, `.close`, `.refund`,
-//! `.fastpay.refund.query`), on loopback, for scenarios and tests to drive in
-//! process, and on their own for a real payonce (`payonce-sim platforms`,
-//! [`crate::standalone`]).
+//! (docs/platforms.md): WeChat Pay v3's prepay (native, jsapi, h5, app),
+//! trade query, close, refund and refund query, and Alipay's OpenAPI gateway
+//! (`alipay.trade.query`, `.close`, `.refund`, `.fastpay.refund.query`), on
+//! loopback, for scenarios and tests to drive in process, and on their own
+//! for a real payonce (`payonce-sim platforms`, [`crate::standalone`]).
 //!
 //! Like the notifications of [`crate::platform`], this is the independent
 //! oracle of payonce's platform client: written from the contract and the
 //! platforms' documentation, sharing no code with the service. It checks
 //! every request's signature as the platform would (a request it would
 //! refuse is refused here, loudly), signs every answer with the platform's
-//! key, and keeps a record of every call so a test can count them.
+//! key, and keeps a record of every call so a test can count them. A trade
+//! made by the merchant's prepay keeps the `time_expire`, `notify_url` and
+//! amount it was made with; a buyer can pay only a trade that exists,
+//! unexpired and not closed.
 //!
-//! - [`PlatformApi`]: one platform's server, its state controls (a trade
-//!   opened, a buyer paying, a refund settling) and its faults;
+//! - [`PlatformApi`]: one platform's server, its state controls (a buyer
+//!   paying, a refund settling) and its faults;
 //! - `http`: the HTTP/1.1 listener and the transport faults;
 //! - `ledger`: the trades and refunds;
 //! - `wechatpay`, `alipay`: each platform's requests and answers.
@@ -25,6 +28,8 @@ mod wechatpay;
 
 #[cfg(test)]
 mod payonce_sync;
+#[cfg(test)]
+mod prepay_tests;
 #[cfg(test)]
 mod suite;
 #[cfg(test)]
@@ -68,11 +73,12 @@ pub enum Fault {
     /// 204 gets its `Wechatpay-Signature` changed instead.
     TamperAnswers,
     /// Acted on, answered correctly signed, naming another merchant: WeChat's
-    /// trade answers carry another `mchid` and `appid`. WeChat's refund
-    /// answers and all Alipay answers name no merchant, and are unchanged.
+    /// trade answers carry another `mchid` and `appid`. WeChat's refund and
+    /// prepay answers and all Alipay answers name no merchant, and are unchanged.
     WrongMerchant,
     /// Acted on, answered correctly signed, about another trade: the
-    /// answer's `out_trade_no` is not the one asked about.
+    /// answer's `out_trade_no` is not the one asked about. WeChat's prepay
+    /// answers name no trade, and are unchanged.
     WrongTrade,
     /// Acted on, answered correctly signed, with the trade's amount in this
     /// currency: WeChat's trade answers carry it as `amount.currency`.
@@ -91,6 +97,8 @@ pub enum Refused {
     AlreadyPaid {
         pay_no: String,
     },
+    /// Unpaid and past its `time_expire` by the platform's clock.
+    Expired,
 }
 
 /// A refund's state at the platform (WeChat's words; Alipay reports only
@@ -132,6 +140,27 @@ pub struct RefundRecord {
     pub status: RefundStatus,
 }
 
+/// What a trade was made with, as the platform keeps it (where its
+/// notifications go, when it stops taking payments).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TradeRecord {
+    pub out_trade_no: String,
+    /// Fen.
+    pub amount: i64,
+    /// WeChat's `trade_type` (`NATIVE`, `JSAPI`, `H5`, `APP`); Alipay's
+    /// method (`alipay.trade.precreate`, `alipay.trade.page.pay`, ...).
+    pub trade_type: String,
+    /// Its `time_expire`; `None` for a trade made out of band.
+    pub expires_at_ms: Option<i64>,
+    pub notify_url: Option<String>,
+    /// WeChat: the appid it was made for.
+    pub appid: Option<String>,
+    /// WeChat's `description`, Alipay's `subject`.
+    pub description: Option<String>,
+    /// The platform's trade number (Alipay's from the start, WeChat's once paid).
+    pub pay_no: Option<String>,
+}
+
 /// One request the platform received, and what it answered.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Call {
@@ -159,7 +188,14 @@ pub struct Call {
 #[derive(Clone, Debug)]
 pub struct WechatpayApiConfig {
     pub mchid: String,
+    /// The appid its answers name for a trade made out of band.
     pub appid: String,
+    /// The appids bound to the merchant: a prepay for another is refused
+    /// (`APPID_MCHID_NOT_MATCH`). [`WechatpayApiConfig::new`]: `appid` alone.
+    pub appids: Vec<String>,
+    /// The `notify_url` every prepay must carry (payonce's callback URL);
+    /// `None`: any http(s) URL.
+    pub expected_notify_url: Option<String>,
     /// The serial payonce names in `serial_no` (`--wechatpay-merchant-serial`).
     pub merchant_serial: String,
     /// Verifies the requests: the public half of `--wechatpay-merchant-key`.
@@ -179,6 +215,8 @@ impl WechatpayApiConfig {
         WechatpayApiConfig {
             mchid: WECHATPAY_MCHID.to_owned(),
             appid: WECHATPAY_APPID.to_owned(),
+            appids: vec![WECHATPAY_APPID.to_owned()],
+            expected_notify_url: None,
             merchant_serial: merchant_serial.to_owned(),
             merchant_public_key,
             platform_key: None,
@@ -295,12 +333,14 @@ impl PlatformApi {
         self.serial.as_deref()
     }
 
-    /// A trade exists at the platform, unpaid: what the merchant's order
-    /// placement (or the buyer's scan) would have made. `Err` for a number
-    /// the platform cannot carry (WeChat: 6-32 of `[A-Za-z0-9_*|-]`, Alipay:
-    /// up to 64 of `[A-Za-z0-9_]`), one open already, or a non-positive amount.
+    /// A trade made out of band (tests only): unpaid, never expiring, as if
+    /// the merchant had made it some other way. The platforms make trades
+    /// through prepay; this stays for the tests and scenarios that predate
+    /// it. `Err` for a number the platform cannot carry (WeChat: 6-32 of
+    /// `[A-Za-z0-9_*|-]`, Alipay: up to 64 of `[A-Za-z0-9_]`), one open
+    /// already, or a non-positive amount.
     pub fn open_trade(&self, out_trade_no: &str, amount_fen: i64) -> Result<(), String> {
-        let pay_no = match self.platform {
+        let trade = match self.platform {
             Platform::Wechatpay if !wechatpay::valid_out_trade_no(out_trade_no) => {
                 return Err(format!("WeChat Pay cannot carry out_trade_no {out_trade_no:?}"));
             }
@@ -308,22 +348,42 @@ impl PlatformApi {
                 return Err(format!("Alipay cannot carry out_trade_no {out_trade_no:?}"));
             }
             // Alipay numbers the trade when it is made, WeChat when it is paid.
-            Platform::Alipay => Some(alipay::new_trade_no(crate::now_s())),
-            _ => None,
+            Platform::Alipay => ledger::Trade {
+                pay_no: Some(alipay::new_trade_no(crate::now_s())),
+                ..ledger::Trade::new(out_trade_no, amount_fen, alipay::PRECREATE)
+            },
+            _ => ledger::Trade::new(out_trade_no, amount_fen, wechatpay::NATIVE),
         };
-        self.ledger.open(out_trade_no, amount_fen, pay_no)
+        self.ledger.open(trade)
+    }
+
+    /// The server calls that asked to make a payment (WeChat Pay's four
+    /// prepay paths, Alipay's `alipay.trade.precreate`), whatever they were
+    /// answered, unanswered ones included: "one call reached the platform"
+    /// counts every one of them.
+    pub fn prepay_calls(&self) -> usize {
+        let is_prepay = |call: &Call| match self.platform {
+            Platform::Alipay => call.api == alipay::PRECREATE,
+            _ => wechatpay::is_prepay(&call.api),
+        };
+        self.server.calls().iter().filter(|call| is_prepay(call)).count()
+    }
+
+    /// The trades that exist, whatever their state.
+    pub fn trades(&self) -> usize {
+        self.ledger.trades()
     }
 
     /// The buyer has the cashier open (WeChat `USERPAYING`; Alipay still
     /// `WAIT_BUYER_PAY`).
     pub fn buyer_paying(&self, out_trade_no: &str) -> Result<(), Refused> {
-        self.ledger.buyer_paying(out_trade_no)
+        self.ledger.buyer_paying(out_trade_no, now_ms())
     }
 
     /// The buyer pays: the platform's payment number (WeChat transaction_id,
     /// Alipay trade_no), or why the platform refused the payment.
     pub fn buyer_pays(&self, out_trade_no: &str) -> Result<String, Refused> {
-        self.ledger.buyer_pays(out_trade_no, crate::now_s(), wechatpay::new_transaction_id)
+        self.ledger.buyer_pays(out_trade_no, now_ms(), wechatpay::new_transaction_id)
     }
 
     /// Alipay: a paid trade past its refund period (`TRADE_FINISHED`,
@@ -333,6 +393,21 @@ impl PlatformApi {
             Platform::Alipay => self.ledger.finish(out_trade_no),
             _ => Err("WeChat Pay has no finished trade state".into()),
         }
+    }
+
+    /// What the trade was made with; `None`: no such trade.
+    pub fn trade(&self, out_trade_no: &str) -> Option<TradeRecord> {
+        let trade = self.ledger.trade(out_trade_no)?;
+        Some(TradeRecord {
+            out_trade_no: trade.out_trade_no,
+            amount: trade.amount,
+            trade_type: trade.trade_type,
+            expires_at_ms: trade.expires_at_ms,
+            notify_url: trade.notify_url,
+            appid: trade.appid,
+            description: trade.description,
+            pay_no: trade.pay_no,
+        })
     }
 
     /// The trade's state in the platform's words (`NOTPAY`, `TRADE_CLOSED`, ...).
@@ -377,6 +452,59 @@ impl PlatformApi {
     pub fn on_call(&self, observer: impl Fn(&Call) + Send + Sync + 'static) {
         self.server.on_call(Arc::new(observer));
     }
+}
+
+/// `yyyy-MM-dd{separator}HH:mm:ss` in Beijing time, as Unix seconds.
+fn beijing_unix(text: &str, separator: u8) -> Option<i64> {
+    let b = text.as_bytes();
+    let shape = b.len() == 19 && b[4] == b'-' && b[7] == b'-' && b[10] == separator && b[13] == b':' && b[16] == b':';
+    if !shape {
+        return None;
+    }
+    let number = |from: usize, to: usize| -> Option<u16> {
+        let part = text.get(from..to)?;
+        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
+    };
+    let month = time::Month::try_from(u8::try_from(number(5, 7)?).ok()?).ok()?;
+    let byte = |from: usize| number(from, from + 2).and_then(|n| u8::try_from(n).ok());
+    let date = time::Date::from_calendar_date(i32::from(number(0, 4)?), month, byte(8)?).ok()?;
+    let clock = time::Time::from_hms(byte(11)?, byte(14)?, byte(17)?).ok()?;
+    let beijing = time::UtcOffset::from_hms(8, 0, 0).ok()?;
+    Some(time::PrimitiveDateTime::new(date, clock).assume_offset(beijing).unix_timestamp())
+}
+
+/// Why a `notify_url` would be refused: absent, not an http(s) URL with a
+/// host, or not the one the platform was told to expect.
+fn notify_url_refusal(url: Option<&str>, expected: Option<&str>) -> Option<String> {
+    let Some(url) = url.filter(|u| !u.is_empty()) else {
+        return Some("notify_url is missing".into());
+    };
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
+    let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or(""));
+    if host.is_none_or(str::is_empty) || url.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+        return Some(format!("notify_url {url:?} is not an http(s) URL"));
+    }
+    match expected {
+        Some(expected) if url != expected => Some(format!("notify_url {url:?} is not the merchant's {expected:?}")),
+        _ => None,
+    }
+}
+
+/// `len` random characters of `[a-z0-9]` for the identifiers the platforms
+/// hand the buyer (QR code texts); digits should the OS have no randomness.
+fn random_token(len: usize) -> String {
+    match crate::platform::random_text(len) {
+        Ok(text) => text.to_ascii_lowercase(),
+        Err(_) => unique_digits(len),
+    }
+}
+
+/// The platforms' clock, in Unix milliseconds: the system's (their answers
+/// carry the real time, so payonce's clock must be near it anyway).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The given platform key, or one made now the way the rest of the

@@ -336,6 +336,7 @@ impl Platforms {
             Refused::NoSuchTrade => "refused: no such trade".to_owned(),
             Refused::Closed => "refused: the trade is closed".to_owned(),
             Refused::AlreadyPaid { pay_no } => format!("refused: already paid ({pay_no})"),
+            Refused::Expired => "refused: the trade has expired".to_owned(),
         })
     }
 

@@ -6,7 +6,9 @@
 
 use super::http::{parse_form, Answer, Api, Request};
 use super::ledger::{CloseRefused, Ledger, RefundRefused, Trade, TradeState};
-use super::{other_trade_no, tamper, unique_digits, yuan_to_fen, AlipayApiConfig, Call, Fault, RefundStatus};
+use super::{
+    beijing_unix, other_trade_no, tamper, unique_digits, yuan_to_fen, AlipayApiConfig, Call, Fault, RefundStatus,
+};
 use crate::platform::{china_time, fen_to_yuan, rsa_sign};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, SigningKey, VerifyingKey};
@@ -18,6 +20,9 @@ use std::sync::Arc;
 
 const METHODS: [&str; 4] =
     ["alipay.trade.query", "alipay.trade.close", "alipay.trade.refund", "alipay.trade.fastpay.refund.query"];
+/// The method of a trade paid by scanning a QR code: what a trade made out
+/// of band is taken for.
+pub(super) const PRECREATE: &str = "alipay.trade.precreate";
 /// How far a request's Beijing-time timestamp may be from the gateway's
 /// clock: wide, but an 8-hour UTC mix-up is refused.
 const CLOCK_SKEW_S: i64 = 15 * 60;
@@ -109,7 +114,7 @@ impl Alipay {
             return Err(invalid("isv.invalid-format", "格式须为 JSON".into()));
         }
         let timestamp = get("timestamp").ok_or_else(|| missing("isv.missing-timestamp", "时间戳"))?;
-        match beijing_unix(timestamp) {
+        match beijing_unix(timestamp, b' ') {
             Some(t) if (crate::now_s() - t).abs() <= CLOCK_SKEW_S => {}
             _ => {
                 let why = format!("时间戳 {timestamp} 格式错误或偏离北京时间超过 15 分钟 (yyyy-MM-dd HH:mm:ss)");
@@ -292,25 +297,6 @@ fn parameters(request: &Request) -> Option<Vec<(String, String)>> {
         params.extend(parse_form(std::str::from_utf8(&request.body).ok()?)?);
     }
     Some(params)
-}
-
-/// `yyyy-MM-dd HH:mm:ss` in Beijing time, as Unix seconds.
-fn beijing_unix(text: &str) -> Option<i64> {
-    let b = text.as_bytes();
-    let shape = b.len() == 19 && b[4] == b'-' && b[7] == b'-' && b[10] == b' ' && b[13] == b':' && b[16] == b':';
-    if !shape {
-        return None;
-    }
-    let number = |from: usize, to: usize| -> Option<u16> {
-        let part = text.get(from..to)?;
-        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
-    };
-    let month = time::Month::try_from(u8::try_from(number(5, 7)?).ok()?).ok()?;
-    let byte = |from: usize| number(from, from + 2).and_then(|n| u8::try_from(n).ok());
-    let date = time::Date::from_calendar_date(i32::from(number(0, 4)?), month, byte(8)?).ok()?;
-    let clock = time::Time::from_hms(byte(11)?, byte(14)?, byte(17)?).ok()?;
-    let beijing = time::UtcOffset::from_hms(8, 0, 0).ok()?;
-    Some(time::PrimitiveDateTime::new(date, clock).assume_offset(beijing).unix_timestamp())
 }
 
 impl Api for Alipay {
