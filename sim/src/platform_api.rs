@@ -1,9 +1,11 @@
 //! The platforms' merchant APIs, the servers payonce calls
 //! (docs/platforms.md): WeChat Pay v3's prepay (native, jsapi, h5, app),
 //! trade query, close, refund and refund query, and Alipay's OpenAPI gateway
-//! (`alipay.trade.query`, `.close`, `.refund`, `.fastpay.refund.query`), on
-//! loopback, for scenarios and tests to drive in process, and on their own
-//! for a real payonce (`payonce-sim platforms`, [`crate::standalone`]).
+//! (`alipay.trade.precreate`, `.query`, `.close`, `.refund`,
+//! `.fastpay.refund.query`, and the page, wap and app requests a buyer
+//! opens), on loopback, for scenarios and tests to drive in process, and on
+//! their own for a real payonce (`payonce-sim platforms`,
+//! [`crate::standalone`]).
 //!
 //! Like the notifications of [`crate::platform`], this is the independent
 //! oracle of payonce's platform client: written from the contract and the
@@ -11,12 +13,13 @@
 //! every request's signature as the platform would (a request it would
 //! refuse is refused here, loudly), signs every answer with the platform's
 //! key, and keeps a record of every call so a test can count them. A trade
-//! made by the merchant's prepay keeps the `time_expire`, `notify_url` and
-//! amount it was made with; a buyer can pay only a trade that exists,
-//! unexpired and not closed.
+//! exists only once the merchant's prepay (or the buyer's opening of a
+//! signed request) made it, with the `time_expire`, `notify_url` and amount
+//! it was made with; a buyer can pay only a trade that exists, unexpired and
+//! not closed.
 //!
 //! - [`PlatformApi`]: one platform's server, its state controls (a buyer
-//!   paying, a refund settling) and its faults;
+//!   opening a request, paying, a refund settling) and its faults;
 //! - `http`: the HTTP/1.1 listener and the transport faults;
 //! - `ledger`: the trades and refunds;
 //! - `wechatpay`, `alipay`: each platform's requests and answers.
@@ -232,6 +235,9 @@ pub struct AlipayApiConfig {
     pub app_id: String,
     /// Verifies the requests: the public half of `--alipay-app-private-key`.
     pub app_public_key: RsaPublicKey,
+    /// The `notify_url` every precreate and every request the buyer opens
+    /// must carry; `None`: any http(s) URL.
+    pub expected_notify_url: Option<String>,
     /// Signs the answers ("the Alipay public key" is its public half);
     /// `None`: a throwaway key made for this run.
     pub alipay_key: Option<RsaPrivateKey>,
@@ -242,7 +248,13 @@ pub struct AlipayApiConfig {
 impl AlipayApiConfig {
     /// The simulator's app_id (2021000000000000) and a throwaway Alipay key.
     pub fn new(app_public_key: RsaPublicKey) -> AlipayApiConfig {
-        AlipayApiConfig { app_id: SIM_ALIPAY_APP_ID.to_owned(), app_public_key, alipay_key: None, port: 0 }
+        AlipayApiConfig {
+            app_id: SIM_ALIPAY_APP_ID.to_owned(),
+            app_public_key,
+            expected_notify_url: None,
+            alipay_key: None,
+            port: 0,
+        }
     }
 }
 
@@ -255,6 +267,8 @@ pub struct PlatformApi {
     public_key: RsaPublicKey,
     serial: Option<String>,
     ledger: Arc<Ledger>,
+    /// Alipay's gateway, for the requests the buyer opens without a call.
+    alipay: Option<Arc<alipay::Alipay>>,
 }
 
 impl PlatformApi {
@@ -271,6 +285,7 @@ impl PlatformApi {
             public_key,
             serial: Some(config.platform_serial),
             ledger,
+            alipay: None,
         })
     }
 
@@ -278,8 +293,8 @@ impl PlatformApi {
         let key = key_or_throwaway(config.alipay_key.clone())?;
         let public_key = RsaPublicKey::from(&key);
         let ledger = Arc::new(Ledger::default());
-        let api = alipay::Alipay::new(&config, key, Arc::clone(&ledger));
-        let server = http::Server::start("alipay", config.port, Arc::new(api))?;
+        let api = Arc::new(alipay::Alipay::new(&config, key, Arc::clone(&ledger)));
+        let server = http::Server::start("alipay", config.port, Arc::clone(&api))?;
         Ok(PlatformApi {
             server,
             platform: Platform::Alipay,
@@ -287,6 +302,7 @@ impl PlatformApi {
             public_key,
             serial: None,
             ledger,
+            alipay: Some(api),
         })
     }
 
@@ -357,10 +373,41 @@ impl PlatformApi {
         self.ledger.open(trade)
     }
 
+    /// The buyer opens a request payonce signed for them (Alipay's page, wap
+    /// and app payments): `signed` is the `url` (this gateway's URL, `?`,
+    /// the signed form) or the `order_string` (the form alone). It is
+    /// checked as the gateway checks a call (signature, app, timestamp), its
+    /// method must be page or wap pay for a URL and app pay for an order
+    /// string, with the matching `product_code`, and its trade is checked
+    /// like a precreate's; then the trade is made, or an identical one
+    /// found. The out_trade_no, or why not (`sub_code: sub_msg`).
+    ///
+    /// No server call: faults do not apply, and [`PlatformApi::prepay_calls`]
+    /// does not count it. It is in [`PlatformApi::calls`], as `GET` for a
+    /// URL and `APP` for an order string, `api` its method, `status` 200
+    /// (the cashier page, or Alipay's error page) and `code` `10000` or the
+    /// refusal's sub_code.
+    pub fn buyer_opens(&self, signed: &str) -> Result<String, String> {
+        let Some(alipay) = &self.alipay else {
+            return Err("WeChat Pay has no request for the buyer to open".into());
+        };
+        let (form, opened) = match signed.split_once('?') {
+            Some((gateway, _)) if gateway != self.endpoint() => {
+                return Err(format!("{gateway} is not this gateway ({})", self.endpoint()));
+            }
+            Some((_, query)) => (query, alipay::Opened::Url),
+            None => (signed, alipay::Opened::OrderString),
+        };
+        let params = http::parse_form(form).ok_or("the signed form is not a utf-8 form")?;
+        let (call, made) = alipay.buyer_opens(params, opened);
+        self.server.record(call);
+        made
+    }
+
     /// The server calls that asked to make a payment (WeChat Pay's four
     /// prepay paths, Alipay's `alipay.trade.precreate`), whatever they were
     /// answered, unanswered ones included: "one call reached the platform"
-    /// counts every one of them.
+    /// counts every one of them. Requests the buyer opens are not calls.
     pub fn prepay_calls(&self) -> usize {
         let is_prepay = |call: &Call| match self.platform {
             Platform::Alipay => call.api == alipay::PRECREATE,

@@ -22,16 +22,16 @@ use std::time::{Duration, Instant};
 pub const USAGE: &str = "\
 Usage: payonce simulate platforms [options]      (the binary: payonce-sim platforms)
 
-Plays WeChat Pay v3's and Alipay's merchant APIs (trade query, close, refund
-and refund query; Alipay's gateway.do) on 127.0.0.1 for a real `payonce
-serve` to call. Requests are verified with the public half of the merchant's
-key, answers signed with platform keys made for this run. At start it writes
-the key files into DIR, prints on stdout the `payonce serve` flags that point
-payonce at these servers, one flag a line, then a line `ready`. Then it
-serves until SIGINT/SIGTERM, stdin closing or `quit`, logging each call on
-stderr, one line each: platform, HTTP method, path (WeChat Pay) or method
-(Alipay), verified or UNVERIFIED, the HTTP status or `unanswered`, the
-platform's code. Exit status 0 when stopped, 2 on an error.
+Plays WeChat Pay v3's and Alipay's merchant APIs (prepay and precreate,
+trade query, close, refund and refund query; Alipay's gateway.do) on
+127.0.0.1 for a real `payonce serve` to call. Requests are verified with the
+public half of the merchant's key, answers signed with platform keys made
+for this run. At start it writes the key files into DIR, prints on stdout the
+`payonce serve` flags that point payonce at these servers, one flag a line,
+then a line `ready`. Then it serves until SIGINT/SIGTERM, stdin closing or
+`quit`, logging each call on stderr, one line each: platform, HTTP method,
+path (WeChat Pay) or method (Alipay), verified or UNVERIFIED, the HTTP status
+or `unanswered`, the platform's code. Exit status 0 when stopped, 2 on an error.
 
   payonce simulate platforms --trade ORD_1001=9900:paid
   payonce serve --dev --db dev.db [the flags it printed]

@@ -181,6 +181,12 @@ impl Server {
         self.shared.calls.lock().clone()
     }
 
+    /// Keeps what reached the platform without a request to this server
+    /// (a request the buyer opened), as if it had been one.
+    pub fn record(&self, call: Call) {
+        self.shared.record(call);
+    }
+
     /// `observer` is told of every call from now on, when it is recorded:
     /// an unanswered one (refused, hanging) as it arrives.
     pub fn on_call(&self, observer: Observer) {

@@ -1,10 +1,11 @@
 //! Making trades: payonce's own prepay client (docs/platforms.md, "Paying")
 //! against these servers over real sockets, and requests signed here for
-//! what payonce's client would never send. Every trade comes from a prepay;
-//! none from `open_trade`.
+//! what payonce's client would never send. Every trade comes from a prepay
+//! or a request the buyer opened; none from `open_trade`.
 
-use super::tests::{json_of, keys, wx_verified, WxSigner, MERCHANT_SERIAL};
+use super::tests::{ali_form, ali_post, ali_response, json_of, keys, wx_verified, WxSigner, MERCHANT_SERIAL};
 use super::*;
+use payonce::platforms::alipay::AlipayApi;
 use payonce::platforms::wechatpay::WechatpayApi;
 use payonce::platforms::{Calls, CloseAnswer, MerchantKey, PrepayAnswer, PrepayRequest};
 use rsa::pkcs8::DecodePrivateKey;
@@ -15,6 +16,7 @@ use std::time::Instant;
 const MERCHANT_KEY_PEM: &str = include_str!("../../../tests/fixtures/keys/merchant.pem");
 const TIMEOUT: Duration = Duration::from_millis(1_000);
 const NOTIFY_WECHATPAY: &str = "https://shop.example/v1/callbacks/wechatpay";
+const NOTIFY_ALIPAY: &str = "https://shop.example/v1/callbacks/alipay";
 /// A second appid bound to the simulator's merchant (a mini program beside the web one).
 const SECOND_APPID: &str = "wxsimulatorminiprog";
 
@@ -50,6 +52,30 @@ fn wechatpay() -> Wx {
     Wx { api, client }
 }
 
+struct Ali {
+    api: PlatformApi,
+    client: AlipayApi,
+}
+
+fn alipay() -> Ali {
+    let config = AlipayApiConfig {
+        alipay_key: Some(keys().alipay_platform.clone()),
+        expected_notify_url: Some(NOTIFY_ALIPAY.to_owned()),
+        ..AlipayApiConfig::new(merchant_key().to_public_key())
+    };
+    let api = PlatformApi::start_alipay(config).expect("Alipay starts");
+    let key = payonce::platforms::alipay::public_key_from_text(&api.platform_public_key_pem().expect("pem"))
+        .expect("Alipay's key");
+    let client = AlipayApi::new(
+        api.merchant_id().to_owned(),
+        MerchantKey::from_pem(MERCHANT_KEY_PEM).expect("merchant key"),
+        &api.endpoint(),
+        key,
+        TIMEOUT,
+    );
+    Ali { api, client }
+}
+
 /// A 9.90 CNY order expiring in 15 minutes, paid by `method`.
 fn request<'a>(order_no: &'a str, method: &'a str, notify_url: &'a str) -> PrepayRequest<'a> {
     PrepayRequest {
@@ -69,6 +95,10 @@ fn request<'a>(order_no: &'a str, method: &'a str, notify_url: &'a str) -> Prepa
 
 fn wx_request<'a>(order_no: &'a str, method: &'a str) -> PrepayRequest<'a> {
     request(order_no, method, NOTIFY_WECHATPAY)
+}
+
+fn ali_request<'a>(order_no: &'a str, method: &'a str) -> PrepayRequest<'a> {
+    request(order_no, method, NOTIFY_ALIPAY)
 }
 
 /// The one text field of a created payment, or a panic naming what came instead.
@@ -281,25 +311,205 @@ fn remove(body: &mut Value, name: &str) {
     }
 }
 
+// ---- Alipay ----
+
+#[test]
+fn alipay_precreate_makes_the_trade_once_and_answers_as_alipay() {
+    let ali = alipay();
+    let first = created(&ali.client.prepay(&ali_request("ORD_ALI_QR", "precreate"), now_ms()).meaning, "qr_code");
+    assert!(first.starts_with("https://qr.alipay.com/") && first.len() == 22 + 24, "{first}");
+    let again = created(&ali.client.prepay(&ali_request("ORD_ALI_QR", "precreate"), now_ms()).meaning, "qr_code");
+    assert_eq!(again, first);
+    assert_eq!((ali.api.trades(), ali.api.prepay_calls()), (1, 2));
+    assert_eq!(ali.api.trade_state("ORD_ALI_QR"), Some("WAIT_BUYER_PAY"));
+    let call = ali.api.calls()[0].clone();
+    assert_eq!(
+        (call.api.as_str(), call.verified, call.code.as_deref()),
+        ("alipay.trade.precreate", true, Some("10000"))
+    );
+    assert!(call.params.contains(&("notify_url".to_owned(), NOTIFY_ALIPAY.to_owned())));
+    let made = ali.api.trade("ORD_ALI_QR").expect("the trade");
+    assert_eq!(
+        (made.trade_type.as_str(), made.notify_url.as_deref(), made.description.as_deref(), made.appid),
+        ("alipay.trade.precreate", Some(NOTIFY_ALIPAY), Some("Tea"), None)
+    );
+    assert_eq!(made.pay_no.as_ref().map(String::len), Some(28), "Alipay numbers the trade when it is made");
+    let expire = call.body["time_expire"].as_str().expect("time_expire");
+    assert_eq!(made.expires_at_ms, super::beijing_unix(expire, b' ').map(|s| s * 1000));
+
+    let other_amount =
+        ali.client.prepay(&PrepayRequest { amount: 1000, ..ali_request("ORD_ALI_QR", "precreate") }, now_ms());
+    let (code, message) = refused(&other_amount.meaning);
+    assert_eq!(code, "ACQ.CONTEXT_INCONSISTENT");
+    assert!(message.contains("10.00") && message.contains("9.90"), "{message}");
+
+    let pay_no = ali.api.buyer_pays("ORD_ALI_QR").expect("paid");
+    assert_eq!(pay_no.len(), 28);
+    assert_eq!(ali.client.prepay(&ali_request("ORD_ALI_QR", "precreate"), now_ms()).meaning, PrepayAnswer::Paid);
+
+    created(&ali.client.prepay(&ali_request("ORD_ALI_SHUT", "precreate"), now_ms()).meaning, "qr_code");
+    assert_eq!(ali.client.close("ORD_ALI_SHUT", now_ms()).meaning, CloseAnswer::Closed);
+    assert_eq!(ali.client.prepay(&ali_request("ORD_ALI_SHUT", "precreate"), now_ms()).meaning, PrepayAnswer::Closed);
+    assert_eq!(ali.api.trades(), 2);
+
+    let other_url = request("ORD_ALI_URL", "precreate", "https://elsewhere.example/cb");
+    let (code, message) = refused(&ali.client.prepay(&other_url, now_ms()).meaning);
+    assert_eq!(code, "ACQ.INVALID_PARAMETER");
+    assert!(message.contains("notify_url"), "{message}");
+    let past = PrepayRequest { expires_at_ms: now_ms() - 60_000, ..ali_request("ORD_ALI_PAST", "precreate") };
+    let (code, message) = refused(&ali.client.prepay(&past, now_ms()).meaning);
+    assert_eq!((code.as_str(), message.contains("time_expire")), ("ACQ.INVALID_PARAMETER", true), "{message}");
+    assert_eq!(ali.api.trades(), 2, "refusals make no trade");
+}
+
+#[test]
+fn alipay_precreate_signed_here_needs_its_amount_subject_and_notify_url() {
+    let ali = alipay();
+    let key = merchant_key();
+    let mut conn = super::tests::connect(&ali.api);
+    let expire = crate::platform::china_time(crate::now_s() + 900).plain();
+    let biz = |no: &str| json!({"out_trade_no": no, "total_amount": "9.90", "subject": "Tea", "time_expire": expire});
+    let with_notify = |params: &mut Vec<(String, String)>| params.push(("notify_url".into(), NOTIFY_ALIPAY.into()));
+    let cases: [(&str, Value); 6] = [
+        ("total_amount", json!({"total_amount": "0.00"})),
+        ("total_amount", json!({"total_amount": "9.999"})),
+        ("subject", json!({"subject": ""})),
+        ("time_expire", json!({"time_expire": "2099-01-01T00:00:00+08:00"})),
+        ("out_trade_no", json!({"out_trade_no": "ORD-DASHED"})),
+        ("time_expire", json!({"time_expire": Value::Null})),
+    ];
+    for (i, (field, change)) in cases.into_iter().enumerate() {
+        let mut body = biz(&format!("ORD_ALI_BAD_{i}"));
+        for (k, v) in change.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let form = ali_form("alipay.trade.precreate", &body, &key, with_notify);
+        let response =
+            ali_response(&ali.api, &ali_post(&ali.api, &mut conn, &form), "alipay.trade.precreate").expect("signed");
+        assert_eq!(response["sub_code"], "ACQ.INVALID_PARAMETER", "{field}: {response}");
+        assert!(response["sub_msg"].as_str().is_some_and(|m| m.contains(field)), "{field}: {response}");
+    }
+    let no_notify = ali_form("alipay.trade.precreate", &biz("ORD_ALI_NO_URL"), &key, |_| {});
+    let response =
+        ali_response(&ali.api, &ali_post(&ali.api, &mut conn, &no_notify), "alipay.trade.precreate").expect("signed");
+    assert!(response["sub_msg"].as_str().is_some_and(|m| m.contains("notify_url")), "{response}");
+    assert_eq!(ali.api.trades(), 0);
+    let taken = ali_form("alipay.trade.precreate", &biz("ORD_ALI_TAKEN"), &key, with_notify);
+    let response =
+        ali_response(&ali.api, &ali_post(&ali.api, &mut conn, &taken), "alipay.trade.precreate").expect("signed");
+    assert_eq!((response["code"].as_str(), response["out_trade_no"].as_str()), (Some("10000"), Some("ORD_ALI_TAKEN")));
+    // Signed by another key: the gateway refuses it before anything else.
+    let forged = ali_form("alipay.trade.precreate", &biz("ORD_ALI_FORGED"), &keys().app, with_notify);
+    let response =
+        ali_response(&ali.api, &ali_post(&ali.api, &mut conn, &forged), "alipay.trade.precreate").expect("signed");
+    assert_eq!(response["sub_code"], "isv.invalid-signature");
+    assert_eq!((ali.api.trades(), ali.api.prepay_calls()), (1, 9));
+}
+
+#[test]
+fn alipay_requests_the_buyer_opens_make_the_trade() {
+    let ali = alipay();
+    let signed = |no: &str, method: &str| -> String {
+        let key = if method == "app" { "order_string" } else { "url" };
+        created(&ali.client.prepay(&ali_request(no, method), now_ms()).meaning, key)
+    };
+    let page = signed("ORD_ALI_PAGE", "page");
+    assert!(page.starts_with(&format!("{}?", ali.api.endpoint())), "{page}");
+    assert!(ali.api.calls().is_empty(), "payonce signed it without a call");
+    assert_eq!(ali.api.buyer_opens(&page), Ok("ORD_ALI_PAGE".to_owned()));
+    assert_eq!(ali.api.trade_state("ORD_ALI_PAGE"), Some("WAIT_BUYER_PAY"));
+    assert_eq!(ali.api.buyer_opens(&page), Ok("ORD_ALI_PAGE".to_owned()), "opened twice, one trade");
+    assert_eq!((ali.api.trades(), ali.api.prepay_calls()), (1, 0));
+    let call = ali.api.calls()[0].clone();
+    assert_eq!(
+        (call.http_method.as_str(), call.api.as_str(), call.verified, call.status, call.code.as_deref()),
+        ("GET", "alipay.trade.page.pay", true, Some(200), Some("10000"))
+    );
+    assert_eq!(call.body["product_code"], "FAST_INSTANT_TRADE_PAY");
+    let made = ali.api.trade("ORD_ALI_PAGE").expect("the trade");
+    assert_eq!((made.trade_type.as_str(), made.notify_url.as_deref()), ("alipay.trade.page.pay", Some(NOTIFY_ALIPAY)));
+
+    let wap = signed("ORD_ALI_WAP", "wap");
+    assert_eq!(ali.api.buyer_opens(&wap), Ok("ORD_ALI_WAP".to_owned()));
+    let app = signed("ORD_ALI_APP", "app");
+    assert!(!app.contains('?'), "an order string is the form alone");
+    assert_eq!(ali.api.buyer_opens(&app), Ok("ORD_ALI_APP".to_owned()));
+    assert_eq!(
+        ali.api.calls().last().map(|c| (c.http_method.clone(), c.api.clone())),
+        Some(("APP".into(), "alipay.trade.app.pay".into()))
+    );
+    assert_eq!(ali.api.trades(), 3);
+
+    // An app request opened as a page, and a page request handed to the app.
+    let as_url = format!("{}?{app}", ali.api.endpoint());
+    assert!(ali.api.buyer_opens(&as_url).is_err_and(|e| e.starts_with("isv.invalid-method")));
+    let form_only = page.split_once('?').expect("a query").1.to_owned();
+    assert!(ali.api.buyer_opens(&form_only).is_err_and(|e| e.starts_with("isv.invalid-method")));
+    // Another gateway's URL does not reach this one.
+    let elsewhere = page.replace(&ali.api.endpoint(), "https://openapi.alipay.com/gateway.do");
+    assert!(ali.api.buyer_opens(&elsewhere).is_err_and(|e| e.contains("is not this gateway")));
+
+    // The amount changed in the URL: the signature no longer holds, no trade.
+    let tampered = signed("ORD_ALI_TAMPER", "page");
+    let amount = "%22total_amount%22%3A%229.90%22";
+    assert!(tampered.contains(amount), "{tampered}");
+    let tampered = tampered.replace(amount, "%22total_amount%22%3A%220.01%22");
+    let refusal = ali.api.buyer_opens(&tampered).expect_err("tampered");
+    assert!(refusal.starts_with("isv.invalid-signature"), "{refusal}");
+    assert_eq!(ali.api.trade_state("ORD_ALI_TAMPER"), None);
+    let call = ali.api.calls().last().cloned().expect("recorded");
+    assert_eq!((call.verified, call.code.as_deref()), (false, Some("isv.invalid-signature")));
+
+    // A paid trade is not opened again; nor one of another amount.
+    ali.api.buyer_pays("ORD_ALI_WAP").expect("paid");
+    assert!(ali.api.buyer_opens(&wap).is_err_and(|e| e.starts_with("ACQ.TRADE_HAS_SUCCESS")));
+    let dearer = PrepayRequest { amount: 1990, ..ali_request("ORD_ALI_PAGE", "page") };
+    let dearer = created(&ali.client.prepay(&dearer, now_ms()).meaning, "url");
+    assert!(ali.api.buyer_opens(&dearer).is_err_and(|e| e.starts_with("ACQ.CONTEXT_INCONSISTENT")));
+    // Checked like a precreate: the notify_url and time_expire.
+    let other_url = created(
+        &ali.client.prepay(&request("ORD_ALI_URL2", "page", "https://elsewhere.example/cb"), now_ms()).meaning,
+        "url",
+    );
+    assert!(ali.api.buyer_opens(&other_url).is_err_and(|e| e.contains("notify_url")));
+    let past = PrepayRequest { expires_at_ms: now_ms() - 60_000, ..ali_request("ORD_ALI_PAST2", "wap") };
+    let past = created(&ali.client.prepay(&past, now_ms()).meaning, "url");
+    assert!(ali.api.buyer_opens(&past).is_err_and(|e| e.contains("time_expire")));
+    assert_eq!((ali.api.trades(), ali.api.prepay_calls()), (3, 0));
+
+    // WeChat Pay has nothing for a buyer to open.
+    assert!(wechatpay().api.buyer_opens(&page).is_err());
+}
+
 // ---- Paying, faults ----
 
 #[test]
 fn a_buyer_pays_only_a_trade_that_exists_unexpired_and_open() {
-    let wx = wechatpay();
-    assert_eq!(wx.api.buyer_pays("ORD_NOWHERE"), Err(Refused::NoSuchTrade));
-    assert_eq!(wx.api.buyer_paying("ORD_NOWHERE"), Err(Refused::NoSuchTrade));
-    // time_expire is to the second: this trade expires two to three seconds from now.
+    let (wx, ali) = (wechatpay(), alipay());
+    for api in [&wx.api, &ali.api] {
+        assert_eq!(api.buyer_pays("ORD_NOWHERE"), Err(Refused::NoSuchTrade));
+        assert_eq!(api.buyer_paying("ORD_NOWHERE"), Err(Refused::NoSuchTrade));
+    }
+    // time_expire is to the second: these trades expire two to three seconds from now.
     let expires_at_ms = (now_ms() + 3_000).div_euclid(1000) * 1000;
-    let soon = PrepayRequest { expires_at_ms, ..wx_request("ORD_SOON", "native") };
-    created(&wx.client.prepay(&soon, now_ms()).meaning, "code_url");
+    let soon = |method| PrepayRequest { expires_at_ms, ..request("ORD_SOON", method, "") };
+    let wx_soon = PrepayRequest { notify_url: NOTIFY_WECHATPAY, ..soon("native") };
+    created(&wx.client.prepay(&wx_soon, now_ms()).meaning, "code_url");
+    let ali_soon = PrepayRequest { notify_url: NOTIFY_ALIPAY, ..soon("precreate") };
+    created(&ali.client.prepay(&ali_soon, now_ms()).meaning, "qr_code");
     assert_eq!(wx.api.buyer_paying("ORD_SOON"), Ok(()), "not expired yet");
     std::thread::sleep(Duration::from_millis(u64::try_from(expires_at_ms - now_ms()).unwrap_or(0) + 100));
-    assert_eq!(wx.api.buyer_paying("ORD_SOON"), Err(Refused::Expired));
-    assert_eq!(wx.api.buyer_pays("ORD_SOON"), Err(Refused::Expired));
+    for api in [&wx.api, &ali.api] {
+        assert_eq!(api.buyer_paying("ORD_SOON"), Err(Refused::Expired));
+        assert_eq!(api.buyer_pays("ORD_SOON"), Err(Refused::Expired));
+    }
     assert_eq!(wx.api.trade_state("ORD_SOON"), Some("USERPAYING"), "expired, not closed by the platform");
     // Asked again with a time_expire still ahead: the trade is past its life.
-    let again = PrepayRequest { expires_at_ms: now_ms() + 15 * 60_000, ..soon };
-    assert_eq!(wx.client.prepay(&again, now_ms()).meaning, PrepayAnswer::Closed);
+    let later = now_ms() + 15 * 60_000;
+    let wx_again = PrepayRequest { expires_at_ms: later, ..wx_soon };
+    assert_eq!(wx.client.prepay(&wx_again, now_ms()).meaning, PrepayAnswer::Closed);
+    let ali_again = PrepayRequest { expires_at_ms: later, ..ali_soon };
+    assert_eq!(ali.client.prepay(&ali_again, now_ms()).meaning, PrepayAnswer::Closed);
 
     created(&wx.client.prepay(&wx_request("ORD_WX_SHUT", "native"), now_ms()).meaning, "code_url");
     assert_eq!(wx.client.close("ORD_WX_SHUT", now_ms()).meaning, CloseAnswer::Closed);
@@ -312,24 +522,33 @@ fn a_buyer_pays_only_a_trade_that_exists_unexpired_and_open() {
 
 #[test]
 fn faults_leave_a_prepay_without_an_answer() {
-    let wx = wechatpay();
-    for (i, fault) in [Fault::Refuse, Fault::Hang, Fault::ServerError].into_iter().enumerate() {
-        let no = format!("ORD_FAULT_{i}");
-        wx.api.fail_next(fault.clone(), 1);
-        let exchange = wx.client.prepay(&wx_request(&no, "native"), now_ms());
-        assert_eq!(exchange.meaning, PrepayAnswer::Unknown, "{fault:?}: {exchange:?}");
-        assert_eq!(wx.api.trade_state(&no), None, "{fault:?} is not acted on");
+    let (wx, ali) = (wechatpay(), alipay());
+    let platforms: [(&PlatformApi, &dyn Calls, &str, &str); 2] =
+        [(&wx.api, &wx.client, "native", "code_url"), (&ali.api, &ali.client, "precreate", "qr_code")];
+    for (api, client, method, key) in platforms {
+        let notify = if method == "native" { NOTIFY_WECHATPAY } else { NOTIFY_ALIPAY };
+        for (i, fault) in [Fault::Refuse, Fault::Hang, Fault::ServerError].into_iter().enumerate() {
+            let no = format!("ORD_FAULT_{i}");
+            api.fail_next(fault.clone(), 1);
+            let exchange = client.prepay(&request(&no, method, notify), now_ms());
+            assert_eq!(exchange.meaning, PrepayAnswer::Unknown, "{fault:?}: {exchange:?}");
+            assert_eq!(api.trade_state(&no), None, "{fault:?} is not acted on");
+        }
+        assert_eq!(api.trades(), 0);
+        // Tampered: acted on, answered unverifiably; the retry gets the payment.
+        api.fail_next(Fault::TamperAnswers, 1);
+        let exchange = client.prepay(&request("ORD_FAULT_TAMPER", method, notify), now_ms());
+        assert_eq!(exchange.meaning, PrepayAnswer::Unknown, "{exchange:?}");
+        assert!(exchange.distrust.as_deref().is_some_and(|why| why.contains("verify")), "{exchange:?}");
+        assert_eq!(api.trades(), 1, "the tampered call took effect");
+        let retry = client.prepay(&request("ORD_FAULT_TAMPER", method, notify), now_ms());
+        assert!(!created(&retry.meaning, key).is_empty());
+        assert_eq!(api.trades(), 1);
     }
-    assert_eq!(wx.api.trades(), 0);
-    // Tampered: acted on, answered unverifiably; the retry gets the payment.
-    wx.api.fail_next(Fault::TamperAnswers, 1);
-    let exchange = wx.client.prepay(&wx_request("ORD_FAULT_TAMPER", "native"), now_ms());
+    // Alipay's answer names the trade: one about another is no answer.
+    ali.api.fail_next(Fault::WrongTrade, 1);
+    let exchange = ali.client.prepay(&ali_request("ORD_FAULT_OTHER", "precreate"), now_ms());
     assert_eq!(exchange.meaning, PrepayAnswer::Unknown, "{exchange:?}");
-    assert!(exchange.distrust.as_deref().is_some_and(|why| why.contains("verify")), "{exchange:?}");
-    assert_eq!(wx.api.trades(), 1, "the tampered call took effect");
-    let retry = wx.client.prepay(&wx_request("ORD_FAULT_TAMPER", "native"), now_ms());
-    assert!(created(&retry.meaning, "code_url").starts_with("weixin://"));
-    assert_eq!(wx.api.trades(), 1);
     // WeChat's prepay answer names neither merchant nor trade: unchanged.
     wx.api.fail_next(Fault::WrongMerchant, 1);
     let exchange = wx.client.prepay(&wx_request("ORD_FAULT_OTHER", "native"), now_ms());
