@@ -1,8 +1,10 @@
 //! The platforms' merchant APIs, the servers payonce calls
-//! (docs/platforms.md): WeChat Pay v3's trade query, close, refund and refund query,
-//! and Alipay's OpenAPI gateway (`alipay.trade.query`, `.close`, `.refund`,
-//! `.fastpay.refund.query`), on loopback, for scenarios and tests to drive in
-//! process, and on their own for a real payonce (`payonce-sim platforms`,
+//! (docs/platforms.md): WeChat Pay v3's prepay (native, jsapi, h5, app),
+//! trade query, close, refund and refund query, and Alipay's OpenAPI gateway
+//! (`alipay.trade.precreate`, `.query`, `.close`, `.refund`,
+//! `.fastpay.refund.query`, and the page, wap and app requests a buyer
+//! opens), on loopback, for scenarios and tests to drive in process, and on
+//! their own for a real payonce (`payonce-sim platforms`,
 //! [`crate::standalone`]).
 //!
 //! Like the notifications of [`crate::platform`], this is the independent
@@ -10,10 +12,14 @@
 //! platforms' documentation, sharing no code with the service. It checks
 //! every request's signature as the platform would (a request it would
 //! refuse is refused here, loudly), signs every answer with the platform's
-//! key, and keeps a record of every call so a test can count them.
+//! key, and keeps a record of every call so a test can count them. A trade
+//! exists only once the merchant's prepay (or the buyer's opening of a
+//! signed request) made it, with the `time_expire`, `notify_url` and amount
+//! it was made with; a buyer can pay only a trade that exists, unexpired and
+//! not closed.
 //!
-//! - [`PlatformApi`]: one platform's server, its state controls (a trade
-//!   opened, a buyer paying, a refund settling) and its faults;
+//! - [`PlatformApi`]: one platform's server, its state controls (a buyer
+//!   opening a request, paying, a refund settling) and its faults;
 //! - `http`: the HTTP/1.1 listener and the transport faults;
 //! - `ledger`: the trades and refunds;
 //! - `wechatpay`, `alipay`: each platform's requests and answers.
@@ -25,6 +31,8 @@ mod wechatpay;
 
 #[cfg(test)]
 mod payonce_sync;
+#[cfg(test)]
+mod prepay_tests;
 #[cfg(test)]
 mod suite;
 #[cfg(test)]
@@ -58,16 +66,22 @@ pub enum Fault {
     /// The request is acted on and answered after this delay: a client that
     /// gives up first has lost an answer to a call that took effect.
     Slow(Duration),
+    /// The request waits this long before it is acted on, then is acted on
+    /// and answered normally: a platform slow to process, holding one call
+    /// while others arrive (or the client gives up on a call that then
+    /// takes effect anyway).
+    Delay(Duration),
     /// Acted on, answered, and one byte of the signed text changed after
     /// signing (a digit of an amount where there is one); a body-less WeChat
     /// 204 gets its `Wechatpay-Signature` changed instead.
     TamperAnswers,
     /// Acted on, answered correctly signed, naming another merchant: WeChat's
-    /// trade answers carry another `mchid` and `appid`. WeChat's refund
-    /// answers and all Alipay answers name no merchant, and are unchanged.
+    /// trade answers carry another `mchid` and `appid`. WeChat's refund and
+    /// prepay answers and all Alipay answers name no merchant, and are unchanged.
     WrongMerchant,
     /// Acted on, answered correctly signed, about another trade: the
-    /// answer's `out_trade_no` is not the one asked about.
+    /// answer's `out_trade_no` is not the one asked about. WeChat's prepay
+    /// answers name no trade, and are unchanged.
     WrongTrade,
     /// Acted on, answered correctly signed, with the trade's amount in this
     /// currency: WeChat's trade answers carry it as `amount.currency`.
@@ -86,6 +100,8 @@ pub enum Refused {
     AlreadyPaid {
         pay_no: String,
     },
+    /// Unpaid and past its `time_expire` by the platform's clock.
+    Expired,
 }
 
 /// A refund's state at the platform (WeChat's words; Alipay reports only
@@ -127,6 +143,27 @@ pub struct RefundRecord {
     pub status: RefundStatus,
 }
 
+/// What a trade was made with, as the platform keeps it (where its
+/// notifications go, when it stops taking payments).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TradeRecord {
+    pub out_trade_no: String,
+    /// Fen.
+    pub amount: i64,
+    /// WeChat's `trade_type` (`NATIVE`, `JSAPI`, `H5`, `APP`); Alipay's
+    /// method (`alipay.trade.precreate`, `alipay.trade.page.pay`, ...).
+    pub trade_type: String,
+    /// Its `time_expire`; `None` for a trade made out of band.
+    pub expires_at_ms: Option<i64>,
+    pub notify_url: Option<String>,
+    /// WeChat: the appid it was made for.
+    pub appid: Option<String>,
+    /// WeChat's `description`, Alipay's `subject`.
+    pub description: Option<String>,
+    /// The platform's trade number (Alipay's from the start, WeChat's once paid).
+    pub pay_no: Option<String>,
+}
+
 /// One request the platform received, and what it answered.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Call {
@@ -154,7 +191,14 @@ pub struct Call {
 #[derive(Clone, Debug)]
 pub struct WechatpayApiConfig {
     pub mchid: String,
+    /// The appid its answers name for a trade made out of band.
     pub appid: String,
+    /// The appids bound to the merchant: a prepay for another is refused
+    /// (`APPID_MCHID_NOT_MATCH`). [`WechatpayApiConfig::new`]: `appid` alone.
+    pub appids: Vec<String>,
+    /// The `notify_url` every prepay must carry (payonce's callback URL);
+    /// `None`: any http(s) URL.
+    pub expected_notify_url: Option<String>,
     /// The serial payonce names in `serial_no` (`--wechatpay-merchant-serial`).
     pub merchant_serial: String,
     /// Verifies the requests: the public half of `--wechatpay-merchant-key`.
@@ -174,6 +218,8 @@ impl WechatpayApiConfig {
         WechatpayApiConfig {
             mchid: WECHATPAY_MCHID.to_owned(),
             appid: WECHATPAY_APPID.to_owned(),
+            appids: vec![WECHATPAY_APPID.to_owned()],
+            expected_notify_url: None,
             merchant_serial: merchant_serial.to_owned(),
             merchant_public_key,
             platform_key: None,
@@ -189,6 +235,9 @@ pub struct AlipayApiConfig {
     pub app_id: String,
     /// Verifies the requests: the public half of `--alipay-app-private-key`.
     pub app_public_key: RsaPublicKey,
+    /// The `notify_url` every precreate and every request the buyer opens
+    /// must carry; `None`: any http(s) URL.
+    pub expected_notify_url: Option<String>,
     /// Signs the answers ("the Alipay public key" is its public half);
     /// `None`: a throwaway key made for this run.
     pub alipay_key: Option<RsaPrivateKey>,
@@ -199,7 +248,13 @@ pub struct AlipayApiConfig {
 impl AlipayApiConfig {
     /// The simulator's app_id (2021000000000000) and a throwaway Alipay key.
     pub fn new(app_public_key: RsaPublicKey) -> AlipayApiConfig {
-        AlipayApiConfig { app_id: SIM_ALIPAY_APP_ID.to_owned(), app_public_key, alipay_key: None, port: 0 }
+        AlipayApiConfig {
+            app_id: SIM_ALIPAY_APP_ID.to_owned(),
+            app_public_key,
+            expected_notify_url: None,
+            alipay_key: None,
+            port: 0,
+        }
     }
 }
 
@@ -212,6 +267,8 @@ pub struct PlatformApi {
     public_key: RsaPublicKey,
     serial: Option<String>,
     ledger: Arc<Ledger>,
+    /// Alipay's gateway, for the requests the buyer opens without a call.
+    alipay: Option<Arc<alipay::Alipay>>,
 }
 
 impl PlatformApi {
@@ -228,6 +285,7 @@ impl PlatformApi {
             public_key,
             serial: Some(config.platform_serial),
             ledger,
+            alipay: None,
         })
     }
 
@@ -235,8 +293,8 @@ impl PlatformApi {
         let key = key_or_throwaway(config.alipay_key.clone())?;
         let public_key = RsaPublicKey::from(&key);
         let ledger = Arc::new(Ledger::default());
-        let api = alipay::Alipay::new(&config, key, Arc::clone(&ledger));
-        let server = http::Server::start("alipay", config.port, Arc::new(api))?;
+        let api = Arc::new(alipay::Alipay::new(&config, key, Arc::clone(&ledger)));
+        let server = http::Server::start("alipay", config.port, Arc::clone(&api))?;
         Ok(PlatformApi {
             server,
             platform: Platform::Alipay,
@@ -244,6 +302,7 @@ impl PlatformApi {
             public_key,
             serial: None,
             ledger,
+            alipay: Some(api),
         })
     }
 
@@ -290,12 +349,14 @@ impl PlatformApi {
         self.serial.as_deref()
     }
 
-    /// A trade exists at the platform, unpaid: what the merchant's order
-    /// placement (or the buyer's scan) would have made. `Err` for a number
-    /// the platform cannot carry (WeChat: 6-32 of `[A-Za-z0-9_*|-]`, Alipay:
-    /// up to 64 of `[A-Za-z0-9_]`), one open already, or a non-positive amount.
+    /// A trade made out of band (tests only): unpaid, never expiring, as if
+    /// the merchant had made it some other way. The platforms make trades
+    /// through prepay; this stays for the tests and scenarios that predate
+    /// it. `Err` for a number the platform cannot carry (WeChat: 6-32 of
+    /// `[A-Za-z0-9_*|-]`, Alipay: up to 64 of `[A-Za-z0-9_]`), one open
+    /// already, or a non-positive amount.
     pub fn open_trade(&self, out_trade_no: &str, amount_fen: i64) -> Result<(), String> {
-        let pay_no = match self.platform {
+        let trade = match self.platform {
             Platform::Wechatpay if !wechatpay::valid_out_trade_no(out_trade_no) => {
                 return Err(format!("WeChat Pay cannot carry out_trade_no {out_trade_no:?}"));
             }
@@ -303,22 +364,73 @@ impl PlatformApi {
                 return Err(format!("Alipay cannot carry out_trade_no {out_trade_no:?}"));
             }
             // Alipay numbers the trade when it is made, WeChat when it is paid.
-            Platform::Alipay => Some(alipay::new_trade_no(crate::now_s())),
-            _ => None,
+            Platform::Alipay => ledger::Trade {
+                pay_no: Some(alipay::new_trade_no(crate::now_s())),
+                ..ledger::Trade::new(out_trade_no, amount_fen, alipay::PRECREATE)
+            },
+            _ => ledger::Trade::new(out_trade_no, amount_fen, wechatpay::NATIVE),
         };
-        self.ledger.open(out_trade_no, amount_fen, pay_no)
+        self.ledger.open(trade)
+    }
+
+    /// The buyer opens a request payonce signed for them (Alipay's page, wap
+    /// and app payments): `signed` is the `url` (this gateway's URL, `?`,
+    /// the signed form) or the `order_string` (the form alone). It is
+    /// checked as the gateway checks a call (signature, app, timestamp), its
+    /// method must be page or wap pay for a URL and app pay for an order
+    /// string, with the matching `product_code`, and its trade is checked
+    /// like a precreate's; then the trade is made, or an identical one
+    /// found. The out_trade_no, or why not (`sub_code: sub_msg`).
+    ///
+    /// No server call: faults do not apply, and [`PlatformApi::prepay_calls`]
+    /// does not count it. It is in [`PlatformApi::calls`], as `GET` for a
+    /// URL and `APP` for an order string, `api` its method, `status` 200
+    /// (the cashier page, or Alipay's error page) and `code` `10000` or the
+    /// refusal's sub_code.
+    pub fn buyer_opens(&self, signed: &str) -> Result<String, String> {
+        let Some(alipay) = &self.alipay else {
+            return Err("WeChat Pay has no request for the buyer to open".into());
+        };
+        let (form, opened) = match signed.split_once('?') {
+            Some((gateway, _)) if gateway != self.endpoint() => {
+                return Err(format!("{gateway} is not this gateway ({})", self.endpoint()));
+            }
+            Some((_, query)) => (query, alipay::Opened::Url),
+            None => (signed, alipay::Opened::OrderString),
+        };
+        let params = http::parse_form(form).ok_or("the signed form is not a utf-8 form")?;
+        let (call, made) = alipay.buyer_opens(params, opened);
+        self.server.record(call);
+        made
+    }
+
+    /// The server calls that asked to make a payment (WeChat Pay's four
+    /// prepay paths, Alipay's `alipay.trade.precreate`), whatever they were
+    /// answered, unanswered ones included: "one call reached the platform"
+    /// counts every one of them. Requests the buyer opens are not calls.
+    pub fn prepay_calls(&self) -> usize {
+        let is_prepay = |call: &Call| match self.platform {
+            Platform::Alipay => call.api == alipay::PRECREATE,
+            _ => wechatpay::is_prepay(&call.api),
+        };
+        self.server.calls().iter().filter(|call| is_prepay(call)).count()
+    }
+
+    /// The trades that exist, whatever their state.
+    pub fn trades(&self) -> usize {
+        self.ledger.trades()
     }
 
     /// The buyer has the cashier open (WeChat `USERPAYING`; Alipay still
     /// `WAIT_BUYER_PAY`).
     pub fn buyer_paying(&self, out_trade_no: &str) -> Result<(), Refused> {
-        self.ledger.buyer_paying(out_trade_no)
+        self.ledger.buyer_paying(out_trade_no, now_ms())
     }
 
     /// The buyer pays: the platform's payment number (WeChat transaction_id,
     /// Alipay trade_no), or why the platform refused the payment.
     pub fn buyer_pays(&self, out_trade_no: &str) -> Result<String, Refused> {
-        self.ledger.buyer_pays(out_trade_no, crate::now_s(), wechatpay::new_transaction_id)
+        self.ledger.buyer_pays(out_trade_no, now_ms(), wechatpay::new_transaction_id)
     }
 
     /// Alipay: a paid trade past its refund period (`TRADE_FINISHED`,
@@ -328,6 +440,21 @@ impl PlatformApi {
             Platform::Alipay => self.ledger.finish(out_trade_no),
             _ => Err("WeChat Pay has no finished trade state".into()),
         }
+    }
+
+    /// What the trade was made with; `None`: no such trade.
+    pub fn trade(&self, out_trade_no: &str) -> Option<TradeRecord> {
+        let trade = self.ledger.trade(out_trade_no)?;
+        Some(TradeRecord {
+            out_trade_no: trade.out_trade_no,
+            amount: trade.amount,
+            trade_type: trade.trade_type,
+            expires_at_ms: trade.expires_at_ms,
+            notify_url: trade.notify_url,
+            appid: trade.appid,
+            description: trade.description,
+            pay_no: trade.pay_no,
+        })
     }
 
     /// The trade's state in the platform's words (`NOTPAY`, `TRADE_CLOSED`, ...).
@@ -372,6 +499,59 @@ impl PlatformApi {
     pub fn on_call(&self, observer: impl Fn(&Call) + Send + Sync + 'static) {
         self.server.on_call(Arc::new(observer));
     }
+}
+
+/// `yyyy-MM-dd{separator}HH:mm:ss` in Beijing time, as Unix seconds.
+fn beijing_unix(text: &str, separator: u8) -> Option<i64> {
+    let b = text.as_bytes();
+    let shape = b.len() == 19 && b[4] == b'-' && b[7] == b'-' && b[10] == separator && b[13] == b':' && b[16] == b':';
+    if !shape {
+        return None;
+    }
+    let number = |from: usize, to: usize| -> Option<u16> {
+        let part = text.get(from..to)?;
+        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
+    };
+    let month = time::Month::try_from(u8::try_from(number(5, 7)?).ok()?).ok()?;
+    let byte = |from: usize| number(from, from + 2).and_then(|n| u8::try_from(n).ok());
+    let date = time::Date::from_calendar_date(i32::from(number(0, 4)?), month, byte(8)?).ok()?;
+    let clock = time::Time::from_hms(byte(11)?, byte(14)?, byte(17)?).ok()?;
+    let beijing = time::UtcOffset::from_hms(8, 0, 0).ok()?;
+    Some(time::PrimitiveDateTime::new(date, clock).assume_offset(beijing).unix_timestamp())
+}
+
+/// Why a `notify_url` would be refused: absent, not an http(s) URL with a
+/// host, or not the one the platform was told to expect.
+fn notify_url_refusal(url: Option<&str>, expected: Option<&str>) -> Option<String> {
+    let Some(url) = url.filter(|u| !u.is_empty()) else {
+        return Some("notify_url is missing".into());
+    };
+    let rest = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://"));
+    let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or(""));
+    if host.is_none_or(str::is_empty) || url.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+        return Some(format!("notify_url {url:?} is not an http(s) URL"));
+    }
+    match expected {
+        Some(expected) if url != expected => Some(format!("notify_url {url:?} is not the merchant's {expected:?}")),
+        _ => None,
+    }
+}
+
+/// `len` random characters of `[a-z0-9]` for the identifiers the platforms
+/// hand the buyer (QR code texts); digits should the OS have no randomness.
+fn random_token(len: usize) -> String {
+    match crate::platform::random_text(len) {
+        Ok(text) => text.to_ascii_lowercase(),
+        Err(_) => unique_digits(len),
+    }
+}
+
+/// The platforms' clock, in Unix milliseconds: the system's (their answers
+/// carry the real time, so payonce's clock must be near it anyway).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The given platform key, or one made now the way the rest of the

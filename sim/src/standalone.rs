@@ -22,16 +22,16 @@ use std::time::{Duration, Instant};
 pub const USAGE: &str = "\
 Usage: payonce simulate platforms [options]      (the binary: payonce-sim platforms)
 
-Plays WeChat Pay v3's and Alipay's merchant APIs (trade query, close, refund
-and refund query; Alipay's gateway.do) on 127.0.0.1 for a real `payonce
-serve` to call. Requests are verified with the public half of the merchant's
-key, answers signed with platform keys made for this run. At start it writes
-the key files into DIR, prints on stdout the `payonce serve` flags that point
-payonce at these servers, one flag a line, then a line `ready`. Then it
-serves until SIGINT/SIGTERM, stdin closing or `quit`, logging each call on
-stderr, one line each: platform, HTTP method, path (WeChat Pay) or method
-(Alipay), verified or UNVERIFIED, the HTTP status or `unanswered`, the
-platform's code. Exit status 0 when stopped, 2 on an error.
+Plays WeChat Pay v3's and Alipay's merchant APIs (prepay and precreate,
+trade query, close, refund and refund query; Alipay's gateway.do) on
+127.0.0.1 for a real `payonce serve` to call. Requests are verified with the
+public half of the merchant's key, answers signed with platform keys made
+for this run. At start it writes the key files into DIR, prints on stdout the
+`payonce serve` flags that point payonce at these servers, one flag a line,
+then a line `ready`. Then it serves until SIGINT/SIGTERM, stdin closing or
+`quit`, logging each call on stderr, one line each: platform, HTTP method,
+path (WeChat Pay) or method (Alipay), verified or UNVERIFIED, the HTTP status
+or `unanswered`, the platform's code. Exit status 0 when stopped, 2 on an error.
 
   payonce simulate platforms --trade ORD_1001=9900:paid
   payonce serve --dev --db dev.db [the flags it printed]
@@ -71,7 +71,8 @@ Commands on stdin, one a line; each answers one line on stdout unless said:
   fault PLATFORM FAULT              every request to PLATFORM (wechatpay, alipay) from now
                                     on: refuse (closed unanswered), hang (never answered),
                                     5xx (a signed system error), slow MS (acted on, answered
-                                    MS ms late), tamper (a byte of the signed answer changed),
+                                    MS ms late), delay MS (held MS ms, then acted on and
+                                    answered), tamper (a byte of the signed answer changed),
                                     wrong-merchant, wrong-trade (another mchid or out_trade_no
                                     in a signed answer), none (healthy again): `ok`
   state ORDER_NO                    `wechatpay=STATE alipay=STATE` in the platforms' words
@@ -335,6 +336,7 @@ impl Platforms {
             Refused::NoSuchTrade => "refused: no such trade".to_owned(),
             Refused::Closed => "refused: the trade is closed".to_owned(),
             Refused::AlreadyPaid { pay_no } => format!("refused: already paid ({pay_no})"),
+            Refused::Expired => "refused: the trade has expired".to_owned(),
         })
     }
 
@@ -430,12 +432,16 @@ fn parse_fault(words: &[&str]) -> Result<Option<Fault>, String> {
             Ok(ms) if ms <= 600_000 => Fault::Slow(Duration::from_millis(ms)),
             _ => return Err(format!("slow {ms:?}: milliseconds from 0 to 600000")),
         },
+        ["delay", ms] => match ms.parse::<u64>() {
+            Ok(ms) if ms <= 600_000 => Fault::Delay(Duration::from_millis(ms)),
+            _ => return Err(format!("delay {ms:?}: milliseconds from 0 to 600000")),
+        },
         ["tamper"] => Fault::TamperAnswers,
         ["wrong-merchant"] => Fault::WrongMerchant,
         ["wrong-trade"] => Fault::WrongTrade,
         _ => {
             return Err(format!(
-                "fault {:?}: one of refuse, hang, 5xx, slow MS, tamper, wrong-merchant, wrong-trade, none",
+                "fault {:?}: one of refuse, hang, 5xx, slow MS, delay MS, tamper, wrong-merchant, wrong-trade, none",
                 words.join(" ")
             ))
         }
@@ -608,7 +614,10 @@ mod tests {
         assert!(parse_fault(&["slow"]).is_err());
         assert!(parse_fault(&["slow", "soon"]).is_err());
         assert!(parse_fault(&["broken"]).is_err());
-        for word in ["refuse", "hang", "5xx", "slow MS", "tamper", "wrong-merchant", "wrong-trade", "none"] {
+        assert_eq!(parse_fault(&["delay", "250"]), Ok(Some(Fault::Delay(Duration::from_millis(250)))));
+        assert!(parse_fault(&["delay", "600001"]).is_err());
+        for word in ["refuse", "hang", "5xx", "slow MS", "delay MS", "tamper", "wrong-merchant", "wrong-trade", "none"]
+        {
             assert!(USAGE.contains(word), "{word} documented");
         }
     }

@@ -3,10 +3,15 @@
 //! and four methods. Every answer is `{"<method>_response":{...},"sign":".."}`
 //! with `sign` = RSA2 by the Alipay key over the exact text of the
 //! `_response` value, so the body is built around the text that was signed.
+//! Trades are made by `alipay.trade.precreate`, or by the buyer opening a
+//! page, wap or app request the merchant signed ([`Alipay::buyer_opens`]).
 
 use super::http::{parse_form, Answer, Api, Request};
-use super::ledger::{CloseRefused, Ledger, RefundRefused, Trade, TradeState};
-use super::{other_trade_no, tamper, unique_digits, yuan_to_fen, AlipayApiConfig, Call, Fault, RefundStatus};
+use super::ledger::{CloseRefused, Ledger, PrepayRefused, RefundRefused, Trade, TradeState};
+use super::{
+    beijing_unix, notify_url_refusal, now_ms, other_trade_no, random_token, tamper, unique_digits, yuan_to_fen,
+    AlipayApiConfig, Call, Fault, RefundStatus,
+};
 use crate::platform::{china_time, fen_to_yuan, rsa_sign};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, SigningKey, VerifyingKey};
@@ -16,8 +21,23 @@ use serde_json::{json, Map, Value};
 use sha2::Sha256;
 use std::sync::Arc;
 
-const METHODS: [&str; 4] =
-    ["alipay.trade.query", "alipay.trade.close", "alipay.trade.refund", "alipay.trade.fastpay.refund.query"];
+/// The methods the gateway answers (server calls).
+const METHODS: [&str; 5] =
+    [PRECREATE, "alipay.trade.query", "alipay.trade.close", "alipay.trade.refund", "alipay.trade.fastpay.refund.query"];
+/// The one method that makes a trade by a server call (a QR code to scan);
+/// also what a trade made out of band is taken for.
+pub(super) const PRECREATE: &str = "alipay.trade.precreate";
+/// The methods signed for the buyer to open, each with the `product_code`
+/// it must carry and whether it comes as a URL (a browser) or an order
+/// string (the Alipay app).
+const BUYER_METHODS: [(&str, &str, Opened); 3] = [
+    ("alipay.trade.page.pay", "FAST_INSTANT_TRADE_PAY", Opened::Url),
+    ("alipay.trade.wap.pay", "QUICK_WAP_WAY", Opened::Url),
+    ("alipay.trade.app.pay", "QUICK_MSECURITY_PAY", Opened::OrderString),
+];
+/// Alipay's limits on a trade: `subject` in characters, `total_amount` in fen.
+const SUBJECT_CHARS_MAX: usize = 256;
+const TOTAL_AMOUNT_FEN_MAX: i64 = 10_000_000_000;
 /// How far a request's Beijing-time timestamp may be from the gateway's
 /// clock: wide, but an 8-hour UTC mix-up is refused.
 const CLOCK_SKEW_S: i64 = 15 * 60;
@@ -48,6 +68,7 @@ pub(super) fn trade_status(trade: &Trade, ledger: &Ledger) -> &'static str {
 }
 
 /// Why the gateway or the method refused a request.
+#[derive(Clone)]
 struct Refusal {
     code: &'static str,
     msg: &'static str,
@@ -67,15 +88,34 @@ fn business(sub_code: &'static str, sub_msg: &str) -> Refusal {
     Refusal { code: "40004", msg: "Business Failed", sub_code, sub_msg: sub_msg.to_owned() }
 }
 
+impl Refusal {
+    /// `sub_code: sub_msg`, for a refusal told to the buyer rather than answered.
+    fn told(&self) -> String {
+        format!("{}: {}", self.sub_code, self.sub_msg)
+    }
+}
+
+/// How a request signed for the buyer reached the platform.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Opened {
+    /// The gateway URL with the signed form as its query, opened in a browser.
+    Url,
+    /// The signed form alone, handed to the Alipay app.
+    OrderString,
+}
+
 pub(super) struct Checked {
     /// One of [`METHODS`], or `None`: answered as `error_response`.
     method: Option<&'static str>,
     /// The parsed `biz_content`, or why the gateway refuses the request.
     biz: Result<Map<String, Value>, Refusal>,
+    /// The common parameter `notify_url`, if any.
+    notify_url: Option<String>,
 }
 
 pub(super) struct Alipay {
     app_id: String,
+    expected_notify_url: Option<String>,
     verifying_key: VerifyingKey<Sha256>,
     signing_key: SigningKey<Sha256>,
     ledger: Arc<Ledger>,
@@ -85,6 +125,7 @@ impl Alipay {
     pub fn new(config: &AlipayApiConfig, key: RsaPrivateKey, ledger: Arc<Ledger>) -> Alipay {
         Alipay {
             app_id: config.app_id.clone(),
+            expected_notify_url: config.expected_notify_url.clone(),
             verifying_key: VerifyingKey::new(config.app_public_key.clone()),
             signing_key: SigningKey::new(key),
             ledger,
@@ -109,7 +150,7 @@ impl Alipay {
             return Err(invalid("isv.invalid-format", "格式须为 JSON".into()));
         }
         let timestamp = get("timestamp").ok_or_else(|| missing("isv.missing-timestamp", "时间戳"))?;
-        match beijing_unix(timestamp) {
+        match beijing_unix(timestamp, b' ') {
             Some(t) if (crate::now_s() - t).abs() <= CLOCK_SKEW_S => {}
             _ => {
                 let why = format!("时间戳 {timestamp} 格式错误或偏离北京时间超过 15 分钟 (yyyy-MM-dd HH:mm:ss)");
@@ -181,7 +222,122 @@ impl Alipay {
         self.respond(method, 200, &response, fault)
     }
 
-    fn execute(&self, method: &str, biz: &Map<String, Value>, fault: Option<&Fault>) -> Result<Value, Refusal> {
+    /// The trade a precreate or a request the buyer opens asks for, or why
+    /// it is refused (naming the parameter).
+    fn requested_trade(
+        &self,
+        method: &'static str,
+        biz: &Map<String, Value>,
+        notify_url: Option<&str>,
+    ) -> Result<Trade, Refusal> {
+        let text = |name: &str| biz.get(name).and_then(Value::as_str).filter(|v| !v.is_empty());
+        let out_trade_no = text("out_trade_no")
+            .filter(|no| valid_out_trade_no(no))
+            .ok_or_else(|| business("ACQ.INVALID_PARAMETER", "参数无效: out_trade_no"))?;
+        let amount = text("total_amount")
+            .and_then(yuan_to_fen)
+            .filter(|fen| (1..=TOTAL_AMOUNT_FEN_MAX).contains(fen))
+            .ok_or_else(|| business("ACQ.INVALID_PARAMETER", "参数无效: total_amount (0.01 至 100000000 元)"))?;
+        let subject = text("subject")
+            .filter(|s| s.chars().count() <= SUBJECT_CHARS_MAX)
+            .ok_or_else(|| business("ACQ.INVALID_PARAMETER", "参数无效: subject 缺失或过长"))?;
+        let expire =
+            text("time_expire").ok_or_else(|| business("ACQ.INVALID_PARAMETER", "参数无效: 缺少 time_expire"))?;
+        let expires_at_ms = beijing_unix(expire, b' ').map(|s| s * 1000).ok_or_else(|| {
+            business("ACQ.INVALID_PARAMETER", &format!("参数无效: time_expire {expire:?} (yyyy-MM-dd HH:mm:ss)"))
+        })?;
+        if expires_at_ms <= now_ms() {
+            return Err(business("ACQ.INVALID_PARAMETER", &format!("参数无效: time_expire {expire} 已过")));
+        }
+        if let Some(why) = notify_url_refusal(notify_url, self.expected_notify_url.as_deref()) {
+            return Err(business("ACQ.INVALID_PARAMETER", &format!("参数无效: {why}")));
+        }
+        let payment = (method == PRECREATE).then(|| format!("https://qr.alipay.com/{}", random_token(24)));
+        Ok(Trade {
+            // Alipay numbers the trade when it is made.
+            pay_no: Some(new_trade_no(crate::now_s())),
+            expires_at_ms: Some(expires_at_ms),
+            notify_url: notify_url.map(str::to_owned),
+            description: Some(subject.to_owned()),
+            payment,
+            ..Trade::new(out_trade_no, amount, method)
+        })
+    }
+
+    /// Makes the trade, or finds the one an identical earlier request made
+    /// (the same amount: Alipay lets a trade be paid by any of its methods).
+    fn make(&self, wanted: Trade) -> Result<Trade, Refusal> {
+        let consistent = |existing: &Trade| {
+            if existing.amount == wanted.amount {
+                Ok(())
+            } else {
+                let (asked, made) = (fen_to_yuan(wanted.amount), fen_to_yuan(existing.amount));
+                Err(format!("total_amount {asked} 与原交易 {made} 不一致"))
+            }
+        };
+        match self.ledger.prepay(wanted.clone(), now_ms(), consistent) {
+            Ok(trade) => Ok(trade),
+            Err(PrepayRefused::Paid) => Err(business("ACQ.TRADE_HAS_SUCCESS", "交易已被支付")),
+            Err(PrepayRefused::Closed) => Err(business("ACQ.TRADE_HAS_CLOSE", "交易已经关闭")),
+            Err(PrepayRefused::Inconsistent(why)) => {
+                Err(business("ACQ.CONTEXT_INCONSISTENT", &format!("交易信息被篡改: {why}")))
+            }
+        }
+    }
+
+    /// The buyer opens a page, wap or app request the merchant signed:
+    /// checked as the gateway checks a call (the same signature, over the
+    /// same parameters), then the trade made. What the platform records of
+    /// it, and the out_trade_no or why it was refused (`sub_code: sub_msg`).
+    pub(super) fn buyer_opens(&self, params: Vec<(String, String)>, opened: Opened) -> (Call, Result<String, String>) {
+        let get = |name: &str| params.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).filter(|v| !v.is_empty());
+        let method_text = get("method").unwrap_or_default();
+        let biz_value = get("biz_content").and_then(|text| serde_json::from_str::<Value>(&text).ok());
+        let verified = self.gateway(&params);
+        let made = verified.as_ref().map_err(|refusal| refusal.clone()).and_then(|()| {
+            let Some(&(method, product_code, how)) = BUYER_METHODS.iter().find(|(m, _, _)| *m == method_text) else {
+                return Err(invalid("isv.invalid-method", format!("不存在的方法名 {method_text}")));
+            };
+            if how != opened {
+                let by = if how == Opened::Url { "浏览器 (url)" } else { "支付宝 App (order_string)" };
+                return Err(invalid("isv.invalid-method", format!("{method} 须由{by}打开")));
+            }
+            let Some(Value::Object(biz)) = &biz_value else {
+                return Err(business("ACQ.INVALID_PARAMETER", "参数无效: biz_content 须为 JSON 对象"));
+            };
+            if biz.get("product_code").and_then(Value::as_str) != Some(product_code) {
+                return Err(business("ACQ.INVALID_PARAMETER", &format!("参数无效: product_code 须为 {product_code}")));
+            }
+            let wanted = self.requested_trade(method, biz, get("notify_url").as_deref())?;
+            self.make(wanted).map(|trade| trade.out_trade_no)
+        });
+        let code = match &made {
+            Ok(_) => "10000",
+            Err(refusal) => refusal.sub_code,
+        };
+        let call = Call {
+            http_method: match opened {
+                Opened::Url => "GET".to_owned(),
+                Opened::OrderString => "APP".to_owned(),
+            },
+            api: method_text,
+            body: biz_value.unwrap_or(Value::Null),
+            params,
+            verified: verified.is_ok(),
+            // The cashier page (or Alipay's error page) is shown either way.
+            status: Some(200),
+            code: Some(code.to_owned()),
+        };
+        (call, made.map_err(|refusal| refusal.told()))
+    }
+
+    fn execute(
+        &self,
+        method: &str,
+        biz: &Map<String, Value>,
+        notify_url: Option<&str>,
+        fault: Option<&Fault>,
+    ) -> Result<Value, Refusal> {
         let text = |name: &str| biz.get(name).and_then(Value::as_str).filter(|v| !v.is_empty());
         // Alipay also finds trades by trade_no; payonce asks by out_trade_no.
         let out_trade_no = text("out_trade_no")
@@ -194,6 +350,11 @@ impl Alipay {
         };
         let mut answer = json!({"code": "10000", "msg": "Success"});
         match method {
+            PRECREATE => {
+                let trade = self.make(self.requested_trade(PRECREATE, biz, notify_url)?)?;
+                answer["out_trade_no"] = json!(answered_no);
+                answer["qr_code"] = json!(trade.payment);
+            }
             "alipay.trade.query" => {
                 let trade = self.ledger.trade(out_trade_no).ok_or_else(trade_not_exist)?;
                 let paid = matches!(trade.state, TradeState::Paid | TradeState::Finished);
@@ -294,25 +455,6 @@ fn parameters(request: &Request) -> Option<Vec<(String, String)>> {
     Some(params)
 }
 
-/// `yyyy-MM-dd HH:mm:ss` in Beijing time, as Unix seconds.
-fn beijing_unix(text: &str) -> Option<i64> {
-    let b = text.as_bytes();
-    let shape = b.len() == 19 && b[4] == b'-' && b[7] == b'-' && b[10] == b' ' && b[13] == b':' && b[16] == b':';
-    if !shape {
-        return None;
-    }
-    let number = |from: usize, to: usize| -> Option<u16> {
-        let part = text.get(from..to)?;
-        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
-    };
-    let month = time::Month::try_from(u8::try_from(number(5, 7)?).ok()?).ok()?;
-    let byte = |from: usize| number(from, from + 2).and_then(|n| u8::try_from(n).ok());
-    let date = time::Date::from_calendar_date(i32::from(number(0, 4)?), month, byte(8)?).ok()?;
-    let clock = time::Time::from_hms(byte(11)?, byte(14)?, byte(17)?).ok()?;
-    let beijing = time::UtcOffset::from_hms(8, 0, 0).ok()?;
-    Some(time::PrimitiveDateTime::new(date, clock).assume_offset(beijing).unix_timestamp())
-}
-
 impl Api for Alipay {
     type Checked = Checked;
 
@@ -320,6 +462,7 @@ impl Api for Alipay {
         let params = parameters(request);
         let get = |name: &str| params.as_ref()?.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
         let method_text = get("method").unwrap_or_default();
+        let notify_url = get("notify_url");
         let method = METHODS.iter().copied().find(|m| *m == method_text);
         let biz_value = get("biz_content").and_then(|text| serde_json::from_str::<Value>(&text).ok());
         let biz = match (&params, method) {
@@ -346,7 +489,7 @@ impl Api for Alipay {
             status: None,
             code: None,
         };
-        (call, Checked { method, biz })
+        (call, Checked { method, biz, notify_url })
     }
 
     fn answer(&self, _request: &Request, checked: Checked, fault: Option<&Fault>) -> Answer {
@@ -358,7 +501,7 @@ impl Api for Alipay {
             return self.respond(checked.method, 500, &response, fault);
         }
         let result = match (checked.biz, checked.method) {
-            (Ok(biz), Some(method)) => self.execute(method, &biz, fault),
+            (Ok(biz), Some(method)) => self.execute(method, &biz, checked.notify_url.as_deref(), fault),
             (Err(refusal), _) => Err(refusal),
             // check() refuses every request without a known method.
             (Ok(_), None) => Err(invalid("isv.invalid-method", "不存在的方法名".into())),

@@ -1,6 +1,7 @@
 //! The platforms' HTTP/1.1 side: a std listener on loopback, a thread per
 //! connection, keep-alive with Content-Length bodies, and the transport
-//! faults (a refused connection, an answer that never comes, a late one).
+//! faults (a refused connection, an answer that never comes, a late one,
+//! a request held before it is acted on).
 //! What a request means and what it is answered is the [`Api`]'s.
 //!
 //! Small on purpose: its only clients are payonce and the tests, on
@@ -180,6 +181,12 @@ impl Server {
         self.shared.calls.lock().clone()
     }
 
+    /// Keeps what reached the platform without a request to this server
+    /// (a request the buyer opened), as if it had been one.
+    pub fn record(&self, call: Call) {
+        self.shared.record(call);
+    }
+
     /// `observer` is told of every call from now on, when it is recorded:
     /// an unanswered one (refused, hanging) as it arrives.
     pub fn on_call(&self, observer: Observer) {
@@ -276,6 +283,8 @@ fn serve<A: Api>(stream: TcpStream, api: &A, shared: &Shared) {
                 while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
                 break;
             }
+            // Unlike Slow, held before it is acted on.
+            Some(Fault::Delay(delay)) if !shared.sleep(delay) => break,
             _ => {}
         }
         let answer = api.answer(&request, checked, fault.as_ref());

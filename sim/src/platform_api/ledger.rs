@@ -28,6 +28,44 @@ pub(super) struct Trade {
     /// start, WeChat's transaction_id from the payment.
     pub pay_no: Option<String>,
     pub paid_at: Option<i64>,
+    /// How it was made: WeChat's `trade_type` (`NATIVE`, `JSAPI`, `H5`,
+    /// `APP`); Alipay's method (`alipay.trade.precreate`, `.page.pay`, ...).
+    pub trade_type: String,
+    /// Its `time_expire`: past it the buyer can no longer pay. `None`: a
+    /// trade made out of band, which never expires.
+    pub expires_at_ms: Option<i64>,
+    pub notify_url: Option<String>,
+    /// WeChat: the appid it was made for.
+    pub appid: Option<String>,
+    pub description: Option<String>,
+    /// What the answer that made it handed over (`code_url`, `prepay_id`,
+    /// `h5_url`, `qr_code`), so an identical repeat is answered the same.
+    pub payment: Option<String>,
+}
+
+impl Trade {
+    /// An unpaid trade of this number, amount and way of making, nothing else known.
+    pub fn new(out_trade_no: &str, amount: i64, trade_type: &str) -> Trade {
+        Trade {
+            out_trade_no: out_trade_no.to_owned(),
+            amount,
+            state: TradeState::NotPaid,
+            pay_no: None,
+            paid_at: None,
+            trade_type: trade_type.to_owned(),
+            expires_at_ms: None,
+            notify_url: None,
+            appid: None,
+            description: None,
+            payment: None,
+        }
+    }
+
+    /// Unpaid and past its `time_expire` at `now_ms`.
+    fn expired(&self, now_ms: i64) -> bool {
+        matches!(self.state, TradeState::NotPaid | TradeState::Paying)
+            && self.expires_at_ms.is_some_and(|at| now_ms >= at)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -49,6 +87,18 @@ pub(super) enum CloseRefused {
     AlreadyClosed,
     /// Paid or finished.
     Paid,
+}
+
+/// Why a request to make a trade (a prepay, or a request the buyer opens)
+/// did not make it or find its identical twin.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum PrepayRefused {
+    /// Paid or finished.
+    Paid,
+    /// Closed, or unpaid past its `time_expire`: the buyer cannot pay it.
+    Closed,
+    /// The out_trade_no is taken by a trade made otherwise (why, in the platform's words).
+    Inconsistent(String),
 }
 
 /// Why a refund request was refused.
@@ -76,27 +126,65 @@ pub(super) struct Ledger {
 }
 
 impl Ledger {
-    pub fn open(&self, out_trade_no: &str, amount: i64, pay_no: Option<String>) -> Result<(), String> {
-        if amount <= 0 {
-            return Err(format!("a trade of {amount} fen"));
+    /// A trade made out of band (tests only): see `PlatformApi::open_trade`.
+    pub fn open(&self, trade: Trade) -> Result<(), String> {
+        if trade.amount <= 0 {
+            return Err(format!("a trade of {} fen", trade.amount));
         }
         let mut book = self.book.lock();
-        if book.trades.contains_key(out_trade_no) {
-            return Err(format!("trade {out_trade_no} is open already"));
+        if book.trades.contains_key(&trade.out_trade_no) {
+            return Err(format!("trade {} is open already", trade.out_trade_no));
         }
-        let trade =
-            Trade { out_trade_no: out_trade_no.to_owned(), amount, state: TradeState::NotPaid, pay_no, paid_at: None };
-        book.trades.insert(out_trade_no.to_owned(), trade);
+        book.trades.insert(trade.out_trade_no.clone(), trade);
         Ok(())
+    }
+
+    /// Makes `wanted` unless a trade of its number exists; an existing one
+    /// is answered again when `consistent` finds it made by the same request
+    /// (`Err`: why not), as the platforms do for a merchant's retry. One
+    /// lock over look-up and insert, so concurrent identical requests make
+    /// one trade. The trade made or found.
+    pub fn prepay(
+        &self,
+        wanted: Trade,
+        now_ms: i64,
+        consistent: impl FnOnce(&Trade) -> Result<(), String>,
+    ) -> Result<Trade, PrepayRefused> {
+        let mut book = self.book.lock();
+        let Some(existing) = book.trades.get_mut(&wanted.out_trade_no) else {
+            book.trades.insert(wanted.out_trade_no.clone(), wanted.clone());
+            return Ok(wanted);
+        };
+        match existing.state {
+            TradeState::Paid | TradeState::Finished => return Err(PrepayRefused::Paid),
+            TradeState::Closed => return Err(PrepayRefused::Closed),
+            TradeState::NotPaid | TradeState::Paying if existing.expired(now_ms) => return Err(PrepayRefused::Closed),
+            TradeState::NotPaid | TradeState::Paying => {}
+        }
+        consistent(existing).map_err(PrepayRefused::Inconsistent)?;
+        // A trade made without handing anything over (out of band, or a
+        // request the buyer opened) gets the identifier of its first prepay.
+        if existing.payment.is_none() {
+            existing.payment = wanted.payment;
+        }
+        Ok(existing.clone())
+    }
+
+    /// How many trades exist, whatever their state.
+    pub fn trades(&self) -> usize {
+        self.book.lock().trades.len()
     }
 
     pub fn trade(&self, out_trade_no: &str) -> Option<Trade> {
         self.book.lock().trades.get(out_trade_no).cloned()
     }
 
-    pub fn buyer_paying(&self, out_trade_no: &str) -> Result<(), Refused> {
+    pub fn buyer_paying(&self, out_trade_no: &str, now_ms: i64) -> Result<(), Refused> {
         let mut book = self.book.lock();
         let trade = book.trades.get_mut(out_trade_no).ok_or(Refused::NoSuchTrade)?;
+        if trade.expired(now_ms) {
+            return Err(Refused::Expired);
+        }
         match trade.state {
             TradeState::NotPaid | TradeState::Paying => {
                 trade.state = TradeState::Paying;
@@ -113,16 +201,19 @@ impl Ledger {
     pub fn buyer_pays(
         &self,
         out_trade_no: &str,
-        now_s: i64,
+        now_ms: i64,
         new_pay_no: impl FnOnce() -> String,
     ) -> Result<String, Refused> {
         let mut book = self.book.lock();
         let trade = book.trades.get_mut(out_trade_no).ok_or(Refused::NoSuchTrade)?;
+        if trade.expired(now_ms) {
+            return Err(Refused::Expired);
+        }
         match trade.state {
             TradeState::NotPaid | TradeState::Paying => {
                 let pay_no = trade.pay_no.get_or_insert_with(new_pay_no).clone();
                 trade.state = TradeState::Paid;
-                trade.paid_at = Some(now_s);
+                trade.paid_at = Some(now_ms.div_euclid(1000));
                 Ok(pay_no)
             }
             TradeState::Closed => Err(Refused::Closed),

@@ -14,20 +14,20 @@ use sha2::Sha256;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-const MERCHANT_SERIAL: &str = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1";
+pub(super) const MERCHANT_SERIAL: &str = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1";
 const SECOND: Duration = Duration::from_secs(1);
 
-struct TestKeys {
+pub(super) struct TestKeys {
     /// The merchant's WeChat Pay API key (payonce's `--wechatpay-merchant-key`).
     merchant: RsaPrivateKey,
     /// The merchant's Alipay app key (`--alipay-app-private-key`).
-    app: RsaPrivateKey,
-    wechatpay_platform: RsaPrivateKey,
-    alipay_platform: RsaPrivateKey,
+    pub(super) app: RsaPrivateKey,
+    pub(super) wechatpay_platform: RsaPrivateKey,
+    pub(super) alipay_platform: RsaPrivateKey,
 }
 
 /// Made once per test run, side by side: unoptimised keygen is slow.
-fn keys() -> &'static TestKeys {
+pub(super) fn keys() -> &'static TestKeys {
     static KEYS: OnceLock<TestKeys> = OnceLock::new();
     KEYS.get_or_init(|| {
         let make = || std::thread::spawn(|| key_or_throwaway(None).expect("an RSA key"));
@@ -83,11 +83,11 @@ fn verifies(key: &RsaPublicKey, message: &[u8], signature: &str) -> bool {
 // ---- WeChat Pay: the merchant's side ----
 
 /// How a test request is signed (what it gets wrong, if anything).
-struct WxSigner<'a> {
-    key: &'a RsaPrivateKey,
-    mchid: &'a str,
-    serial: &'a str,
-    timestamp: i64,
+pub(super) struct WxSigner<'a> {
+    pub(super) key: &'a RsaPrivateKey,
+    pub(super) mchid: &'a str,
+    pub(super) serial: &'a str,
+    pub(super) timestamp: i64,
 }
 
 impl WxSigner<'_> {
@@ -95,7 +95,7 @@ impl WxSigner<'_> {
         WxSigner { key: &keys().merchant, mchid: WECHATPAY_MCHID, serial: MERCHANT_SERIAL, timestamp: crate::now_s() }
     }
 
-    fn request(&self, api: &PlatformApi, method: &str, target: &str, body: &str) -> Vec<u8> {
+    pub(super) fn request(&self, api: &PlatformApi, method: &str, target: &str, body: &str) -> Vec<u8> {
         let nonce = crate::platform::random_text(32).expect("a nonce");
         let ts = self.timestamp;
         let signature = sign(self.key, format!("{method}\n{target}\n{ts}\n{nonce}\n{body}\n").as_bytes());
@@ -122,7 +122,7 @@ fn wx(api: &PlatformApi, conn: &mut Connection, method: &str, target: &str, body
 }
 
 /// The answer is signed by the platform key, as a client must check it.
-fn wx_verified(api: &PlatformApi, answer: &Response) -> bool {
+pub(super) fn wx_verified(api: &PlatformApi, answer: &Response) -> bool {
     let header = |name: &str| answer.header(name).unwrap_or_default().to_owned();
     let (timestamp, nonce) = (header("Wechatpay-Timestamp"), header("Wechatpay-Nonce"));
     let mut message = format!("{timestamp}\n{nonce}\n").into_bytes();
@@ -134,7 +134,7 @@ fn wx_verified(api: &PlatformApi, answer: &Response) -> bool {
         && verifies(api.platform_public_key(), &message, &header("Wechatpay-Signature"))
 }
 
-fn json_of(answer: &Response) -> Value {
+pub(super) fn json_of(answer: &Response) -> Value {
     serde_json::from_slice(&answer.body).unwrap_or(Value::Null)
 }
 
@@ -220,7 +220,12 @@ fn wechatpay_refunds_are_idempotent_per_out_refund_no() {
 
 /// A signed gateway form: the common parameters, `biz_content`, and `sign`
 /// over the sorted non-empty parameters but `sign`.
-fn ali_form(method: &str, biz: &Value, key: &RsaPrivateKey, change: impl FnOnce(&mut Vec<(String, String)>)) -> String {
+pub(super) fn ali_form(
+    method: &str,
+    biz: &Value,
+    key: &RsaPrivateKey,
+    change: impl FnOnce(&mut Vec<(String, String)>),
+) -> String {
     let timestamp = crate::platform::china_time(crate::now_s()).plain();
     let mut params: Vec<(String, String)> = [
         ("app_id", SIM_ALIPAY_APP_ID),
@@ -243,7 +248,7 @@ fn ali_form(method: &str, biz: &Value, key: &RsaPrivateKey, change: impl FnOnce(
     params.iter().map(|(k, v)| format!("{k}={}", form_encode(v))).collect::<Vec<_>>().join("&")
 }
 
-fn ali_post(api: &PlatformApi, conn: &mut Connection, form: &str) -> Response {
+pub(super) fn ali_post(api: &PlatformApi, conn: &mut Connection, form: &str) -> Response {
     let headers = [("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")];
     conn.exchange(&encode_request("POST", &api.addr().to_string(), "/gateway.do", &headers, form.as_bytes()))
         .expect("an answer")
@@ -257,7 +262,7 @@ fn ali(api: &PlatformApi, conn: &mut Connection, method: &str, biz: Value) -> Va
 
 /// The `<method>_response` value, when `sign` verifies over its exact text
 /// in the body with the Alipay public key, as a client must check it.
-fn ali_response(api: &PlatformApi, answer: &Response, method: &str) -> Result<Value, String> {
+pub(super) fn ali_response(api: &PlatformApi, answer: &Response, method: &str) -> Result<Value, String> {
     let text = std::str::from_utf8(&answer.body).map_err(|e| e.to_string())?;
     let prefix = format!("{{\"{}_response\":", method.replace('.', "_"));
     let signed_end = text.rfind(",\"sign\":\"").ok_or("no sign")?;
@@ -403,6 +408,29 @@ fn slow_answers_come_late_for_calls_that_took_effect() {
     assert_eq!(late.status, 204);
     assert!(started.elapsed() >= Duration::from_millis(200), "{:?}", started.elapsed());
     assert!(wx_verified(&api, &late));
+}
+
+#[test]
+fn delayed_requests_are_acted_on_only_after_the_delay() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0051", 100).expect("open");
+    api.fail_next(Fault::Delay(Duration::from_millis(400)), 1);
+    let mut conn = connect(&api);
+    conn.set_read_timeout(Duration::from_millis(100)).expect("timeout");
+    let close = WxSigner::merchant().request(&api, "POST", &close_target("ORDER-W-0051"), r#"{"mchid":"1900000100"}"#);
+    // Unlike a slow answer, nothing has happened yet while it is held.
+    assert_eq!(conn.exchange(&close), Err(RecvError::Timeout));
+    assert_eq!(api.trade_state("ORDER-W-0051"), Some("NOTPAY"));
+    assert!(api.calls().is_empty(), "recorded once answered");
+    conn.set_read_timeout(5 * SECOND).expect("timeout");
+    let answer = conn.receive().expect("the answer after the delay");
+    assert_eq!(answer.status, 204);
+    assert!(wx_verified(&api, &answer));
+    assert_eq!(api.trade_state("ORDER-W-0051"), Some("CLOSED"));
+    // Only the next request was held.
+    let started = Instant::now();
+    assert_eq!(wx(&api, &mut conn, "GET", &query_target("ORDER-W-0051"), &Value::Null).status, 200);
+    assert!(started.elapsed() < Duration::from_millis(400), "{:?}", started.elapsed());
 }
 
 #[test]

@@ -1,13 +1,17 @@
-//! WeChat Pay APIv3, the merchant side of a NATIVE (QR) trade: query by
-//! out_trade_no, close, domestic refund and its query, at the documented
-//! paths. Requests carry `Authorization: WECHATPAY2-SHA256-RSA2048 ...`,
-//! SHA256withRSA by the merchant's key over
+//! WeChat Pay APIv3, the merchant's side: the prepay of each trade type
+//! (`POST /v3/pay/transactions/{native|jsapi|h5|app}`, the only way a
+//! trade is made), query by out_trade_no, close, domestic refund and its
+//! query, at the documented paths. Requests carry
+//! `Authorization: WECHATPAY2-SHA256-RSA2048 ...`, SHA256withRSA by the merchant's key over
 //! `"{METHOD}\n{path?query}\n{timestamp}\n{nonce}\n{body}\n"`; answers are
 //! signed by the platform key exactly as its notifications are.
 
 use super::http::{parse_form, percent_decode, Answer, Api, Request};
-use super::ledger::{CloseRefused, Ledger, RefundRefused, Trade, TradeState};
-use super::{other_trade_no, tamper, unique_digits, Call, Fault, RefundStatus, WechatpayApiConfig};
+use super::ledger::{CloseRefused, Ledger, PrepayRefused, RefundRefused, Trade, TradeState};
+use super::{
+    beijing_unix, notify_url_refusal, now_ms, other_trade_no, random_token, tamper, unique_digits, Call, Fault,
+    RefundStatus, WechatpayApiConfig,
+};
 use crate::platform::{china_time, wechatpay_signature_headers};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, SigningKey, VerifyingKey};
@@ -23,6 +27,51 @@ const CLOCK_SKEW_S: i64 = 300;
 /// `mchid` and `appid` of the merchant a [`Fault::WrongMerchant`] answer names.
 const OTHER_MCHID: &str = "1900009999";
 const OTHER_APPID: &str = "wxothermerchant0000";
+
+/// A QR code the buyer scans; also what a trade made out of band is taken for.
+pub(super) const NATIVE: &str = "NATIVE";
+/// The prepay paths' last segment and the trade type each makes.
+const TRADE_TYPES: [(&str, &str); 4] = [("native", NATIVE), ("jsapi", "JSAPI"), ("h5", "H5"), ("app", "APP")];
+const PREPAY_PATH: &str = "/v3/pay/transactions/";
+/// WeChat's limit on a trade's `description`, in characters.
+const DESCRIPTION_CHARS_MAX: usize = 127;
+
+/// `target` (a path, with any query) is one of the prepay APIs.
+pub(super) fn is_prepay(target: &str) -> bool {
+    let path = target.split_once('?').map_or(target, |(path, _)| path);
+    path.strip_prefix(PREPAY_PATH).is_some_and(|kind| TRADE_TYPES.iter().any(|(k, _)| *k == kind))
+}
+
+/// The member of a prepay answer that hands the buyer the payment.
+fn payment_key(trade_type: &str) -> &'static str {
+    match trade_type {
+        NATIVE => "code_url",
+        "H5" => "h5_url",
+        _ => "prepay_id",
+    }
+}
+
+/// A fresh payment identifier of its trade type: the QR code text of a
+/// NATIVE trade, the page an H5 trade is paid on, or the prepay_id
+/// (`wx`, the Beijing time, digits) a JSAPI page or an app passes on.
+fn new_payment(trade_type: &str) -> String {
+    let date: String = china_time(crate::now_s()).plain().chars().filter(char::is_ascii_digit).collect();
+    let prepay_id = format!("wx{date}{}", unique_digits(20));
+    match trade_type {
+        NATIVE => format!("weixin://wxpay/bizpayurl?pr={}", random_token(9)),
+        "H5" => format!(
+            "https://wx.tenpay.com/cgi-bin/mmpayweb-bin/checkmweb?prepay_id={prepay_id}&package={}",
+            unique_digits(10)
+        ),
+        _ => prepay_id,
+    }
+}
+
+/// `yyyy-MM-DDTHH:mm:ss+08:00`, the one form of `time_expire` taken here, as Unix milliseconds.
+fn time_expire_ms(text: &str) -> Option<i64> {
+    let local = text.strip_suffix("+08:00")?;
+    Some(beijing_unix(local, b'T')? * 1000)
+}
 
 /// A 6-32 character out_trade_no of `[A-Za-z0-9_*|-]` (the contract's rule).
 pub(super) fn valid_out_trade_no(no: &str) -> bool {
@@ -62,6 +111,8 @@ fn trade_state_desc(state: &str) -> &'static str {
 
 #[derive(Debug)]
 enum Route {
+    /// The trade type to make.
+    Prepay(&'static str),
     Query(String),
     Close(String),
     Refund,
@@ -80,6 +131,8 @@ pub(super) struct Checked {
 pub(super) struct Wechatpay {
     mchid: String,
     appid: String,
+    appids: Vec<String>,
+    expected_notify_url: Option<String>,
     merchant_serial: String,
     verifying_key: VerifyingKey<Sha256>,
     signing_key: SigningKey<Sha256>,
@@ -92,6 +145,8 @@ impl Wechatpay {
         Wechatpay {
             mchid: config.mchid.clone(),
             appid: config.appid.clone(),
+            appids: config.appids.clone(),
+            expected_notify_url: config.expected_notify_url.clone(),
             merchant_serial: config.merchant_serial.clone(),
             verifying_key: VerifyingKey::new(config.merchant_public_key.clone()),
             signing_key: SigningKey::new(key),
@@ -178,6 +233,105 @@ impl Wechatpay {
         self.json(status, &json!({"code": code, "message": message}), fault)
     }
 
+    /// A prepay: the trade made (or its identical twin found) and the
+    /// payment handed over, or why not. The same request again gets the
+    /// same answer, as WeChat gives for a merchant's retry.
+    fn prepay(&self, trade_type: &'static str, body: &Value, fault: Option<&Fault>) -> Answer {
+        let wanted = match self.prepay_trade(trade_type, body) {
+            Ok(trade) => trade,
+            Err((code, message)) => return self.error(400, code, &message, fault),
+        };
+        let consistent = |existing: &Trade| {
+            let mut other = Vec::new();
+            if existing.trade_type != wanted.trade_type {
+                other.push(format!("trade_type {} (now {})", existing.trade_type, wanted.trade_type));
+            }
+            if existing.appid.is_some() && existing.appid != wanted.appid {
+                other.push(format!("appid {}", existing.appid.as_deref().unwrap_or_default()));
+            }
+            if existing.amount != wanted.amount {
+                other.push(format!("amount.total {}", existing.amount));
+            }
+            if other.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("made with {}", other.join(", ")))
+            }
+        };
+        match self.ledger.prepay(wanted.clone(), now_ms(), consistent) {
+            Ok(trade) => {
+                let mut answer = serde_json::Map::new();
+                answer.insert(payment_key(trade_type).to_owned(), json!(trade.payment));
+                self.json(200, &Value::Object(answer), fault)
+            }
+            Err(PrepayRefused::Paid) => self.error(400, "ORDERPAID", "该订单已支付", fault),
+            Err(PrepayRefused::Closed) => self.error(400, "ORDER_CLOSED", "订单已关闭", fault),
+            Err(PrepayRefused::Inconsistent(why)) => {
+                let message = format!("订单号重复: out_trade_no used with other parameters ({why})");
+                self.error(400, "INVALID_REQUEST", &message, fault)
+            }
+        }
+    }
+
+    /// The trade a prepay body asks for, or the code and message (naming
+    /// the field) it is refused with.
+    fn prepay_trade(&self, trade_type: &'static str, body: &Value) -> Result<Trade, (&'static str, String)> {
+        let param = |message: String| ("PARAM_ERROR", message);
+        let text = |value: &Value| value.as_str().filter(|v| !v.is_empty()).map(str::to_owned);
+        match text(&body["mchid"]) {
+            None => return Err(param("缺少参数 mchid".into())),
+            Some(mchid) if mchid != self.mchid => return Err(param("mchid 与请求头中的商户号不一致".into())),
+            Some(_) => {}
+        }
+        let appid = text(&body["appid"]).ok_or_else(|| param("缺少参数 appid".into()))?;
+        if !self.appids.contains(&appid) {
+            return Err(("APPID_MCHID_NOT_MATCH", format!("appid {appid} 与 mchid {} 不匹配", self.mchid)));
+        }
+        let out_trade_no = text(&body["out_trade_no"])
+            .filter(|no| valid_out_trade_no(no))
+            .ok_or_else(|| param("out_trade_no 缺失或格式错误 (6-32 个 [A-Za-z0-9_*|-] 字符)".into()))?;
+        let description = text(&body["description"])
+            .filter(|d| d.chars().count() <= DESCRIPTION_CHARS_MAX)
+            .ok_or_else(|| param(format!("description 缺失或超过 {DESCRIPTION_CHARS_MAX} 个字符")))?;
+        let amount = &body["amount"];
+        let total =
+            amount["total"].as_i64().filter(|t| *t > 0).ok_or_else(|| param("amount.total 须为正整数(分)".into()))?;
+        // WeChat takes a missing currency as CNY, its only one here.
+        if amount.get("currency").is_some_and(|c| c != "CNY") {
+            return Err(param("amount.currency 须为 CNY".into()));
+        }
+        let expire = text(&body["time_expire"]).ok_or_else(|| param("缺少参数 time_expire".into()))?;
+        let expires_at_ms = time_expire_ms(&expire)
+            .ok_or_else(|| param(format!("time_expire {expire:?} 格式错误 (yyyy-MM-DDTHH:mm:ss+08:00)")))?;
+        if expires_at_ms <= now_ms() {
+            return Err(param(format!("time_expire {expire} 已过")));
+        }
+        let notify_url = text(&body["notify_url"]);
+        if let Some(why) = notify_url_refusal(notify_url.as_deref(), self.expected_notify_url.as_deref()) {
+            return Err(param(why));
+        }
+        if trade_type == "JSAPI" && text(&body["payer"]["openid"]).is_none() {
+            return Err(param("JSAPI 下单缺少参数 payer.openid".into()));
+        }
+        if trade_type == "H5" {
+            let scene = &body["scene_info"];
+            if text(&scene["payer_client_ip"]).is_none() {
+                return Err(param("H5 下单缺少参数 scene_info.payer_client_ip".into()));
+            }
+            if text(&scene["h5_info"]["type"]).is_none() {
+                return Err(param("H5 下单缺少参数 scene_info.h5_info.type".into()));
+            }
+        }
+        Ok(Trade {
+            expires_at_ms: Some(expires_at_ms),
+            notify_url,
+            appid: Some(appid),
+            description: Some(description),
+            payment: Some(new_payment(trade_type)),
+            ..Trade::new(&out_trade_no, total, trade_type)
+        })
+    }
+
     fn query(&self, out_trade_no: &str, request: &Request, fault: Option<&Fault>) -> Answer {
         let query = parse_form(request.query()).unwrap_or_default();
         match query.iter().find(|(name, _)| name == "mchid") {
@@ -194,7 +348,7 @@ impl Wechatpay {
         let paid = matches!(trade.state, TradeState::Paid | TradeState::Finished);
         let (mchid, appid) = match fault {
             Some(Fault::WrongMerchant) => (OTHER_MCHID, OTHER_APPID),
-            _ => (self.mchid.as_str(), self.appid.as_str()),
+            _ => (self.mchid.as_str(), trade.appid.as_deref().unwrap_or(&self.appid)),
         };
         let mut answer = json!({
             "mchid": mchid,
@@ -204,7 +358,7 @@ impl Wechatpay {
         if paid {
             answer["transaction_id"] = json!(trade.pay_no);
         }
-        answer["trade_type"] = json!("NATIVE");
+        answer["trade_type"] = json!(trade.trade_type);
         answer["trade_state"] = json!(state);
         answer["trade_state_desc"] = json!(trade_state_desc(state));
         if paid {
@@ -335,6 +489,11 @@ fn answered_trade_no(out_trade_no: &str, fault: Option<&Fault>) -> String {
 fn route(method: &str, path: &str) -> Option<Route> {
     const TRADE: &str = "/v3/pay/transactions/out-trade-no/";
     const REFUNDS: &str = "/v3/refund/domestic/refunds";
+    if let (true, Some(kind)) = (method == "POST", path.strip_prefix(PREPAY_PATH)) {
+        if let Some((_, trade_type)) = TRADE_TYPES.iter().find(|(k, _)| *k == kind) {
+            return Some(Route::Prepay(trade_type));
+        }
+    }
     let segment = |rest: &str| percent_decode(rest, false).filter(|s| !s.is_empty() && !s.contains('/'));
     if let Some(rest) = path.strip_prefix(TRADE) {
         return match (method, rest.strip_suffix("/close")) {
@@ -397,12 +556,13 @@ impl Api for Wechatpay {
         let bad_number = match &route {
             Route::Query(no) | Route::Close(no) => !valid_out_trade_no(no),
             Route::RefundQuery(no) => !valid_out_refund_no(no),
-            Route::Refund => false,
+            Route::Refund | Route::Prepay(_) => false,
         };
         if bad_number {
             return self.error(400, "PARAM_ERROR", "商户订单号或退款单号格式错误", fault);
         }
         match route {
+            Route::Prepay(trade_type) => self.prepay(trade_type, &checked.body, fault),
             Route::Query(no) => self.query(&no, request, fault),
             Route::Close(no) => self.close(&no, &checked.body, fault),
             Route::Refund => self.refund(&checked.body, fault),
