@@ -179,6 +179,20 @@ fn shop_on(spec: &str, public_base_url: Option<&str>) -> Shop {
     Shop { app, seen, clock }
 }
 
+/// A second payonce on the same database and the same platform: its own
+/// core, key locks and pool, as another process has.
+fn twin_of(first: &Shop, spec: &str) -> Shop {
+    let platforms = Platforms {
+        registry: Registry::with([Platform::calls(Scripted(Arc::clone(&first.seen)))]),
+        timeout_ms: TIMEOUT_MS,
+        public_base_url: Some("https://shop.example/".to_owned()),
+        prepay_reuse_ms: REUSE_MS,
+        ..Platforms::default()
+    };
+    let app = App::open(spec, first.clock.clone(), Config { platforms, ..Config::default() }).expect("open the twin");
+    Shop { app, seen: Arc::clone(&first.seen), clock: first.clock.clone() }
+}
+
 fn shop(spec: &str) -> Shop {
     shop_on(spec, Some("https://shop.example/"))
 }
@@ -291,6 +305,32 @@ for_each_engine! {
             expires_at_ms: T0_MS + 900_000,
         };
         assert_eq!(sent, expected);
+    }
+
+    /// Two payonce on one database (each its own key locks, as two
+    /// processes): six requests split across them make one platform call;
+    /// the unique index decides, not a lock.
+    fn two_payonce_on_one_database_make_one_call(db) {
+        let first = shop(&db.spec);
+        let second = twin_of(&first, &db.spec);
+        first.order("ORD-TWOPROC");
+        first.seen.delay_ms.store(200, Ordering::SeqCst);
+        let answers: Vec<Response> = std::thread::scope(|scope| {
+            let clicks: Vec<_> = (0..6)
+                .map(|i| {
+                    let shop = if i % 2 == 0 { &first } else { &second };
+                    scope.spawn(move || shop.pay("ORD-TWOPROC", native()))
+                })
+                .collect();
+            clicks.into_iter().map(|c| c.join().expect("a click")).collect()
+        });
+        assert_eq!(first.calls(), 1, "one platform call across both");
+        let payment = json_of(&answers[0])["payment"].clone();
+        for answer in &answers {
+            assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+            assert_eq!(json_of(answer)["payment"], payment);
+        }
+        assert_eq!(second.prepay_rows("ORD-TWOPROC").len(), 1);
     }
 
     /// Past the platform timeout plus a second, a waiting request answers
