@@ -424,16 +424,21 @@ CREATE TABLE platform_call (
     -- other parameters (JSON: openid, client_ip, description), so a refresh
     -- sends the platform the same request; and what payonce answered last
     -- (JSON: the payment object when done, the error object when failed),
-    -- so every waiter and every reuse answers the same bytes. Last, because PostgreSQL's migration 10
+    -- so every waiter and every reuse answers the same bytes; and whether
+    -- an attempt may have made the trade at the platform (created, paid,
+    -- closed, unanswered, or a request signed for the buyer): until then a
+    -- request with other parameters replaces them instead of conflicting. Last, because PostgreSQL's migration 10
     -- appends them (ALTER TABLE ADD COLUMN).
     method          TEXT,
     appid           TEXT,
     params          TEXT CHECK (params IS NULL OR json_valid(params)),
     answer          TEXT CHECK (answer IS NULL OR json_valid(answer)),
+    trade_may_exist INTEGER NOT NULL DEFAULT 0 CHECK (trade_may_exist IN (0, 1)),
     CHECK ((kind IN ('refund', 'refund_query')) = (refund_no IS NOT NULL)),
     CHECK ((status = 'pending') = (next_attempt_at IS NOT NULL)),
     CONSTRAINT platform_call_prepay_method CHECK ((kind = 'prepay') = (method IS NOT NULL AND params IS NOT NULL)),
-    CONSTRAINT platform_call_prepay_only CHECK (kind = 'prepay' OR (appid IS NULL AND params IS NULL AND answer IS NULL))
+    CONSTRAINT platform_call_prepay_only
+        CHECK (kind = 'prepay' OR (appid IS NULL AND params IS NULL AND answer IS NULL AND trade_may_exist = 0))
 );
 -- One close per order and one refund submission per refund_no at each platform.
 CREATE UNIQUE INDEX uk_platform_call ON platform_call (channel, kind, order_no, coalesce(refund_no, ''))

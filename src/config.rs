@@ -198,7 +198,9 @@ pub const SETTINGS: &[Setting] = &[
         }
         Ok(())
     }),
-    setting("prepay-reuse-s", |s, v| int_into(&mut s.prepay_reuse_s, "prepay-reuse-s", v, 0, 7_200)),
+    // At most 7000: WeChat's prepay_id lives 7200 s from its creation, and
+    // an answer handed out near the end leaves the buyer no time to pay.
+    setting("prepay-reuse-s", |s, v| int_into(&mut s.prepay_reuse_s, "prepay-reuse-s", v, 0, 7_000)),
 ];
 
 /// The setting whose flag is `--name`.

@@ -162,7 +162,7 @@ calls are on when any of its outgoing-only settings is given; then all are requi
   --wechatpay-appid APPID         an official account, mini program or app WeChat Pay payments
                                   are created under (repeatable; a request picks one by appid)
   --prepay-reuse-s N              a created payment is answered again without a call this long;
-                                  then one call refreshes it [default: 6600, at most 7200]
+                                  then one call refreshes it [default: 6600, at most 7000]
   --close-give-up-s N             after this long past expires_at without a platform's
                                   confirmation, close locally and report close_unconfirmed
                                   [default: 86400]

@@ -3,7 +3,8 @@
 -- `prepay` (the call that creates the platform's payment for an order, once
 -- per order and channel: `uk_platform_call_prepay`; src/store/platform_calls.rs),
 -- and the prepay rows' own columns `method`, `appid`, `params` (the first
--- request's other parameters) and `answer` (what payonce answered, JSON). PostgreSQL swaps the kind
+-- request's other parameters), `answer` (what payonce answered, JSON) and
+-- `trade_may_exist` (0 on every older row). PostgreSQL swaps the kind
 -- CHECK in place, keeping its name; ADD COLUMN appends the columns, last,
 -- where schema.postgres.sql has them, and with no default rewrites no row.
 -- The two table CHECKs are named, so a fresh database and a migrated one
@@ -19,10 +20,11 @@ ALTER TABLE platform_call ADD COLUMN method TEXT;
 ALTER TABLE platform_call ADD COLUMN appid TEXT;
 ALTER TABLE platform_call ADD COLUMN params TEXT CHECK (params IS NULL OR payonce_json_valid(params));
 ALTER TABLE platform_call ADD COLUMN answer TEXT CHECK (answer IS NULL OR payonce_json_valid(answer));
+ALTER TABLE platform_call ADD COLUMN trade_may_exist INTEGER NOT NULL DEFAULT 0 CHECK (trade_may_exist IN (0, 1));
 ALTER TABLE platform_call ADD CONSTRAINT platform_call_prepay_method
     CHECK ((kind = 'prepay') = (method IS NOT NULL AND params IS NOT NULL));
 ALTER TABLE platform_call ADD CONSTRAINT platform_call_prepay_only
-    CHECK (kind = 'prepay' OR (appid IS NULL AND params IS NULL AND answer IS NULL));
+    CHECK (kind = 'prepay' OR (appid IS NULL AND params IS NULL AND answer IS NULL AND trade_may_exist = 0));
 
 -- One payment created per order at each platform: concurrent pay requests
 -- race on this index, and the loser waits for the winner's row.

@@ -109,6 +109,44 @@ impl<'a> PlatformCalls<'a> {
         Ok(Synced { order: self.core.orders().order(order_no)?.order, platforms: asked })
     }
 
+    /// Why a close at `channel` cannot be confirmed yet, though the platform
+    /// may say it has no trade: a payment's creation is in flight (it may
+    /// make the trade after the close found none), or a request was signed
+    /// for the buyer, who can open it, and so make the trade, until the
+    /// order's `expires_at` (its `time_expire`; plus the platforms' five
+    /// minutes of clock tolerance). services/prepays.rs writes both rows.
+    fn payment_may_yet_be_created(
+        &self,
+        channel: &str,
+        order_no: &str,
+        now_ms: i64,
+    ) -> Result<Option<&'static str>, Error> {
+        const CLOCK_TOLERANCE_MS: i64 = 300_000;
+        let now = format_ms(now_ms);
+        let (row, order) =
+            self.core.store().read(|tx| Ok((tx.prepay_row(channel, order_no)?, tx.order_by_no(order_no)?)))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        if row.status == PlatformCallStatus::Pending && row.next_attempt_at.as_deref().is_some_and(|l| l > now.as_str())
+        {
+            return Ok(Some("a payment is being created at the platform"));
+        }
+        let signed_only = self
+            .core
+            .config()
+            .platforms
+            .registry
+            .calls(channel)
+            .is_some_and(|api| api.prepay_is_signed_only(&row.method));
+        let payable_until =
+            order.and_then(|o| parse_rfc3339_ms(&o.expires_at)).map_or(0, |ms| ms.saturating_add(CLOCK_TOLERANCE_MS));
+        if signed_only && now_ms < payable_until {
+            return Ok(Some("a payment request signed for the buyer can still be opened until expires_at"));
+        }
+        Ok(None)
+    }
+
     /// Asks `channel` about `order_no` and applies a paid answer (source
     /// `query`), as [`PlatformCalls::sync_order`] does for every platform:
     /// the order after it. For a payment's creation the platform refused
@@ -316,17 +354,8 @@ impl<'a> PlatformCalls<'a> {
             .registry
             .known(channel)
             .ok_or_else(|| Error::internal(format!("platform_call names an unknown channel {channel:?}")))?;
-        // A payment being created right now may create the trade after this
-        // close found none: the close waits for the creation to end.
-        let now_text = format_ms(now_ms);
-        let prepay = self.core.store().read(|tx| tx.prepay_row(channel, order_no))?;
-        let creating = prepay.is_some_and(|row| {
-            row.status == PlatformCallStatus::Pending
-                && row.next_attempt_at.as_deref().is_some_and(|lease| lease > now_text.as_str())
-        });
-        if creating {
-            let why = "a payment is being created at the platform".to_owned();
-            return Ok((CloseStep::Unconfirmed, format!("query {order_no}"), None, why));
+        if let Some(why) = self.payment_may_yet_be_created(channel, order_no, now_ms)? {
+            return Ok((CloseStep::Unconfirmed, format!("query {order_no}"), None, why.to_owned()));
         }
         let answer = self.ask(channel, order_no, |now| {
             platforms.query(channel, order_no, now).unwrap_or_else(|| not_configured(channel))

@@ -21,7 +21,7 @@ use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
 use crate::platform_ops::{Paying, PaymentOffer};
 use crate::platforms::{Calls, Exchange, Payment, PrepayAnswer, PrepayRequest};
-use crate::store::{NewPrepay, PrepayFinish, PrepayRow};
+use crate::store::{NewPrepay, PrepayFinish, PrepayParams, PrepayRow, WriteTx};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 /// `payment_in_progress`, and what a call's lease adds to it for the
 /// recording around the call.
 const WAIT_MARGIN_MS: u64 = 1_000;
+/// What a call's lease adds to its two platform calls (the creation and the
+/// query of a "paid" answer) for the writes around them.
+const LEASE_MARGIN_MS: u64 = 5_000;
 /// How often a waiting request reads the row again.
 const WAIT_POLL: Duration = Duration::from_millis(20);
 /// `description`: WeChat Pay's limit, and Alipay's `subject` takes it.
@@ -69,6 +72,12 @@ struct OfferText<'a> {
     expires_at: &'a str,
     #[serde(flatten)]
     fields: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+/// The one member of a kept payment its reuse needs.
+#[derive(Deserialize)]
+struct CreatedAt {
+    created_at: String,
 }
 
 /// An error as a prepay row keeps it for the requests that waited on it.
@@ -135,12 +144,6 @@ impl<'a> Prepays<'a> {
         if api.prepay_is_signed_only(&request.method) {
             return self.signed_for_buyer(&asked, &kept, request.return_url.as_deref());
         }
-        let Some(_place) = super::platform_calls::WaitingPlace::take(&platforms.waiting) else {
-            return Err(Error::new(
-                ErrorKind::PlatformUnavailable,
-                "too many requests are waiting on the payment platforms; retry shortly",
-            ));
-        };
         self.once(&asked, &kept)
     }
 
@@ -157,19 +160,46 @@ impl<'a> Prepays<'a> {
         Ok(order)
     }
 
-    /// Alipay page, wap and app: signed afresh for every request.
+    /// Alipay page, wap and app: signed afresh for every request. The row
+    /// (done, no call) says a request was handed to the buyer, who may open
+    /// it until `expires_at`: a close waits for that (`close_at`).
     fn signed_for_buyer(&self, asked: &Asked, kept: &Kept, return_url: Option<&str>) -> Result<Paying, Error> {
         let channel = asked.api.name();
-        let row = self.core.store().read(|tx| tx.prepay_row(channel, &asked.order.order_no))?;
-        if let Some(row) = row {
-            // A precreated trade (a QR code) exists: the platform keeps one
-            // trade per out_trade_no.
-            return Err(conflict(channel, &row, asked.method));
-        }
+        let order_no = asked.order.order_no.as_str();
+        let params = kept_text(kept)?;
+        let new = PrepayParams { method: asked.method, appid: asked.appid, params: &params };
         let now_ms = self.core.clock().now_ms();
+        let now = format_ms(now_ms);
+        let key = self.core.locks().lock(LockKey::Order(order_no));
+        self.core.store().write(&[&key], |tx| {
+            refuse_unpayable_in(tx, order_no, now_ms)?;
+            let Some(row) = tx.prepay_row(channel, order_no)? else {
+                let first = NewPrepay {
+                    channel,
+                    order_no,
+                    method: asked.method,
+                    appid: asked.appid,
+                    params: &params,
+                    now: &now,
+                    lease_until: None,
+                };
+                return tx.begin_prepay(&first).map(drop);
+            };
+            if asked.api.prepay_is_signed_only(&row.method) {
+                return Ok(());
+            }
+            // A server payment's row: the buyer's trade may exist there
+            // already, unless every attempt was refused.
+            let in_flight = row.status == PlatformCallStatus::Pending;
+            if row.trade_may_exist || in_flight || !tx.sign_over_prepay(row.id, row.attempts, &new, &now)? {
+                return Err(conflict(channel, &row, asked.method));
+            }
+            Ok(())
+        })?;
+        drop(key);
         let exchange = asked.api.prepay(&asked.prepay_request(kept, return_url), now_ms);
         match exchange.meaning {
-            PrepayAnswer::Created(payment) => Ok(asked.paying(&payment, &format_ms(now_ms))?.0),
+            PrepayAnswer::Created(payment) => Ok(asked.paying(&payment, &now)?.0),
             PrepayAnswer::NotSendable(why) => Err(Error::invalid(why)),
             other => Err(Error::internal(format!("a request signed for the buyer answered {other:?}"))),
         }
@@ -197,11 +227,21 @@ impl<'a> Prepays<'a> {
             };
             let row_kept: Kept = serde_json::from_str(&row.params)
                 .map_err(|e| Error::internal(format!("platform_call {} params: {e}", row.id)))?;
-            if row.method != asked.method || row.appid.as_deref() != asked.appid || row_kept.openid != kept.openid {
-                return Err(conflict(channel, &row, asked.method));
-            }
             let in_flight = row.status == PlatformCallStatus::Pending
                 && row.next_attempt_at.as_deref().is_some_and(|lease| lease > now.as_str());
+            let differs =
+                row.method != asked.method || row.appid.as_deref() != asked.appid || row_kept.openid != kept.openid;
+            if differs {
+                // Other parameters replace those of a row whose every attempt
+                // was refused (no trade can exist); otherwise they conflict.
+                if row.trade_may_exist || in_flight {
+                    return Err(conflict(channel, &row, asked.method));
+                }
+                if self.reclaim(asked, &row, Some(kept), &now, &lease_until)? {
+                    return self.call(asked, kept, row.id, row.attempts + 1);
+                }
+                continue;
+            }
             if in_flight {
                 waited_on.get_or_insert(row.attempts);
                 if Instant::now() >= deadline {
@@ -213,7 +253,7 @@ impl<'a> Prepays<'a> {
             if let Some(answered) = self.stored_answer(asked, &row, waited_on, now_ms)? {
                 return answered;
             }
-            if self.core.store().write(&[], |tx| tx.reclaim_prepay(row.id, row.attempts, &now, &lease_until))? {
+            if self.reclaim(asked, &row, None, &now, &lease_until)? {
                 return self.call(asked, &row_kept, row.id, row.attempts + 1);
             }
         }
@@ -235,7 +275,11 @@ impl<'a> Prepays<'a> {
         let waited_for_this = waited_on == Some(row.attempts);
         match row.status {
             PlatformCallStatus::Done => {
-                let age_ms = parse_rfc3339_ms(&row.updated_at).map_or(i64::MAX, |at| now_ms.saturating_sub(at));
+                // Its age from when the platform was asked (the payment's
+                // `created_at`), as the platform counts the prepay_id's life.
+                let created_at = serde_json::from_str::<CreatedAt>(answer).map(|a| a.created_at);
+                let asked_at = created_at.as_deref().unwrap_or(&row.updated_at);
+                let age_ms = parse_rfc3339_ms(asked_at).map_or(i64::MAX, |at| now_ms.saturating_sub(at));
                 if waited_for_this || age_ms < self.core.config().platforms.prepay_reuse_ms {
                     return Ok(Some(Ok(Paying {
                         order: asked.order.clone(),
@@ -264,13 +308,11 @@ impl<'a> Prepays<'a> {
     /// the close's confirmation until its call ends (`close_at`).
     fn begin(&self, asked: &Asked, kept: &Kept, now: &str, lease_until: &str) -> Result<Option<i64>, Error> {
         let order_no = asked.order.order_no.as_str();
-        let params = serde_json::to_string(kept).map_err(|e| Error::internal(format!("prepay params: {e}")))?;
+        let params = kept_text(kept)?;
         let now_ms = self.core.clock().now_ms();
         let key = self.core.locks().lock(LockKey::Order(order_no));
         self.core.store().write(&[&key], |tx| {
-            let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
-            let closing = !tx.platform_closes_of_order(order_no)?.is_empty();
-            refuse_unpayable(&order, closing, now_ms)?;
+            refuse_unpayable_in(tx, order_no, now_ms)?;
             tx.begin_prepay(&NewPrepay {
                 channel: asked.api.name(),
                 order_no,
@@ -278,8 +320,31 @@ impl<'a> Prepays<'a> {
                 appid: asked.appid,
                 params: &params,
                 now,
-                lease_until,
+                lease_until: Some(lease_until),
             })
+        })
+    }
+
+    /// Takes `row` for a new call, under the order's key and after the
+    /// order is checked again, as [`Prepays::begin`]: a refresh, a retry or
+    /// a dead caller's call never creates a trade for an order a close has
+    /// begun on. With `replacing`, the call sends those parameters instead.
+    fn reclaim(
+        &self,
+        asked: &Asked,
+        row: &PrepayRow,
+        replacing: Option<&Kept>,
+        now: &str,
+        lease_until: &str,
+    ) -> Result<bool, Error> {
+        let order_no = asked.order.order_no.as_str();
+        let params = replacing.map(kept_text).transpose()?;
+        let new = params.as_deref().map(|params| PrepayParams { method: asked.method, appid: asked.appid, params });
+        let now_ms = self.core.clock().now_ms();
+        let key = self.core.locks().lock(LockKey::Order(order_no));
+        self.core.store().write(&[&key], |tx| {
+            refuse_unpayable_in(tx, order_no, now_ms)?;
+            tx.reclaim_prepay(row.id, row.attempts, now, lease_until, new.as_ref())
         })
     }
 
@@ -287,7 +352,19 @@ impl<'a> Prepays<'a> {
     /// finished with what this request answers.
     fn call(&self, asked: &Asked, kept: &Kept, id: i64, attempt: i64) -> Result<Paying, Error> {
         let now_ms = self.core.clock().now_ms();
-        let exchange = asked.api.prepay(&asked.prepay_request(kept, None), now_ms);
+        // Only the request that calls takes one of the places of requests
+        // waiting on platforms; those waiting on its row take none.
+        let place = super::platform_calls::WaitingPlace::take(&self.core.config().platforms.waiting);
+        let exchange = match place {
+            Some(_) => asked.api.prepay(&asked.prepay_request(kept, None), now_ms),
+            None => Exchange::unknown(
+                format!("prepay {}", asked.order.order_no),
+                None,
+                String::new(),
+                "too many requests are waiting on the payment platforms".to_owned(),
+                PrepayAnswer::Unknown,
+            ),
+        };
         crate::test_hooks::EnvHook::HoldAfterPrepayMs.sleep();
         let channel = asked.api.name();
         let order_no = asked.order.order_no.as_str();
@@ -303,8 +380,11 @@ impl<'a> Prepays<'a> {
                 (PlatformCallStatus::Failed, text, Err(err))
             }
         };
+        // Only a refusal proves there is no trade; anything else may have made one.
+        let trade_may_exist = !matches!(exchange.meaning, PrepayAnswer::Refused { .. } | PrepayAnswer::NotSendable(_));
         let end = PrepayFinish {
             status,
+            trade_may_exist,
             request: &exchange.request,
             http_status: exchange.http_status,
             response: &recorded_response(&exchange),
@@ -358,10 +438,13 @@ impl<'a> Prepays<'a> {
         }
     }
 
-    /// A call's lease: the timeout and the recording around it.
+    /// A call's lease: the call, the query a "paid" answer makes, and the
+    /// recording around them. Waiters give up sooner (the timeout plus a
+    /// second), so a lease never ends while its caller may still record.
     fn lease_ms(&self) -> i64 {
-        let timeout = self.core.config().platforms.timeout_ms.saturating_add(WAIT_MARGIN_MS);
-        i64::try_from(timeout).unwrap_or(i64::MAX)
+        let timeout = self.core.config().platforms.timeout_ms;
+        let lease = timeout.saturating_mul(2).saturating_add(LEASE_MARGIN_MS);
+        i64::try_from(lease).unwrap_or(i64::MAX)
     }
 }
 
@@ -457,6 +540,17 @@ fn check_fields(request: &PayRequest) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+fn kept_text(kept: &Kept) -> Result<String, Error> {
+    serde_json::to_string(kept).map_err(|e| Error::internal(format!("prepay params: {e}")))
+}
+
+/// [`refuse_unpayable`] of the order as this transaction reads it.
+fn refuse_unpayable_in(tx: &WriteTx, order_no: &str, now_ms: i64) -> Result<(), Error> {
+    let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
+    let closing = !tx.platform_closes_of_order(order_no)?.is_empty();
+    refuse_unpayable(&order, closing, now_ms)
 }
 
 /// The refusals of an order no payment may be created for now.

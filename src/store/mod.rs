@@ -36,7 +36,9 @@ pub use leases::LeasedTable;
 mod orders;
 mod payments;
 mod platform_calls;
-pub use platform_calls::{NewPlatformCall, NewPrepay, PlatformCallRow, PrepayFinish, PrepayRow, PLATFORM_CALLS};
+pub use platform_calls::{
+    NewPlatformCall, NewPrepay, PlatformCallRow, PrepayFinish, PrepayParams, PrepayRow, PLATFORM_CALLS,
+};
 mod postgres;
 mod reports;
 mod sqlite;

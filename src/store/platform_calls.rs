@@ -167,11 +167,12 @@ impl WriteTx<'_> {
 // (`uk_platform_call_prepay`), made at once by the pay request that wins
 // it and never queued (`due_platform_calls` leaves it out). `attempts`
 // counts its calls; while one is in flight the row is `pending` and
-// `next_attempt_at` is that call's lease. Each write below is a
+// `next_attempt_at` is that call's lease. A request signed for the buyer
+// (no call) is a row `done` with no attempt. Each write below is a
 // compare-and-set decided by its affected-row count, so concurrent
 // requests, in one process or several on one database, make one call.
 
-/// The first call of a prepay row, about to be made.
+/// The first request of a prepay row.
 pub struct NewPrepay<'a> {
     pub channel: &'a str,
     pub order_no: &'a str,
@@ -183,9 +184,19 @@ pub struct NewPrepay<'a> {
     /// description), sent again as they are by every later call of the row.
     pub params: &'a str,
     pub now: &'a str,
-    /// Until when the call may run: the row's `next_attempt_at` while it is
-    /// pending. Past it, another request may reclaim the row.
-    pub lease_until: &'a str,
+    /// `Some(lease)`: a call is about to be made, pending until the lease
+    /// ends (past it, another request may take the row). `None`: a request
+    /// signed for the buyer, no call: the row is done, and the trade may
+    /// exist from now on (the buyer can open the request any time).
+    pub lease_until: Option<&'a str>,
+}
+
+/// What a new call of a row sends, when a request with other parameters
+/// replaces those of a row whose attempts cannot have made a trade.
+pub struct PrepayParams<'a> {
+    pub method: &'a str,
+    pub appid: Option<&'a str>,
+    pub params: &'a str,
 }
 
 /// How a prepay attempt ended.
@@ -201,6 +212,9 @@ pub struct PrepayFinish<'a> {
     /// What payonce answered (JSON text): the payment object, or the error
     /// object, for the requests that waited on this call.
     pub answer: &'a str,
+    /// The attempt may have made the trade (created, paid, closed, or no
+    /// answer): the row keeps its parameters from then on.
+    pub trade_may_exist: bool,
     pub now: &'a str,
 }
 
@@ -218,6 +232,7 @@ pub struct PrepayRow {
     pub next_attempt_at: Option<String>,
     /// What the last finished attempt answered, JSON text.
     pub answer: Option<String>,
+    pub trade_may_exist: bool,
     pub updated_at: String,
 }
 
@@ -234,7 +249,8 @@ fn prepay_from_row(r: &Row) -> Result<PrepayRow, Error> {
         attempts: r.int(5)?,
         next_attempt_at: r.opt_text(6)?,
         answer: r.opt_text(7)?,
-        updated_at: r.text(8)?,
+        trade_may_exist: r.int(8)? == 1,
+        updated_at: r.text(9)?,
     })
 }
 
@@ -242,7 +258,7 @@ impl ReadTx<'_> {
     /// The prepay row of `order_no` at `channel`, if a pay request made one.
     pub fn prepay_row(&self, channel: &str, order_no: &str) -> Result<Option<PrepayRow>, Error> {
         self.optional(
-            "SELECT id, method, appid, params, status, attempts, next_attempt_at, answer, updated_at
+            "SELECT id, method, appid, params, status, attempts, next_attempt_at, answer, trade_may_exist, updated_at
              FROM platform_call WHERE channel = ?1 AND order_no = ?2 AND kind = 'prepay'",
             params![channel, order_no],
             prepay_from_row,
@@ -251,34 +267,82 @@ impl ReadTx<'_> {
 }
 
 impl WriteTx<'_> {
-    /// The prepay row of a first call, pending with attempt 1 in flight
-    /// until `lease_until`: its id, or `None` when another request's row is
-    /// there already (`uk_platform_call_prepay`), which the loser then reads.
+    /// The prepay row of a first request: pending with attempt 1 in flight
+    /// until its lease, or done without a call for a request signed for the
+    /// buyer. Its id, or `None` when another request's row is there already
+    /// (`uk_platform_call_prepay`), which the loser then reads.
     pub fn begin_prepay(&self, call: &NewPrepay) -> Result<Option<i64>, Error> {
+        let (status, attempts, may_exist): (&str, i64, i64) = match call.lease_until {
+            Some(_) => ("pending", 1, 0),
+            None => ("done", 0, 1),
+        };
         self.optional(
             "INSERT INTO platform_call (channel, kind, order_no, refund_no, status, attempts, next_attempt_at,
-                                        created_at, updated_at, method, appid, params)
-             VALUES (?1, 'prepay', ?2, NULL, 'pending', 1, ?3, ?4, ?4, ?5, ?6, ?7)
+                                        created_at, updated_at, method, appid, params, trade_may_exist)
+             VALUES (?1, 'prepay', ?2, NULL, ?8, ?9, ?3, ?4, ?4, ?5, ?6, ?7, ?10)
              ON CONFLICT DO NOTHING
              RETURNING id",
-            params![call.channel, call.order_no, call.lease_until, call.now, call.method, call.appid, call.params],
+            params![
+                call.channel,
+                call.order_no,
+                call.lease_until,
+                call.now,
+                call.method,
+                call.appid,
+                call.params,
+                status,
+                attempts,
+                may_exist
+            ],
             |r| r.int(0),
         )
     }
 
     /// Takes prepay row `id` for a new call (`attempts` + 1, pending, leased
     /// until `lease_until`): a refresh after the reuse window, a retry after
-    /// a failure, or the call of a caller that died mid-call. True only when
-    /// `attempts` is still `seen_attempts` and no call is in flight (the row
-    /// is finished, or its lease ended by `now`); false when another request
-    /// took it first.
-    pub fn reclaim_prepay(&self, id: i64, seen_attempts: i64, now: &str, lease_until: &str) -> Result<bool, Error> {
-        let changed = self.execute(
-            "UPDATE platform_call SET status = 'pending', attempts = attempts + 1, next_attempt_at = ?4, updated_at = ?3
-             WHERE id = ?1 AND kind = 'prepay' AND attempts = ?2 AND (status <> 'pending' OR next_attempt_at <= ?3)",
-            params![id, seen_attempts, now, lease_until],
-        )?;
+    /// a failure, or the call of a caller that died mid-call. With
+    /// `replacing`, the call sends other parameters, allowed only while no
+    /// attempt may have made a trade. True only when `attempts` is still
+    /// `seen_attempts` and no call is in flight (the row is finished, or its
+    /// lease ended by `now`); false when another request took it first.
+    pub fn reclaim_prepay(
+        &self,
+        id: i64,
+        seen_attempts: i64,
+        now: &str,
+        lease_until: &str,
+        replacing: Option<&PrepayParams>,
+    ) -> Result<bool, Error> {
+        let changed = match replacing {
+            None => self.execute(
+                "UPDATE platform_call SET status = 'pending', attempts = attempts + 1, next_attempt_at = ?4,
+                                          updated_at = ?3
+                 WHERE id = ?1 AND kind = 'prepay' AND attempts = ?2
+                   AND (status <> 'pending' OR next_attempt_at <= ?3)",
+                params![id, seen_attempts, now, lease_until],
+            )?,
+            Some(new) => self.execute(
+                "UPDATE platform_call SET status = 'pending', attempts = attempts + 1, next_attempt_at = ?4,
+                                          updated_at = ?3, method = ?5, appid = ?6, params = ?7
+                 WHERE id = ?1 AND kind = 'prepay' AND attempts = ?2 AND trade_may_exist = 0
+                   AND (status <> 'pending' OR next_attempt_at <= ?3)",
+                params![id, seen_attempts, now, lease_until, new.method, new.appid, new.params],
+            )?,
+        };
         one_row(changed, "reclaim prepay")
+    }
+
+    /// A request signed for the buyer takes over row `id` whose attempts
+    /// cannot have made a trade (each was refused): done, no call, the trade
+    /// may exist from now on. False when the row moved on meanwhile.
+    pub fn sign_over_prepay(&self, id: i64, seen_attempts: i64, new: &PrepayParams, now: &str) -> Result<bool, Error> {
+        let changed = self.execute(
+            "UPDATE platform_call SET status = 'done', next_attempt_at = NULL, method = ?3, appid = ?4, params = ?5,
+                                      answer = NULL, trade_may_exist = 1, updated_at = ?6
+             WHERE id = ?1 AND kind = 'prepay' AND attempts = ?2 AND trade_may_exist = 0 AND status <> 'pending'",
+            params![id, seen_attempts, new.method, new.appid, new.params, now],
+        )?;
+        one_row(changed, "sign over prepay")
     }
 
     /// Records how attempt `attempt` of prepay row `id` ended: its status,
@@ -290,7 +354,8 @@ impl WriteTx<'_> {
         }
         let changed = self.execute(
             "UPDATE platform_call SET status = ?3, next_attempt_at = NULL, request = ?4, http_status = ?5,
-                                      response = ?6, answer = ?7, updated_at = ?8
+                                      response = ?6, answer = ?7, updated_at = ?8,
+                                      trade_may_exist = CASE WHEN ?9 = 1 THEN 1 ELSE trade_may_exist END
              WHERE id = ?1 AND kind = 'prepay' AND attempts = ?2 AND status = 'pending'",
             params![
                 id,
@@ -300,7 +365,8 @@ impl WriteTx<'_> {
                 end.http_status,
                 escape_foreign_text(end.response).as_ref(),
                 end.answer,
-                end.now
+                end.now,
+                i64::from(end.trade_may_exist)
             ],
         )?;
         one_row(changed, "finish prepay")

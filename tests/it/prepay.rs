@@ -159,6 +159,69 @@ impl payonce::platforms::Calls for Scripted {
     }
 }
 
+/// An Alipay-named platform whose `page` payments are requests signed for
+/// the buyer (no call), as Alipay's are.
+struct Signed;
+
+impl payonce::platforms::Calls for Signed {
+    fn name(&self) -> &'static str {
+        "alipay"
+    }
+
+    fn endpoint(&self) -> &str {
+        "in-process"
+    }
+
+    fn query(&self, order_no: &str, _now_ms: i64) -> Exchange<TradeState> {
+        let meaning = TradeState::NotPaid { paying: false };
+        Exchange {
+            request: format!("query {order_no}"),
+            http_status: Some(200),
+            response: "{}".into(),
+            meaning,
+            distrust: None,
+        }
+    }
+
+    fn close(&self, order_no: &str, _now_ms: i64) -> Exchange<CloseAnswer> {
+        // No trade yet: the platform has nothing to close, and says so.
+        let meaning = CloseAnswer::Closed;
+        Exchange {
+            request: format!("close {order_no}"),
+            http_status: Some(200),
+            response: "{}".into(),
+            meaning,
+            distrust: None,
+        }
+    }
+
+    fn refund(&self, _: &RefundRequest<'_>, _: i64) -> Exchange<RefundAnswer> {
+        unreachable!("no refund here")
+    }
+
+    fn refund_query(&self, _: &str, _: &str, _: i64) -> Exchange<RefundState> {
+        unreachable!("no refund here")
+    }
+
+    fn prepay_methods(&self) -> &'static [&'static str] {
+        &["precreate", "page"]
+    }
+
+    fn prepay_is_signed_only(&self, method: &str) -> bool {
+        method == "page"
+    }
+
+    fn prepay_check(&self, _: &PrepayRequest<'_>) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn prepay(&self, request: &PrepayRequest<'_>, _now_ms: i64) -> Exchange<PrepayAnswer> {
+        let url = format!("https://gateway.example/?out_trade_no={}", request.order_no);
+        let meaning = PrepayAnswer::Created(Payment::of(&[("url", &url)]));
+        Exchange { request: String::new(), http_status: None, response: String::new(), meaning, distrust: None }
+    }
+}
+
 struct Shop {
     app: App,
     seen: Arc<Seen>,
@@ -169,7 +232,10 @@ fn shop_on(spec: &str, public_base_url: Option<&str>) -> Shop {
     let seen = Arc::new(Seen::default());
     let clock = Clock::manual(T0_MS);
     let platforms = Platforms {
-        registry: Registry::with([Platform::calls(Scripted(Arc::clone(&seen)))]),
+        registry: Registry::with([
+            Platform::calls(Scripted(Arc::clone(&seen))),
+            Platform::calls(Signed),
+        ]),
         timeout_ms: TIMEOUT_MS,
         public_base_url: public_base_url.map(str::to_owned),
         prepay_reuse_ms: REUSE_MS,
@@ -333,6 +399,73 @@ for_each_engine! {
         assert_eq!(second.prepay_rows("ORD-TWOPROC").len(), 1);
     }
 
+    /// Eight requests at once on one payonce (more than the places of
+    /// requests waiting on platforms): one call, eight identical answers —
+    /// only the caller takes a place.
+    fn eight_requests_at_once_take_one_place(db) {
+        let shop = shop(&db.spec);
+        shop.order("ORD-EIGHT1");
+        shop.seen.delay_ms.store(250, Ordering::SeqCst);
+        let answers: Vec<Response> = std::thread::scope(|scope| {
+            let clicks: Vec<_> = (0..8).map(|_| scope.spawn(|| shop.pay("ORD-EIGHT1", native()))).collect();
+            clicks.into_iter().map(|c| c.join().expect("a click")).collect()
+        });
+        assert_eq!(shop.calls(), 1);
+        for answer in &answers {
+            assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+            assert_eq!(answer.body, answers[0].body);
+        }
+    }
+
+    /// A request the platform refused made no trade: another openid (or
+    /// method) then replaces the parameters and calls again. Once an
+    /// attempt may have made the trade (no answer), other parameters
+    /// conflict.
+    fn parameters_of_refused_attempts_can_be_replaced(db) {
+        let shop = shop(&db.spec);
+        shop.order("ORD-REPLAC");
+        let buyer = |openid: &str| json!({"channel": NAME, "method": "jsapi", "appid": APPID, "openid": openid});
+        shop.script(Script::Refused);
+        refused(&shop.pay("ORD-REPLAC", buyer("oStale")), 502, "platform_refused", "NOAUTH");
+        shop.script(Script::Create);
+        let answer = shop.pay("ORD-REPLAC", buyer("oRight"));
+        assert_eq!(answer.status, 200, "{}", String::from_utf8_lossy(&answer.body));
+        let sent = shop.seen.requests.lock().clone();
+        assert_eq!((sent.len(), sent[1].openid.as_deref()), (2, Some("oRight")));
+        refused(&shop.pay("ORD-REPLAC", buyer("oStale")), 409, "payment_conflict", "jsapi");
+
+        shop.order("ORD-UNSURE");
+        shop.script(Script::Unknown);
+        refused(&shop.pay("ORD-UNSURE", buyer("oFirst")), 503, "platform_unavailable", "timed out");
+        refused(&shop.pay("ORD-UNSURE", buyer("oOther")), 409, "payment_conflict", "jsapi");
+        assert_eq!(shop.calls(), 3);
+    }
+
+    /// A request signed for the buyer (Alipay page) makes no call but is
+    /// kept: the buyer may open it until expires_at, so an explicit close
+    /// is not confirmed before then (503, PENDING), and is after; a new
+    /// request once the close began is refused.
+    fn a_signed_request_holds_the_close_until_it_expires(db) {
+        let shop = shop(&db.spec);
+        shop.order("ORD_SIGNED");
+        let page = json!({"channel": "alipay", "method": "page"});
+        let first = shop.pay("ORD_SIGNED", page.clone());
+        assert_eq!(first.status, 200, "{}", String::from_utf8_lossy(&first.body));
+        assert_eq!(json_of(&first)["payment"]["url"], "https://gateway.example/?out_trade_no=ORD_SIGNED");
+        assert_eq!(shop.pay("ORD_SIGNED", page.clone()).status, 200, "signed afresh");
+        let rows = shop.prepay_rows("ORD_SIGNED");
+        assert_eq!((rows.len(), rows[0]["attempts"].as_i64(), rows[0]["status"].as_str()), (1, Some(0), Some("done")));
+        refused(&shop.pay("ORD_SIGNED", json!({"channel": "alipay", "method": "precreate"})), 409, "payment_conflict", "page");
+        let close = shop.post("/v1/orders/ORD_SIGNED/close", &json!({}), &[]);
+        refused(&close, 503, "platform_unavailable", "ORD_SIGNED");
+        refused(&shop.pay("ORD_SIGNED", page), 409, "order_expired", "being closed");
+        // Past expires_at and the platforms' clock tolerance the link is dead.
+        shop.clock.advance_ms(900_000 + 300_000);
+        assert_eq!(shop.app.platform_calls().run_platform_calls_once(10).expect("a round"), 1);
+        let detail = shop.app.orders().order("ORD_SIGNED").expect("order");
+        assert_eq!(detail.order.status, OrderStatus::Closed);
+    }
+
     /// Past the platform timeout plus a second, a waiting request answers
     /// 409 payment_in_progress with Retry-After; the call still ends once.
     fn the_wait_is_bounded(db) {
@@ -485,7 +618,7 @@ for_each_engine! {
                 appid: Some(APPID),
                 params: r#"{"description":"ORD-DIED01"}"#,
                 now: &now,
-                lease_until: &lease,
+                lease_until: Some(&lease),
             })
         });
         assert!(begun.expect("begin").is_some());
@@ -543,7 +676,7 @@ fn bad_requests_and_missing_settings_are_refused_by_name() {
     let pay = |body: Value| shop.pay("ORD-FIELDS", body);
     refused(&pay(json!({"channel": "generic", "method": "native"})), 404, "channel_not_configured", "generic");
     refused(&pay(json!({"channel": "paypal", "method": "native"})), 404, "channel_not_configured", "paypal");
-    refused(&pay(json!({"channel": "alipay", "method": "precreate"})), 404, "channel_not_configured", "alipay");
+    refused(&pay(json!({"channel": "alipay", "method": "page", "appid": APPID})), 400, "invalid_request", "appid");
     refused(&pay(json!({"channel": NAME, "method": "h5"})), 400, "invalid_request", "method");
     refused(&pay(json!({"channel": NAME})), 400, "invalid_request", "method");
     refused(&pay(json!({"method": "native"})), 400, "invalid_request", "channel");
