@@ -232,10 +232,7 @@ fn shop_on(spec: &str, public_base_url: Option<&str>) -> Shop {
     let seen = Arc::new(Seen::default());
     let clock = Clock::manual(T0_MS);
     let platforms = Platforms {
-        registry: Registry::with([
-            Platform::calls(Scripted(Arc::clone(&seen))),
-            Platform::calls(Signed),
-        ]),
+        registry: Registry::with([Platform::calls(Scripted(Arc::clone(&seen))), Platform::calls(Signed)]),
         timeout_ms: TIMEOUT_MS,
         public_base_url: public_base_url.map(str::to_owned),
         prepay_reuse_ms: REUSE_MS,

@@ -719,6 +719,53 @@ fn migrations_are_numbered_in_order_up_to_the_schema_version() {
     assert_eq!(versions, expected, "PostgreSQL: one migration per version after its first, numbered as SQLite's");
 }
 
+/// Migration 10 rebuilds `platform_call` on SQLite: a v9 database's close,
+/// refund and query rows come through with their ids and every column, and
+/// none of them is a prepay (method, appid, params, answer NULL; 0).
+#[test]
+fn a_v9_database_keeps_its_platform_calls_through_migration_10() {
+    let dir = TempDir::new("migrate-v9");
+    let old = dir.path("v9.db");
+    v1_database(&old);
+    let rows_v9 = {
+        let conn = Connection::open(&old).expect("open v1");
+        for migration in payonce::store::MIGRATIONS.iter().filter(|m| m.version <= 9) {
+            conn.execute_batch(&format!(
+                "BEGIN IMMEDIATE; {} PRAGMA user_version = {}; COMMIT;",
+                migration.sql, migration.version
+            ))
+            .unwrap_or_else(|e| panic!("migration {}: {e}", migration.version));
+        }
+        conn.execute_batch(
+            "INSERT INTO platform_call (channel, kind, order_no, refund_no, status, attempts, next_attempt_at, request,
+                                        http_status, response, created_at, updated_at)
+             VALUES ('wechatpay', 'close', 'O-1', NULL, 'pending', 2, '2023-11-14T22:20:00.000Z', 'close O-1', 503,
+                     'busy', '2023-11-14T22:13:20.000Z', '2023-11-14T22:14:00.000Z'),
+                    ('alipay', 'refund', 'O-2', 'R-9', 'done', 1, NULL, 'refund R-9', 200, '{}',
+                     '2023-11-14T22:13:20.000Z', '2023-11-14T22:13:21.000Z'),
+                    ('wechatpay', 'query', 'O-3', NULL, 'failed', 1, NULL, 'query O-3', NULL, 'timed out',
+                     '2023-11-14T22:13:20.000Z', '2023-11-14T22:13:30.000Z');",
+        )
+        .expect("v9 platform calls");
+        all_rows(&conn, &|t| (t == "platform_call").then(|| column_names(&conn, "platform_call")))
+    };
+    assert_eq!(rows_v9.len(), 3, "{rows_v9:?}");
+    let app = App::open(&old.display().to_string(), Clock::manual(T0), config()).expect("the new payonce opens v9");
+    let conn = app.store().raw_connection().expect("conn");
+    let v9_columns: Vec<String> = column_names(&conn, "platform_call").into_iter().take(13).collect();
+    let after = all_rows(&conn, &|t| (t == "platform_call").then(|| v9_columns.clone()));
+    assert_eq!(after, rows_v9, "every v9 row, column for column");
+    let prepay_columns: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM platform_call WHERE method IS NULL AND appid IS NULL AND params IS NULL
+                AND answer IS NULL AND trade_may_exist = 0",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert_eq!(prepay_columns, 3);
+}
+
 #[test]
 fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
     let dir = TempDir::new("migrate");
