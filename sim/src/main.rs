@@ -129,9 +129,13 @@ The next four talk to the platforms' merchant APIs (docs/platforms.md):
 each plays the simulated WeChat Pay and Alipay APIs against a payonce of its
 own in this process, configured with both platforms' outgoing settings, on a
 clock the simulator moves (seconds pass in milliseconds), its sweeper and
-platform-call pool run a round at a time. On wechatpay and alipay only (the
-buyer pays at that platform); skipped on generic, which has no API to ask,
-and with --target, whose payonce has neither these settings nor that clock.
+platform-call pool run a round at a time. payonce makes every trade: each
+order is paid through POST /v1/orders/{order_no}/pay at both platforms, the
+method varied across orders (WeChat Pay native, jsapi, h5, app; Alipay
+precreate, and page, wap and app requests the simulated buyer opens). On
+wechatpay and alipay only (the buyer pays at that platform); skipped on
+generic, which has no API to ask, and with --target, whose payonce has
+neither these settings nor that clock.
   lost_notification    the buyer pays, the notification is lost; at expiry payonce
                        asks before it closes and applies the payment (source query);
                        half the notifications come late anyway: duplicates
@@ -147,8 +151,9 @@ and with --target, whose payonce has neither these settings nor that clock.
                        the same database, next to a second payonce): one refund
                        there per refund_no; its late result comes by the query
 lost_notification and close_race also play the same buyers against a payonce
-without platform settings (as before payonce called the platforms) and
-print how both ended under the table; that pass is not judged.
+without platform settings (as before payonce called the platforms, when the
+merchant's own code made each payment at the platform) and print how both
+ended under the table; that pass is not judged.
 
 Channels (--channel; default generic):
   generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256); payonce

@@ -343,10 +343,20 @@ impl Sim {
         n: usize,
         work: impl Fn(&mut Conn, usize) -> Result<T, String> + Sync,
     ) -> Result<Vec<T>, String> {
+        self.par_orders_on(n, WORKERS, work)
+    }
+
+    /// [`Sim::par_orders`] on up to `workers` connections.
+    fn par_orders_on<T: Send>(
+        &self,
+        n: usize,
+        workers: usize,
+        work: impl Fn(&mut Conn, usize) -> Result<T, String> + Sync,
+    ) -> Result<Vec<T>, String> {
         let next = Mutex::new(0usize);
         let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
         let failure = Failure::new();
-        scoped_workers(n.clamp(1, WORKERS), |_| {
+        scoped_workers(n.clamp(1, workers.max(1)), |_| {
             let mut conn = Conn::new(&self.target);
             loop {
                 let i = {
