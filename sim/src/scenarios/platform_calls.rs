@@ -21,8 +21,8 @@
 //! a WeChat Pay answer only within 5 minutes of its own clock: the clock
 //! starts at the real time and moves by a minute or two at most.
 //!
-//! `lost_notification` and `close_race` also play the same buyers against a
-//! payonce without platform settings (payonce before it called the
+//! `lost_notification`, `close_race` and `triple_click` also play the same
+//! buyers against a payonce without platform settings (payonce before it called the
 //! platforms, issue 13: an expired order is closed here, whatever the
 //! platform did, and the merchant's own code makes each payment at the
 //! platform, payonce's client called directly) and note how those orders
@@ -115,6 +115,7 @@ pub fn run(sim: &Sim, scenario: Scenario) -> Result<ScenarioRun, String> {
         Scenario::CloseRace => close_race(sim, &world)?,
         Scenario::PlatformDown => platform_down(sim, &world)?,
         Scenario::RefundSubmitted => refund_submitted(sim, &world)?,
+        Scenario::TripleClick => triple_click(sim, &world)?,
         other => return Err(format!("{} does not talk to the platforms' APIs", other.name())),
     };
     Ok(ScenarioRun { scenario, channel: sim.channel, orders, seen: Some(seen), skipped: None, notes })
@@ -1377,4 +1378,193 @@ fn refund_submitted(sim: &Sim, world: &World) -> Result<Played, String> {
 /// The platform's refunds of one refund number.
 fn refunds_of(api: &PlatformApi, refund_no: &str) -> Vec<crate::platform_api::RefundRecord> {
     api.refunds().into_iter().filter(|r| r.out_refund_no == refund_no).collect()
+}
+
+// ---- triple_click ----
+
+/// How long the platform holds each payment's creation in triple_click: a
+/// real platform answers in a hundred milliseconds or so, and a buyer
+/// clicks as fast, so the three clicks meet the one call in flight.
+const CLICK_DELAY: Duration = Duration::from_millis(30);
+/// The clicks of one order.
+const CLICKS: usize = 3;
+
+/// triple_click's method for order `i`: WeChat Pay's four in turn; Alipay
+/// precreate, its one method made by a server call (its page, wap and app
+/// requests are signed afresh per click and made by the buyer opening one,
+/// as the other scenarios play them).
+fn click_method(platform: Platform, i: usize) -> &'static str {
+    match platform {
+        Platform::Alipay => "precreate",
+        _ => method_of(platform, i),
+    }
+}
+
+/// What a created payment hands over, by method (docs/platforms.md, "Paying").
+fn payment_keys(method: &str) -> &'static str {
+    match method {
+        "native" => "code_url",
+        "h5" => "h5_url",
+        "jsapi" | "app" => "prepay_id, client_params",
+        _ => "qr_code",
+    }
+}
+
+/// The trade type the platform keeps for a trade made by `method`.
+fn trade_type(platform: Platform, method: &str) -> String {
+    match platform {
+        Platform::Alipay => format!("alipay.trade.{method}"),
+        _ => method.to_ascii_uppercase(),
+    }
+}
+
+/// The buyer clicks "pay" three times at once (three concurrent
+/// `POST /v1/orders/{order_no}/pay`, the platform slow enough that they
+/// meet its one call), then pays at the platform, whose notification
+/// reaches payonce: one trade there, made by one prepay call; three
+/// byte-identical answers; one applied payment, one coupon, one points
+/// entry. Before payonce made payments, each click was the merchant's own
+/// call to the platform: three calls for each trade.
+fn triple_click(sim: &Sim, world: &World) -> Result<Played, String> {
+    let payonce = world.payonce(sim, ":memory:", &Pace::healthy())?;
+    let app = &payonce.app;
+    let here = sim_on(sim, &payonce);
+    let orders = sim_orders(sim, Scenario::TripleClick, "");
+    let created = create_all(&here, &orders, 3_600)?;
+    let (api, platform) = (world.api(), sim.channel);
+    api.set_fault(Some(Fault::Delay(CLICK_DELAY)));
+    let clicked = here.rounds(
+        orders.len(),
+        CLICKS,
+        |_, _| Ok(()),
+        |conn, i, _, ()| {
+            let body = pay_body(platform, click_method(platform, i));
+            let reply = here.api(conn, Req::post_json(pay_path(&orders[i]), &body))?;
+            Ok((reply.status, reply.body))
+        },
+    );
+    api.set_fault(None);
+    let clicked = clicked?;
+    let mut facts: Vec<Vec<String>> = Vec::new();
+    for (i, (order, clicks)) in orders.iter().zip(&clicked).enumerate() {
+        let method = click_method(platform, i);
+        let bodies: std::collections::BTreeSet<&[u8]> = clicks.iter().map(|(_, body)| body.as_slice()).collect();
+        let identical = match bodies.len() {
+            1 => format!("the {CLICKS} answers are byte-identical"),
+            n => format!("the {CLICKS} answers are {n} different bodies"),
+        };
+        let answered = serde_json::from_slice::<serde_json::Value>(&clicks[0].1).unwrap_or_default();
+        let keys: Vec<&str> = answered["payment"]
+            .as_object()
+            .map(|p| p.keys().map(String::as_str).filter(|k| !PAYMENT_COMMON.contains(k)).collect())
+            .unwrap_or_default();
+        let made = api.trade(&order.no).map_or_else(|| s("no trade"), |t| format!("trade made by {}", t.trade_type));
+        facts.push(vec![
+            format!("{} prepay calls at {}", calls_about(api, Kind::Prepay, &order.no), platform.name()),
+            format!("{} {made}", platform.name()),
+            identical,
+            format!("{method} answered {}", keys.join(", ")),
+            format!("prepay row: {}", prepay_row(app, platform, &order.no)?),
+        ]);
+    }
+    let pay_nos = pay_all(api, &orders)?;
+    let notified =
+        here.par_orders(orders.len(), |conn, i| here.deliver_payment(conn, &notice(&orders[i], &pay_nos[i], 0)))?;
+    let mut runs = Vec::new();
+    for (i, (((order, created), clicks), notified)) in
+        orders.iter().zip(created).zip(&clicked).zip(notified).enumerate()
+    {
+        let method = click_method(platform, i);
+        facts[i].push(trade(api, &order.no));
+        let mut answers = vec![created];
+        answers.extend(clicks.iter().map(|(status, _)| format!("pay {status}")));
+        answers.push(notified.label);
+        let mut expected = vec![Sim::created()];
+        expected.extend((0..CLICKS).map(|_| s("pay 200")));
+        expected.push(here.said("applied"));
+        runs.push(OrderRun {
+            order: order.clone(),
+            expect: OrderExpect {
+                sources: Some(vec![s("callback")]),
+                audit: Some(Vec::new()),
+                platform: vec![
+                    format!("1 prepay calls at {}", platform.name()),
+                    format!("{} trade made by {}", platform.name(), trade_type(platform, method)),
+                    format!("the {CLICKS} answers are byte-identical"),
+                    format!("{method} answered {}", payment_keys(method)),
+                    s("prepay row: attempts 1, done"),
+                    format!("{} trade {}", platform.name(), paid_word(platform)),
+                ],
+                ..Sim::paid_expect(expected)
+            },
+            answers,
+            lost: 0,
+            deliveries: CLICKS + notified.sends,
+        });
+    }
+    let seen = observe(&here, Scenario::TripleClick, &runs, facts)?;
+    drop(payonce);
+
+    // Before payonce made payments: the same clicks, each the merchant's own
+    // call to the platform (as slow), beside a payonce without platform settings.
+    let baseline = world.baseline(sim)?;
+    let there = sim_on(sim, &baseline);
+    let before = sim_orders(sim, Scenario::TripleClick, "b");
+    create_all(&there, &before, 3_600)?;
+    let code = world.merchant_code()?;
+    api.set_fault(Some(Fault::Delay(CLICK_DELAY)));
+    let made: Result<Vec<Vec<String>>, String> = before
+        .iter()
+        .enumerate()
+        .map(|(i, order)| world.merchant_prepays(&code, &baseline.app, order, click_method(platform, i), CLICKS))
+        .collect();
+    api.set_fault(None);
+    let refused: usize = made?.iter().flatten().filter(|m| *m != "created").count();
+    let before_pay_nos = pay_all(api, &before)?;
+    there.par_orders(before.len(), |conn, i| {
+        there.deliver_payment(conn, &notice(&before[i], &before_pay_nos[i], 0)).map(|_| ())
+    })?;
+    let before_seen = read_back(&there, &before)?;
+    let tally = |orders: &[SimOrder], seen: &[OrderSeen]| -> String {
+        let calls: usize = orders.iter().map(|o| calls_about(api, Kind::Prepay, &o.no)).sum();
+        let trades = orders.iter().filter(|o| api.trade(&o.no).is_some()).count();
+        let (statuses, _) = outcome_counts(seen);
+        let coupons: usize = seen.iter().map(|o| o.coupons.len()).sum();
+        let points = seen.iter().flat_map(|o| &o.points).filter(|(kind, _)| kind == "ORDER_PAID").count();
+        format!(
+            "{calls} prepay calls for {trades} trades, {}, {coupons} coupons, {points} points entries",
+            counts_text(&statuses)
+        )
+    };
+    let identical = seen.iter().filter(|o| o.platform.iter().any(|f| f.ends_with("byte-identical"))).count();
+    let note = format!(
+        "triple_click ({}): {} buyers clicking pay {CLICKS} times at once, then paying. Before (each click the \
+         merchant's own call to the platform): {}{}. After (payonce): {}, {identical} orders answered {CLICKS} \
+         byte-identical times",
+        platform.name(),
+        orders.len(),
+        tally(&before, &before_seen),
+        if refused > 0 { format!(", {refused} clicks refused") } else { String::new() },
+        tally(&orders, &seen),
+    );
+    Ok((runs, seen, vec![note]))
+}
+
+/// The keys every payment answer has besides its method's.
+const PAYMENT_COMMON: [&str; 4] = ["channel", "method", "created_at", "expires_at"];
+
+/// payonce's prepay row of `order_no` at `channel`, as the order's
+/// `platform_calls` show it: its attempts and status.
+fn prepay_row(app: &App, channel: Platform, order_no: &str) -> Result<String, String> {
+    let detail = app.orders().order(order_no).map_err(|e| format!("reading order {order_no}: {e}"))?;
+    let rows: Vec<_> = detail
+        .platform_calls
+        .iter()
+        .filter(|c| c.kind == PlatformCallKind::Prepay && c.channel == channel.name())
+        .collect();
+    Ok(match rows.as_slice() {
+        [row] => format!("attempts {}, {}", row.attempts, row.status.as_str()),
+        [] => s("no prepay row"),
+        more => format!("{} prepay rows", more.len()),
+    })
 }
