@@ -30,6 +30,8 @@ mod ledger;
 mod wechatpay;
 
 #[cfg(test)]
+mod pay_http;
+#[cfg(test)]
 mod payonce_sync;
 #[cfg(test)]
 mod prepay_tests;
