@@ -6,9 +6,10 @@
 //! later, a gateway replay after a lost answer, the platforms' retry
 //! schedules, two payments of one order, a payment after close, a refund
 //! and its duplicate, a triple-clicked order creation; and, against
-//! payonce's calls to the platforms' merchant APIs, a lost notification, a
-//! payment racing payonce's close, a platform that is down, a refund
-//! submitted through failures and a restart), then reads the results back
+//! payonce's calls to the platforms' merchant APIs, a triple-clicked
+//! payment, a lost notification, a payment racing payonce's close, a
+//! platform that is down, a refund submitted through failures and a
+//! restart), then reads the results back
 //! through payonce's own read API and judges them:
 //!
 //! - the answers payonce gave (`applied`, `duplicate`, ...) are the ones the
@@ -32,10 +33,11 @@
 //!
 //! - `main.rs` (here): the arguments and the wiring;
 //! - [`scenarios`]: what each scenario sends and expects, and reading the
-//!   results back; its `platform_calls`: the four scenarios of the platform
+//!   results back; its `platform_calls`: the scenarios of the platform
 //!   calls of docs/platforms.md (lost_notification, close_race,
-//!   platform_down, refund_submitted), each against a payonce of its own
-//!   that calls the simulated platforms' APIs;
+//!   platform_down, refund_submitted, and triple_click on the platforms'
+//!   channels), each against a payonce of its own that calls the simulated
+//!   platforms' APIs;
 //! - [`platform`]: each [`Platform`]'s notifications, signed from the
 //!   platforms' documentation with this crate's own code (payonce's generic
 //!   HMAC format, WeChat Pay v3: SHA256-RSA over `"{ts}\n{nonce}\n{body}\n"`
@@ -124,14 +126,23 @@ Scenarios (default: all, in this order):
                        channels selected the second goes through the next one
   payment_after_close  the order is closed, then paid: paid_after_close
   refund               pay, request the refund twice, deliver its SUCCESS twice
-  triple_click         three concurrent POST /v1/orders with one order_no
+  triple_click         generic (and with --target): three concurrent POST /v1/orders with
+                       one order_no. wechatpay and alipay: against a payonce of its own
+                       that calls the simulated platform (as below), three concurrent
+                       POST /v1/orders/{order_no}/pay, the platform slow enough that they
+                       meet its one call, then the buyer pays there: one prepay call, one
+                       trade, three identical answers, one payment, coupon and points entry
 The next four talk to the platforms' merchant APIs (docs/platforms.md):
 each plays the simulated WeChat Pay and Alipay APIs against a payonce of its
 own in this process, configured with both platforms' outgoing settings, on a
 clock the simulator moves (seconds pass in milliseconds), its sweeper and
-platform-call pool run a round at a time. On wechatpay and alipay only (the
-buyer pays at that platform); skipped on generic, which has no API to ask,
-and with --target, whose payonce has neither these settings nor that clock.
+platform-call pool run a round at a time. payonce makes every trade: each
+order is paid through POST /v1/orders/{order_no}/pay at both platforms, the
+method varied across orders (WeChat Pay native, jsapi, h5, app; Alipay
+precreate, and page, wap and app requests the simulated buyer opens). On
+wechatpay and alipay only (the buyer pays at that platform); skipped on
+generic, which has no API to ask, and with --target, whose payonce has
+neither these settings nor that clock.
   lost_notification    the buyer pays, the notification is lost; at expiry payonce
                        asks before it closes and applies the payment (source query);
                        half the notifications come late anyway: duplicates
@@ -146,9 +157,11 @@ and with --target, whose payonce has neither these settings nor that clock.
                        payment through a 5xx, a lost answer and a restart (onto
                        the same database, next to a second payonce): one refund
                        there per refund_no; its late result comes by the query
-lost_notification and close_race also play the same buyers against a payonce
-without platform settings (as before payonce called the platforms) and
-print how both ended under the table; that pass is not judged.
+lost_notification, close_race and triple_click (on wechatpay and alipay) also
+play the same buyers against a payonce without platform settings (as before
+payonce called the platforms, when the merchant's own code made each payment
+at the platform, one call per click) and print how both ended under the
+table; that pass is not judged.
 
 Channels (--channel; default generic):
   generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256); payonce

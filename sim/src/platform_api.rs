@@ -30,6 +30,8 @@ mod ledger;
 mod wechatpay;
 
 #[cfg(test)]
+mod pay_http;
+#[cfg(test)]
 mod payonce_sync;
 #[cfg(test)]
 mod prepay_tests;
@@ -162,6 +164,10 @@ pub struct TradeRecord {
     pub description: Option<String>,
     /// The platform's trade number (Alipay's from the start, WeChat's once paid).
     pub pay_no: Option<String>,
+    /// What the answer that made it handed over (`code_url`, `prepay_id`,
+    /// `h5_url`, `qr_code`), answered again to an identical repeat; `None`
+    /// for a trade no prepay made.
+    pub payment: Option<String>,
 }
 
 /// One request the platform received, and what it answered.
@@ -409,11 +415,16 @@ impl PlatformApi {
     /// answered, unanswered ones included: "one call reached the platform"
     /// counts every one of them. Requests the buyer opens are not calls.
     pub fn prepay_calls(&self) -> usize {
+        self.prepays().len()
+    }
+
+    /// Those calls themselves, in the order answered.
+    pub fn prepays(&self) -> Vec<Call> {
         let is_prepay = |call: &Call| match self.platform {
             Platform::Alipay => call.api == alipay::PRECREATE,
             _ => wechatpay::is_prepay(&call.api),
         };
-        self.server.calls().iter().filter(|call| is_prepay(call)).count()
+        self.server.calls().into_iter().filter(|call| is_prepay(call)).collect()
     }
 
     /// The trades that exist, whatever their state.
@@ -454,6 +465,7 @@ impl PlatformApi {
             appid: trade.appid,
             description: trade.description,
             pay_no: trade.pay_no,
+            payment: trade.payment,
         })
     }
 

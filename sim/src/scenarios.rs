@@ -103,6 +103,15 @@ impl Scenario {
         )
     }
 
+    /// Played on `channel` with the buyer paying at the simulated platform,
+    /// against a payonce of its own that makes the payments there: the
+    /// triple click of pay requests. Against `--target`, and on the generic
+    /// channel (no platform to pay at), triple_click is the triple click of
+    /// the order's creation instead.
+    pub fn pays_at_platform(self, channel: Platform, in_process: bool) -> bool {
+        self == Scenario::TripleClick && channel != Platform::Generic && in_process
+    }
+
     /// Two letters in order_nos, so an operator sees which scenario made an order.
     fn tag(self) -> &'static str {
         match self {
@@ -343,10 +352,20 @@ impl Sim {
         n: usize,
         work: impl Fn(&mut Conn, usize) -> Result<T, String> + Sync,
     ) -> Result<Vec<T>, String> {
+        self.par_orders_on(n, WORKERS, work)
+    }
+
+    /// [`Sim::par_orders`] on up to `workers` connections.
+    fn par_orders_on<T: Send>(
+        &self,
+        n: usize,
+        workers: usize,
+        work: impl Fn(&mut Conn, usize) -> Result<T, String> + Sync,
+    ) -> Result<Vec<T>, String> {
         let next = Mutex::new(0usize);
         let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
         let failure = Failure::new();
-        scoped_workers(n.clamp(1, WORKERS), |_| {
+        scoped_workers(n.clamp(1, workers.max(1)), |_| {
             let mut conn = Conn::new(&self.target);
             loop {
                 let i = {
@@ -410,7 +429,14 @@ impl Sim {
         self.par_orders(orders.len(), |conn, i| Ok(api_label("create", &self.create(conn, &orders[i])?)))
     }
 
-    fn run_scenario(&self, scenario: Scenario) -> Result<ScenarioRun, String> {
+    /// `in_process`: the simulator runs the payonce it plays against, so it
+    /// can start more with the simulated platforms' settings.
+    fn run_scenario(&self, scenario: Scenario, in_process: bool) -> Result<ScenarioRun, String> {
+        if scenario.pays_at_platform(self.channel, in_process) {
+            let run = platform_calls::run(self, scenario);
+            self.progress.finish();
+            return run;
+        }
         if scenario.calls_platforms() {
             if self.channel == Platform::Generic {
                 return Ok(ScenarioRun::skipped(scenario, self.channel, "(generic has no platform API to ask)"));
@@ -1030,7 +1056,7 @@ pub fn simulate(
     for scenario in scenarios.iter().filter(|s| in_process || !s.calls_platforms()) {
         for channel_sim in &sims {
             let started = Instant::now();
-            let run = channel_sim.run_scenario(*scenario);
+            let run = channel_sim.run_scenario(*scenario, in_process);
             channel_sim.progress.finish();
             let run = run?;
             let skipped = run.skipped.is_some();
@@ -1063,7 +1089,8 @@ pub fn simulate(
     if !notes.is_empty() {
         println!(
             "\nBefore and after payonce calls the platforms (the same buyers; before: a payonce without platform \
-             settings, which closes expired orders itself):"
+             settings, which closes expired orders itself, and the merchant's own code making each payment at the \
+             platform):"
         );
         for note in notes {
             println!("  {note}");

@@ -2,10 +2,10 @@
 //! merchant APIs of [`crate::platform_api`] on their own, for a real
 //! `payonce serve` to be pointed at in development. It writes the keys
 //! payonce needs, prints the `payonce serve` flags that name them, and then
-//! serves, driven by a few commands on stdin (a trade opened, a buyer
-//! paying, a fault), logging every call on stderr.
+//! serves, driven by a few commands on stdin (a buyer paying, a fault, a
+//! trade opened), logging every call on stderr.
 
-use crate::platform::{private_key_from_file, Platform, SIM_RSA_BITS};
+use crate::platform::{private_key_from_file, Platform, SIM_RSA_BITS, WECHATPAY_APPID};
 use crate::platform_api::{AlipayApiConfig, Call, Fault, PlatformApi, Refused, WechatpayApiConfig};
 use rsa::pkcs8::{EncodePrivateKey, LineEnding};
 use rsa::traits::PublicKeyParts;
@@ -23,20 +23,26 @@ pub const USAGE: &str = "\
 Usage: payonce simulate platforms [options]      (the binary: payonce-sim platforms)
 
 Plays WeChat Pay v3's and Alipay's merchant APIs (prepay and precreate,
-trade query, close, refund and refund query; Alipay's gateway.do) on
-127.0.0.1 for a real `payonce serve` to call. Requests are verified with the
-public half of the merchant's key, answers signed with platform keys made
-for this run. At start it writes the key files into DIR, prints on stdout the
-`payonce serve` flags that point payonce at these servers, one flag a line,
-then a line `ready`. Then it serves until SIGINT/SIGTERM, stdin closing or
-`quit`, logging each call on stderr, one line each: platform, HTTP method,
-path (WeChat Pay) or method (Alipay), verified or UNVERIFIED, the HTTP status
-or `unanswered`, the platform's code. Exit status 0 when stopped, 2 on an error.
+trade query, close, refund and refund query; Alipay's gateway.do, and the
+page, wap and app requests a buyer opens) on 127.0.0.1 for a real
+`payonce serve` to call. Requests are verified with the public half of the
+merchant's key, answers signed with platform keys made for this run. At
+start it writes the key files into DIR, prints on stdout the `payonce serve`
+flags that point payonce at these servers, one flag a line, then a line
+`ready`. Then it serves until SIGINT/SIGTERM, stdin closing or `quit`,
+logging each call on stderr, one line each: platform, HTTP method, path
+(WeChat Pay) or method (Alipay), verified or UNVERIFIED, the HTTP status or
+`unanswered`, the platform's code. Exit status 0 when stopped, 2 on an error.
 
-  payonce simulate platforms --trade ORD_1001=9900:paid
+  payonce simulate platforms --public-base-url http://127.0.0.1:8080
   payonce serve --dev --db dev.db [the flags it printed]
   curl -X POST localhost:8080/v1/orders -d '{\"order_no\":\"ORD_1001\",\"user_id\":\"u1\",\"amount\":9900,\"currency\":\"CNY\"}'
+  curl -X POST localhost:8080/v1/orders/ORD_1001/pay -d '{\"channel\":\"wechatpay\",\"method\":\"native\"}'
+  pay ORD_1001                                            # typed here: the buyer pays
   curl -X POST localhost:8080/v1/orders/ORD_1001/sync    # PAID: a payment with source `query`
+
+The simulator sends no notifications: a payment reaches payonce by its sync
+(or close), or by `payonce simulate` delivering notices.
 
 Options:
   --wechatpay-port N       WeChat Pay's port [default: 0, a free one]
@@ -49,22 +55,34 @@ Options:
                            wechatpay-platform.pem (the WeChat Pay platform public key)
                            and alipay-public.pem (the Alipay public key), all PEM
                            [default: a new temporary directory, removed on exit]
+  --public-base-url URL    payonce's --public-base-url: the platforms refuse a payment
+                           whose notify_url is not URL/v1/callbacks/{wechatpay|alipay},
+                           and the flag is printed with the others [default: any
+                           http(s) notify_url is taken]
   --trade [PLATFORM:]ORDER_NO=AMOUNT[:paid]
-                           a trade open at PLATFORM (wechatpay, the default, or
-                           alipay), AMOUNT in fen; with :paid the buyer has paid
-                           and the notification was lost (repeatable)
+                           a trade payonce did not make (as the merchant's code made
+                           them before payonce did), open at PLATFORM (wechatpay, the
+                           default, or alipay), AMOUNT in fen; with :paid the buyer has
+                           paid and the notification was lost (repeatable)
   --ignore-stdin           read no commands, only a signal stops it (to run in the
                            background, where stdin is often /dev/null: closed at once)
   -h, --help               this help
 
 The merchant is WeChat Pay mchid 1900000100 with certificate serial
-SIMULATOR-MERCHANT and Alipay app_id 2021000000000000; WeChat Pay's platform
-key has the id PUB_KEY_ID_SIMULATOR. A trade the platform does not have is
-`ORDER_NOT_EXIST` / `ACQ.TRADE_NOT_EXIST` there, which payonce reads as not paid.
+SIMULATOR-MERCHANT and the one appid wxsimulatorpayonce, and Alipay app_id
+2021000000000000; WeChat Pay's platform key has the id PUB_KEY_ID_SIMULATOR.
+A trade exists once payonce's payment made it (POST /v1/orders/{no}/pay) or
+the buyer opened a signed Alipay request (`open-url`), or `open`/--trade made
+it; the buyer pays it only unexpired and open. A trade the platform does not
+have is `ORDER_NOT_EXIST` / `ACQ.TRADE_NOT_EXIST` there, which payonce reads
+as not paid.
 
 Commands on stdin, one a line; each answers one line on stdout unless said:
-  open [PLATFORM] ORDER_NO AMOUNT   an unpaid trade, AMOUNT in fen, at PLATFORM
-                                    (default wechatpay): `ok`, or `error: ...`
+  open-url SIGNED                   the buyer opens what payonce answered for an Alipay
+                                    page, wap or app payment (its `url` or `order_string`),
+                                    which makes the trade: the out_trade_no, or `refused: ...`
+  open [PLATFORM] ORDER_NO AMOUNT   an unpaid trade payonce did not make, AMOUNT in fen,
+                                    at PLATFORM (default wechatpay): `ok`, or `error: ...`
   pay [PLATFORM] ORDER_NO           the buyer pays: the pay_no (WeChat Pay's
                                     transaction_id, Alipay's trade_no), or `refused: ...`;
                                     PLATFORM defaults to the one that has the trade
@@ -78,6 +96,13 @@ Commands on stdin, one a line; each answers one line on stdout unless said:
   state ORDER_NO                    `wechatpay=STATE alipay=STATE` in the platforms' words
                                     (NOTPAY, SUCCESS, CLOSED, WAIT_BUYER_PAY, TRADE_SUCCESS,
                                     ...; `none`: no such trade there)
+  trade PLATFORM ORDER_NO           what the trade was made with, one JSON line (trade_type,
+                                    amount, expires_at_ms, notify_url, appid, description,
+                                    pay_no, and `payment`: the code_url, prepay_id, h5_url or
+                                    qr_code handed over), or `none`
+  prepays ORDER_NO                  every call that asked to make ORDER_NO's payment, at either
+                                    platform, one a line: the platform and the request body as
+                                    JSON (Alipay's biz_content), then `end`
   calls                             every call so far as logged, one a line, then `end`
   help                              this list of commands
   quit                              stop, as closing stdin does
@@ -110,6 +135,7 @@ struct Options {
     alipay_port: u16,
     merchant_key: Option<PathBuf>,
     dir: Option<PathBuf>,
+    public_base_url: Option<String>,
     trades: Vec<TradeSpec>,
     ignore_stdin: bool,
 }
@@ -121,6 +147,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
         alipay_port: 0,
         merchant_key: None,
         dir: None,
+        public_base_url: None,
         trades: Vec::new(),
         ignore_stdin: false,
     };
@@ -135,6 +162,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
             Long("alipay-port") => opts.alipay_port = port(&mut parser, "--alipay-port")?,
             Long("merchant-key") => opts.merchant_key = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Long("dir") => opts.dir = Some(parser.value().map_err(|e| e.to_string())?.into()),
+            Long("public-base-url") => opts.public_base_url = Some(parse_base_url(&crate::string_value(&mut parser)?)?),
             Long("trade") => opts.trades.push(parse_trade(&crate::string_value(&mut parser)?)?),
             Long("ignore-stdin") => opts.ignore_stdin = true,
             Short('h') | Long("help") => {
@@ -145,6 +173,20 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
         }
     }
     Ok(Some(opts))
+}
+
+/// An http(s) URL with a host and nothing a shell or a platform would
+/// split, without its trailing `/` (payonce appends `/v1/callbacks/...`).
+fn parse_base_url(text: &str) -> Result<String, String> {
+    let rest = text.strip_prefix("https://").or_else(|| text.strip_prefix("http://"));
+    let host = rest.map(|r| r.split(['/', '?', '#']).next().unwrap_or(""));
+    let plain = text.bytes().all(|b| b.is_ascii_graphic() && !b"'\"\\?#".contains(&b));
+    if host.is_none_or(str::is_empty) || !plain {
+        return Err(format!(
+            "--public-base-url {text:?}: expected an http:// or https:// URL, e.g. http://127.0.0.1:8080"
+        ));
+    }
+    Ok(text.trim_end_matches('/').to_owned())
 }
 
 /// `[PLATFORM:]ORDER_NO=AMOUNT[:paid]`. Neither platform's out_trade_no
@@ -313,6 +355,13 @@ impl Platforms {
         [&self.wechatpay, &self.alipay]
     }
 
+    /// A trade made out of band. Kept although payonce now makes its own
+    /// trades (`POST /v1/orders/{order_no}/pay`): a merchant's account also
+    /// holds trades payonce never made (made by the merchant's code before
+    /// payonce made payments, or by another system on the same account),
+    /// and payonce's sync, close and refund must handle those too; `--trade
+    /// ORD=AMOUNT:paid` is also the shortest way to show a sync finding a
+    /// payment whose notification was lost.
     fn open(&self, platform: Platform, order_no: &str, amount: i64) -> Result<(), String> {
         self.get(platform).open_trade(order_no, amount)
     }
@@ -349,6 +398,36 @@ impl Platforms {
         states.join(" ")
     }
 
+    /// `trade PLATFORM ORDER_NO`'s line.
+    fn trade(&self, platform: Platform, order_no: &str) -> String {
+        let Some(trade) = self.get(platform).trade(order_no) else {
+            return "none".to_owned();
+        };
+        let fields = serde_json::json!({
+            "platform": platform.name(),
+            "out_trade_no": trade.out_trade_no,
+            "trade_type": trade.trade_type,
+            "amount": trade.amount,
+            "expires_at_ms": trade.expires_at_ms,
+            "notify_url": trade.notify_url,
+            "appid": trade.appid,
+            "description": trade.description,
+            "pay_no": trade.pay_no,
+            "payment": trade.payment,
+        });
+        fields.to_string()
+    }
+
+    /// `prepays ORDER_NO`'s lines: `wechatpay {...}`, one per call.
+    fn prepays(&self, order_no: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        for api in self.both() {
+            let about = api.prepays().into_iter().filter(|call| call.body["out_trade_no"] == order_no);
+            lines.extend(about.map(|call| format!("{} {}", api.platform().name(), call.body)));
+        }
+        lines
+    }
+
     fn calls(&self) -> Vec<String> {
         let mut lines = Vec::new();
         for api in self.both() {
@@ -376,6 +455,10 @@ fn command(platforms: &Platforms, line: &str, out: &mut impl Write) -> std::io::
             Some(platform) => open(platforms, platform, order_no, amount),
             None => format!("error: unknown platform {platform:?} (wechatpay, alipay)"),
         },
+        ["open-url", signed] => match platforms.alipay.buyer_opens(signed) {
+            Ok(out_trade_no) => out_trade_no,
+            Err(e) => format!("refused: {e}"),
+        },
         ["pay", order_no] => platforms.pay(None, order_no).unwrap_or_else(|e| e),
         ["pay", platform, order_no] => match platform_named(platform) {
             Some(platform) => platforms.pay(Some(platform), order_no).unwrap_or_else(|e| e),
@@ -390,6 +473,16 @@ fn command(platforms: &Platforms, line: &str, out: &mut impl Write) -> std::io::
             }
         },
         ["state", order_no] => platforms.state(order_no),
+        ["trade", platform, order_no] => match platform_named(platform) {
+            Some(platform) => platforms.trade(platform, order_no),
+            None => format!("error: unknown platform {platform:?} (wechatpay, alipay)"),
+        },
+        ["prepays", order_no] => {
+            for line in platforms.prepays(order_no) {
+                writeln!(out, "{line}")?;
+            }
+            "end".to_owned()
+        }
         ["calls"] => {
             for line in platforms.calls() {
                 writeln!(out, "{line}")?;
@@ -400,9 +493,12 @@ fn command(platforms: &Platforms, line: &str, out: &mut impl Write) -> std::io::
         ["quit"] | ["exit"] => return Ok(Next::Quit),
         [name, ..] => match name {
             "open" => "error: usage: open [wechatpay|alipay] ORDER_NO AMOUNT".to_owned(),
+            "open-url" => "error: usage: open-url URL|ORDER_STRING".to_owned(),
             "pay" => "error: usage: pay [wechatpay|alipay] ORDER_NO".to_owned(),
             "fault" => "error: usage: fault wechatpay|alipay FAULT".to_owned(),
             "state" => "error: usage: state ORDER_NO".to_owned(),
+            "trade" => "error: usage: trade wechatpay|alipay ORDER_NO".to_owned(),
+            "prepays" => "error: usage: prepays ORDER_NO".to_owned(),
             "calls" | "help" | "quit" | "exit" => format!("error: {name} takes no arguments"),
             _ => format!("error: unknown command {name:?}; `help` lists them"),
         },
@@ -475,14 +571,19 @@ fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, Strin
         return Ok(ExitCode::SUCCESS);
     }
     let merchant_public = keys.merchant.to_public_key();
+    let notify_url = |platform: Platform| {
+        opts.public_base_url.as_ref().map(|base| format!("{base}/v1/callbacks/{}", platform.name()))
+    };
     let wechatpay = PlatformApi::start_wechatpay(WechatpayApiConfig {
         platform_key: Some(keys.wechatpay),
         port: opts.wechatpay_port,
+        expected_notify_url: notify_url(Platform::Wechatpay),
         ..WechatpayApiConfig::new(MERCHANT_SERIAL, merchant_public.clone())
     })?;
     let alipay = PlatformApi::start_alipay(AlipayApiConfig {
         alipay_key: Some(keys.alipay),
         port: opts.alipay_port,
+        expected_notify_url: notify_url(Platform::Alipay),
         ..AlipayApiConfig::new(merchant_public)
     })?;
     let merchant_file = match &opts.merchant_key {
@@ -513,17 +614,23 @@ fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, Strin
 
     let path = |p: &Path| shell_word(&p.to_string_lossy());
     let serial = platforms.wechatpay.platform_serial().unwrap_or_default();
-    let flags = [
+    let mut flags = vec![
         ("--wechatpay-mchid", shell_word(platforms.wechatpay.merchant_id())),
         ("--wechatpay-merchant-serial", shell_word(MERCHANT_SERIAL)),
         ("--wechatpay-merchant-key", path(&merchant_file)),
         ("--wechatpay-public-key", shell_word(&format!("{serial}={}", wechatpay_file.to_string_lossy()))),
         ("--wechatpay-api-base", platforms.wechatpay.endpoint()),
+        // The app bound to the simulated merchant: payonce makes no WeChat
+        // Pay payment without one.
+        ("--wechatpay-appid", shell_word(WECHATPAY_APPID)),
         ("--alipay-app-id", shell_word(platforms.alipay.merchant_id())),
         ("--alipay-app-private-key", path(&merchant_file)),
         ("--alipay-public-key", path(&alipay_file)),
         ("--alipay-gateway", platforms.alipay.endpoint()),
     ];
+    if let Some(base) = &opts.public_base_url {
+        flags.push(("--public-base-url", shell_word(base)));
+    }
     let mut out = std::io::stdout().lock();
     for (flag, value) in &flags {
         writeln!(out, "{flag} {value}").map_err(|e| format!("stdout: {e}"))?;
@@ -595,6 +702,16 @@ mod tests {
         assert_eq!((t.platform, t.amount, t.paid), (Platform::Wechatpay, 7, true));
         for bad in ["ORD", "ORD=", "ORD=0", "ORD=-5", "ORD=1:unpaid", "paypal:ORD=1", "=100", "ORD=1.5"] {
             assert!(parse_trade(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_public_base_url_is_an_http_url_without_its_trailing_slash() {
+        assert_eq!(parse_base_url("http://127.0.0.1:8080/"), Ok("http://127.0.0.1:8080".to_owned()));
+        assert_eq!(parse_base_url("https://shop.example/pay"), Ok("https://shop.example/pay".to_owned()));
+        for bad in ["127.0.0.1:8080", "ftp://shop", "http://", "https:///x", "http://a b", "http://a?x=1", "http://a'"]
+        {
+            assert!(parse_base_url(bad).is_err(), "{bad}");
         }
     }
 

@@ -12,6 +12,7 @@
 
 mod common;
 
+use common::platforms_sim::{read, Sim};
 use common::{Payonce, TempDir};
 use payonce::app::Config;
 use payonce::http::Server;
@@ -24,160 +25,29 @@ use payonce::platforms::MerchantKey;
 use payonce::{App, Clock};
 use payonce_testclient as client;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Arc};
+use std::process::Command;
+use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// payonce's merchant key fixture (2048 bits: ring signs with no less).
 const MERCHANT_KEY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/keys/merchant.pem");
 /// The flags `payonce serve` needs for both platforms' outgoing calls, in
-/// the order printed.
-const FLAGS: [&str; 9] = [
+/// the order printed (`--public-base-url` follows when it was given).
+const FLAGS: [&str; 10] = [
     "--wechatpay-mchid",
     "--wechatpay-merchant-serial",
     "--wechatpay-merchant-key",
     "--wechatpay-public-key",
     "--wechatpay-api-base",
+    "--wechatpay-appid",
     "--alipay-app-id",
     "--alipay-app-private-key",
     "--alipay-public-key",
     "--alipay-gateway",
 ];
-/// Unoptimised builds take seconds per 2048-bit key.
-const START_TIMEOUT: Duration = Duration::from_secs(120);
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A running `payonce-sim platforms`: its printed flags, its stdin for
-/// commands, its answers line by line. Killed on drop if still running, so
-/// a failed test leaves no server behind.
-struct Sim {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-    stderr: Option<thread::JoinHandle<String>>,
-    flags: Vec<(String, String)>,
-}
-
-impl Sim {
-    fn start(args: &[&str]) -> Sim {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_payonce-sim"))
-            .arg("platforms")
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run payonce-sim platforms");
-        let stdout = child.stdout.take().expect("stdout");
-        let (send, lines) = mpsc::channel();
-        // A reader thread, so a silent simulator fails the test instead of hanging it.
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut stderr = child.stderr.take().expect("stderr");
-        let stderr = thread::spawn(move || {
-            let mut text = String::new();
-            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
-            text
-        });
-        let stdin = child.stdin.take();
-        let mut sim = Sim { child, stdin, lines, stderr: Some(stderr), flags: Vec::new() };
-        loop {
-            let line = sim.line(START_TIMEOUT);
-            if line == "ready" {
-                break;
-            }
-            let (flag, value) = line.split_once(' ').unwrap_or_else(|| panic!("not a flag line: {line:?}"));
-            sim.flags.push((flag.to_owned(), unquote(value)));
-        }
-        sim
-    }
-
-    fn line(&mut self, timeout: Duration) -> String {
-        match self.lines.recv_timeout(timeout) {
-            Ok(line) => line,
-            Err(e) => {
-                let _ = self.child.kill();
-                let stderr = self.stderr.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default();
-                panic!("no line from payonce-sim platforms ({e}); stderr:\n{stderr}");
-            }
-        }
-    }
-
-    fn flag(&self, name: &str) -> &str {
-        self.flags.iter().find(|(flag, _)| flag == name).map(|(_, v)| v.as_str()).unwrap_or_else(|| {
-            panic!("{name} not printed: {:?}", self.flags);
-        })
-    }
-
-    fn send(&mut self, command: &str) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        writeln!(stdin, "{command}").and_then(|()| stdin.flush()).expect("write a command");
-    }
-
-    /// A command's one-line answer.
-    fn command(&mut self, command: &str) -> String {
-        self.send(command);
-        self.line(ANSWER_TIMEOUT)
-    }
-
-    /// `calls`: the lines before `end`.
-    fn calls(&mut self) -> Vec<String> {
-        self.send("calls");
-        let mut lines = Vec::new();
-        loop {
-            match self.line(ANSWER_TIMEOUT) {
-                end if end == "end" => return lines,
-                line => lines.push(line),
-            }
-        }
-    }
-
-    /// Waits for the exit (stdin closed first); the status and all of stderr.
-    fn finish(mut self) -> (ExitStatus, String) {
-        drop(self.stdin.take());
-        let deadline = Instant::now() + ANSWER_TIMEOUT;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "payonce-sim platforms did not stop");
-            thread::sleep(Duration::from_millis(50));
-        };
-        let stderr = self.stderr.take().map(|h| h.join().expect("stderr")).unwrap_or_default();
-        (status, stderr)
-    }
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The printed value as a POSIX shell reads it.
-fn unquote(value: &str) -> String {
-    match value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')) {
-        Some(quoted) => quoted.replace(r"'\''", "'"),
-        None => value.to_owned(),
-    }
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 /// payonce on a fresh file database, in process (`common::Payonce`), its
 /// outgoing calls configured from the printed flags the way `payonce serve`
@@ -269,6 +139,7 @@ fn payonce_pointed_at_the_printed_flags_syncs_a_lost_payment() {
     assert_eq!(printed, FLAGS);
     assert_eq!(sim.flag("--wechatpay-mchid"), "1900000100");
     assert_eq!(sim.flag("--wechatpay-merchant-serial"), "SIMULATOR-MERCHANT");
+    assert_eq!(sim.flag("--wechatpay-appid"), "wxsimulatorpayonce");
     assert_eq!(sim.flag("--alipay-app-id"), "2021000000000000");
     assert!(sim.flag("--wechatpay-api-base").starts_with("http://127.0.0.1:"), "{:?}", sim.flags);
     assert!(sim.flag("--alipay-gateway").ends_with("/gateway.do"), "{:?}", sim.flags);
@@ -301,6 +172,13 @@ fn payonce_pointed_at_the_printed_flags_syncs_a_lost_payment() {
     assert_eq!(payments[0]["source"], "query");
     assert_eq!(payments[0]["pay_no"], pay_no.as_str());
     assert_eq!(sim.command("state ORD_T1"), "wechatpay=SUCCESS alipay=none");
+    // Made out of band: no prepay asked for it, nothing handed over.
+    let trade: Value = serde_json::from_str(&sim.command("trade wechatpay ORD_T1")).expect("a JSON line");
+    assert_eq!((trade["trade_type"].as_str(), trade["amount"].as_i64()), (Some("NATIVE"), Some(1000)), "{trade}");
+    assert!(trade["payment"].is_null() && trade["pay_no"].is_string(), "{trade}");
+    assert_eq!(sim.command("trade alipay ORD_T1"), "none");
+    assert_eq!(sim.listing("prepays ORD_T1"), Vec::<String>::new());
+    assert!(sim.command("open-url https://elsewhere/gateway.do?a=1").starts_with("refused: "), "not this gateway");
     assert_eq!(
         sim.calls(),
         [
@@ -400,13 +278,23 @@ fn help_and_setup_errors() {
     let help = run(&["--help"]);
     let text = String::from_utf8_lossy(&help.stdout);
     assert!(help.status.success(), "{help:?}");
-    for word in ["--wechatpay-port", "--merchant-key", "--trade", "Commands on stdin", "fault PLATFORM", "calls"] {
+    for word in [
+        "--wechatpay-port",
+        "--merchant-key",
+        "--public-base-url",
+        "--trade",
+        "Commands on stdin",
+        "open-url",
+        "fault PLATFORM",
+        "calls",
+    ] {
         assert!(text.contains(word), "{word} in the help");
     }
     for (args, says) in [
         (&["--trade", "ORD_1=ten"][..], "--trade"),
         (&["--trade", "paypal:ORD_1=10"][..], "--trade"),
         (&["--wechatpay-port", "70000"][..], "--wechatpay-port"),
+        (&["--public-base-url", "ftp://shop"][..], "--public-base-url"),
         (&["--merchant-key", "/nonexistent/key.pem"][..], "--merchant-key"),
         (&["--bogus"][..], "--bogus"),
     ] {

@@ -185,6 +185,20 @@ fn every_channel_is_ok_against_an_in_process_payonce() {
         let race = note("close_race");
         assert!(race.contains("Before: 4 CLOSED, 4 paid_after_close"), "{race}");
         assert!(race.contains(", 0 paid_after_close"), "{race}");
+        // Three pay clicks per order: the merchant's own code called the
+        // platform for each; payonce calls once, and answers alike.
+        let clicks = note("triple_click");
+        assert!(
+            clicks.contains("12 prepay calls for 4 trades, 4 PAID, 4 coupons, 4 points entries. After"),
+            "{clicks}"
+        );
+        assert!(
+            clicks.contains("After (payonce): 4 prepay calls for 4 trades, 4 PAID, 4 coupons, 4 points"),
+            "{clicks}"
+        );
+        assert!(clicks.contains("4 orders answered 3 byte-identical times"), "{clicks}");
+        let row = run.stdout.lines().find(|l| l.split_whitespace().take(2).eq(["triple_click", channel]));
+        assert!(row.is_some_and(|r| r.contains("16: 12 pay 200, 4 processed") && r.ends_with("ok")), "{run:?}");
     }
 }
 

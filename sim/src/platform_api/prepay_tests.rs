@@ -159,6 +159,7 @@ fn every_wechatpay_method_makes_its_trade_and_hands_over_its_key() {
                 appid: Some(WECHATPAY_APPID.to_owned()),
                 description: Some("Tea".to_owned()),
                 pay_no: None,
+                payment: Some(value.clone()),
             }
         );
         assert!(expires_at_ms.is_some_and(|at| at > now_ms() + 14 * 60_000), "{expires_at_ms:?}");

@@ -8,21 +8,25 @@
 //! payonce asks and closes at both), on a manual clock the scenario moves,
 //! with its sweeper and platform-call pool driven a round at a time
 //! (`App::close_expired`, `App::run_platform_calls_once`) as payonce's
-//! background threads would run them. Notifications still arrive signed
-//! over HTTP, and the verdict comes from payonce's read API (the order with
-//! its payments and their sources, its audit rows, events, inspections) and
-//! from what the platforms show (trade states, refunds, the calls payonce
-//! made) with payonce's own `platform_call` rows.
+//! background threads would run them. Every trade is made through payonce
+//! (`POST /v1/orders/{order_no}/pay`, the methods varied across orders; the
+//! buyer opens what Alipay's page, wap and app answers), at both platforms,
+//! as a checkout page offering both would. Notifications still arrive
+//! signed over HTTP, and the verdict comes from payonce's read API (the
+//! order with its payments and their sources, its audit rows, events,
+//! inspections) and from what the platforms show (trade states, refunds,
+//! the calls payonce made) with payonce's own `platform_call` rows.
 //!
 //! The platforms stamp their answers with the real time, and payonce trusts
 //! a WeChat Pay answer only within 5 minutes of its own clock: the clock
-//! starts at the real time and moves by seconds.
+//! starts at the real time and moves by a minute or two at most.
 //!
-//! `lost_notification` and `close_race` also play the same buyers against a
-//! payonce without platform settings (payonce before it called the
+//! `lost_notification`, `close_race` and `triple_click` also play the same
+//! buyers against a payonce without platform settings (payonce before it called the
 //! platforms, issue 13: an expired order is closed here, whatever the
-//! platform did) and note how those orders ended, next to the judged pass.
-//! That pass is not judged.
+//! platform did, and the merchant's own code makes each payment at the
+//! platform, payonce's client called directly) and note how those orders
+//! ended, next to the judged pass. That pass is not judged.
 
 use super::{api_label, OrderRun, Scenario, ScenarioRun, Sim, SimOrder};
 use crate::client::{Conn, Req, Target};
@@ -30,6 +34,7 @@ use crate::judge::{OrderExpect, OrderSeen};
 use crate::local::{self, LocalServer};
 use crate::platform::{
     random_digits, PaymentNotice, Platform, RefundNotice, SIM_ALIPAY_APP_ID, SIM_RSA_BITS, SIM_WECHATPAY_SERIAL,
+    WECHATPAY_APPID,
 };
 use crate::platform_api::{AlipayApiConfig, Call, Fault, PlatformApi, RefundStatus, Refused, WechatpayApiConfig};
 use crate::progress::Progress;
@@ -41,7 +46,9 @@ use payonce::domain::PlatformCallKind;
 use payonce::platform_ops::Platforms;
 use payonce::platforms::alipay::AlipayApi;
 use payonce::platforms::wechatpay::WechatpayApi;
-use payonce::platforms::{MerchantKey, Platform as PlatformParts, Registry};
+use payonce::platforms::{
+    MerchantKey, Platform as PlatformParts, PrepayAnswer, PrepayRequest, Registry, PLATFORM_WAITERS_MAX,
+};
 use payonce::{App, Clock};
 use rsa::{RsaPrivateKey, RsaPublicKey};
 use serde_json::json;
@@ -64,15 +71,36 @@ const HEALTHY_TIMEOUT: Duration = Duration::from_secs(5);
 /// and the verdict reads payonce's own attempts, so a call that a loaded
 /// machine did not even send in time changes nothing.
 const DOWN_TIMEOUT: Duration = Duration::from_millis(100);
-/// The orders of these scenarios live 1 s; the clock then moves 2 s.
-const EXPIRES_IN_S: i64 = 1;
-const PAST_EXPIRY_MS: i64 = 2_000;
+/// The orders of these scenarios live a minute; the clock then moves a
+/// second past that. The platforms keep the trade's `time_expire` by their
+/// own clock, the real one, to the second: the scenario's buyers (who pay in
+/// real time, while the clock moves on in jumps) must find their trades
+/// payable, and the jumps must keep payonce within the 5 minutes of the real
+/// time its signatures and the platforms' need.
+const EXPIRES_IN_S: i64 = 60;
+const PAST_EXPIRY_MS: i64 = EXPIRES_IN_S * 1000 + 1_000;
 /// `--platform-retry-s` of these scenarios: 1 s, repeated.
 const RETRY_MS: u64 = 1_000;
 /// platform_down's `--close-give-up-s`: 3 s after expires_at.
 const GIVE_UP_MS: i64 = 3_000;
 /// refund_submitted's `--refund-query-after-s`: 3 s.
 const REFUND_QUERY_AFTER_MS: i64 = 3_000;
+/// The merchant's `--public-base-url`. Each platform checks every payment's
+/// `notify_url` against it; the scenarios still deliver the notifications
+/// to the payonce they run themselves, which is what this URL reaches
+/// behind the merchant's proxy.
+const PUBLIC_BASE_URL: &str = "https://shop.payonce.test";
+/// What the buyers' pages send with a payment: the JSAPI payer's openid, the
+/// H5 buyer's address (a documentation address: it is only a field), and
+/// where Alipay's page payment returns the buyer.
+const BUYER_OPENID: &str = "oSimulatedBuyer000000000000";
+const BUYER_IP: &str = "198.51.100.7";
+const RETURN_URL: &str = "https://shop.payonce.test/paid";
+/// Each platform's methods, in the order the orders take them (order `i`
+/// pays by `METHODS[i % 4]` at the buyer's platform, by the next one at the
+/// other), so every method is played in every scenario of four orders or more.
+const WECHATPAY_METHODS: [&str; 4] = ["native", "jsapi", "h5", "app"];
+const ALIPAY_METHODS: [&str; 4] = ["precreate", "page", "wap", "app"];
 
 /// [`RETRY_MS`], to move the clock by.
 fn retry_ms() -> i64 {
@@ -87,6 +115,7 @@ pub fn run(sim: &Sim, scenario: Scenario) -> Result<ScenarioRun, String> {
         Scenario::CloseRace => close_race(sim, &world)?,
         Scenario::PlatformDown => platform_down(sim, &world)?,
         Scenario::RefundSubmitted => refund_submitted(sim, &world)?,
+        Scenario::TripleClick => triple_click(sim, &world)?,
         other => return Err(format!("{} does not talk to the platforms' APIs", other.name())),
     };
     Ok(ScenarioRun { scenario, channel: sim.channel, orders, seen: Some(seen), skipped: None, notes })
@@ -181,12 +210,14 @@ impl World {
         let wechatpay = PlatformApi::start_wechatpay(WechatpayApiConfig {
             platform_key: Some(platform_key(sim, Platform::Wechatpay)?),
             platform_serial: serial.to_owned(),
+            expected_notify_url: Some(notify_url(Platform::Wechatpay)),
             ..WechatpayApiConfig::new(MERCHANT_SERIAL, merchant.public.clone())
         })?;
         let app_id = sim.keys.alipay.as_ref().map_or(SIM_ALIPAY_APP_ID, |k| k.app_id.as_str());
         let alipay = PlatformApi::start_alipay(AlipayApiConfig {
             alipay_key: Some(platform_key(sim, Platform::Alipay)?),
             app_id: app_id.to_owned(),
+            expected_notify_url: Some(notify_url(Platform::Alipay)),
             ..AlipayApiConfig::new(merchant.public.clone())
         })?;
         Ok(World {
@@ -222,7 +253,7 @@ impl World {
         let key = || MerchantKey::from_pem(&merchant.pem);
         let wx = &self.wechatpay;
         let ali = &self.alipay;
-        let wechatpay = WechatpayApi::new(
+        let mut wechatpay = WechatpayApi::new(
             wx.merchant_id().to_owned(),
             MERCHANT_SERIAL.to_owned(),
             key()?,
@@ -230,6 +261,9 @@ impl World {
             vec![(wx.platform_serial().unwrap_or_default().to_owned(), wx.platform_public_key().clone())],
             timeout(Platform::Wechatpay),
         );
+        // As `payonce serve --wechatpay-appid --public-base-url` sets them.
+        wechatpay.appids = vec![WECHATPAY_APPID.to_owned()];
+        wechatpay.refund_notify_url = Some(format!("{}/refund", notify_url(Platform::Wechatpay)));
         let alipay = AlipayApi::new(
             ali.merchant_id().to_owned(),
             key()?,
@@ -245,6 +279,7 @@ impl World {
             retry_schedule_ms: vec![RETRY_MS],
             close_give_up_ms: pace.give_up_ms,
             refund_query_after_ms: pace.refund_query_after_ms,
+            public_base_url: Some(PUBLIC_BASE_URL.to_owned()),
             ..Platforms::default()
         })
     }
@@ -259,20 +294,169 @@ impl World {
         Ok(Config { platforms: self.platforms(pace, base.platforms.registry.clone())?, ..base })
     }
 
-    /// payonce before issue 13: the same notification settings, no outgoing calls.
+    /// payonce before issue 13: the same notification settings, no outgoing
+    /// calls, and so no payments made through it: see [`World::merchant_prepays`].
     fn baseline(&self, sim: &Sim) -> Result<LocalServer, String> {
         LocalServer::open(":memory:", self.clock.clone(), local::config(&sim.keys)?)
     }
 
-    /// Each order's trade made at both platforms (the buyer may open either
-    /// cashier; payonce asks and closes at both).
-    fn open_trades(&self, orders: &[SimOrder]) -> Result<(), String> {
-        for order in orders {
-            self.wechatpay.open_trade(&order.no, order.amount)?;
-            self.alipay.open_trade(&order.no, order.amount)?;
+    /// The merchant's own code calling the platforms (beside a baseline
+    /// payonce): payonce's platform clients, with the same settings.
+    fn merchant_code(&self) -> Result<Registry, String> {
+        Ok(self.platforms(&Pace::healthy(), Registry::default())?.registry)
+    }
+
+    /// Each order's payment made through payonce (`POST /v1/orders/{no}/pay`)
+    /// at both platforms, as a checkout page offering both would: the buyer
+    /// may open either cashier, and payonce asks and closes at both. Order
+    /// `i` pays by method `i % 4` at the buyer's platform and by the next at
+    /// the other; a signed Alipay request is opened by the buyer, which is
+    /// what makes its trade. The answers' labels, per order.
+    fn create_payments(&self, here: &Sim, orders: &[SimOrder]) -> Result<Vec<Vec<String>>, String> {
+        let (channel, partner) = (self.channel, self.partner().platform());
+        // payonce lets this many requests wait on the platforms at once and
+        // answers the next 503: a checkout page's buyers come one at a time.
+        here.par_orders_on(orders.len(), PLATFORM_WAITERS_MAX, |conn, i| {
+            let mut labels = Vec::new();
+            for (platform, k) in [(channel, i), (partner, i + 1)] {
+                let method = method_of(platform, k);
+                let reply = here.api(conn, Req::post_json(pay_path(&orders[i]), &pay_body(platform, method)))?;
+                labels.push(self.opened(platform, method, &reply));
+            }
+            Ok(labels)
+        })
+    }
+
+    /// The label of a pay answer, once the buyer opened what a signed-only
+    /// method answered (nothing exists at the platform before that).
+    fn opened(&self, platform: Platform, method: &str, reply: &crate::client::Reply) -> String {
+        let label = pay_label(platform, method, reply);
+        if reply.status != 200 {
+            return label;
+        }
+        let payment = crate::client::ReplyExt::json(reply)["payment"].clone();
+        let signed = payment["url"].as_str().or_else(|| payment["order_string"].as_str());
+        match (signed, platform) {
+            (Some(signed), Platform::Alipay) => match self.alipay.buyer_opens(signed) {
+                Ok(_) => label,
+                Err(e) => format!("{label}, which the buyer could not open: {e}"),
+            },
+            _ => label,
+        }
+    }
+}
+
+impl World {
+    /// Before payonce made payments, the merchant's own code made them: each
+    /// click calls the platform (payonce's client, called directly), as
+    /// `clicks` concurrent calls with the same parameters; a signed request
+    /// is opened by the buyer each time. What each click came to.
+    fn merchant_prepays(
+        &self,
+        code: &Registry,
+        baseline: &App,
+        order: &SimOrder,
+        method: &str,
+        clicks: usize,
+    ) -> Result<Vec<String>, String> {
+        let platform = self.channel;
+        let client = code.calls(platform.name()).ok_or_else(|| format!("no {} client", platform.name()))?;
+        let detail = baseline.orders().order(&order.no).map_err(|e| format!("reading order {}: {e}", order.no))?;
+        let expires_at_ms = payonce::clock::parse_rfc3339_ms(&detail.order.expires_at)
+            .ok_or_else(|| format!("order {}: expires_at {:?}", order.no, detail.order.expires_at))?;
+        let notify = notify_url(platform);
+        let request = PrepayRequest {
+            order_no: &order.no,
+            amount: order.amount,
+            currency: &detail.order.currency,
+            description: &order.no,
+            expires_at_ms,
+            notify_url: &notify,
+            method,
+            appid: (platform == Platform::Wechatpay).then_some(WECHATPAY_APPID),
+            openid: (method == "jsapi").then_some(BUYER_OPENID),
+            client_ip: (method == "h5").then_some(BUYER_IP),
+            return_url: matches!(method, "page" | "wap").then_some(RETURN_URL),
+        };
+        let click = || -> String {
+            match client.prepay(&request, self.clock.now_ms()).meaning {
+                PrepayAnswer::Created(payment) => {
+                    let signed = payment.fields.get("url").or_else(|| payment.fields.get("order_string"));
+                    match signed.and_then(|s| s.as_str()) {
+                        Some(signed) => match self.alipay.buyer_opens(signed) {
+                            Ok(_) => s("created"),
+                            Err(e) => format!("the buyer could not open it: {e}"),
+                        },
+                        None => s("created"),
+                    }
+                }
+                other => format!("{other:?}"),
+            }
+        };
+        Ok(thread::scope(|scope| {
+            let clicks: Vec<_> = (0..clicks).map(|_| scope.spawn(click)).collect();
+            clicks.into_iter().map(|c| c.join().unwrap_or_else(|_| s("the click panicked"))).collect()
+        }))
+    }
+
+    /// [`World::merchant_prepays`] of one click for each order, by its method.
+    fn merchant_prepays_all(&self, baseline: &App, orders: &[SimOrder]) -> Result<(), String> {
+        let code = self.merchant_code()?;
+        for (i, order) in orders.iter().enumerate() {
+            let made = self.merchant_prepays(&code, baseline, order, method_of(self.channel, i), 1)?;
+            if made != [s("created")] {
+                return Err(format!("the merchant could not make {}'s payment: {made:?}", order.no));
+            }
         }
         Ok(())
     }
+}
+
+/// `{PUBLIC_BASE_URL}/v1/callbacks/{platform}`: where payonce's payments at
+/// `platform` are notified.
+fn notify_url(platform: Platform) -> String {
+    format!("{PUBLIC_BASE_URL}/v1/callbacks/{}", platform.name())
+}
+
+/// Order `i`'s method at `platform` (see [`WECHATPAY_METHODS`]).
+fn method_of(platform: Platform, i: usize) -> &'static str {
+    match platform {
+        Platform::Alipay => ALIPAY_METHODS[i % ALIPAY_METHODS.len()],
+        _ => WECHATPAY_METHODS[i % WECHATPAY_METHODS.len()],
+    }
+}
+
+fn pay_path(order: &SimOrder) -> String {
+    format!("/v1/orders/{}/pay", order.no)
+}
+
+/// The body of a pay request by `method`, with what that method needs.
+fn pay_body(platform: Platform, method: &str) -> serde_json::Value {
+    let mut body = json!({"channel": platform.name(), "method": method});
+    match (platform, method) {
+        (Platform::Wechatpay, "jsapi") => body["openid"] = json!(BUYER_OPENID),
+        (Platform::Wechatpay, "h5") => body["client_ip"] = json!(BUYER_IP),
+        (Platform::Alipay, "page" | "wap") => body["return_url"] = json!(RETURN_URL),
+        _ => {}
+    }
+    body
+}
+
+/// `api:pay 200 wechatpay native`; a refusal as `api:pay 409 order_expired`.
+fn pay_label(platform: Platform, method: &str, reply: &crate::client::Reply) -> String {
+    use crate::client::ReplyExt;
+    match reply.status {
+        200 => format!("api:pay 200 {} {method}", platform.name()),
+        status => format!("api:pay {status} {}", reply.error_code()),
+    }
+}
+
+/// What [`World::create_payments`] must answer for order `i`.
+fn payments_made(platform: Platform, partner: Platform, i: usize) -> Vec<String> {
+    vec![
+        format!("api:pay 200 {} {}", platform.name(), method_of(platform, i)),
+        format!("api:pay 200 {} {}", partner.name(), method_of(partner, i + 1)),
+    ]
 }
 
 /// `sim` against another payonce (the scenario's own).
@@ -381,6 +565,8 @@ fn open_word(platform: Platform) -> &'static str {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
+    /// A payment's creation (WeChat Pay's four prepay paths, Alipay precreate).
+    Prepay,
     Query,
     Close,
     Refund,
@@ -392,6 +578,7 @@ fn classify(platform: Platform, call: &Call) -> Option<(Kind, String)> {
     let field = |name: &str| call.body[name].as_str().map(str::to_owned);
     match platform {
         Platform::Alipay => match call.api.as_str() {
+            "alipay.trade.precreate" => Some((Kind::Prepay, field("out_trade_no")?)),
             "alipay.trade.query" => Some((Kind::Query, field("out_trade_no")?)),
             "alipay.trade.close" => Some((Kind::Close, field("out_trade_no")?)),
             "alipay.trade.refund" => Some((Kind::Refund, field("out_request_no")?)),
@@ -400,6 +587,10 @@ fn classify(platform: Platform, call: &Call) -> Option<(Kind, String)> {
         },
         _ => {
             let path = call.api.split('?').next().unwrap_or_default();
+            const PREPAY: [&str; 4] = ["native", "jsapi", "h5", "app"];
+            if path.strip_prefix("/v3/pay/transactions/").is_some_and(|method| PREPAY.contains(&method)) {
+                return Some((Kind::Prepay, field("out_trade_no")?));
+            }
             if let Some(rest) = path.strip_prefix("/v3/pay/transactions/out-trade-no/") {
                 return Some(match rest.strip_suffix("/close") {
                     Some(no) => (Kind::Close, no.to_owned()),
@@ -412,6 +603,15 @@ fn classify(platform: Platform, call: &Call) -> Option<(Kind, String)> {
             path.strip_prefix("/v3/refund/domestic/refunds/").map(|no| (Kind::RefundQuery, no.to_owned()))
         }
     }
+}
+
+/// How many merchant calls other than a payment's creation the platform
+/// received (the requests a buyer opened are no calls).
+fn merchant_calls(api: &PlatformApi) -> usize {
+    // Alipay's gateway records what the buyer opened as GET (a URL) or APP (an order string).
+    let opened_by_buyer = |c: &Call| api.platform() == Platform::Alipay && c.http_method != "POST";
+    let creation = |c: &Call| matches!(classify(api.platform(), c), Some((Kind::Prepay, _)));
+    api.calls().iter().filter(|c| !opened_by_buyer(c) && !creation(c)).count()
 }
 
 /// How many `kind` calls about `no` the platform received.
@@ -512,7 +712,7 @@ fn lost_notification(sim: &Sim, world: &World) -> Result<Played, String> {
     let here = sim_on(sim, &payonce);
     let orders = sim_orders(sim, Scenario::LostNotification, "");
     let created = create_all(&here, &orders, EXPIRES_IN_S)?;
-    world.open_trades(&orders)?;
+    let made = world.create_payments(&here, &orders)?;
     let api = world.api();
     let pay_nos = pay_all(api, &orders)?;
     world.clock.advance_ms(PAST_EXPIRY_MS);
@@ -522,12 +722,14 @@ fn lost_notification(sim: &Sim, world: &World) -> Result<Played, String> {
         1 => Ok(Some(here.deliver_payment(conn, &notice(&orders[i], &pay_nos[i], 1))?)),
         _ => Ok(None),
     })?;
-    let platform = sim.channel;
+    let (platform, partner) = (sim.channel, world.partner().platform());
     let mut runs = Vec::new();
     let mut facts = Vec::new();
-    for ((order, created), late) in orders.iter().zip(created).zip(late) {
+    for (i, ((order, created), late)) in orders.iter().zip(created).zip(late).enumerate() {
         let mut answers = vec![created];
+        answers.extend(made[i].iter().cloned());
         let mut expected = vec![Sim::created()];
+        expected.extend(payments_made(platform, partner, i));
         if let Some(late) = &late {
             answers.push(late.label.clone());
             expected.push(here.said("duplicate"));
@@ -560,7 +762,7 @@ fn lost_notification(sim: &Sim, world: &World) -> Result<Played, String> {
     let there = sim_on(sim, &baseline);
     let before = sim_orders(sim, Scenario::LostNotification, "b");
     create_all(&there, &before, EXPIRES_IN_S)?;
-    world.open_trades(&before)?;
+    world.merchant_prepays_all(&baseline.app, &before)?;
     let before_pay_nos = pay_all(api, &before)?;
     world.clock.advance_ms(PAST_EXPIRY_MS);
     sweep(&baseline.app)?;
@@ -698,7 +900,8 @@ fn close_race(sim: &Sim, world: &World) -> Result<Played, String> {
     let here = sim_on(sim, &payonce);
     let orders = sim_orders(sim, Scenario::CloseRace, "");
     let created = create_all(&here, &orders, EXPIRES_IN_S)?;
-    world.open_trades(&orders)?;
+    // Before the watch below begins to count payonce's calls.
+    let made = world.create_payments(&here, &orders)?;
     let buyers: Arc<Mutex<HashMap<String, Buyer>>> = Arc::new(Mutex::new(
         orders
             .iter()
@@ -753,7 +956,10 @@ fn close_race(sim: &Sim, world: &World) -> Result<Played, String> {
             Some(Err(refused)) => format!("the platform refused the payment: {refused:?}"),
         };
         let mut answers = vec![created];
+        answers.extend(made[i].iter().cloned());
         answers.extend(notified.clone());
+        let mut expected = vec![Sim::created()];
+        expected.extend(payments_made(platform, partner, i));
         answers.extend(late.as_ref().map(|d| d.label.clone()));
         let mut order_facts = vec![buyer, trade(api, &order.no)];
         // Judged by when the buyer paid; at any moment, by what the platform said.
@@ -774,13 +980,13 @@ fn close_race(sim: &Sim, world: &World) -> Result<Played, String> {
                     s("the platform took the payment"),
                     format!("{} trade {}", platform.name(), paid_word(platform)),
                 ],
-                ..Sim::paid_expect(vec![Sim::created(), answer])
+                ..Sim::paid_expect(expected.into_iter().chain([answer]).collect())
             }
         } else {
             order_facts.push(trade(world.partner(), &order.no));
             OrderExpect {
                 status: s("CLOSED"),
-                answers: vec![Sim::created()],
+                answers: expected,
                 events: vec![(s("order.closed"), 1)],
                 sources: Some(Vec::new()),
                 audit: Some(vec![s("platform_closed")]),
@@ -810,7 +1016,7 @@ fn close_race(sim: &Sim, world: &World) -> Result<Played, String> {
     let there = sim_on(sim, &baseline);
     let before = sim_orders(sim, Scenario::CloseRace, "b");
     create_all(&there, &before, EXPIRES_IN_S)?;
-    world.open_trades(&before)?;
+    world.merchant_prepays_all(&baseline.app, &before)?;
     world.clock.advance_ms(PAST_EXPIRY_MS);
     sweep(&baseline.app)?;
     let before_pay_nos = pay_all(api, &before)?;
@@ -864,10 +1070,11 @@ fn platform_down(sim: &Sim, world: &World) -> Result<Played, String> {
     let here = sim_on(sim, &payonce);
     let orders = sim_orders(sim, Scenario::PlatformDown, "");
     let created = create_all(&here, &orders, EXPIRES_IN_S)?;
-    world.open_trades(&orders)?;
+    let made = world.create_payments(&here, &orders)?;
     let (api, platform, partner) = (world.api(), sim.channel, world.partner().platform());
     let mut facts: Vec<Vec<String>> = orders.iter().map(|_| Vec::new()).collect();
-    let mut answers: Vec<Vec<String>> = created.into_iter().map(|c| vec![c]).collect();
+    let mut answers: Vec<Vec<String>> =
+        created.into_iter().zip(made).map(|(c, made)| std::iter::once(c).chain(made).collect()).collect();
     let note_rows = |facts: &mut Vec<Vec<String>>, when: &str| -> Result<(), String> {
         for (order, facts) in orders.iter().zip(facts.iter_mut()) {
             facts.push(format!("{when}: {}", close_row(app, platform, &order.no)?));
@@ -907,7 +1114,7 @@ fn platform_down(sim: &Sim, world: &World) -> Result<Played, String> {
     note_rows(&mut facts, "back up")?;
     let unconfirmed_late = unconfirmed(&here)?;
     let mut runs = Vec::new();
-    for ((order, order_facts), answers) in orders.iter().zip(facts.iter_mut()).zip(answers) {
+    for (i, ((order, order_facts), answers)) in orders.iter().zip(facts.iter_mut()).zip(answers).enumerate() {
         order_facts.push(format!("{} close row: {}", partner.name(), close_row(app, partner, &order.no)?));
         order_facts.push(trade(api, &order.no));
         order_facts.push(trade(world.partner(), &order.no));
@@ -919,7 +1126,10 @@ fn platform_down(sim: &Sim, world: &World) -> Result<Played, String> {
             order: order.clone(),
             expect: OrderExpect {
                 status: s("CLOSED"),
-                answers: vec![Sim::created(), s("api:get 200 PENDING"), s("api:get 200 PENDING")],
+                answers: std::iter::once(Sim::created())
+                    .chain(payments_made(platform, partner, i))
+                    .chain([s("api:get 200 PENDING"), s("api:get 200 PENDING")])
+                    .collect(),
                 events: vec![(s("order.closed"), 1)],
                 findings: vec![(s("close_unconfirmed"), 1)],
                 sources: Some(Vec::new()),
@@ -1018,10 +1228,11 @@ fn refund_submitted(sim: &Sim, world: &World) -> Result<Played, String> {
     let orders = sim_orders(sim, Scenario::RefundSubmitted, "");
     let refund_no = |order: &SimOrder| format!("{}_R1", order.no);
     let created = create_all(&here, &orders, 3_600)?;
-    world.open_trades(&orders)?;
+    let made = world.create_payments(&here, &orders)?;
     let (api, partner) = (world.api(), world.partner());
     let pay_nos = pay_all(api, &orders)?;
-    let mut answers: Vec<Vec<String>> = created.into_iter().map(|c| vec![c]).collect();
+    let mut answers: Vec<Vec<String>> =
+        created.into_iter().zip(made).map(|(c, made)| std::iter::once(c).chain(made).collect()).collect();
     let mut deliveries = vec![0usize; orders.len()];
     let paid =
         here.par_orders(orders.len(), |conn, i| here.deliver_payment(conn, &notice(&orders[i], &pay_nos[i], 0)))?;
@@ -1121,20 +1332,22 @@ fn refund_submitted(sim: &Sim, world: &World) -> Result<Played, String> {
             format!("{} submissions of {no}", calls_about(api, Kind::Refund, &no)),
             format!("refunds of {no} at the platform: {refunds:?}"),
             format!("{} refund queries of {no}", calls_about(api, Kind::RefundQuery, &no)),
-            format!("{} calls to {}", partner.calls().len(), partner.platform().name()),
+            format!("{} calls to {} after the payment's creation", merchant_calls(partner), partner.platform().name()),
         ]);
         runs.push(OrderRun {
             order: order.clone(),
             expect: OrderExpect {
                 status: s("REFUNDED"),
-                answers: vec![
-                    Sim::created(),
-                    here.said("applied"),
-                    s("api:refund 200 REFUNDING"),
-                    s("api:refund 200 REFUNDING"),
-                    s("api:get 200 REFUNDING"),
-                    format!("refund {}", here.said("duplicate")),
-                ],
+                answers: std::iter::once(Sim::created())
+                    .chain(payments_made(sim.channel, partner.platform(), i))
+                    .chain([
+                        here.said("applied"),
+                        s("api:refund 200 REFUNDING"),
+                        s("api:refund 200 REFUNDING"),
+                        s("api:get 200 REFUNDING"),
+                        format!("refund {}", here.said("duplicate")),
+                    ])
+                    .collect(),
                 payments: vec![s("applied")],
                 paid: true,
                 refunded: true,
@@ -1148,7 +1361,7 @@ fn refund_submitted(sim: &Sim, world: &World) -> Result<Played, String> {
                     format!("3 submissions of {no}"),
                     format!("refunds of {no} at the platform: {:?}", vec![format!("{} fen, Success", order.amount)]),
                     format!("2 refund queries of {no}"),
-                    format!("0 calls to {}", partner.platform().name()),
+                    format!("0 calls to {} after the payment's creation", partner.platform().name()),
                 ],
                 ..OrderExpect::default()
             },
@@ -1165,4 +1378,193 @@ fn refund_submitted(sim: &Sim, world: &World) -> Result<Played, String> {
 /// The platform's refunds of one refund number.
 fn refunds_of(api: &PlatformApi, refund_no: &str) -> Vec<crate::platform_api::RefundRecord> {
     api.refunds().into_iter().filter(|r| r.out_refund_no == refund_no).collect()
+}
+
+// ---- triple_click ----
+
+/// How long the platform holds each payment's creation in triple_click: a
+/// real platform answers in a hundred milliseconds or so, and a buyer
+/// clicks as fast, so the three clicks meet the one call in flight.
+const CLICK_DELAY: Duration = Duration::from_millis(30);
+/// The clicks of one order.
+const CLICKS: usize = 3;
+
+/// triple_click's method for order `i`: WeChat Pay's four in turn; Alipay
+/// precreate, its one method made by a server call (its page, wap and app
+/// requests are signed afresh per click and made by the buyer opening one,
+/// as the other scenarios play them).
+fn click_method(platform: Platform, i: usize) -> &'static str {
+    match platform {
+        Platform::Alipay => "precreate",
+        _ => method_of(platform, i),
+    }
+}
+
+/// What a created payment hands over, by method (docs/platforms.md, "Paying").
+fn payment_keys(method: &str) -> &'static str {
+    match method {
+        "native" => "code_url",
+        "h5" => "h5_url",
+        "jsapi" | "app" => "prepay_id, client_params",
+        _ => "qr_code",
+    }
+}
+
+/// The trade type the platform keeps for a trade made by `method`.
+fn trade_type(platform: Platform, method: &str) -> String {
+    match platform {
+        Platform::Alipay => format!("alipay.trade.{method}"),
+        _ => method.to_ascii_uppercase(),
+    }
+}
+
+/// The buyer clicks "pay" three times at once (three concurrent
+/// `POST /v1/orders/{order_no}/pay`, the platform slow enough that they
+/// meet its one call), then pays at the platform, whose notification
+/// reaches payonce: one trade there, made by one prepay call; three
+/// byte-identical answers; one applied payment, one coupon, one points
+/// entry. Before payonce made payments, each click was the merchant's own
+/// call to the platform: three calls for each trade.
+fn triple_click(sim: &Sim, world: &World) -> Result<Played, String> {
+    let payonce = world.payonce(sim, ":memory:", &Pace::healthy())?;
+    let app = &payonce.app;
+    let here = sim_on(sim, &payonce);
+    let orders = sim_orders(sim, Scenario::TripleClick, "");
+    let created = create_all(&here, &orders, 3_600)?;
+    let (api, platform) = (world.api(), sim.channel);
+    api.set_fault(Some(Fault::Delay(CLICK_DELAY)));
+    let clicked = here.rounds(
+        orders.len(),
+        CLICKS,
+        |_, _| Ok(()),
+        |conn, i, _, ()| {
+            let body = pay_body(platform, click_method(platform, i));
+            let reply = here.api(conn, Req::post_json(pay_path(&orders[i]), &body))?;
+            Ok((reply.status, reply.body))
+        },
+    );
+    api.set_fault(None);
+    let clicked = clicked?;
+    let mut facts: Vec<Vec<String>> = Vec::new();
+    for (i, (order, clicks)) in orders.iter().zip(&clicked).enumerate() {
+        let method = click_method(platform, i);
+        let bodies: std::collections::BTreeSet<&[u8]> = clicks.iter().map(|(_, body)| body.as_slice()).collect();
+        let identical = match bodies.len() {
+            1 => format!("the {CLICKS} answers are byte-identical"),
+            n => format!("the {CLICKS} answers are {n} different bodies"),
+        };
+        let answered = serde_json::from_slice::<serde_json::Value>(&clicks[0].1).unwrap_or_default();
+        let keys: Vec<&str> = answered["payment"]
+            .as_object()
+            .map(|p| p.keys().map(String::as_str).filter(|k| !PAYMENT_COMMON.contains(k)).collect())
+            .unwrap_or_default();
+        let made = api.trade(&order.no).map_or_else(|| s("no trade"), |t| format!("trade made by {}", t.trade_type));
+        facts.push(vec![
+            format!("{} prepay calls at {}", calls_about(api, Kind::Prepay, &order.no), platform.name()),
+            format!("{} {made}", platform.name()),
+            identical,
+            format!("{method} answered {}", keys.join(", ")),
+            format!("prepay row: {}", prepay_row(app, platform, &order.no)?),
+        ]);
+    }
+    let pay_nos = pay_all(api, &orders)?;
+    let notified =
+        here.par_orders(orders.len(), |conn, i| here.deliver_payment(conn, &notice(&orders[i], &pay_nos[i], 0)))?;
+    let mut runs = Vec::new();
+    for (i, (((order, created), clicks), notified)) in
+        orders.iter().zip(created).zip(&clicked).zip(notified).enumerate()
+    {
+        let method = click_method(platform, i);
+        facts[i].push(trade(api, &order.no));
+        let mut answers = vec![created];
+        answers.extend(clicks.iter().map(|(status, _)| format!("pay {status}")));
+        answers.push(notified.label);
+        let mut expected = vec![Sim::created()];
+        expected.extend((0..CLICKS).map(|_| s("pay 200")));
+        expected.push(here.said("applied"));
+        runs.push(OrderRun {
+            order: order.clone(),
+            expect: OrderExpect {
+                sources: Some(vec![s("callback")]),
+                audit: Some(Vec::new()),
+                platform: vec![
+                    format!("1 prepay calls at {}", platform.name()),
+                    format!("{} trade made by {}", platform.name(), trade_type(platform, method)),
+                    format!("the {CLICKS} answers are byte-identical"),
+                    format!("{method} answered {}", payment_keys(method)),
+                    s("prepay row: attempts 1, done"),
+                    format!("{} trade {}", platform.name(), paid_word(platform)),
+                ],
+                ..Sim::paid_expect(expected)
+            },
+            answers,
+            lost: 0,
+            deliveries: CLICKS + notified.sends,
+        });
+    }
+    let seen = observe(&here, Scenario::TripleClick, &runs, facts)?;
+    drop(payonce);
+
+    // Before payonce made payments: the same clicks, each the merchant's own
+    // call to the platform (as slow), beside a payonce without platform settings.
+    let baseline = world.baseline(sim)?;
+    let there = sim_on(sim, &baseline);
+    let before = sim_orders(sim, Scenario::TripleClick, "b");
+    create_all(&there, &before, 3_600)?;
+    let code = world.merchant_code()?;
+    api.set_fault(Some(Fault::Delay(CLICK_DELAY)));
+    let made: Result<Vec<Vec<String>>, String> = before
+        .iter()
+        .enumerate()
+        .map(|(i, order)| world.merchant_prepays(&code, &baseline.app, order, click_method(platform, i), CLICKS))
+        .collect();
+    api.set_fault(None);
+    let refused: usize = made?.iter().flatten().filter(|m| *m != "created").count();
+    let before_pay_nos = pay_all(api, &before)?;
+    there.par_orders(before.len(), |conn, i| {
+        there.deliver_payment(conn, &notice(&before[i], &before_pay_nos[i], 0)).map(|_| ())
+    })?;
+    let before_seen = read_back(&there, &before)?;
+    let tally = |orders: &[SimOrder], seen: &[OrderSeen]| -> String {
+        let calls: usize = orders.iter().map(|o| calls_about(api, Kind::Prepay, &o.no)).sum();
+        let trades = orders.iter().filter(|o| api.trade(&o.no).is_some()).count();
+        let (statuses, _) = outcome_counts(seen);
+        let coupons: usize = seen.iter().map(|o| o.coupons.len()).sum();
+        let points = seen.iter().flat_map(|o| &o.points).filter(|(kind, _)| kind == "ORDER_PAID").count();
+        format!(
+            "{calls} prepay calls for {trades} trades, {}, {coupons} coupons, {points} points entries",
+            counts_text(&statuses)
+        )
+    };
+    let identical = seen.iter().filter(|o| o.platform.iter().any(|f| f.ends_with("byte-identical"))).count();
+    let note = format!(
+        "triple_click ({}): {} buyers clicking pay {CLICKS} times at once, then paying. Before (each click the \
+         merchant's own call to the platform): {}{}. After (payonce): {}, {identical} orders answered {CLICKS} \
+         byte-identical times",
+        platform.name(),
+        orders.len(),
+        tally(&before, &before_seen),
+        if refused > 0 { format!(", {refused} clicks refused") } else { String::new() },
+        tally(&orders, &seen),
+    );
+    Ok((runs, seen, vec![note]))
+}
+
+/// The keys every payment answer has besides its method's.
+const PAYMENT_COMMON: [&str; 4] = ["channel", "method", "created_at", "expires_at"];
+
+/// payonce's prepay row of `order_no` at `channel`, as the order's
+/// `platform_calls` show it: its attempts and status.
+fn prepay_row(app: &App, channel: Platform, order_no: &str) -> Result<String, String> {
+    let detail = app.orders().order(order_no).map_err(|e| format!("reading order {order_no}: {e}"))?;
+    let rows: Vec<_> = detail
+        .platform_calls
+        .iter()
+        .filter(|c| c.kind == PlatformCallKind::Prepay && c.channel == channel.name())
+        .collect();
+    Ok(match rows.as_slice() {
+        [row] => format!("attempts {}, {}", row.attempts, row.status.as_str()),
+        [] => s("no prepay row"),
+        more => format!("{} prepay rows", more.len()),
+    })
 }

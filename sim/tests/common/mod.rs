@@ -2,6 +2,8 @@
 //! Cargo does not build a `tests/` subdirectory as a test of its own).
 #![allow(dead_code)]
 
+pub mod platforms_sim;
+
 use payonce::http::Server;
 use std::net::SocketAddr;
 use std::path::PathBuf;
