@@ -32,9 +32,12 @@ use std::time::{Duration, Instant, SystemTime};
 const MERCHANT_KEY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/keys/merchant.pem");
 const PUBLIC_BASE_URL: &str = "https://shop.example";
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
-/// `--platform-timeout-ms` of the SIGKILL test: a waiting request or a dead
-/// call's lease lasts this plus a second.
-const PLATFORM_TIMEOUT_MS: u64 = 1_000;
+/// `--platform-timeout-ms` of the SIGKILL test: a waiting request waits this
+/// plus a second; a dead call's lease lasts twice this (the creation and the
+/// query a "paid" answer makes) plus five seconds for the writes around them
+/// (src/services/prepays.rs, `lease_ms`).
+const PLATFORM_TIMEOUT_MS: u64 = 500;
+const LEASE_MS: u64 = 2 * PLATFORM_TIMEOUT_MS + 5_000;
 
 /// The `payonce` binary beside `payonce-sim`, when it is there and built
 /// after every source it is made of was last changed; else why not.
@@ -295,7 +298,7 @@ fn a_payonce_killed_before_storing_the_platform_answer_leaves_one_trade_asked_ag
     // On the same file: the row of the dead call, still leased.
     let second = Serve::start(&exe, &db, &sim, &extra, &[]);
     assert_eq!(second.prepay_rows("ORD_KILLED"), [("wechatpay".to_owned(), "pending".to_owned(), 1)]);
-    let lease = Duration::from_millis(PLATFORM_TIMEOUT_MS + 1_000);
+    let lease = Duration::from_millis(LEASE_MS);
     thread::sleep((lease + Duration::from_millis(200)).saturating_sub(sent.elapsed()));
     let (status, bytes) = second.call("POST", "/v1/orders/ORD_KILLED/pay", Some(&body));
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&bytes));

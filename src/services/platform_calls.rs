@@ -113,15 +113,17 @@ impl<'a> PlatformCalls<'a> {
     /// may say it has no trade: a payment's creation is in flight (it may
     /// make the trade after the close found none), or a request was signed
     /// for the buyer, who can open it, and so make the trade, until the
-    /// order's `expires_at` (its `time_expire`; plus the platforms' five
-    /// minutes of clock tolerance). services/prepays.rs writes both rows.
+    /// order's `expires_at` (its `time_expire`: the platform refuses it
+    /// after that, so the sweeper's close is never held; a platform clock
+    /// behind payonce's by s seconds could still take a payment s seconds
+    /// after the close, recorded as `paid_after_close`). services/prepays.rs
+    /// writes both rows.
     fn payment_may_yet_be_created(
         &self,
         channel: &str,
         order_no: &str,
         now_ms: i64,
     ) -> Result<Option<&'static str>, Error> {
-        const CLOCK_TOLERANCE_MS: i64 = 300_000;
         let now = format_ms(now_ms);
         let (row, order) =
             self.core.store().read(|tx| Ok((tx.prepay_row(channel, order_no)?, tx.order_by_no(order_no)?)))?;
@@ -139,8 +141,7 @@ impl<'a> PlatformCalls<'a> {
             .registry
             .calls(channel)
             .is_some_and(|api| api.prepay_is_signed_only(&row.method));
-        let payable_until =
-            order.and_then(|o| parse_rfc3339_ms(&o.expires_at)).map_or(0, |ms| ms.saturating_add(CLOCK_TOLERANCE_MS));
+        let payable_until = order.and_then(|o| parse_rfc3339_ms(&o.expires_at)).unwrap_or(0);
         if signed_only && now_ms < payable_until {
             return Ok(Some("a payment request signed for the buyer can still be opened until expires_at"));
         }

@@ -456,8 +456,14 @@ for_each_engine! {
         let close = shop.post("/v1/orders/ORD_SIGNED/close", &json!({}), &[]);
         refused(&close, 503, "platform_unavailable", "ORD_SIGNED");
         refused(&shop.pay("ORD_SIGNED", page), 409, "order_expired", "being closed");
-        // Past expires_at and the platforms' clock tolerance the link is dead.
-        shop.clock.advance_ms(900_000 + 300_000);
+        // Past expires_at (the request's time_expire) the link is dead.
+        shop.clock.advance_ms(900_000);
+        shop.clock.advance_ms(-1);
+        assert_eq!(shop.app.platform_calls().run_platform_calls_once(10).expect("a round"), 1);
+        let detail = shop.app.orders().order("ORD_SIGNED").expect("order");
+        assert_eq!(detail.order.status, OrderStatus::Pending, "a millisecond before expires_at: still held");
+        shop.clock.advance_ms(1);
+        shop.clock.advance_ms(120_000);
         assert_eq!(shop.app.platform_calls().run_platform_calls_once(10).expect("a round"), 1);
         let detail = shop.app.orders().order("ORD_SIGNED").expect("order");
         assert_eq!(detail.order.status, OrderStatus::Closed);
