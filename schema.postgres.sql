@@ -1,4 +1,4 @@
--- payonce schema for PostgreSQL 15+, version 10: the whole current schema.
+-- payonce schema for PostgreSQL 15+, version 11: the whole current schema.
 --
 -- The twin of schema.sql: the same tables, columns in the same order, the
 -- same value formats and the same names, so the queries of an incident
@@ -52,12 +52,16 @@ CREATE TABLE orders (
     closed_at   TEXT,
     refund_no   TEXT,
     refunded_at TEXT,
+    -- The sum of the order's succeeded refunds (the refund trigger keeps it),
+    -- never past amount; last, where migration 11's ADD COLUMN puts it.
+    refunded_amount BIGINT NOT NULL DEFAULT 0,
     -- A paid order always names the payment that paid it, and only such an order does.
     CHECK ((status IN ('PENDING', 'CLOSED')) = (pay_no IS NULL)),
     CHECK ((status IN ('PENDING', 'CLOSED')) = (paid_at IS NULL)),
     CHECK ((status = 'CLOSED') = (closed_at IS NOT NULL)),
     CHECK ((status = 'REFUNDED') = (refunded_at IS NOT NULL)),
-    CHECK ((status IN ('REFUNDING', 'REFUNDED')) = (refund_no IS NOT NULL))
+    CHECK ((status IN ('REFUNDING', 'REFUNDED')) = (refund_no IS NOT NULL)),
+    CONSTRAINT orders_refunded_amount_check CHECK (refunded_amount BETWEEN 0 AND amount)
 );
 CREATE UNIQUE INDEX uk_order_no ON orders (order_no);
 CREATE INDEX ix_orders_user ON orders (user_id, id);
@@ -128,6 +132,20 @@ $$;
 CREATE TRIGGER orders_identity_immutable
 BEFORE UPDATE OF id, order_no, user_id, amount, currency, created_at ON orders
 FOR EACH ROW EXECUTE FUNCTION orders_identity_immutable();
+
+-- What was refunded stays refunded.
+CREATE FUNCTION orders_refunded_amount_only_grows() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.refunded_amount < OLD.refunded_amount THEN
+        RAISE EXCEPTION 'an order''s refunded_amount only grows';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER orders_refunded_amount_only_grows
+BEFORE UPDATE OF refunded_amount ON orders
+FOR EACH ROW EXECUTE FUNCTION orders_refunded_amount_only_grows();
 
 -- One function refuses both DELETE (per row) and TRUNCATE (per statement).
 CREATE FUNCTION orders_no_delete() RETURNS trigger
@@ -272,15 +290,21 @@ CREATE TABLE refund (
     -- one (WeChat Pay success_time, Alipay gmt_refund); reconciliation dates
     -- the refund by it, else by settled_at (when payonce learnt of it).
     platform_settled_at TEXT,
+    -- What this refund returns, in the order's minor units; why (at most 80
+    -- characters); the payment it returns when it refunds one payment rather
+    -- than the order. Last, where migration 11's ADD COLUMN puts them.
+    amount       BIGINT  NOT NULL,
+    reason       TEXT    CHECK (reason IS NULL OR length(reason) BETWEEN 1 AND 80),
+    pay_no       TEXT,
     CHECK ((status = 'REQUESTED') = (settled_at IS NULL)),
-    CHECK (platform_settled_at IS NULL OR status = 'SUCCEEDED')
+    CHECK (platform_settled_at IS NULL OR status = 'SUCCEEDED'),
+    CONSTRAINT refund_amount_check CHECK (amount > 0)
 );
 CREATE UNIQUE INDEX uk_refund_no ON refund (refund_no);
 CREATE INDEX ix_refund_order ON refund (order_id);
 CREATE INDEX ix_refund_settled ON refund ((coalesce(platform_settled_at, settled_at))) WHERE status = 'SUCCEEDED';
--- One refund in flight per order, and one full refund per order in this version.
-CREATE UNIQUE INDEX uk_refund_requested ON refund (order_id) WHERE status = 'REQUESTED';
-CREATE UNIQUE INDEX uk_refund_succeeded ON refund (order_id) WHERE status = 'SUCCEEDED';
+-- One order refund in flight per order (a payment's refund is its own).
+CREATE UNIQUE INDEX uk_refund_requested ON refund (order_id) WHERE status = 'REQUESTED' AND pay_no IS NULL;
 
 CREATE FUNCTION refund_legal_transitions() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -288,12 +312,15 @@ BEGIN
     IF NEW.refund_no IS DISTINCT FROM OLD.refund_no
        OR NEW.order_id IS DISTINCT FROM OLD.order_id
        OR NEW.requested_at IS DISTINCT FROM OLD.requested_at
+       OR NEW.amount IS DISTINCT FROM OLD.amount
+       OR NEW.reason IS DISTINCT FROM OLD.reason
+       OR NEW.pay_no IS DISTINCT FROM OLD.pay_no
        OR (NEW.status IS DISTINCT FROM OLD.status
            AND NOT (OLD.status = 'REQUESTED' AND NEW.status IN ('SUCCEEDED', 'FAILED')))
        OR (OLD.settled_at IS NOT NULL AND NEW.settled_at IS DISTINCT FROM OLD.settled_at)
        OR (OLD.status <> 'REQUESTED'
            AND NEW.platform_settled_at IS DISTINCT FROM OLD.platform_settled_at) THEN
-        RAISE EXCEPTION 'a refund only settles once, REQUESTED -> SUCCEEDED | FAILED, and its times stay';
+        RAISE EXCEPTION 'a refund only settles once, REQUESTED -> SUCCEEDED | FAILED, and its times and amount stay';
     END IF;
     RETURN NEW;
 END;
@@ -311,6 +338,27 @@ CREATE TRIGGER refund_no_delete BEFORE DELETE ON refund
 FOR EACH ROW EXECUTE FUNCTION refund_no_delete();
 CREATE TRIGGER refund_no_truncate BEFORE TRUNCATE ON refund
 FOR EACH STATEMENT EXECUTE FUNCTION refund_no_delete();
+
+-- An order's refunded_amount is the sum of its succeeded order refunds,
+-- kept by the database itself: the orders CHECK then refuses a refund that
+-- would return more than was paid.
+CREATE FUNCTION refund_succeeded_adds_to_its_order() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.status = 'SUCCEEDED' AND NEW.pay_no IS NULL
+       AND (TG_OP = 'INSERT' OR OLD.status = 'REQUESTED') THEN
+        UPDATE orders SET refunded_amount = refunded_amount + NEW.amount WHERE id = NEW.order_id;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- Two triggers, as SQLite has: a refund settled, and one written settled.
+CREATE TRIGGER refund_succeeded_adds_to_its_order
+AFTER UPDATE OF status ON refund
+FOR EACH ROW EXECUTE FUNCTION refund_succeeded_adds_to_its_order();
+CREATE TRIGGER refund_succeeded_at_once_adds_to_its_order
+AFTER INSERT ON refund
+FOR EACH ROW EXECUTE FUNCTION refund_succeeded_adds_to_its_order();
 
 CREATE TABLE user_coupon (
     id                 BIGINT  GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
@@ -371,11 +419,33 @@ CREATE TABLE point_log (
     point_type TEXT    NOT NULL CHECK (point_type IN ('ORDER_PAID', 'ORDER_PAID_REVERSAL')),
     points     BIGINT  NOT NULL,
     created_at TEXT    NOT NULL,
+    -- The refund a reversal undoes (NULL for ORDER_PAID and for
+    -- compensation's reverse_points); last, where migration 11 puts it.
+    refund_no  TEXT,
     CHECK ((point_type = 'ORDER_PAID' AND points > 0)
-        OR (point_type = 'ORDER_PAID_REVERSAL' AND points < 0))
+        OR (point_type = 'ORDER_PAID_REVERSAL' AND points < 0)),
+    CONSTRAINT point_log_refund_no_check CHECK (refund_no IS NULL OR point_type = 'ORDER_PAID_REVERSAL')
 );
-CREATE UNIQUE INDEX uk_order_type ON point_log (order_id, point_type);
+-- One ORDER_PAID per order, one reversal per refund, and one without a
+-- refund (compensation's reverse_points).
+CREATE UNIQUE INDEX uk_order_type ON point_log (order_id, point_type, (coalesce(refund_no, '')));
 CREATE INDEX ix_point_log_user ON point_log (user_id, id);
+
+CREATE FUNCTION point_log_never_below_zero() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- An entry whose key is taken is no entry (ON CONFLICT DO NOTHING skips
+    -- it after this trigger ran), so only a new one is weighed.
+    IF (SELECT coalesce(sum(points), 0) FROM point_log WHERE order_id = NEW.order_id) + NEW.points < 0
+       AND NOT EXISTS (SELECT 1 FROM point_log WHERE order_id = NEW.order_id AND point_type = NEW.point_type
+                       AND coalesce(refund_no, '') = coalesce(NEW.refund_no, '')) THEN
+        RAISE EXCEPTION 'an order''s points never go below zero';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER point_log_never_below_zero BEFORE INSERT ON point_log
+FOR EACH ROW EXECUTE FUNCTION point_log_never_below_zero();
 
 -- point_log_no_update, point_log_no_delete and point_log_no_truncate share
 -- their message, as SQLite's two triggers do.

@@ -1,4 +1,4 @@
--- payonce schema, version 10: the whole current schema.
+-- payonce schema, version 11: the whole current schema.
 --
 -- Every uniqueness and every allowed value is a constraint here, so the
 -- database refuses what the code must never do, even if the code is wrong.
@@ -13,6 +13,9 @@
 -- transaction; tests/it/schema.rs proves a migrated v1 database ends with
 -- exactly this schema. A change here is also a new migration.
 
+-- refunded_amount: the sum of the order's succeeded refunds, kept by the
+-- refund triggers, never past amount. Migration 11 added it with ADD COLUMN
+-- (four tables reference orders), so its text sits where SQLite writes it.
 CREATE TABLE orders (
     id          INTEGER PRIMARY KEY,
     order_no    TEXT    NOT NULL CHECK (length(order_no) BETWEEN 1 AND 64
@@ -29,7 +32,7 @@ CREATE TABLE orders (
     paid_at     TEXT,
     closed_at   TEXT,
     refund_no   TEXT,
-    refunded_at TEXT,
+    refunded_at TEXT, refunded_amount INTEGER NOT NULL DEFAULT 0 CHECK (refunded_amount BETWEEN 0 AND amount),
     -- A paid order always names the payment that paid it, and only such an order does.
     CHECK ((status IN ('PENDING', 'CLOSED')) = (pay_no IS NULL)),
     CHECK ((status IN ('PENDING', 'CLOSED')) = (paid_at IS NULL)),
@@ -72,6 +75,14 @@ WHEN (OLD.pay_no IS NOT NULL AND NEW.pay_no IS NOT OLD.pay_no)
   OR (OLD.refunded_at IS NOT NULL AND NEW.refunded_at IS NOT OLD.refunded_at)
 BEGIN
     SELECT RAISE(ABORT, 'an order''s pay_no, paid_at, closed_at and refunded_at never change once set');
+END;
+
+-- What was refunded stays refunded.
+CREATE TRIGGER orders_refunded_amount_only_grows
+BEFORE UPDATE OF refunded_amount ON orders
+WHEN NEW.refunded_amount < OLD.refunded_amount
+BEGIN
+    SELECT RAISE(ABORT, 'an order''s refunded_amount only grows');
 END;
 
 CREATE TRIGGER orders_identity_immutable
@@ -195,31 +206,57 @@ CREATE TABLE refund (
     -- one (WeChat Pay success_time, Alipay gmt_refund); reconciliation dates
     -- the refund by it, else by settled_at (when payonce learnt of it).
     platform_settled_at TEXT,
+    -- What this refund returns, in the order's minor units; why (the
+    -- platforms' `reason` / `refund_reason`, at most 80 characters); and
+    -- the payment it returns when it refunds one payment rather than the
+    -- order (NULL for an order's refund). Last, where PostgreSQL's
+    -- migration 11 appends them.
+    amount       INTEGER NOT NULL CHECK (typeof(amount) = 'integer' AND amount > 0),
+    reason       TEXT    CHECK (reason IS NULL OR length(reason) BETWEEN 1 AND 80),
+    pay_no       TEXT,
     CHECK ((status = 'REQUESTED') = (settled_at IS NULL)),
     CHECK (platform_settled_at IS NULL OR status = 'SUCCEEDED')
 );
+
 CREATE UNIQUE INDEX uk_refund_no ON refund (refund_no);
 CREATE INDEX ix_refund_order ON refund (order_id);
 CREATE INDEX ix_refund_settled ON refund (coalesce(platform_settled_at, settled_at)) WHERE status = 'SUCCEEDED';
--- One refund in flight per order, and one full refund per order in this version.
-CREATE UNIQUE INDEX uk_refund_requested ON refund (order_id) WHERE status = 'REQUESTED';
-CREATE UNIQUE INDEX uk_refund_succeeded ON refund (order_id) WHERE status = 'SUCCEEDED';
+-- One order refund in flight per order (a payment's refund is its own).
+CREATE UNIQUE INDEX uk_refund_requested ON refund (order_id) WHERE status = 'REQUESTED' AND pay_no IS NULL;
 
 CREATE TRIGGER refund_legal_transitions
 BEFORE UPDATE ON refund
 WHEN NEW.refund_no IS NOT OLD.refund_no OR NEW.order_id IS NOT OLD.order_id
   OR NEW.requested_at IS NOT OLD.requested_at
+  OR NEW.amount IS NOT OLD.amount OR NEW.reason IS NOT OLD.reason OR NEW.pay_no IS NOT OLD.pay_no
   OR (NEW.status IS NOT OLD.status
       AND NOT (OLD.status = 'REQUESTED' AND NEW.status IN ('SUCCEEDED', 'FAILED')))
   OR (OLD.settled_at IS NOT NULL AND NEW.settled_at IS NOT OLD.settled_at)
   OR (OLD.status <> 'REQUESTED' AND NEW.platform_settled_at IS NOT OLD.platform_settled_at)
 BEGIN
-    SELECT RAISE(ABORT, 'a refund only settles once, REQUESTED -> SUCCEEDED | FAILED, and its times stay');
+    SELECT RAISE(ABORT, 'a refund only settles once, REQUESTED -> SUCCEEDED | FAILED, and its times and amount stay');
 END;
 
 CREATE TRIGGER refund_no_delete BEFORE DELETE ON refund
 BEGIN
     SELECT RAISE(ABORT, 'refund is append-only');
+END;
+
+-- An order's refunded_amount is the sum of its succeeded order refunds,
+-- kept by the database itself: the orders CHECK then refuses a refund that
+-- would return more than was paid.
+CREATE TRIGGER refund_succeeded_adds_to_its_order
+AFTER UPDATE OF status ON refund
+WHEN NEW.status = 'SUCCEEDED' AND OLD.status = 'REQUESTED' AND NEW.pay_no IS NULL
+BEGIN
+    UPDATE orders SET refunded_amount = refunded_amount + NEW.amount WHERE id = NEW.order_id;
+END;
+
+CREATE TRIGGER refund_succeeded_at_once_adds_to_its_order
+AFTER INSERT ON refund
+WHEN NEW.status = 'SUCCEEDED' AND NEW.pay_no IS NULL
+BEGIN
+    UPDATE orders SET refunded_amount = refunded_amount + NEW.amount WHERE id = NEW.order_id;
 END;
 
 CREATE TABLE user_coupon (
@@ -255,18 +292,34 @@ BEGIN
     SELECT RAISE(ABORT, 'user_coupon is append-only: freeze instead');
 END;
 
+-- refund_no: the refund a reversal undoes (NULL for ORDER_PAID and for
+-- compensation's reverse_points); added by migration 11's ADD COLUMN, its
+-- text where SQLite writes it.
 CREATE TABLE point_log (
     id         INTEGER PRIMARY KEY,
     user_id    TEXT    NOT NULL,
     order_id   INTEGER NOT NULL REFERENCES orders (id),
     point_type TEXT    NOT NULL CHECK (point_type IN ('ORDER_PAID', 'ORDER_PAID_REVERSAL')),
     points     INTEGER NOT NULL CHECK (typeof(points) = 'integer'),
-    created_at TEXT    NOT NULL,
+    created_at TEXT    NOT NULL, refund_no TEXT CHECK (refund_no IS NULL OR point_type = 'ORDER_PAID_REVERSAL'),
     CHECK ((point_type = 'ORDER_PAID' AND points > 0)
         OR (point_type = 'ORDER_PAID_REVERSAL' AND points < 0))
 );
-CREATE UNIQUE INDEX uk_order_type ON point_log (order_id, point_type);
+-- One ORDER_PAID per order, one reversal per refund, and one without a
+-- refund (compensation's reverse_points).
+CREATE UNIQUE INDEX uk_order_type ON point_log (order_id, point_type, coalesce(refund_no, ''));
 CREATE INDEX ix_point_log_user ON point_log (user_id, id);
+
+-- An entry whose key is taken is no entry (ON CONFLICT DO NOTHING skips it
+-- after this trigger ran), so only a new one is weighed.
+CREATE TRIGGER point_log_never_below_zero
+BEFORE INSERT ON point_log
+WHEN (SELECT coalesce(sum(points), 0) FROM point_log WHERE order_id = NEW.order_id) + NEW.points < 0
+ AND NOT EXISTS (SELECT 1 FROM point_log WHERE order_id = NEW.order_id AND point_type = NEW.point_type
+                 AND coalesce(refund_no, '') = coalesce(NEW.refund_no, ''))
+BEGIN
+    SELECT RAISE(ABORT, 'an order''s points never go below zero');
+END;
 
 CREATE TRIGGER point_log_no_update BEFORE UPDATE ON point_log
 BEGIN

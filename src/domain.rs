@@ -225,6 +225,8 @@ pub struct Order {
     pub closed_at: Option<String>,
     pub refund_no: Option<String>,
     pub refunded_at: Option<String>,
+    /// The sum of its succeeded refunds (minor units), kept by the database.
+    pub refunded_amount: i64,
 }
 
 /// Rewards a payment earns, fixed when it is applied.

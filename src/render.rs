@@ -44,6 +44,7 @@ impl Order {
             "closed_at": self.closed_at,
             "refund_no": self.refund_no,
             "refunded_at": self.refunded_at,
+            "refunded_amount": self.refunded_amount,
         })
     }
 }
@@ -678,8 +679,9 @@ mod tests {
             closed_at: None,
             refund_no: None,
             refunded_at: None,
+            refunded_amount: 0,
         };
-        let o = r#"{"order_no":"O-1","user_id":"u1","amount":9900,"currency":"CNY","status":"PAID","pay_no":"P-1","created_at":"c","expires_at":"e","paid_at":"p","closed_at":null,"refund_no":null,"refunded_at":null}"#;
+        let o = r#"{"order_no":"O-1","user_id":"u1","amount":9900,"currency":"CNY","status":"PAID","pay_no":"P-1","created_at":"c","expires_at":"e","paid_at":"p","closed_at":null,"refund_no":null,"refunded_at":null,"refunded_amount":0}"#;
         let (pay_no, channel, amount, outcome) = ("P-1", "generic", 9900, PaymentOutcome::Applied);
         assert_eq!(
             EventData::Payment { order: &order, pay_no, channel, amount, outcome }.json_text(),

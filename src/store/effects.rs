@@ -142,7 +142,7 @@ impl WriteTx<'_> {
         let changed = self.execute(
             "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT (order_id, point_type) DO NOTHING",
+             ON CONFLICT (order_id, point_type, coalesce(refund_no, '')) DO NOTHING",
             params![user_id, order_id, POINT_TYPE_ORDER_PAID, points, now],
         )?;
         one_row(changed, "add points")
@@ -156,7 +156,7 @@ impl WriteTx<'_> {
             "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
              SELECT user_id, order_id, ?2, -points, ?3 FROM point_log
              WHERE order_id = ?1 AND point_type = ?4
-             ON CONFLICT (order_id, point_type) DO NOTHING",
+             ON CONFLICT (order_id, point_type, coalesce(refund_no, '')) DO NOTHING",
             params![order_id, POINT_TYPE_ORDER_PAID_REVERSAL, now, POINT_TYPE_ORDER_PAID],
         )?;
         one_row(changed, "reverse points")

@@ -60,7 +60,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -113,6 +113,7 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "platform_call_prepay",
         sql: include_str!("../../migrations/0010_platform_call_prepay.sql"),
     },
+    Migration { version: 11, name: "refund_amounts", sql: include_str!("../../migrations/0011_refund_amounts.sql") },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -153,6 +154,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         version: 10,
         name: "platform_call_prepay",
         sql: include_str!("../../migrations/postgres/0010_platform_call_prepay.sql"),
+    },
+    Migration {
+        version: 11,
+        name: "refund_amounts",
+        sql: include_str!("../../migrations/postgres/0011_refund_amounts.sql"),
     },
 ];
 

@@ -11,7 +11,7 @@ use crate::error::Error;
 macro_rules! order_columns {
     () => {
         "id, order_no, user_id, amount, currency, status, pay_no, created_at, \
-         expires_at, paid_at, closed_at, refund_no, refunded_at"
+         expires_at, paid_at, closed_at, refund_no, refunded_at, refunded_amount"
     };
 }
 
@@ -31,6 +31,7 @@ fn order_from_row(row: &Row) -> Result<Order, Error> {
         closed_at: row.opt_text(10)?,
         refund_no: row.opt_text(11)?,
         refunded_at: row.opt_text(12)?,
+        refunded_amount: row.int(13)?,
     })
 }
 
@@ -215,7 +216,8 @@ impl WriteTx<'_> {
     /// Inserts a REQUESTED refund under `uk_refund_no`; `false` if the refund_no exists.
     pub fn insert_refund(&self, refund_no: &str, order_id: i64, now: &str) -> Result<bool, Error> {
         let changed = self.execute(
-            "INSERT INTO refund (refund_no, order_id, status, requested_at) VALUES (?1, ?2, 'REQUESTED', ?3)
+            "INSERT INTO refund (refund_no, order_id, status, requested_at, amount)
+             VALUES (?1, ?2, 'REQUESTED', ?3, (SELECT amount FROM orders WHERE id = ?2))
              ON CONFLICT (refund_no) DO NOTHING",
             params![refund_no, order_id, now],
         )?;

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The order object's keys (docs/openapi.yaml, `Order`).
-const ORDER_KEYS: [&str; 12] = [
+const ORDER_KEYS: [&str; 13] = [
     "order_no",
     "user_id",
     "amount",
@@ -25,6 +25,7 @@ const ORDER_KEYS: [&str; 12] = [
     "closed_at",
     "refund_no",
     "refunded_at",
+    "refunded_amount",
 ];
 
 const REWARDS: [&str; 6] = ["--coupon", "NEW10", "--coupon", "VIP", "--points-per-yuan", "2"];

@@ -100,7 +100,7 @@ fn named_unique_indexes_exist_with_their_columns() {
         ("uk_pay_no", "pay_callback_log", &["pay_no"]),
         ("uk_refund_no", "refund", &["refund_no"]),
         ("uk_order_tpl", "user_coupon", &["order_id", "coupon_template_id"]),
-        ("uk_order_type", "point_log", &["order_id", "point_type"]),
+        ("uk_order_type", "point_log", &["order_id", "point_type", "<expression>"]),
         ("uk_event_id", "outbox_event", &["event_id"]),
         ("uk_scope_key", "idempotency_key", &["scope", "key"]),
         ("uk_endpoint_event", "webhook_delivery", &["endpoint", "event_id"]),
@@ -119,8 +119,12 @@ fn named_unique_indexes_exist_with_their_columns() {
         assert!(*unique, "{index} is UNIQUE");
         assert!(!*partial, "{index} covers every row (not a partial index)");
         let mut info = conn.prepare(&format!("PRAGMA index_info({index})")).expect("index_info");
-        let cols: Vec<String> =
-            info.query_map([], |r| r.get::<_, String>(2)).expect("query").collect::<Result<_, _>>().expect("rows");
+        // An expression's column has no name: coalesce(refund_no, '') in uk_order_type.
+        let cols: Vec<String> = info
+            .query_map([], |r| Ok(r.get::<_, Option<String>>(2)?.unwrap_or_else(|| "<expression>".to_owned())))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
         assert_eq!(cols, columns, "{index} columns");
     }
 
@@ -136,8 +140,8 @@ fn named_unique_indexes_exist_with_their_columns() {
         "INSERT INTO pay_callback_log (pay_no, channel, order_id, amount, status, outcome, state, source, raw_body, received_at)
          SELECT pay_no, channel, (SELECT id FROM orders WHERE order_no = 'O-3'), amount, status, 'recorded', 'received', source, raw_body, received_at
          FROM pay_callback_log WHERE pay_no = 'P-1'",
-        "INSERT INTO refund (refund_no, order_id, status, requested_at, settled_at)
-         SELECT refund_no, (SELECT id FROM orders WHERE order_no = 'O-2'), 'FAILED', requested_at, 't' FROM refund WHERE refund_no = 'R-1'",
+        "INSERT INTO refund (refund_no, order_id, status, requested_at, settled_at, amount)
+         SELECT refund_no, (SELECT id FROM orders WHERE order_no = 'O-2'), 'FAILED', requested_at, 't', amount FROM refund WHERE refund_no = 'R-1'",
         "INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at)
          SELECT user_id, order_id, coupon_template_id, 'ACTIVE', created_at FROM user_coupon LIMIT 1",
         "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
@@ -331,13 +335,13 @@ fn checks_refuse_bad_states_and_amounts() {
         ),
         (
             "refund.status",
-            format!("INSERT INTO refund (refund_no, order_id, status, requested_at, settled_at) VALUES ('RX-1', {o3}, {{V}}, 't', 't')"),
+            format!("INSERT INTO refund (refund_no, order_id, status, requested_at, settled_at, amount) VALUES ('RX-1', {o3}, {{V}}, 't', 't', 1)"),
             vec!["'FAILED'".into()],
             vec!["'DONE'".into(), "'failed'".into(), "NULL".into()],
         ),
         (
             "refund.order_id (foreign key)",
-            "INSERT INTO refund (refund_no, order_id, status, requested_at, settled_at) VALUES ('RX-1', {V}, 'FAILED', 't', 't')".into(),
+            "INSERT INTO refund (refund_no, order_id, status, requested_at, settled_at, amount) VALUES ('RX-1', {V}, 'FAILED', 't', 't', 1)".into(),
             vec![o3.to_string()],
             vec!["987654".into()],
         ),
@@ -804,6 +808,16 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
         .query_row("SELECT count(*) FROM refund WHERE platform_settled_at IS NOT NULL", [], |r| r.get(0))
         .expect("count");
     assert_eq!(platform_times, 0, "refunds settled before v2 have no platform time");
+    // Migration 11: every refund before it refunded its whole order.
+    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0)).expect(sql);
+    assert!(count("SELECT count(*) FROM orders WHERE status = 'REFUNDED'") > 0, "the v1 rows hold a refunded order");
+    assert_eq!(
+        count(
+            "SELECT count(*) FROM orders WHERE refunded_amount <> CASE status WHEN 'REFUNDED' THEN amount ELSE 0 END"
+        ),
+        0
+    );
+    assert_eq!(count("SELECT count(*) FROM refund r JOIN orders o ON o.id = r.order_id WHERE r.amount <> o.amount"), 0);
     // Migration 3 copies each unexpected refund's refund_no into its own column.
     let refund_nos: Vec<(String, Option<String>)> = conn
         .prepare("SELECT action, refund_no FROM audit_log ORDER BY id")
@@ -865,7 +879,7 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
     assert_refused(&conn, "DELETE FROM refund WHERE refund_no = 'R-OK'");
     assert_refused(
         &conn,
-        "INSERT INTO refund (refund_no, order_id, status, requested_at) VALUES ('R-OK', 1, 'REQUESTED', 't')",
+        "INSERT INTO refund (refund_no, order_id, status, requested_at, amount) VALUES ('R-OK', 1, 'REQUESTED', 't', 1)",
     );
     // Migration 8 rewrote the value lists in place: the pool that migrated
     // the file and a connection opened afterwards enforce them alike.
@@ -1011,6 +1025,75 @@ for_each_engine! {
         store.execute_raw("DELETE FROM idempotency_key WHERE expires_at < '2000'").expect("idempotency_key is not a ledger");
     }
 
+    /// Refunds by amount, kept by the database itself (migration 11): an
+    /// order's refunded_amount is the sum of its succeeded order refunds (a
+    /// payment's refund is outside it and outside the one-in-flight rule),
+    /// never past its amount and never smaller; a refund's amount stays; an
+    /// order's points never go below zero, one reversal per refund.
+    fn refunds_by_amount_are_kept_by_the_database(db) {
+        let (_app, store) = seeded(db);
+        let check = match db.engine {
+            crate::engines::Engine::Sqlite => "CHECK constraint failed",
+            crate::engines::Engine::Postgres => "check constraint",
+        };
+        let refunded = |order_no: &str| {
+            db.count(&store, &format!("SELECT refunded_amount FROM orders WHERE order_no = '{order_no}'"))
+        };
+        assert_eq!((refunded("O-1"), refunded("O-2")), (9999, 0), "the seed's full refund, and none");
+        let o2 = "(SELECT id FROM orders WHERE order_no = 'O-2')";
+        let request = |refund_no: &str, amount: i64, pay_no: &str| {
+            format!(
+                "INSERT INTO refund (refund_no, order_id, status, requested_at, amount, pay_no)
+                 VALUES ('{refund_no}', {o2}, 'REQUESTED', 't', {amount}, {pay_no})"
+            )
+        };
+        let settle =
+            |refund_no: &str| format!("UPDATE refund SET status = 'SUCCEEDED', settled_at = 't' WHERE refund_no = '{refund_no}'");
+        let run = |sql: &str| store.execute_raw(sql).unwrap_or_else(|e| panic!("{}: {sql}: {e}", db.label()));
+        run(&request("RP-1", 3000, "NULL"));
+        refused_by(db, &store, &request("RP-X", 1, "NULL"), unique_message(db, "uk_refund_requested"));
+        run(&request("RP-PAY", 5000, "'P-2'"));
+        run(&settle("RP-1"));
+        run(&settle("RP-PAY"));
+        assert_eq!(refunded("O-2"), 3000, "a payment's refund is not the order's");
+        run(&request("RP-2", 1500, "NULL"));
+        run(&settle("RP-2"));
+        assert_eq!(refunded("O-2"), 4500);
+        run(&request("RP-3", 600, "NULL"));
+        refused_by(db, &store, &settle("RP-3"), check);
+        assert_eq!(refunded("O-2"), 4500, "refused whole");
+        refused_by(db, &store, "UPDATE orders SET refunded_amount = 0 WHERE order_no = 'O-2'", "refunded_amount only grows");
+        refused_by(db, &store, "UPDATE refund SET amount = 1 WHERE refund_no = 'RP-1'", "its times and amount stay");
+        refused_by(db, &store, &request("RP-0", 0, "'P-2'"), check);
+
+        let points = db.count(
+            &store,
+            &format!("SELECT points FROM point_log WHERE point_type = 'ORDER_PAID' AND order_id = {o2}"),
+        );
+        assert!(points > 1, "{}: the seed's order earned points: {points}", db.label());
+        let reverse = |refund_no: &str, points: i64| {
+            let refund_no = if refund_no.is_empty() { "NULL".to_owned() } else { format!("'{refund_no}'") };
+            format!(
+                "INSERT INTO point_log (user_id, order_id, point_type, points, created_at, refund_no)
+                 VALUES ('u1', {o2}, 'ORDER_PAID_REVERSAL', {points}, 't', {refund_no})"
+            )
+        };
+        run(&reverse("RP-1", -(points - 1)));
+        refused_by(db, &store, &reverse("RP-1", -1), unique_message(db, "uk_order_type"));
+        refused_by(db, &store, &reverse("RP-2", -2), "points never go below zero");
+        run(&reverse("RP-2", -1));
+        refused_by(db, &store, &reverse("", -1), "points never go below zero");
+        refused_by(
+            db,
+            &store,
+            &format!(
+                "INSERT INTO point_log (user_id, order_id, point_type, points, created_at, refund_no)
+                 VALUES ('u1', {o2}, 'ORDER_PAID', 5, 't', 'RP-1')"
+            ),
+            check,
+        );
+    }
+
     /// Each side effect's own UNIQUE key refuses a second row.
     fn unique_keys_refuse_a_second_row(db) {
         let (_app, store) = seeded(db);
@@ -1032,8 +1115,8 @@ for_each_engine! {
                      paid_at, received_at, decided_at, applied_at, rewards_due
               FROM pay_callback_log WHERE pay_no = 'P-1'",
              "uk_applied_order"),
-            ("INSERT INTO refund (refund_no, order_id, status, requested_at)
-              SELECT refund_no, (SELECT id FROM orders WHERE order_no = 'O-2'), 'REQUESTED', requested_at
+            ("INSERT INTO refund (refund_no, order_id, status, requested_at, amount)
+              SELECT refund_no, (SELECT id FROM orders WHERE order_no = 'O-2'), 'REQUESTED', requested_at, amount
               FROM refund WHERE refund_no = 'R-1'",
              "uk_refund_no"),
             ("INSERT INTO user_coupon (user_id, order_id, coupon_template_id, status, created_at)
@@ -1200,12 +1283,16 @@ fn a_postgres_v3_database_migrates_in_place_to_the_fresh_schema() {
         tx.commit().expect("commit");
     }
     // Each row as JSON; pay_callback_log's without the column migration 9
-    // adds (checked on its own below).
+    // adds, orders' without migration 11's (both checked on their own below).
     let rows = |client: &mut postgres::Client| -> Vec<String> {
         ["orders", "pay_callback_log", "audit_log", "settings"]
             .iter()
             .flat_map(|t| {
-                let row = if *t == "pay_callback_log" { "to_jsonb(t) - 'currency'" } else { "to_jsonb(t)" };
+                let row = match *t {
+                    "pay_callback_log" => "to_jsonb(t) - 'currency'",
+                    "orders" => "to_jsonb(t) - 'refunded_amount'",
+                    _ => "to_jsonb(t)",
+                };
                 client
                     .query(&format!("SELECT ({row})::text FROM {t} t ORDER BY 1"), &[])
                     .expect("rows")
