@@ -471,7 +471,7 @@ CREATE TABLE outbox_event (
     event_id   TEXT    NOT NULL,
     type       TEXT    NOT NULL CHECK (type IN ('order.paid', 'order.closed', 'order.refunding',
                                                 'order.refunded', 'order.refund_failed',
-                                                'payment.refund_required')),
+                                                'payment.refund_required', 'order.partially_refunded')),
     order_no   TEXT    NOT NULL,
     data       TEXT    NOT NULL CHECK (payonce_json_valid(data)),
     created_at TEXT    NOT NULL,

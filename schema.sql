@@ -337,7 +337,8 @@ CREATE TABLE outbox_event (
     event_id   TEXT    NOT NULL,
     type       TEXT    NOT NULL CHECK ((type = 'order.paid' OR type = 'order.closed' OR type = 'order.refunding'
                                                 OR type = 'order.refunded' OR type = 'order.refund_failed'
-                                                OR type = 'payment.refund_required')),
+                                                OR type = 'payment.refund_required'
+                                                OR type = 'order.partially_refunded')),
     order_no   TEXT    NOT NULL,
     data       TEXT    NOT NULL CHECK (json_valid(data)),
     created_at TEXT    NOT NULL,

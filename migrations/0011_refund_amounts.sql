@@ -125,3 +125,15 @@ WHEN (SELECT coalesce(sum(points), 0) FROM point_log WHERE order_id = NEW.order_
 BEGIN
     SELECT RAISE(ABORT, 'an order''s points never go below zero');
 END;
+
+-- The event of a refund that returned part of an order. A CHECK's text does
+-- not change the file format, so, as migration 8 did, the stored CREATE TABLE
+-- text is edited (src/store/sqlite.rs then bumps schema_version and reads
+-- the schema back).
+PRAGMA writable_schema = ON;
+UPDATE sqlite_schema SET sql = replace(sql,
+    'OR type = ''payment.refund_required'')',
+    'OR type = ''payment.refund_required''
+                                                OR type = ''order.partially_refunded'')')
+WHERE type = 'table' AND name = 'outbox_event';
+PRAGMA writable_schema = OFF;

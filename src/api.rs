@@ -169,6 +169,7 @@ static ROUTE_TABLE: &[Route] = &[
     protected("POST", "/v1/orders/{order_no}/close", |c| close_order(c.app, c.req, c.param(0), c.slot)),
     protected("POST", "/v1/orders/{order_no}/refund", |c| request_refund(c.app, c.req, c.param(0), c.slot)),
     protected("POST", "/v1/orders/{order_no}/pay", |c| pay_order(c.app, c.req, c.param(0), c.slot)),
+    protected("POST", "/v1/orders/{order_no}/refunds", |c| request_refund_amount(c.app, c.req, c.param(0), c.slot)),
     // Never stored under an Idempotency-Key: a replay would repeat a stale platform state.
     protected_unkeyed("POST", "/v1/orders/{order_no}/sync", |c| sync_order(c.app, c.req, c.param(0))),
     protected("GET", "/v1/users/{user_id}/coupons", |c| user_coupons(c.app, c.param(0))),
@@ -540,6 +541,20 @@ fn pay_order(app: &App, req: &Request, order_no: &str, slot: Option<&Idempotency
         description: optional_str(&body, "description")?,
     };
     Ok(answered(&app.prepays().pay(order_no, &request, slot)?))
+}
+
+fn request_refund_amount(
+    app: &App,
+    req: &Request,
+    order_no: &str,
+    slot: Option<&IdempotencySlot>,
+) -> Result<Response, Error> {
+    let body = json_object(req, &["refund_no", "amount", "reason"])?;
+    let refund_no = required_str(&body, "refund_no")?;
+    let amount = optional_i64(&body, "amount")?;
+    let reason = optional_str(&body, "reason")?;
+    let asked = app.refunds().request_refund_amount(order_no, &refund_no, amount, reason.as_deref(), slot)?;
+    Ok(answered(&asked))
 }
 
 fn request_refund(app: &App, req: &Request, order_no: &str, slot: Option<&IdempotencySlot>) -> Result<Response, Error> {

@@ -139,6 +139,8 @@ pub struct OrderDetail {
     pub audit: Vec<AuditRow>,
     /// What was asked of the platforms about it, oldest first.
     pub platform_calls: Vec<PlatformCallSummary>,
+    /// Its own refunds (not its payments'), oldest first.
+    pub refunds: Vec<crate::domain::RefundRecord>,
 }
 
 /// Where a payment came from, for `pay_callback_log.source`.

@@ -184,6 +184,7 @@ pub enum EventType {
     OrderClosed,
     OrderRefunding,
     OrderRefunded,
+    OrderPartiallyRefunded,
     OrderRefundFailed,
     PaymentRefundRequired,
 }
@@ -195,6 +196,7 @@ impl EventType {
             EventType::OrderClosed => "order.closed",
             EventType::OrderRefunding => "order.refunding",
             EventType::OrderRefunded => "order.refunded",
+            EventType::OrderPartiallyRefunded => "order.partially_refunded",
             EventType::OrderRefundFailed => "order.refund_failed",
             EventType::PaymentRefundRequired => "payment.refund_required",
         }
@@ -227,6 +229,8 @@ pub struct Order {
     pub refunded_at: Option<String>,
     /// The sum of its succeeded refunds (minor units), kept by the database.
     pub refunded_amount: i64,
+    /// The amount of its refund in flight (REQUESTED), else 0.
+    pub refunding_amount: i64,
 }
 
 /// Rewards a payment earns, fixed when it is applied.
@@ -416,6 +420,14 @@ pub struct RefundCallback {
     /// `success_time`, Alipay `gmt_refund`), normalised to payonce's UTC
     /// text; kept as `refund.platform_settled_at`.
     pub settled_at: Option<String>,
+    /// The refund's own amount as the platform states it (WeChat Pay
+    /// `amount.refund`, the generic `amount`), minor units; `None` when it
+    /// states none. Checked against the refund's amount before it settles.
+    pub amount: Option<i64>,
+    /// The trade's refunded total after this refund (Alipay `refund_fee`, a
+    /// running total), minor units; checked against the order's refunded
+    /// amount plus this refund's.
+    pub refunded_total: Option<i64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -498,6 +510,11 @@ pub struct RefundRecord {
     pub status: RefundStatus,
     pub requested_at: String,
     pub settled_at: Option<String>,
+    /// What it returns, minor units.
+    pub amount: i64,
+    pub reason: Option<String>,
+    /// The payment it returns, when it refunds one payment rather than the order.
+    pub pay_no: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -620,7 +637,7 @@ pub enum EventData<'a> {
     /// `order.paid` and `payment.refund_required`: the order and the payment.
     Payment { order: &'a Order, pay_no: &'a str, channel: &'a str, amount: i64, outcome: PaymentOutcome },
     /// `order.refunding`, `order.refunded`, `order.refund_failed`: the order and the refund.
-    Refund { order: &'a Order, refund_no: &'a str, status: RefundStatus },
+    Refund { order: &'a Order, refund_no: &'a str, status: RefundStatus, amount: i64 },
     /// `order.closed`: the order.
     Closed { order: &'a Order },
 }
@@ -668,6 +685,17 @@ pub enum AuditDetail<'a> {
         status: PlatformStatus,
         settled_status: Option<RefundStatus>,
         order_status: OrderStatus,
+    },
+    /// A refund's success whose amount disagrees with the refund: `stated`
+    /// is the refund's amount as the result says it, or, with
+    /// `refunded_total`, the trade's refunded total (Alipay's running
+    /// `refund_fee`).
+    RefundAmountMismatch {
+        refund_no: &'a str,
+        channel: &'a str,
+        amount: i64,
+        stated: i64,
+        refunded_total: bool,
     },
     UnexpectedRefundResolved {
         refund_no: &'a str,
@@ -728,6 +756,7 @@ impl AuditDetail<'_> {
     pub fn refund_no(&self) -> Option<&str> {
         match self {
             AuditDetail::UnexpectedRefund { refund_no, .. }
+            | AuditDetail::RefundAmountMismatch { refund_no, .. }
             | AuditDetail::UnexpectedRefundResolved { refund_no, .. } => Some(refund_no),
             AuditDetail::TransitionRefused { about: Refused::Refund { refund_no }, .. } => Some(refund_no),
             _ => None,

@@ -56,6 +56,10 @@ error_kinds! {
         OrderExpired,
         PaymentInProgress,
         PaymentConflict,
+        RefundNoConflict,
+        RefundInProgress,
+        RefundExceedsBalance,
+        RefundLimitReached,
         // 413, 415, 422
         PayloadTooLarge,
         UnsupportedMediaType,
@@ -95,7 +99,8 @@ impl ErrorKind {
             NotFound | ChannelNotConfigured | OrderNotFound | PaymentNotFound | RefundNotFound | CouponNotFound
             | PointsNotFound | DeliveryNotFound | EndpointNotFound => Disposition::Refusal,
             // The refusal is the answer, and its audit row must stay.
-            OrderNoConflict | InvalidTransition | OrderExpired | PaymentConflict => Disposition::Refusal,
+            OrderNoConflict | InvalidTransition | OrderExpired | PaymentConflict | RefundNoConflict
+            | RefundInProgress | RefundExceedsBalance | RefundLimitReached => Disposition::Refusal,
             InvalidRequest
             | InvalidJson
             | InvalidIdempotencyKey

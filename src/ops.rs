@@ -87,6 +87,18 @@ pub struct RefundResolution {
     pub resolved_at: String,
 }
 
+/// A refund requested by amount: the order after it, the refund, and
+/// whether this request made it (201) or found it (200).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefundRequested {
+    pub order: crate::domain::Order,
+    pub refund: crate::domain::RefundRecord,
+    pub created: bool,
+    /// Asked on the whole-order route (`/refund`), answered with the order
+    /// alone, 200, as that route always was.
+    pub order_only: bool,
+}
+
 /// What a keyed drain decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Drained {

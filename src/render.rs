@@ -12,12 +12,12 @@
 use crate::app::{Answer, OrderDetail};
 use crate::domain::{AuditDetail, EventData, FindingDetail, JsonText, Order, Refused, RewardsDue};
 use crate::domain::{
-    AuditRow, CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PlatformCallSummary, PointRow,
+    AuditRow, CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PlatformCallSummary, PointRow, RefundRecord,
 };
 use crate::error::Error;
 use crate::ops::{
     Compensated, CompensationEffect, DiffRow, DiffRows, Drained, Mode, PaymentResolution, Reconciliation,
-    RefundResolution, Repaired, Repairing, DIFF_PIECE_BYTES,
+    RefundRequested, RefundResolution, Repaired, Repairing, DIFF_PIECE_BYTES,
 };
 use crate::platform_ops::{Paying, Synced};
 use crate::platforms::TradeState;
@@ -45,6 +45,7 @@ impl Order {
             "refund_no": self.refund_no,
             "refunded_at": self.refunded_at,
             "refunded_amount": self.refunded_amount,
+            "refunding_amount": self.refunding_amount,
         })
     }
 }
@@ -169,9 +170,10 @@ impl JsonText for EventData<'_> {
                 "order": order.to_json(),
                 "payment": {"pay_no": pay_no, "channel": channel, "amount": amount, "outcome": outcome.as_str()},
             }),
-            EventData::Refund { order, refund_no, status } => {
-                json!({"order": order.to_json(), "refund": {"refund_no": refund_no, "status": status.as_str()}})
-            }
+            EventData::Refund { order, refund_no, status, amount } => json!({
+                "order": order.to_json(),
+                "refund": {"refund_no": refund_no, "status": status.as_str(), "amount": amount},
+            }),
             EventData::Closed { order } => json!({"order": order.to_json()}),
         };
         data.to_string()
@@ -223,6 +225,11 @@ fn audit_detail(detail: &AuditDetail) -> Value {
         AuditDetail::UnexpectedRefund { refund_no, channel, status, settled_status, order_status } => {
             json!({"refund_no": refund_no, "channel": channel, "status": status.as_str(),
                    "settled_status": settled_status.map(|s| s.as_str()), "order_status": order_status.as_str()})
+        }
+        AuditDetail::RefundAmountMismatch { refund_no, channel, amount, stated, refunded_total } => {
+            let stated_as = if refunded_total { "refunded_total" } else { "amount" };
+            json!({"refund_no": refund_no, "channel": channel, "status": "SUCCESS", "amount": amount,
+                   "stated": stated, "stated_as": stated_as})
         }
         AuditDetail::UnexpectedRefundResolved { refund_no, resolution, reason } => {
             json!({"refund_no": refund_no, "resolution": resolution, "reason": reason})
@@ -375,6 +382,7 @@ impl OrderDetail {
             map.insert("events".into(), self.events.iter().map(event).collect());
             map.insert("audit".into(), self.audit.iter().map(audit_entry).collect());
             map.insert("platform_calls".into(), self.platform_calls.iter().map(platform_call).collect());
+            map.insert("refunds".into(), self.refunds.iter().map(|r| refund(r, &self.order.order_no)).collect());
         }
         value
     }
@@ -454,6 +462,26 @@ impl Answer for Paying {
         let payment: Value = serde_json::from_str(self.payment.text()).unwrap_or_default();
         (200, json!({"order": self.order.to_json(), "payment": payment}))
     }
+}
+
+/// A refund requested by amount: 201 when this request made it, 200 when
+/// it found it; `{"order", "refund"}`, or the order alone on the
+/// whole-order route.
+impl Answer for RefundRequested {
+    fn answer(&self) -> (u16, Value) {
+        if self.order_only {
+            return (200, self.order.to_json());
+        }
+        let status = if self.created { 201 } else { 200 };
+        (status, json!({"order": self.order.to_json(), "refund": refund(&self.refund, &self.order.order_no)}))
+    }
+}
+
+/// A refund object of an order.
+pub fn refund(r: &RefundRecord, order_no: &str) -> Value {
+    json!({"refund_no": r.refund_no, "order_no": order_no, "pay_no": r.pay_no, "amount": r.amount,
+           "status": r.status.as_str(), "reason": r.reason, "requested_at": r.requested_at,
+           "settled_at": r.settled_at})
 }
 
 impl Answer for Order {
@@ -680,8 +708,9 @@ mod tests {
             refund_no: None,
             refunded_at: None,
             refunded_amount: 0,
+            refunding_amount: 0,
         };
-        let o = r#"{"order_no":"O-1","user_id":"u1","amount":9900,"currency":"CNY","status":"PAID","pay_no":"P-1","created_at":"c","expires_at":"e","paid_at":"p","closed_at":null,"refund_no":null,"refunded_at":null,"refunded_amount":0}"#;
+        let o = r#"{"order_no":"O-1","user_id":"u1","amount":9900,"currency":"CNY","status":"PAID","pay_no":"P-1","created_at":"c","expires_at":"e","paid_at":"p","closed_at":null,"refund_no":null,"refunded_at":null,"refunded_amount":0,"refunding_amount":0}"#;
         let (pay_no, channel, amount, outcome) = ("P-1", "generic", 9900, PaymentOutcome::Applied);
         assert_eq!(
             EventData::Payment { order: &order, pay_no, channel, amount, outcome }.json_text(),
@@ -690,8 +719,9 @@ mod tests {
             )
         );
         assert_eq!(
-            EventData::Refund { order: &order, refund_no: "R-1", status: RefundStatus::Requested }.json_text(),
-            format!(r#"{{"order":{o},"refund":{{"refund_no":"R-1","status":"REQUESTED"}}}}"#)
+            EventData::Refund { order: &order, refund_no: "R-1", status: RefundStatus::Requested, amount: 9900 }
+                .json_text(),
+            format!(r#"{{"order":{o},"refund":{{"refund_no":"R-1","status":"REQUESTED","amount":9900}}}}"#)
         );
         assert_eq!(EventData::Closed { order: &order }.json_text(), format!(r#"{{"order":{o}}}"#));
         assert_eq!(

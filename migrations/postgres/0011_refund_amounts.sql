@@ -102,3 +102,9 @@ END;
 $$;
 CREATE TRIGGER point_log_never_below_zero BEFORE INSERT ON point_log
 FOR EACH ROW EXECUTE FUNCTION point_log_never_below_zero();
+
+-- The event of a refund that returned part of an order.
+ALTER TABLE outbox_event DROP CONSTRAINT outbox_event_type_check;
+ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_type_check
+    CHECK (type IN ('order.paid', 'order.closed', 'order.refunding', 'order.refunded', 'order.refund_failed',
+                    'payment.refund_required', 'order.partially_refunded'));

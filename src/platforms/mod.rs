@@ -86,8 +86,13 @@ pub trait Notices: Send + Sync {
 pub struct RefundRequest<'a> {
     pub order_no: &'a str,
     pub refund_no: &'a str,
+    /// What this refund returns, minor units.
     pub amount: i64,
+    /// The order's (the payment's) whole amount, minor units.
+    pub total: i64,
     pub currency: &'a str,
+    /// Why, shown to the buyer (WeChat `reason`, Alipay `refund_reason`).
+    pub reason: Option<&'a str>,
 }
 
 /// A payment to create at the platform (docs/platforms.md, "Paying"): the

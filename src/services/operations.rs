@@ -6,9 +6,7 @@
 use super::payments::{DecisionRow, Delivery};
 use super::{refuse_transition, validate_reason, Core};
 use crate::app::{PaymentCallback, SETTING_MODE, SOURCE_RECONCILIATION};
-use crate::domain::{
-    is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID, POINT_TYPE_ORDER_PAID_REVERSAL,
-};
+use crate::domain::{is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID};
 use crate::domain::{AuditDetail, Finding, IdempotencySlot, Refused, StoredResponse};
 use crate::error::{Error, ErrorKind};
 use crate::keylock::{KeyGuard, LockKey};
@@ -287,9 +285,8 @@ impl<'a> Operations<'a> {
                         let detail = AuditDetail::PointsReversed { reason: &req.reason };
                         tx.audit(&now, actor, "compensation", Some(&order.order_no), &detail)?;
                     }
-                    let entry = tx
-                        .points_entry(order.id, POINT_TYPE_ORDER_PAID_REVERSAL)?
-                        .ok_or_else(|| Error::internal("reversal vanished"))?;
+                    let entry =
+                        tx.last_points_reversal(order.id)?.ok_or_else(|| Error::internal("reversal vanished"))?;
                     Ok(Compensated { order_no: order.order_no, effect: CompensationEffect::PointsReversed(entry) })
                 }
             }

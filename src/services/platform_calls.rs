@@ -233,13 +233,19 @@ impl<'a> PlatformCalls<'a> {
             return self.record_attempt(call, DONE, "settled already".into(), None, "");
         }
         let order = self.core.orders().order(&row.order_no)?.order;
+        let asked = self.core.store().read(|tx| tx.refund_by_no(&refund_no))?;
+        let Some(asked) = asked else {
+            return Err(Error::internal(format!("platform_call {} names no refund {refund_no:?}", row.id)));
+        };
         let now_ms = self.core.clock().now_ms();
         let platforms = &self.core.config().platforms;
         let refund = RefundRequest {
             order_no: &row.order_no,
             refund_no: &refund_no,
-            amount: order.amount,
+            amount: asked.amount,
+            total: order.amount,
             currency: &order.currency,
+            reason: asked.reason.as_deref(),
         };
         let Some(exchange) = platforms.refund(&row.channel, &refund, now_ms) else {
             return Ok(());
@@ -288,6 +294,8 @@ impl<'a> PlatformCalls<'a> {
                 order_no: row.order_no.clone(),
                 status,
                 settled_at: None,
+                amount: None,
+                refunded_total: None,
             })?;
             return self.record_exchange(call, DONE, &exchange);
         }

@@ -6,12 +6,13 @@ use super::{refuse_transition, validate_resolution, Core};
 use crate::app::{RefundCallback, ACTOR_SYSTEM};
 use crate::domain::{
     is_identifier, AuditDetail, EventData, EventType, IdempotencySlot, Order, OrderStatus, PaymentOutcome,
-    PlatformStatus, RefundOutcome, RefundStatus, Refused,
+    PlatformStatus, RefundOutcome, RefundRecord, RefundStatus, Refused,
 };
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
+use crate::ops::RefundRequested;
 use crate::ops::RefundResolution;
-use crate::store::WriteTx;
+use crate::store::{NewRefund, WriteTx};
 use serde_json::Value;
 
 #[derive(Clone, Copy)]
@@ -24,8 +25,11 @@ impl<'a> Refunds<'a> {
         Refunds { core }
     }
 
-    /// PAID→REFUNDING with a `refund` row REQUESTED. The same refund_no again
-    /// while REFUNDING or REFUNDED answers the order.
+    /// `POST /v1/orders/{order_no}/refund`: a refund of the whole balance,
+    /// answered with the order as before. The same refund_no again answers
+    /// the order; the refusals of a refund by amount that the whole balance
+    /// meets (one in flight, none left) are this route's 409
+    /// `invalid_transition`, as they always were.
     pub fn request_refund(&self, order_no: &str, refund_no: &str) -> Result<Order, Error> {
         self.request_refund_keyed(order_no, refund_no, None)
     }
@@ -36,25 +40,83 @@ impl<'a> Refunds<'a> {
         refund_no: &str,
         slot: Option<&IdempotencySlot>,
     ) -> Result<Order, Error> {
+        let asked = AskedRefund { order_no, refund_no, amount: None, reason: None, whole_route: true };
+        Ok(self.request_refund_of(&asked, slot)?.order)
+    }
+
+    /// `POST /v1/orders/{order_no}/refunds`: a refund of `amount` (the
+    /// whole balance when `None`), PAID→REFUNDING with its `refund` row
+    /// REQUESTED and its submission to the platform queued, in one
+    /// transaction whose compare-and-set cannot take more than the balance.
+    /// The same refund_no with the same order and amount answers the
+    /// current order and refund (200).
+    pub fn request_refund_amount(
+        &self,
+        order_no: &str,
+        refund_no: &str,
+        amount: Option<i64>,
+        reason: Option<&str>,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<RefundRequested, Error> {
+        let asked = AskedRefund { order_no, refund_no, amount, reason, whole_route: false };
+        self.request_refund_of(&asked, slot)
+    }
+
+    fn request_refund_of(&self, asked: &AskedRefund, slot: Option<&IdempotencySlot>) -> Result<RefundRequested, Error> {
+        let AskedRefund { order_no, refund_no, amount, reason, .. } = *asked;
         if !is_identifier(refund_no) {
             return Err(Error::invalid("refund_no must be 1-64 characters of [A-Za-z0-9_.-]"));
+        }
+        if amount.is_some_and(|a| a < 1) {
+            return Err(Error::invalid("amount must be at least 1 (minor units)"));
+        }
+        if reason.is_some_and(|r| {
+            r.trim().is_empty() || r.chars().count() > REASON_CHARS_MAX || r.chars().any(char::is_control)
+        }) {
+            return Err(Error::invalid(format!(
+                "reason must be 1-{REASON_CHARS_MAX} characters, without control characters"
+            )));
         }
         let key = self.core.locks().lock(LockKey::Refund(refund_no));
         let now = self.core.clock().now_text();
         self.core.write_op(&[&key], slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
-            let detail = Refused::Refund { refund_no };
             if let Some(existing) = tx.refund_by_no(refund_no)? {
-                if existing.order_id == order.id && existing.status != RefundStatus::Failed {
-                    return Ok(order);
+                return replay(tx, asked, &order, existing, &now);
+            }
+            let detail = Refused::Refund { refund_no };
+            let balance = order.amount - order.refunded_amount;
+            match order.status {
+                OrderStatus::Paid => {}
+                OrderStatus::Refunding if !asked.whole_route => {
+                    refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?;
+                    return Err(Error::new(
+                        ErrorKind::RefundInProgress,
+                        format!("order {order_no:?} has a refund in flight; ask again once it settles"),
+                    ));
                 }
+                _ => return Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?),
+            }
+            if !asked.whole_route && tx.refunds_of_order(order.id)?.len() >= REFUNDS_PER_ORDER_MAX {
+                return Err(Error::new(
+                    ErrorKind::RefundLimitReached,
+                    format!("order {order_no:?} has {REFUNDS_PER_ORDER_MAX} refunds, the platforms' limit"),
+                ));
+            }
+            let amount = amount.unwrap_or(balance);
+            if amount > balance {
+                return Err(Error::new(
+                    ErrorKind::RefundExceedsBalance,
+                    format!("order {order_no:?} has {balance} left to refund; {amount} is more"),
+                ));
+            }
+            if !tx.cas_order_refunding(order.id, refund_no, amount)? {
                 return Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?);
             }
-            if !tx.cas_order_refunding(order.id, refund_no)? {
-                return Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?);
+            let new = NewRefund { refund_no, order_id: order.id, amount, reason, now: &now };
+            if !tx.insert_refund(&new)? {
+                return Err(Error::internal(format!("refund_no {refund_no} appeared inside its own transaction")));
             }
-            let inserted = tx.insert_refund(refund_no, order.id, &now)?;
-            assert!(inserted, "refund_no {refund_no} appeared inside its own transaction");
             // The submission to the platform that took the payment is queued
             // with the request, in its transaction: it cannot be lost.
             let took = tx.callbacks_of_order(order.id)?.into_iter().find(|p| p.outcome == PaymentOutcome::Applied);
@@ -71,9 +133,10 @@ impl<'a> Refunds<'a> {
                 )?;
             }
             let refunding = tx.order_by_id(order.id)?;
-            let data = EventData::Refund { order: &refunding, refund_no, status: RefundStatus::Requested };
+            let refund = tx.refund_by_no(refund_no)?.ok_or_else(|| Error::internal("the refund just written"))?;
+            let data = EventData::Refund { order: &refunding, refund_no, status: RefundStatus::Requested, amount };
             tx.emit_event(EventType::OrderRefunding, &format!("{order_no}/{refund_no}"), order_no, &data, &now)?;
-            Ok(refunding)
+            Ok(RefundRequested { order: refunding, refund, created: true, order_only: asked.whole_route })
         })
     }
 
@@ -110,14 +173,14 @@ impl<'a> Refunds<'a> {
         self.core.store().write(&[&refund_key], |tx| {
             let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
             let in_flight;
-            let cb = match (of, &order.refund_no) {
-                (RefundOf::InFlight, Some(refund_no)) => {
+            let cb = match (of, order.status, &order.refund_no) {
+                (RefundOf::InFlight, OrderStatus::Refunding, Some(refund_no)) => {
                     in_flight = RefundCallback { refund_no: refund_no.clone(), ..cb.clone() };
                     &in_flight
                 }
                 _ => cb,
             };
-            let refund = tx.refund_by_no(&cb.refund_no)?.filter(|r| r.order_id == order.id);
+            let refund = tx.refund_by_no(&cb.refund_no)?.filter(|r| r.order_id == order.id && r.pay_no.is_none());
             let Some(refund) = refund else {
                 return unexpected_refund(tx, &order, cb, None, &now);
             };
@@ -131,13 +194,21 @@ impl<'a> Refunds<'a> {
                 }
                 (settled, _) => return unexpected_refund(tx, &order, cb, Some(settled), &now),
             };
+            if settle_to == RefundStatus::Succeeded {
+                if let Some(stated) = mismatched_amount(cb, &order, &refund) {
+                    return amount_mismatch(tx, &order, cb, &refund, stated, &now);
+                }
+            }
             // Only a success has a platform settlement time worth keeping.
             let platform_settled_at = cb.settled_at.as_deref().filter(|_| settle_to == RefundStatus::Succeeded);
             if !tx.settle_refund(refund.id, settle_to, &now, platform_settled_at)? {
                 return Err(Error::internal(format!("refund {} changed inside its transaction", cb.refund_no)));
             }
+            // The database added a success to refunded_amount: read it back.
+            let settled = tx.order_by_id(order.id)?;
+            let whole = settled.refunded_amount == settled.amount;
             let moved = match outcome {
-                RefundOutcome::Applied => tx.cas_order_refunded(order.id, &cb.refund_no, &now)?,
+                RefundOutcome::Applied if whole => tx.cas_order_refunded(order.id, &cb.refund_no, &now)?,
                 _ => tx.cas_order_refund_failed(order.id, &cb.refund_no)?,
             };
             if !moved {
@@ -145,15 +216,25 @@ impl<'a> Refunds<'a> {
                 // the CAS in request_refund); anything else is a bug: roll back.
                 return Err(Error::internal(format!("order {} is not REFUNDING for {}", order.order_no, cb.refund_no)));
             }
-            let event_type = if outcome == RefundOutcome::Applied {
-                tx.reverse_order_points(order.id, &now)?;
-                tx.freeze_active_coupons(order.id)?;
-                EventType::OrderRefunded
-            } else {
-                EventType::OrderRefundFailed
+            let event_type = match outcome {
+                RefundOutcome::Applied => {
+                    reverse_points_of(tx, &settled, &refund, whole, &now)?;
+                    if whole {
+                        tx.freeze_active_coupons(order.id)?;
+                        EventType::OrderRefunded
+                    } else {
+                        EventType::OrderPartiallyRefunded
+                    }
+                }
+                _ => EventType::OrderRefundFailed,
             };
             let current = tx.order_by_id(order.id)?;
-            let data = EventData::Refund { order: &current, refund_no: &cb.refund_no, status: settle_to };
+            let data = EventData::Refund {
+                order: &current,
+                refund_no: &cb.refund_no,
+                status: settle_to,
+                amount: refund.amount,
+            };
             let subject = format!("{}/{}", order.order_no, cb.refund_no);
             tx.emit_event(event_type, &subject, &order.order_no, &data, &now)?;
             Ok(outcome)
@@ -186,7 +267,9 @@ impl<'a> Refunds<'a> {
                 let detail: Value = serde_json::from_str(&first.detail).unwrap_or(Value::Null);
                 return Ok(answer(&first.at, &detail));
             }
-            let unexpected = tx.refund_audit("unexpected_refund", refund_no)?;
+            let mut unexpected = tx.refund_audit("unexpected_refund", refund_no)?;
+            unexpected.extend(tx.refund_audit("refund_amount_mismatch", refund_no)?);
+            unexpected.sort_by_key(|row| row.id);
             let Some(first) = unexpected.first() else {
                 if tx.refund_by_no(refund_no)?.is_some() {
                     return Err(Error::invalid_transition(format!(
@@ -244,6 +327,100 @@ fn validate_refund(cb: &RefundCallback) -> Result<(), Error> {
         if crate::clock::parse_rfc3339_ms(at).map(crate::clock::format_ms).as_ref() != Some(at) {
             return Err(Error::invalid("a refund's settled_at must be YYYY-MM-DDTHH:MM:SS.sssZ"));
         }
+    }
+    Ok(())
+}
+
+/// A refund as asked, by either route.
+#[derive(Clone, Copy)]
+struct AskedRefund<'a> {
+    order_no: &'a str,
+    refund_no: &'a str,
+    amount: Option<i64>,
+    reason: Option<&'a str>,
+    /// The whole-order route (`/refund`), answered as it always was.
+    whole_route: bool,
+}
+
+/// `reason`: the platforms' limit (WeChat `reason`, Alipay `refund_reason`).
+const REASON_CHARS_MAX: usize = 80;
+/// Refunds per order, every refund_no counted (WeChat Pay's limit is 50).
+const REFUNDS_PER_ORDER_MAX: usize = 50;
+
+/// The same refund_no again: the current order and refund when it names
+/// this order's refund of the same amount (an omitted amount is the one the
+/// first request took), else 409 `refund_no_conflict`.
+fn replay(
+    tx: &WriteTx,
+    asked: &AskedRefund,
+    order: &Order,
+    existing: RefundRecord,
+    now: &str,
+) -> Result<RefundRequested, Error> {
+    let same = existing.order_id == order.id
+        && existing.pay_no.is_none()
+        && asked.amount.is_none_or(|amount| amount == existing.amount);
+    if same && !(asked.whole_route && existing.status == RefundStatus::Failed) {
+        return Ok(RefundRequested {
+            order: order.clone(),
+            refund: existing,
+            created: false,
+            order_only: asked.whole_route,
+        });
+    }
+    if asked.whole_route {
+        // The whole-order route's answer to a refund_no it cannot take.
+        let detail = Refused::Refund { refund_no: asked.refund_no };
+        return Err(refuse_transition(tx, order, OrderStatus::Refunding, "refund", now, detail)?);
+    }
+    Err(Error::new(
+        ErrorKind::RefundNoConflict,
+        format!("refund_no {:?} is a refund of {} of another order or amount", asked.refund_no, existing.amount),
+    ))
+}
+
+/// The amount a result states when it disagrees with the refund: WeChat's
+/// `amount.refund` or the generic `amount` against the refund's; Alipay's
+/// running `refund_fee` against the order's refunded amount plus this one.
+fn mismatched_amount(cb: &RefundCallback, order: &Order, refund: &RefundRecord) -> Option<i64> {
+    if let Some(stated) = cb.amount.filter(|stated| *stated != refund.amount) {
+        return Some(stated);
+    }
+    cb.refunded_total.filter(|total| *total != order.refunded_amount + refund.amount)
+}
+
+/// A success whose amount disagrees: recorded for an operator (the
+/// inspection reports it as `unexpected_refund`), the refund left REQUESTED.
+fn amount_mismatch(
+    tx: &WriteTx,
+    order: &Order,
+    cb: &RefundCallback,
+    refund: &RefundRecord,
+    stated: i64,
+    now: &str,
+) -> Result<RefundOutcome, Error> {
+    let detail = AuditDetail::RefundAmountMismatch {
+        refund_no: &cb.refund_no,
+        channel: &cb.channel,
+        amount: refund.amount,
+        stated,
+        refunded_total: cb.refunded_total.is_some(),
+    };
+    tx.audit(now, ACTOR_SYSTEM, "refund_amount_mismatch", Some(&order.order_no), &detail)?;
+    Ok(RefundOutcome::UnexpectedRefund)
+}
+
+/// A successful refund's points reversal: its share of the ORDER_PAID
+/// points, floor(points × refund / amount); the refund that empties the
+/// balance reverses what is left, so the reversals sum to the points
+/// exactly; never more than is left (compensation may have reversed some).
+fn reverse_points_of(tx: &WriteTx, order: &Order, refund: &RefundRecord, whole: bool, now: &str) -> Result<(), Error> {
+    let (paid, left) = tx.points_paid_and_left(order.id)?;
+    let share = i64::try_from(i128::from(paid) * i128::from(refund.amount) / i128::from(order.amount.max(1)))
+        .unwrap_or(i64::MAX);
+    let due = if whole { left } else { share.min(left) };
+    if due > 0 {
+        tx.reverse_points_of_refund(order.id, &refund.refund_no, due, now)?;
     }
     Ok(())
 }

@@ -79,6 +79,22 @@ impl ReadTx<'_> {
         )
     }
 
+    /// The order's last points reversal: compensation's own (no refund_no)
+    /// when there is one, else the last refund's.
+    pub fn last_points_reversal(&self, order_id: i64) -> Result<Option<PointRow>, Error> {
+        let reversals = self.all(
+            points_where!("p.order_id = ?1 AND p.point_type = ?2"),
+            params![order_id, POINT_TYPE_ORDER_PAID_REVERSAL],
+            point_from_row,
+        )?;
+        let own = self.optional(
+            points_where!("p.order_id = ?1 AND p.point_type = ?2 AND p.refund_no IS NULL"),
+            params![order_id, POINT_TYPE_ORDER_PAID_REVERSAL],
+            point_from_row,
+        )?;
+        Ok(own.or_else(|| reversals.into_iter().last()))
+    }
+
     /// The seq of the last event, 0 when there is none.
     pub fn last_event_seq(&self) -> Result<i64, Error> {
         self.one("SELECT coalesce(max(seq), 0) FROM outbox_event", params![], |r| r.int(0))
@@ -148,18 +164,53 @@ impl WriteTx<'_> {
         one_row(changed, "add points")
     }
 
-    /// Reverses the order's `ORDER_PAID` points by one negative entry under
-    /// `uk_order_type`; `false` when there is nothing to reverse or it was
+    /// Reverses what is left of the order's `ORDER_PAID` points (refunds
+    /// may have reversed part) by one negative entry without a refund_no,
+    /// under `uk_order_type`; `false` when nothing is left or it was
     /// reversed before.
     pub fn reverse_order_points(&self, order_id: i64, now: &str) -> Result<bool, Error> {
         let changed = self.execute(
             "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
-             SELECT user_id, order_id, ?2, -points, ?3 FROM point_log
-             WHERE order_id = ?1 AND point_type = ?4
+             SELECT p.user_id, p.order_id, ?2, -rest.points, ?3
+             FROM point_log p, (SELECT CAST(coalesce(sum(points), 0) AS BIGINT) AS points
+                                FROM point_log WHERE order_id = ?1) rest
+             WHERE p.order_id = ?1 AND p.point_type = ?4 AND rest.points > 0
              ON CONFLICT (order_id, point_type, coalesce(refund_no, '')) DO NOTHING",
             params![order_id, POINT_TYPE_ORDER_PAID_REVERSAL, now, POINT_TYPE_ORDER_PAID],
         )?;
         one_row(changed, "reverse points")
+    }
+
+    /// The order's ORDER_PAID points, and what is left of them after every
+    /// reversal so far.
+    pub fn points_paid_and_left(&self, order_id: i64) -> Result<(i64, i64), Error> {
+        self.one(
+            "SELECT CAST(coalesce(sum(CASE WHEN point_type = ?2 THEN points ELSE 0 END), 0) AS BIGINT),
+                    CAST(coalesce(sum(points), 0) AS BIGINT)
+             FROM point_log WHERE order_id = ?1",
+            params![order_id, POINT_TYPE_ORDER_PAID],
+            |r| Ok((r.int(0)?, r.int(1)?)),
+        )
+    }
+
+    /// Reverses `points` (> 0) of the order's ORDER_PAID points for refund
+    /// `refund_no`, one entry under `uk_order_type`; `false` when this
+    /// refund's reversal exists already.
+    pub fn reverse_points_of_refund(
+        &self,
+        order_id: i64,
+        refund_no: &str,
+        points: i64,
+        now: &str,
+    ) -> Result<bool, Error> {
+        let changed = self.execute(
+            "INSERT INTO point_log (user_id, order_id, point_type, points, created_at, refund_no)
+             SELECT user_id, order_id, ?2, 0 - CAST(?3 AS BIGINT), ?4, ?5 FROM point_log
+             WHERE order_id = ?1 AND point_type = ?6
+             ON CONFLICT (order_id, point_type, coalesce(refund_no, '')) DO NOTHING",
+            params![order_id, POINT_TYPE_ORDER_PAID_REVERSAL, points, now, refund_no, POINT_TYPE_ORDER_PAID],
+        )?;
+        one_row(changed, "reverse points of a refund")
     }
 
     /// Freezes the order's ACTIVE coupons; returns how many.

@@ -34,6 +34,7 @@ mod idempotency;
 mod leases;
 pub use leases::LeasedTable;
 mod orders;
+pub use orders::NewRefund;
 mod payments;
 mod platform_calls;
 pub use platform_calls::{

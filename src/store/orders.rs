@@ -11,7 +11,14 @@ use crate::error::Error;
 macro_rules! order_columns {
     () => {
         "id, order_no, user_id, amount, currency, status, pay_no, created_at, \
-         expires_at, paid_at, closed_at, refund_no, refunded_at, refunded_amount"
+         expires_at, paid_at, closed_at, \
+         (SELECT r.refund_no FROM refund r WHERE r.order_id = orders.id AND r.pay_no IS NULL \
+          ORDER BY r.id DESC LIMIT 1), \
+         (SELECT r.settled_at FROM refund r WHERE r.order_id = orders.id AND r.pay_no IS NULL \
+          AND r.status = 'SUCCEEDED' ORDER BY r.id DESC LIMIT 1), \
+         refunded_amount, \
+         coalesce((SELECT r.amount FROM refund r WHERE r.order_id = orders.id AND r.pay_no IS NULL \
+                   AND r.status = 'REQUESTED'), 0)"
     };
 }
 
@@ -32,7 +39,15 @@ fn order_from_row(row: &Row) -> Result<Order, Error> {
         refund_no: row.opt_text(11)?,
         refunded_at: row.opt_text(12)?,
         refunded_amount: row.int(13)?,
+        refunding_amount: row.int(14)?,
     })
+}
+
+/// The columns `refund_from_row` reads, in its order.
+macro_rules! refund_columns {
+    () => {
+        "id, refund_no, order_id, status, requested_at, settled_at, amount, reason, pay_no"
+    };
 }
 
 fn refund_from_row(row: &Row) -> Result<RefundRecord, Error> {
@@ -44,6 +59,9 @@ fn refund_from_row(row: &Row) -> Result<RefundRecord, Error> {
         status: RefundStatus::parse(&status).ok_or_else(|| bad_value("refund status", &status))?,
         requested_at: row.text(4)?,
         settled_at: row.opt_text(5)?,
+        amount: row.int(6)?,
+        reason: row.opt_text(7)?,
+        pay_no: row.opt_text(8)?,
     })
 }
 
@@ -130,11 +148,29 @@ impl ReadTx<'_> {
 
     pub fn refund_by_no(&self, refund_no: &str) -> Result<Option<RefundRecord>, Error> {
         self.optional(
-            "SELECT id, refund_no, order_id, status, requested_at, settled_at FROM refund WHERE refund_no = ?1",
+            concat!("SELECT ", refund_columns!(), " FROM refund WHERE refund_no = ?1"),
             params![refund_no],
             refund_from_row,
         )
     }
+
+    /// The order's own refunds (not its payments'), oldest first.
+    pub fn refunds_of_order(&self, order_id: i64) -> Result<Vec<RefundRecord>, Error> {
+        self.all(
+            concat!("SELECT ", refund_columns!(), " FROM refund WHERE order_id = ?1 AND pay_no IS NULL ORDER BY id"),
+            params![order_id],
+            refund_from_row,
+        )
+    }
+}
+
+/// A refund of an order, as requested.
+pub struct NewRefund<'a> {
+    pub refund_no: &'a str,
+    pub order_id: i64,
+    pub amount: i64,
+    pub reason: Option<&'a str>,
+    pub now: &'a str,
 }
 
 impl WriteTx<'_> {
@@ -181,12 +217,14 @@ impl WriteTx<'_> {
         one_row(changed, "close order")
     }
 
-    /// CAS PAID→REFUNDING.
-    pub fn cas_order_refunding(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
+    /// CAS PAID→REFUNDING for a refund of `amount`, only while the
+    /// balance (`amount` − `refunded_amount`) holds it.
+    pub fn cas_order_refunding(&self, order_id: i64, refund_no: &str, amount: i64) -> Result<bool, Error> {
         const { assert!(OrderStatus::Paid.can_move_to(OrderStatus::Refunding)) };
         let changed = self.execute(
-            "UPDATE orders SET status = 'REFUNDING', refund_no = ?2 WHERE id = ?1 AND status = 'PAID'",
-            params![order_id, refund_no],
+            "UPDATE orders SET status = 'REFUNDING', refund_no = ?2
+             WHERE id = ?1 AND status = 'PAID' AND refunded_amount + ?3 <= amount",
+            params![order_id, refund_no, amount],
         )?;
         one_row(changed, "start refund")
     }
@@ -202,7 +240,8 @@ impl WriteTx<'_> {
         one_row(changed, "settle refund")
     }
 
-    /// CAS REFUNDING→PAID for this refund_no (the refund failed; a new one may be asked).
+    /// CAS REFUNDING→PAID for this refund_no: the refund failed, or
+    /// returned part of the order; a new one may be asked.
     pub fn cas_order_refund_failed(&self, order_id: i64, refund_no: &str) -> Result<bool, Error> {
         const { assert!(OrderStatus::Refunding.can_move_to(OrderStatus::Paid)) };
         let changed = self.execute(
@@ -214,12 +253,12 @@ impl WriteTx<'_> {
     }
 
     /// Inserts a REQUESTED refund under `uk_refund_no`; `false` if the refund_no exists.
-    pub fn insert_refund(&self, refund_no: &str, order_id: i64, now: &str) -> Result<bool, Error> {
+    pub fn insert_refund(&self, refund: &NewRefund) -> Result<bool, Error> {
         let changed = self.execute(
-            "INSERT INTO refund (refund_no, order_id, status, requested_at, amount)
-             VALUES (?1, ?2, 'REQUESTED', ?3, (SELECT amount FROM orders WHERE id = ?2))
+            "INSERT INTO refund (refund_no, order_id, status, requested_at, amount, reason)
+             VALUES (?1, ?2, 'REQUESTED', ?3, ?4, ?5)
              ON CONFLICT (refund_no) DO NOTHING",
-            params![refund_no, order_id, now],
+            params![refund.refund_no, refund.order_id, refund.now, refund.amount, refund.reason],
         )?;
         one_row(changed, "request refund")
     }

@@ -13,7 +13,7 @@ use crate::error::Error;
 use serde_json::Value;
 
 /// The audit actions that carry a refund_no in their own column.
-const REFUND_AUDIT_ACTIONS: [&str; 2] = ["unexpected_refund", "unexpected_refund_resolved"];
+const REFUND_AUDIT_ACTIONS: [&str; 3] = ["unexpected_refund", "unexpected_refund_resolved", "refund_amount_mismatch"];
 
 fn audit_from_row(r: &Row) -> Result<AuditRow, Error> {
     Ok(AuditRow {
@@ -276,7 +276,7 @@ impl ReadTx<'_> {
              FROM (SELECT a.refund_no, a.order_no, count(*) AS deliveries, min(a.at) AS first_at,
                           min(a.id) AS first_id
                    FROM audit_log a
-                   WHERE a.action = 'unexpected_refund' AND a.refund_no IS NOT NULL
+                   WHERE a.action IN ('unexpected_refund', 'refund_amount_mismatch') AND a.refund_no IS NOT NULL
                      AND NOT EXISTS (SELECT 1 FROM audit_log r WHERE r.refund_no = a.refund_no
                                      AND r.action = 'unexpected_refund_resolved')
                    GROUP BY a.refund_no, a.order_no) g

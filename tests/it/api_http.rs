@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The order object's keys (docs/openapi.yaml, `Order`).
-const ORDER_KEYS: [&str; 13] = [
+const ORDER_KEYS: [&str; 14] = [
     "order_no",
     "user_id",
     "amount",
@@ -26,6 +26,7 @@ const ORDER_KEYS: [&str; 13] = [
     "refund_no",
     "refunded_at",
     "refunded_amount",
+    "refunding_amount",
 ];
 
 const REWARDS: [&str; 6] = ["--coupon", "NEW10", "--coupon", "VIP", "--points-per-yuan", "2"];
@@ -63,8 +64,8 @@ fn ms(value: &Value) -> i64 {
 /// The order object: exactly the documented keys, times in the documented form.
 fn assert_order(order: &Value) {
     let mut expected = set(&ORDER_KEYS);
-    // The detail view adds its six lists.
-    for extra in ["payments", "coupons", "points", "events", "audit", "platform_calls"] {
+    // The detail view adds its seven lists.
+    for extra in ["payments", "coupons", "points", "events", "audit", "platform_calls", "refunds"] {
         if order.get(extra).is_some() {
             expected.insert(extra.to_owned());
         }
@@ -592,7 +593,7 @@ fn refund_request_lifecycle() {
     assert_eq!(refunding["status"], "REFUNDING");
     assert_eq!(refunding["refund_no"], "RF-1");
     let ev = event(&server, "order.refunding:R-1/RF-1");
-    assert_eq!(ev["data"]["refund"], json!({"refund_no": "RF-1", "status": "REQUESTED"}));
+    assert_eq!(ev["data"]["refund"], json!({"refund_no": "RF-1", "status": "REQUESTED", "amount": 800}));
 
     // The same refund_no again: 200 with the order.
     let again = request_refund(&server, "R-1", "RF-1");
@@ -1140,7 +1141,7 @@ fn refund_callback_every_outcome() {
     let ev = event(&server, "order.refunded:F-1/FR-1");
     assert_eq!(ev["type"], "order.refunded");
     assert_eq!(ev["order_no"], "F-1");
-    assert_eq!(ev["data"]["refund"], json!({"refund_no": "FR-1", "status": "SUCCEEDED"}));
+    assert_eq!(ev["data"]["refund"], json!({"refund_no": "FR-1", "status": "SUCCEEDED", "amount": 9999}));
     assert_eq!(ev["data"]["order"]["status"], "REFUNDED");
 
     // The user's views.
@@ -1198,7 +1199,7 @@ fn refund_callback_every_outcome() {
     assert!(failed["coupons"].as_array().into_iter().flatten().all(|c| c["status"] == "ACTIVE"), "{failed}");
     assert_eq!(failed["points"].as_array().map(Vec::len), Some(1));
     let ev = event(&server, "order.refund_failed:F-2/FR-2");
-    assert_eq!(ev["data"]["refund"], json!({"refund_no": "FR-2", "status": "FAILED"}));
+    assert_eq!(ev["data"]["refund"], json!({"refund_no": "FR-2", "status": "FAILED", "amount": 5000}));
     assert_eq!(ev["data"]["order"]["status"], "PAID");
     let before = footprint(&db(&server));
     check_refund_cb(&server, "FR-2", "F-2", "FAILED", "duplicate");
@@ -1295,7 +1296,7 @@ fn events_feed_order_ids_and_data() {
             }
         }
         if let Some(refund) = data.get("refund") {
-            assert_eq!(keys(refund), set(&["refund_no", "status"]), "{ev}");
+            assert_eq!(keys(refund), set(&["refund_no", "status", "amount"]), "{ev}");
             assert!(id.ends_with(&format!("/{}", refund["refund_no"].as_str().unwrap_or("?"))), "{ev}");
         }
     }

@@ -38,6 +38,7 @@ const CASES: &[Case] = &[
     case("GET", "/v1/orders/{order_no}", &[]),
     case("POST", "/v1/orders/{order_no}/close", &[]),
     with_body("POST", "/v1/orders/{order_no}/refund", || json!({"refund_no": "R-1"})),
+    with_body("POST", "/v1/orders/{order_no}/refunds", || json!({"refund_no": "R-1", "amount": 1, "reason": "why"})),
     with_body("POST", "/v1/orders/{order_no}/pay", || {
         json!({"channel": "wechatpay", "method": "jsapi", "appid": "wx1", "openid": "o1", "client_ip": "203.0.113.7",
                "return_url": "https://shop.example/", "description": "tea"})

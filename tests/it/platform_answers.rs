@@ -318,7 +318,14 @@ fn forged_alipay_answers_are_no_answer_for_every_method() {
             }
             "alipay.trade.refund" => {
                 let e = api.refund(
-                    &RefundRequest { order_no: "ORD_A1", refund_no: "RF_1", amount: 1000, currency: "CNY" },
+                    &RefundRequest {
+                        order_no: "ORD_A1",
+                        refund_no: "RF_1",
+                        amount: 1000,
+                        total: 1000,
+                        currency: "CNY",
+                        reason: None,
+                    },
                     now,
                 );
                 (e.distrust.is_none(), e.meaning == RefundAnswer::Accepted)
@@ -646,7 +653,14 @@ fn an_alipay_refund_of_a_non_cny_order_is_not_sent() {
     let gateway = Gateway::start(|seen| alipay_answer(seen.alipay_method(), &alipay_yes(seen.alipay_method(), "X")));
     let api = alipay_client(&gateway);
     let exchange = api.refund(
-        &RefundRequest { order_no: "ORD_U1", refund_no: "RF_U1", amount: 1000, currency: "USD" },
+        &RefundRequest {
+            order_no: "ORD_U1",
+            refund_no: "RF_U1",
+            amount: 1000,
+            total: 1000,
+            currency: "USD",
+            reason: None,
+        },
         crate::util::now_ms(),
     );
     assert_eq!(exchange.meaning, RefundAnswer::NotSendable);

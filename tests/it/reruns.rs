@@ -87,6 +87,11 @@ fn script() -> Vec<Step> {
         keyed("POST", "/v1/orders/RR-B/close", json!({})),
         // No platform here: the refusal (404 channel_not_configured) is the answer stored once.
         keyed("POST", "/v1/orders/RR-C/pay", json!({"channel": "wechatpay", "method": "native"})),
+        keyed("POST", "/v1/orders/RR-A/refunds", json!({"refund_no": "RF-A0", "amount": 100, "reason": "part"})),
+        callback(
+            "/v1/callbacks/generic/refund",
+            json!({"refund_no": "RF-A0", "order_no": "RR-A", "status": "SUCCESS", "amount": 100}),
+        ),
         keyed("POST", "/v1/orders/RR-A/refund", json!({"refund_no": "RF-A"})),
         callback("/v1/callbacks/generic/refund", json!({"refund_no": "RF-A", "order_no": "RR-A", "status": "SUCCESS"})),
         keyed("PUT", "/v1/admin/mode", json!({"mode": "record_only"})),

@@ -49,6 +49,8 @@ fn seed(app: &App) {
         order_no: "O-1".into(),
         status: PlatformStatus::Success,
         settled_at: None,
+        amount: None,
+        refunded_total: None,
     };
     assert_eq!(app.refunds().deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
     create(app, "O-2", 5000);
@@ -861,6 +863,8 @@ fn a_v1_database_migrates_keeping_every_row_and_ends_with_the_fresh_schema() {
         order_no: "O-REFUNDING".into(),
         status: PlatformStatus::Success,
         settled_at: Some("2024-01-01T00:59:00.000Z".into()),
+        amount: None,
+        refunded_total: None,
     };
     assert_eq!(app.refunds().deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
     let stored: Option<String> = conn

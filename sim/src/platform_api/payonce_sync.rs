@@ -496,6 +496,8 @@ fn an_alipay_refund_settles_through_its_query_and_a_notification_first_stops_the
             order_no: "ORD_REFUND_3".into(),
             status: payonce::PlatformStatus::Success,
             settled_at: None,
+            amount: None,
+            refunded_total: None,
         })
         .expect("notification");
     assert_eq!(format!("{settled:?}"), format!("{:?}", payonce::RefundOutcome::Applied));

@@ -330,5 +330,5 @@ for_each_platform! {
 
 /// A refund of `amount` fen of `order_no` under `refund_no`.
 fn refund<'a>(order_no: &'a str, refund_no: &'a str, amount: i64) -> RefundRequest<'a> {
-    RefundRequest { order_no, refund_no, amount, currency: "CNY" }
+    RefundRequest { order_no, refund_no, amount, total: amount, currency: "CNY", reason: None }
 }

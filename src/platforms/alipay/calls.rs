@@ -185,11 +185,13 @@ struct Biz<'a> {
     refund_amount: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     out_request_no: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refund_reason: Option<&'a str>,
 }
 
 impl<'a> Biz<'a> {
     fn of(out_trade_no: &'a str) -> Biz<'a> {
-        Biz { out_trade_no, refund_amount: None, out_request_no: None }
+        Biz { out_trade_no, refund_amount: None, out_request_no: None, refund_reason: None }
     }
 
     fn to_json(&self) -> String {
@@ -395,10 +397,15 @@ impl Calls for AlipayApi {
     /// idempotency key): success is accepted, also for a repeat
     /// (`fund_change` `N`: the money moved the first time).
     fn refund(&self, refund: &RefundRequest<'_>, now_ms: i64) -> Exchange<RefundAnswer> {
-        let RefundRequest { order_no, refund_no, amount, currency } = *refund;
+        let RefundRequest { order_no, refund_no, amount, currency, reason, .. } = *refund;
         const METHOD: &str = "alipay.trade.refund";
         let refund_amount = crate::money::fen_to_yuan(amount);
-        let biz = Biz { refund_amount: Some(&refund_amount), out_request_no: Some(refund_no), ..Biz::of(order_no) };
+        let biz = Biz {
+            refund_amount: Some(&refund_amount),
+            out_request_no: Some(refund_no),
+            refund_reason: reason,
+            ..Biz::of(order_no)
+        };
         let biz = biz.to_json();
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
         // `refund_amount` is yuan: an order in another currency cannot be

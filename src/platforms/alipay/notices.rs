@@ -186,7 +186,8 @@ fn refund_notice(
     trade_no: String,
     order_no: String,
 ) -> Result<Notice, Error> {
-    yuan_to_fen(refund_fee, false)
+    // refund_fee is the trade's refunded total so far, this refund included.
+    let refunded_total = yuan_to_fen(refund_fee, false)
         .ok_or_else(|| Error::invalid("refund_fee must be yuan with at most two decimals"))?;
     // gmt_refund: Beijing time, with milliseconds as Alipay sends it
     // (`2015-04-28 15:45:57.320`) or without.
@@ -204,6 +205,8 @@ fn refund_notice(
             order_no,
             status: PlatformStatus::Success,
             settled_at,
+            amount: None,
+            refunded_total: Some(refunded_total),
         }),
         // A full refund (TRADE_CLOSED + gmt_refund) may name no
         // request: it settles the order's refund in flight, if there
@@ -215,6 +218,8 @@ fn refund_notice(
             order_no,
             status: PlatformStatus::Success,
             settled_at,
+            amount: None,
+            refunded_total: Some(refunded_total),
         }),
     })
 }

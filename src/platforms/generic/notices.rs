@@ -39,6 +39,8 @@ impl Notices for Generic {
                 status: platform_status(&body)?,
                 // The generic refund result carries no time of its own.
                 settled_at: None,
+                amount: wire::optional_i64(&body, "amount")?,
+                refunded_total: None,
             }));
         }
         let paid_at = match wire::optional_str(&body, "paid_at")? {

@@ -242,6 +242,8 @@ fn names_refund(json: &Value, order_no: &str, refund_no: &str) -> bool {
 struct RefundBody<'a> {
     out_trade_no: &'a str,
     out_refund_no: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a str>,
     amount: RefundAmount<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     notify_url: Option<&'a str>,
@@ -374,13 +376,14 @@ impl Calls for WechatpayApi {
     /// (WeChat Pay's idempotency key): a 200 naming it and the order's
     /// `out_trade_no` is accepted; one naming another trade is no answer.
     fn refund(&self, refund: &RefundRequest<'_>, now_ms: i64) -> Exchange<RefundAnswer> {
-        let RefundRequest { order_no, refund_no, amount, currency } = *refund;
+        let RefundRequest { order_no, refund_no, amount, total, currency, reason } = *refund;
         let path = "/v3/refund/domestic/refunds";
         // The order's currency: the money goes back as it came (docs/channels.md).
         let body = RefundBody {
             out_trade_no: order_no,
             out_refund_no: refund_no,
-            amount: RefundAmount { refund: amount, total: amount, currency },
+            reason,
+            amount: RefundAmount { refund: amount, total, currency },
             notify_url: self.refund_notify_url.as_deref(),
         };
         let body = serde_json::to_string(&body).unwrap_or_default();

@@ -171,12 +171,20 @@ impl Notices for Wechatpay {
                 )),
                 _ => None,
             };
+            let amount = match &plain["amount"]["refund"] {
+                Value::Null => None,
+                refund => Some(
+                    refund.as_i64().ok_or_else(|| Error::invalid("resource amount.refund must be an integer (fen)"))?,
+                ),
+            };
             return Ok(Notice::Refund(RefundCallback {
                 channel: NAME.to_owned(),
                 refund_no: field("out_refund_no")?,
                 order_no: field("out_trade_no")?,
                 status,
                 settled_at,
+                amount,
+                refunded_total: None,
             }));
         }
         if !event_type.starts_with("TRANSACTION.") {
