@@ -164,17 +164,21 @@ at the platform, one call per click) and print how both ended under the
 table; that pass is not judged.
 
 Channels (--channel; default generic):
-  generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256); payonce
-             answers the outcome (applied, duplicate, ...)
+  generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256), refund
+             results with the refund's `amount`; payonce answers the outcome
+             (applied, duplicate, ...)
   wechatpay  WeChat Pay v3: TRANSACTION.SUCCESS (transaction_id = pay_no) to
-             /v1/callbacks/wechatpay, REFUND.SUCCESS to .../wechatpay/refund,
+             /v1/callbacks/wechatpay, REFUND.SUCCESS (a failed refund:
+             REFUND.CLOSED; amount.refund the refund's, amount.total the
+             order's) to .../wechatpay/refund,
              SHA256-RSA signed, resource AES-256-GCM-encrypted with the APIv3
              key; payonce answers 204 (shown as `processed`)
   alipay     Alipay RSA2 form notices to /v1/callbacks/alipay: TRADE_SUCCESS
              (re-deliveries alternate with TRADE_FINISHED, which must be the
              same payment), amounts as yuan strings; refunds as TRADE_SUCCESS
-             with refund_fee and out_biz_no = refund_no; payonce answers the
-             text `success` (shown as `processed`)
+             (TRADE_CLOSED once nothing is left to refund) with refund_fee =
+             the trade's refunded total so far and out_biz_no = refund_no;
+             payonce answers the text `success` (shown as `processed`)
   all        every scenario once per channel
 WeChat Pay and Alipay answers carry no outcome: the outcome of each payment is
 judged from GET /v1/orders/{no} (payments[].outcome), events and inspections.

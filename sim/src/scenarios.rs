@@ -769,13 +769,7 @@ impl Sim {
                 let reply = self.api(conn, Req::post_json(path, &json!({"refund_no": refund_no})))?;
                 answers.push(api_label("refund", &reply));
             }
-            let notice = RefundNotice {
-                refund_no,
-                order_no: order.no.clone(),
-                pay_no: payment.pay_no,
-                amount: order.amount,
-                success: true,
-            };
+            let notice = RefundNotice::full(refund_no, order.no.clone(), payment.pay_no, order.amount, true);
             for _ in 0..2 {
                 let delivery = self.deliver_refund(conn, &notice)?;
                 answers.push(delivery.label);

@@ -1312,13 +1312,8 @@ fn refund_submitted(sim: &Sim, world: &World) -> Result<Played, String> {
     round(&second.app)?;
     // The platform's refund notification, in the end: a duplicate.
     let late = here.par_orders(orders.len(), |conn, i| {
-        let notice = RefundNotice {
-            refund_no: refund_no(&orders[i]),
-            order_no: orders[i].no.clone(),
-            pay_no: pay_nos[i].clone(),
-            amount: orders[i].amount,
-            success: true,
-        };
+        let notice =
+            RefundNotice::full(refund_no(&orders[i]), orders[i].no.clone(), pay_nos[i].clone(), orders[i].amount, true);
         here.deliver_refund(conn, &notice)
     })?;
     let mut runs = Vec::new();
