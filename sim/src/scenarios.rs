@@ -3,7 +3,7 @@
 //! inspections) for the judge.
 
 use crate::client::{Conn, Reply, ReplyExt, Req, Target};
-use crate::judge::{OrderExpect, OrderSeen, RewardRule, SeenPayment};
+use crate::judge::{OrderExpect, OrderSeen, RewardRule, SeenPayment, SeenRefund};
 use crate::platform::{Keys, PaymentNotice, Platform, RefundNotice};
 use crate::progress::Progress;
 use crate::table::render_table;
@@ -986,6 +986,11 @@ fn read_order_detail(detail: &Value, seen: &mut OrderSeen) {
     seen.audit = list("audit").iter().map(|a| text(a, "action")).collect();
     seen.coupons = list("coupons").iter().map(|c| (text(c, "coupon_template_id"), text(c, "status"))).collect();
     seen.points = list("points").iter().map(|p| (text(p, "point_type"), p["points"].as_i64().unwrap_or(0))).collect();
+    seen.refunded_amount = detail["refunded_amount"].as_i64();
+    seen.refunds = list("refunds")
+        .iter()
+        .map(|r| SeenRefund::new(&text(r, "refund_no"), r["amount"].as_i64().unwrap_or(0), &text(r, "status")))
+        .collect();
 }
 
 /// Runs every scenario on every channel, reads the results back, prints the
