@@ -53,12 +53,12 @@ pub enum Scenario {
     TwoChannels,
     PaymentAfterClose,
     Refund,
+    PartialRefunds,
     TripleClick,
     LostNotification,
     CloseRace,
     PlatformDown,
     RefundSubmitted,
-    PartialRefunds,
 }
 
 impl Scenario {
@@ -70,12 +70,12 @@ impl Scenario {
         Scenario::TwoChannels,
         Scenario::PaymentAfterClose,
         Scenario::Refund,
+        Scenario::PartialRefunds,
         Scenario::TripleClick,
         Scenario::LostNotification,
         Scenario::CloseRace,
         Scenario::PlatformDown,
         Scenario::RefundSubmitted,
-        Scenario::PartialRefunds,
     ];
 
     pub fn name(self) -> &'static str {

@@ -107,7 +107,7 @@ fn retry_ms() -> i64 {
     i64::try_from(RETRY_MS).unwrap_or(i64::MAX)
 }
 
-/// Runs one of the four scenarios on `sim`'s channel (wechatpay or alipay).
+/// Runs one of these scenarios on `sim`'s channel (wechatpay or alipay).
 pub fn run(sim: &Sim, scenario: Scenario) -> Result<ScenarioRun, String> {
     let world = World::start(sim)?;
     let (orders, seen, notes) = match scenario {
