@@ -26,8 +26,15 @@ pub struct OrderExpect {
     pub payments: Vec<String>,
     /// Rewards were earned (one applied payment).
     pub paid: bool,
-    /// Refunded: coupons FROZEN, points reversed.
+    /// Refunded in full: coupons FROZEN, points reversed to 0.
     pub refunded: bool,
+    /// The order's refunds as `GET /v1/orders/{order_no}` lists them, as a
+    /// multiset; `None`: not judged. Its SUCCEEDED ones, in this order, are
+    /// the refunds the points reversals follow; `None` with `refunded`: one
+    /// refund of the whole order.
+    pub refunds: Option<Vec<SeenRefund>>,
+    /// The order's `refunded_amount`; `None`: not judged.
+    pub refunded_amount: Option<i64>,
     /// Exact count of each event type for the order; types not listed: none.
     pub events: Vec<(String, usize)>,
     /// Exact count of each inspection finding kind; kinds not listed: none.
@@ -47,6 +54,38 @@ pub struct OrderExpect {
     /// of the order (the scenarios that talk to the platforms' APIs), as a
     /// multiset of facts such as `wechatpay trade CLOSED`.
     pub platform: Vec<String>,
+}
+
+impl OrderExpect {
+    /// The amounts of the refunds that must have succeeded, in the order
+    /// they succeed, on an order of `amount` fen.
+    pub fn succeeded_refunds(&self, amount: i64) -> Vec<i64> {
+        match &self.refunds {
+            Some(refunds) => refunds.iter().filter(|r| r.status == "SUCCEEDED").map(|r| r.amount).collect(),
+            None if self.refunded => vec![amount],
+            None => Vec::new(),
+        }
+    }
+}
+
+/// One refund as `GET /v1/orders/{order_no}` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeenRefund {
+    pub refund_no: String,
+    /// Fen.
+    pub amount: i64,
+    /// `REQUESTED`, `SUCCEEDED`, `FAILED`.
+    pub status: String,
+}
+
+impl SeenRefund {
+    pub fn new(refund_no: &str, amount: i64, status: &str) -> SeenRefund {
+        SeenRefund { refund_no: refund_no.to_owned(), amount, status: status.to_owned() }
+    }
+
+    fn label(&self) -> String {
+        format!("{} {} {}", self.refund_no, self.amount, self.status)
+    }
 }
 
 /// One payment row as `GET /v1/orders/{order_no}` shows it.
@@ -73,6 +112,9 @@ pub struct OrderSeen {
     pub coupons: Vec<(String, String)>,
     /// (point_type, points)
     pub points: Vec<(String, i64)>,
+    /// `None`: the order does not show it.
+    pub refunded_amount: Option<i64>,
+    pub refunds: Vec<SeenRefund>,
     pub events: BTreeMap<String, usize>,
     pub findings: BTreeMap<String, usize>,
     pub answers: Vec<String>,
@@ -163,6 +205,19 @@ pub fn judge(expect: &OrderExpect, rewards: &RewardRule, seen: &OrderSeen) -> Ve
             bad.push(format!("audit rows {}, expected {}", counted(&multiset(&seen.audit)), counted(&multiset(want))));
         }
     }
+    if let Some(want) = expect.refunded_amount {
+        if seen.refunded_amount != Some(want) {
+            bad.push(format!("refunded_amount {:?}, expected {want}", seen.refunded_amount));
+        }
+    }
+    if let Some(want) = &expect.refunds {
+        let want: Vec<String> = want.iter().map(SeenRefund::label).collect();
+        let have: Vec<String> = seen.refunds.iter().map(SeenRefund::label).collect();
+        let (missing, extra) = multiset_diff(&want, &have);
+        if !missing.is_empty() || !extra.is_empty() {
+            bad.push(format!("refunds {}, expected {}", counted(&multiset(&have)), counted(&multiset(&want))));
+        }
+    }
     let (missing, extra) = multiset_diff(&expect.platform, &seen.platform);
     for (fact, n) in missing {
         bad.push(format!("expected {n}x \"{fact}\", not seen"));
@@ -211,29 +266,41 @@ fn judge_points(expect: &OrderExpect, rewards: &RewardRule, seen: &OrderSeen, ba
     if paid.len() > 1 {
         bad.push(format!("{} ORDER_PAID points entries (at most 1 per order)", paid.len()));
     }
-    if reversed.len() > 1 {
-        bad.push(format!("{} ORDER_PAID_REVERSAL points entries (at most 1 per order)", reversed.len()));
-    }
-    match rewards {
+    let earned = match rewards {
         RewardRule::Known(rules) => {
             let due = if expect.paid { points_due(rules, seen.amount) } else { 0 };
             let want: Vec<i64> = if due > 0 { vec![due] } else { vec![] };
             if paid != want {
                 bad.push(format!("ORDER_PAID points {paid:?}, expected {want:?}"));
             }
+            due
         }
         RewardRule::Unknown if !expect.paid && !paid.is_empty() => {
             bad.push("points on an order that earned none".into());
+            0
         }
-        RewardRule::Unknown => {}
+        // Unknown rewards: the reversals must follow the points it shows.
+        RewardRule::Unknown => paid.first().copied().unwrap_or(0),
+    };
+    let succeeded = expect.succeeded_refunds(seen.amount);
+    if succeeded.is_empty() {
+        if !reversed.is_empty() {
+            bad.push(format!("points reversed by {reversed:?} without a refund"));
+        }
+        return;
     }
-    if expect.refunded {
-        let net: i64 = paid.iter().chain(&reversed).sum();
-        if reversed.len() != paid.len() || net != 0 {
-            bad.push(format!("points {paid:?} reversed by {reversed:?}: expected one reversal to 0"));
-        }
-    } else if !reversed.is_empty() {
-        bad.push(format!("points reversed by {reversed:?} without a refund"));
+    // An entry of 0 points reverses nothing: neither required nor refused.
+    let nonzero = |entries: Vec<i64>| -> Vec<i64> {
+        let mut entries: Vec<i64> = entries.into_iter().filter(|p| *p != 0).collect();
+        entries.sort_unstable();
+        entries
+    };
+    let want = nonzero(reversals(earned, seen.amount, &succeeded));
+    if nonzero(reversed.clone()) != want {
+        bad.push(format!(
+            "points {paid:?} reversed by {reversed:?}, expected {want:?} (refunds of {succeeded:?} of {})",
+            seen.amount
+        ));
     }
 }
 
@@ -292,6 +359,30 @@ pub fn counted(items: &[(String, usize)]) -> String {
 pub fn points_due(rules: &Rewards, amount: i64) -> i64 {
     let points = i128::from(amount) * i128::from(rules.points_per_yuan) / 100;
     i64::try_from(points).unwrap_or(i64::MAX)
+}
+
+/// The points entries with which refunds of `refunds` fen (in the order
+/// they succeed) take back `points` earned by an order of `amount` fen, as
+/// the contract has them: each floor(points × refund / amount), and the one
+/// that leaves nothing to refund whatever is still unreversed, so an order
+/// refunded in full reverses exactly what it earned. Negative, as
+/// `point_log` holds them; computed here, not with the service's code.
+pub fn reversals(points: i64, amount: i64, refunds: &[i64]) -> Vec<i64> {
+    let (mut refunded, mut reversed) = (0i64, 0i64);
+    refunds
+        .iter()
+        .map(|&refund| {
+            refunded = refunded.saturating_add(refund);
+            let back = if refunded >= amount {
+                points - reversed
+            } else {
+                let share = i128::from(points) * i128::from(refund) / i128::from(amount.max(1));
+                i64::try_from(share).unwrap_or(i64::MAX)
+            };
+            reversed += back;
+            -back
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -412,6 +503,102 @@ pub mod tests {
 
         // Not expected, not judged: the other scenarios set none of them.
         assert_eq!(judge(&paid_expect(), &known, &wrong).len(), 1, "only the unexpected platform fact");
+    }
+
+    #[test]
+    fn reversals_follow_each_refund_and_the_last_takes_what_is_left() {
+        // 10 points on 10.03 yuan: 3.00 yuan is 2.99 points, floored to 2;
+        // 2.00 is 1.99, floored to 1; the 5.03 that empties the order takes
+        // the 7 left, not its floor of 5.01.
+        assert_eq!(reversals(10, 1_003, &[300, 200, 503]), [-2, -1, -7]);
+        assert_eq!(reversals(99, 9_906, &[2_971, 1_981, 4_954]), [-29, -19, -51]);
+        assert_eq!(reversals(7, 1_000, &[500, 500]), [-3, -4], "3.5 is 3; the rest is 4");
+        // Not refunded in full: floors only, points stay.
+        assert_eq!(reversals(10, 1_003, &[300, 200]), [-2, -1]);
+        // One refund of the whole order reverses all of it.
+        assert_eq!(reversals(10, 1_003, &[1_003]), [-10]);
+        assert_eq!(reversals(0, 1_003, &[300, 703]), [0, 0]);
+        assert_eq!(reversals(10, 1_003, &[]), Vec::<i64>::new());
+        assert_eq!(reversals(i64::MAX, i64::MAX, &[i64::MAX - 1, 1]), [-(i64::MAX - 1), -1]);
+        for amount in [1_000, 1_003, 4_567, 9_906] {
+            for points in [0, 1, 10, 45, 99] {
+                let parts = [amount * 30 / 100, amount * 20 / 100, amount - amount * 30 / 100 - amount * 20 / 100];
+                let entries = reversals(points, amount, &parts);
+                assert_eq!(entries.iter().sum::<i64>(), -points, "{amount} {points} {entries:?}");
+                assert!(entries.iter().all(|p| *p <= 0), "{entries:?}");
+            }
+        }
+    }
+
+    /// Three refunds of one order, one failed on the way, the last emptying it.
+    fn partly_refunded(amount: i64) -> (OrderExpect, OrderSeen) {
+        let refunds = vec![
+            SeenRefund::new("R1", 300, "SUCCEEDED"),
+            SeenRefund::new("R2", 200, "FAILED"),
+            SeenRefund::new("R3", 200, "SUCCEEDED"),
+            SeenRefund::new("R4", amount - 500, "SUCCEEDED"),
+        ];
+        let expect = OrderExpect {
+            status: "REFUNDED".into(),
+            answers: vec!["applied".into()],
+            refunded: true,
+            refunds: Some(refunds.clone()),
+            refunded_amount: Some(amount),
+            ..paid_expect()
+        };
+        let seen = OrderSeen {
+            amount,
+            status: Some("REFUNDED".into()),
+            coupons: vec![("SIM-COUPON".into(), "FROZEN".into())],
+            points: vec![
+                ("ORDER_PAID".into(), 10),
+                ("ORDER_PAID_REVERSAL".into(), -2),
+                ("ORDER_PAID_REVERSAL".into(), -1),
+                ("ORDER_PAID_REVERSAL".into(), -7),
+            ],
+            answers: vec!["applied".into()],
+            refunded_amount: Some(amount),
+            refunds,
+            ..exactly_once_seen()
+        };
+        (expect, seen)
+    }
+
+    #[test]
+    fn partial_refunds_are_judged_by_their_rows_the_refunded_amount_and_each_reversal() {
+        let (expect, seen) = partly_refunded(1_003);
+        assert_eq!(expect.succeeded_refunds(1_003), [300, 200, 503]);
+        for rewards in [known(), RewardRule::Unknown] {
+            assert_eq!(judge(&expect, &rewards, &seen), Vec::<String>::new());
+        }
+
+        // Reversals rounded to the nearest (3, 2, 5) are not the contract's.
+        let mut rounded = seen.clone();
+        rounded.points.truncate(1);
+        rounded.points.extend([-3, -2, -5].map(|p| ("ORDER_PAID_REVERSAL".to_owned(), p)));
+        let all = judge(&expect, &known(), &rounded).join("\n");
+        assert!(all.contains("reversed by [-3, -2, -5], expected [-7, -2, -1]"), "{all}");
+        // One reversal of the whole, as a full refund would have it.
+        let mut once = seen.clone();
+        once.points = vec![("ORDER_PAID".into(), 10), ("ORDER_PAID_REVERSAL".into(), -10)];
+        assert!(judge(&expect, &RewardRule::Unknown, &once).join("\n").contains("expected [-7, -2, -1]"));
+        // The failed refund missing, the balance short.
+        let mut short = seen.clone();
+        short.refunds.remove(1);
+        short.refunded_amount = Some(700);
+        let all = judge(&expect, &known(), &short).join("\n");
+        assert!(all.contains("refunded_amount Some(700), expected 1003"), "{all}");
+        assert!(all.contains("refunds 1 R1 300 SUCCEEDED, 1 R3 200 SUCCEEDED, 1 R4 503 SUCCEEDED, expected"), "{all}");
+        // An order without refunded_amount (a payonce before it) is not one that has it.
+        let mut older = seen;
+        older.refunded_amount = None;
+        assert_eq!(judge(&expect, &known(), &older), ["refunded_amount None, expected 1003"]);
+
+        // Nothing expected of them: not judged; a full refund reverses all.
+        let full = OrderExpect { refunds: None, refunded_amount: None, ..expect };
+        let mut whole = once;
+        whole.refunds.clear();
+        assert_eq!(judge(&full, &known(), &whole), Vec::<String>::new());
     }
 
     #[test]

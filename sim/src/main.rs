@@ -5,7 +5,8 @@
 //! real-world duplicate form (concurrent duplicates, a re-delivery 40 ms
 //! later, a gateway replay after a lost answer, the platforms' retry
 //! schedules, two payments of one order, a payment after close, a refund
-//! and its duplicate, a triple-clicked order creation; and, against
+//! and its duplicate, an order refunded in three parts with a duplicate and
+//! a failure on the way, a triple-clicked order creation; and, against
 //! payonce's calls to the platforms' merchant APIs, a triple-clicked
 //! payment, a lost notification, a payment racing payonce's close, a
 //! platform that is down, a refund submitted through failures and a
@@ -35,9 +36,9 @@
 //! - [`scenarios`]: what each scenario sends and expects, and reading the
 //!   results back; its `platform_calls`: the scenarios of the platform
 //!   calls of docs/platforms.md (lost_notification, close_race,
-//!   platform_down, refund_submitted, and triple_click on the platforms'
-//!   channels), each against a payonce of its own that calls the simulated
-//!   platforms' APIs;
+//!   platform_down, refund_submitted, and triple_click and partial_refunds
+//!   on the platforms' channels), each against a payonce of its own that
+//!   calls the simulated platforms' APIs;
 //! - [`platform`]: each [`Platform`]'s notifications, signed from the
 //!   platforms' documentation with this crate's own code (payonce's generic
 //!   HMAC format, WeChat Pay v3: SHA256-RSA over `"{ts}\n{nonce}\n{body}\n"`
@@ -126,6 +127,20 @@ Scenarios (default: all, in this order):
                        channels selected the second goes through the next one
   payment_after_close  the order is closed, then paid: paid_after_close
   refund               pay, request the refund twice, deliver its SUCCESS twice
+  partial_refunds      pay, then refund the order in three parts (POST
+                       /v1/orders/{order_no}/refunds): 30 % and a fen, its SUCCESS
+                       delivered twice; 20 % and a fen, first FAILED (WeChat Pay
+                       REFUND.CLOSED; not on alipay, which tells of no failed
+                       refund), then asked again under a new refund_no; the rest,
+                       without an amount. Meanwhile a refund asked while one is in
+                       flight (409 refund_in_progress) and one a fen past what is
+                       left (409 refund_exceeds_balance). REFUNDED, refunded_amount
+                       = amount, each refund's row, one points reversal per refund
+                       (floor(points x refund / amount), the last what is left),
+                       frozen coupons. wechatpay and alipay in process: against a
+                       payonce of its own that submits each refund to the simulated
+                       platform (as below), which settles it and sends its notice,
+                       and must end having refunded what payonce says
   triple_click         generic (and with --target): three concurrent POST /v1/orders with
                        one order_no. wechatpay and alipay: against a payonce of its own
                        that calls the simulated platform (as below), three concurrent
@@ -164,17 +179,21 @@ at the platform, one call per click) and print how both ended under the
 table; that pass is not judged.
 
 Channels (--channel; default generic):
-  generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256); payonce
-             answers the outcome (applied, duplicate, ...)
+  generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256), refund
+             results with the refund's `amount`; payonce answers the outcome
+             (applied, duplicate, ...)
   wechatpay  WeChat Pay v3: TRANSACTION.SUCCESS (transaction_id = pay_no) to
-             /v1/callbacks/wechatpay, REFUND.SUCCESS to .../wechatpay/refund,
+             /v1/callbacks/wechatpay, REFUND.SUCCESS (a failed refund:
+             REFUND.CLOSED; amount.refund the refund's, amount.total the
+             order's) to .../wechatpay/refund,
              SHA256-RSA signed, resource AES-256-GCM-encrypted with the APIv3
              key; payonce answers 204 (shown as `processed`)
   alipay     Alipay RSA2 form notices to /v1/callbacks/alipay: TRADE_SUCCESS
              (re-deliveries alternate with TRADE_FINISHED, which must be the
              same payment), amounts as yuan strings; refunds as TRADE_SUCCESS
-             with refund_fee and out_biz_no = refund_no; payonce answers the
-             text `success` (shown as `processed`)
+             (TRADE_CLOSED once nothing is left to refund) with refund_fee =
+             the trade's refunded total so far and out_biz_no = refund_no;
+             payonce answers the text `success` (shown as `processed`)
   all        every scenario once per channel
 WeChat Pay and Alipay answers carry no outcome: the outcome of each payment is
 judged from GET /v1/orders/{no} (payments[].outcome), events and inspections.

@@ -145,16 +145,20 @@ impl Platform {
         match self {
             Platform::Generic => {
                 let body = json!({
-                    "refund_no": notice.refund_no, "order_no": notice.order_no,
+                    "refund_no": notice.refund_no, "order_no": notice.order_no, "amount": notice.amount,
                     "status": if notice.success { "SUCCESS" } else { "FAILED" },
                 });
                 generic_signed("/v1/callbacks/generic/refund", keys.generic_secret()?, body, now_s)
             }
             Platform::Wechatpay => {
                 let keys = keys.wechatpay()?;
+                // A failed refund is signed CLOSED, not ABNORMAL: WeChat
+                // gives a closed refund's money back to what is left to
+                // refund, so the merchant's next refund_no may ask for it
+                // again, while an ABNORMAL one still holds it.
                 let (event, status, summary) = match notice.success {
                     true => ("REFUND.SUCCESS", "SUCCESS", "退款成功"),
-                    false => ("REFUND.ABNORMAL", "ABNORMAL", "退款异常"),
+                    false => ("REFUND.CLOSED", "CLOSED", "退款关闭"),
                 };
                 let mut plain = json!({
                     "mchid": WECHATPAY_MCHID,
@@ -164,8 +168,8 @@ impl Platform {
                     "refund_id": format!("50{}", random_digits(27)?),
                     "refund_status": status,
                     "user_received_account": "支付用户零钱",
-                    "amount": {"total": notice.amount, "refund": notice.amount,
-                               "payer_total": notice.amount, "payer_refund": notice.amount},
+                    "amount": {"total": notice.total, "refund": notice.amount,
+                               "payer_total": notice.total, "payer_refund": notice.amount},
                 });
                 if notice.success {
                     plain["success_time"] = Value::String(china_time(now_s).rfc3339());
@@ -177,9 +181,13 @@ impl Platform {
                 if !notice.success {
                     return Err("Alipay sends no notice of a failed refund".into());
                 }
-                let yuan = fen_to_yuan(notice.amount);
-                let mut form = alipay_form(keys, &notice.pay_no, &notice.order_no, &yuan, "TRADE_SUCCESS", now_s)?;
-                form.push(("refund_fee".into(), yuan));
+                // The trade's state after the refund: closed once nothing is
+                // left to refund, still TRADE_SUCCESS after a partial one.
+                let status = if notice.refunded_total >= notice.total { "TRADE_CLOSED" } else { "TRADE_SUCCESS" };
+                let yuan = fen_to_yuan(notice.total);
+                let mut form = alipay_form(keys, &notice.pay_no, &notice.order_no, &yuan, status, now_s)?;
+                // refund_fee is the trade's refunds so far, not this one's.
+                form.push(("refund_fee".into(), fen_to_yuan(notice.refunded_total)));
                 form.push(("out_biz_no".into(), notice.refund_no.clone()));
                 form.push(("gmt_refund".into(), format!("{}.000", china_time(now_s).plain())));
                 alipay_signed(keys, form)
@@ -304,9 +312,22 @@ pub struct RefundNotice {
     pub order_no: String,
     /// The refunded payment (WeChat's transaction_id, Alipay's trade_no).
     pub pay_no: String,
-    /// Fen, refunded in full.
+    /// This refund's fen (WeChat's `amount.refund`, the generic `amount`).
     pub amount: i64,
+    /// The order's fen, what the buyer paid (WeChat's `amount.total`,
+    /// Alipay's `total_amount`).
+    pub total: i64,
+    /// The fen refunded on the trade with this refund included (Alipay's
+    /// `refund_fee`, a running total).
+    pub refunded_total: i64,
     pub success: bool,
+}
+
+impl RefundNotice {
+    /// The refund of the whole order, its only one.
+    pub fn full(refund_no: String, order_no: String, pay_no: String, amount: i64, success: bool) -> RefundNotice {
+        RefundNotice { refund_no, order_no, pay_no, amount, total: amount, refunded_total: amount, success }
+    }
 }
 
 /// A signed notification, ready to POST.
@@ -664,5 +685,122 @@ mod tests {
     #[test]
     fn alipay_forms_are_encoded_as_java_does() {
         assert_eq!(form_encode("a b*-_.~/é"), "a+b*-_.%7E%2F%C3%A9");
+    }
+
+    /// Signing keys for every channel: the fixture key stands in for both
+    /// platforms' (only the fields are read here, not the signatures).
+    fn fixture_keys() -> Keys {
+        use rsa::pkcs8::DecodePrivateKey;
+        let pem = include_str!("../../tests/fixtures/keys/merchant.pem");
+        let key = RsaPrivateKey::from_pkcs8_pem(pem).expect("the fixture key");
+        Keys {
+            generic_secret: b"secret".to_vec(),
+            wechatpay: Some(WechatpayKeys {
+                signing_key: SigningKey::new(key.clone()),
+                serial: SIM_WECHATPAY_SERIAL.into(),
+                apiv3_key: b"0123456789abcdef0123456789abcdef".to_vec(),
+            }),
+            alipay: Some(AlipayKeys { signing_key: SigningKey::new(key), app_id: SIM_ALIPAY_APP_ID.into() }),
+        }
+    }
+
+    /// The second of three refunds of a 10.03 yuan order: 2.00 yuan, after
+    /// 3.00 yuan refunded before it.
+    fn second_of_three(success: bool) -> RefundNotice {
+        RefundNotice {
+            refund_no: "R2".into(),
+            order_no: "ORD_1".into(),
+            pay_no: "PAY_1".into(),
+            amount: 200,
+            total: 1_003,
+            refunded_total: 500,
+            success,
+        }
+    }
+
+    fn wechatpay_resource(keys: &Keys, signed: &Signed) -> (Value, Value) {
+        let envelope: Value = serde_json::from_slice(&signed.body).expect("JSON");
+        let resource = &envelope["resource"];
+        let text = |v: &Value| v.as_str().expect("a string").to_owned();
+        let ciphertext = base64::engine::general_purpose::STANDARD.decode(text(&resource["ciphertext"])).expect("b64");
+        let cipher = Aes256Gcm::new_from_slice(&keys.wechatpay.as_ref().expect("keys").apiv3_key).expect("key");
+        let nonce = text(&resource["nonce"]);
+        let aad = text(&resource["associated_data"]);
+        let plain = cipher
+            .decrypt(Nonce::from_slice(nonce.as_bytes()), Payload { msg: &ciphertext, aad: aad.as_bytes() })
+            .expect("decrypts");
+        (envelope.clone(), serde_json::from_slice(&plain).expect("JSON resource"))
+    }
+
+    /// The form's value of `name`, decoded as Java's URLDecoder would.
+    fn form_value(signed: &Signed, name: &str) -> Option<String> {
+        let body = std::str::from_utf8(&signed.body).expect("utf-8");
+        let raw = body.split('&').find_map(|pair| pair.strip_prefix(&format!("{name}=")))?;
+        let mut bytes = Vec::new();
+        let mut rest = raw.as_bytes();
+        while let Some((&b, tail)) = rest.split_first() {
+            match b {
+                b'+' => bytes.push(b' '),
+                b'%' => {
+                    let hex = std::str::from_utf8(&tail[..2]).expect("hex");
+                    bytes.push(u8::from_str_radix(hex, 16).expect("hex"));
+                    rest = &tail[2..];
+                    continue;
+                }
+                _ => bytes.push(b),
+            }
+            rest = tail;
+        }
+        Some(String::from_utf8(bytes).expect("utf-8"))
+    }
+
+    #[test]
+    fn refund_notices_carry_the_refund_the_order_and_the_running_total() {
+        let keys = fixture_keys();
+        let now = 1_700_000_000;
+
+        let generic = Platform::Generic.sign_refund(&keys, &second_of_three(true), now).expect("signed");
+        let body: Value = serde_json::from_slice(&generic.body).expect("JSON");
+        assert_eq!((body["amount"].as_i64(), body["status"].as_str()), (Some(200), Some("SUCCESS")));
+        assert_eq!(body["refund_no"], "R2");
+
+        let wechatpay = Platform::Wechatpay.sign_refund(&keys, &second_of_three(true), now).expect("signed");
+        let (envelope, resource) = wechatpay_resource(&keys, &wechatpay);
+        assert_eq!(envelope["event_type"], "REFUND.SUCCESS");
+        assert_eq!(
+            resource["amount"],
+            json!({"total": 1_003, "refund": 200, "payer_total": 1_003, "payer_refund": 200}),
+            "{resource}"
+        );
+        assert_eq!(
+            (resource["out_refund_no"].as_str(), resource["refund_status"].as_str()),
+            (Some("R2"), Some("SUCCESS"))
+        );
+        let failed = Platform::Wechatpay.sign_refund(&keys, &second_of_three(false), now).expect("signed");
+        let (envelope, resource) = wechatpay_resource(&keys, &failed);
+        assert_eq!(
+            (envelope["event_type"].as_str(), resource["refund_status"].as_str()),
+            (Some("REFUND.CLOSED"), Some("CLOSED"))
+        );
+        assert_eq!(resource["amount"]["refund"], 200);
+        assert!(resource.get("success_time").is_none(), "{resource}");
+
+        let alipay = Platform::Alipay.sign_refund(&keys, &second_of_three(true), now).expect("signed");
+        let field = |name: &str| form_value(&alipay, name);
+        assert_eq!(field("refund_fee").as_deref(), Some("5.00"), "the running total, not this refund's 2.00");
+        assert_eq!(field("total_amount").as_deref(), Some("10.03"));
+        assert_eq!(field("out_biz_no").as_deref(), Some("R2"));
+        assert_eq!(field("trade_status").as_deref(), Some("TRADE_SUCCESS"), "3.03 yuan is left to refund");
+        let last = RefundNotice { refund_no: "R3".into(), amount: 503, refunded_total: 1_003, ..second_of_three(true) };
+        let closed = Platform::Alipay.sign_refund(&keys, &last, now).expect("signed");
+        assert_eq!(form_value(&closed, "refund_fee").as_deref(), Some("10.03"));
+        assert_eq!(form_value(&closed, "trade_status").as_deref(), Some("TRADE_CLOSED"), "nothing is left");
+        assert!(Platform::Alipay.sign_refund(&keys, &second_of_three(false), now).is_err(), "no failed notice");
+
+        // A full refund means what it always did: one amount everywhere.
+        let full = RefundNotice::full("R1".into(), "ORD_1".into(), "PAY_1".into(), 1_003, true);
+        assert_eq!((full.amount, full.total, full.refunded_total), (1_003, 1_003, 1_003));
+        let alipay = Platform::Alipay.sign_refund(&keys, &full, now).expect("signed");
+        assert_eq!(form_value(&alipay, "refund_fee"), form_value(&alipay, "total_amount"));
     }
 }

@@ -41,7 +41,8 @@ mod suite;
 mod tests;
 
 use crate::platform::{
-    random_digits, Platform, SIM_ALIPAY_APP_ID, SIM_RSA_BITS, SIM_WECHATPAY_SERIAL, WECHATPAY_APPID, WECHATPAY_MCHID,
+    random_digits, Platform, RefundNotice, SIM_ALIPAY_APP_ID, SIM_RSA_BITS, SIM_WECHATPAY_SERIAL, WECHATPAY_APPID,
+    WECHATPAY_MCHID,
 };
 use ledger::Ledger;
 use rsa::pkcs8::{EncodePublicKey, LineEnding};
@@ -489,6 +490,34 @@ impl PlatformApi {
     /// out_refund_no, however often it was submitted.
     pub fn refunds(&self) -> Vec<RefundRecord> {
         self.ledger.refunds()
+    }
+
+    /// The fen refunded on the trade: its refunds settled SUCCESS.
+    pub fn refunded_total(&self, out_trade_no: &str) -> i64 {
+        self.ledger.refunded(out_trade_no).0
+    }
+
+    /// The notice the platform sends once the refund of that number has
+    /// settled SUCCESS, CLOSED or ABNORMAL, with the amounts it has: the
+    /// refund's, the trade's, and the trade's refunded total when it
+    /// settled (this refund included when it succeeded). `None`: no such
+    /// refund, or one not settled.
+    pub fn refund_notice(&self, out_refund_no: &str) -> Option<RefundNotice> {
+        let (refund, trade) = self.ledger.refund_of(out_refund_no)?;
+        refund.settled_at?;
+        let refunded_total = match refund.refunded_after {
+            Some(after) => after,
+            None => self.ledger.refunded(&trade.out_trade_no).0,
+        };
+        Some(RefundNotice {
+            refund_no: refund.out_refund_no,
+            order_no: trade.out_trade_no,
+            pay_no: trade.pay_no.unwrap_or_default(),
+            amount: refund.amount,
+            total: trade.amount,
+            refunded_total,
+            success: refund.status == RefundStatus::Success,
+        })
     }
 
     /// The fault every request (and connection) gets from now on; `None`: healthy.

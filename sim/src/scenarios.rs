@@ -3,7 +3,7 @@
 //! inspections) for the judge.
 
 use crate::client::{Conn, Reply, ReplyExt, Req, Target};
-use crate::judge::{OrderExpect, OrderSeen, RewardRule, SeenPayment};
+use crate::judge::{OrderExpect, OrderSeen, RewardRule, SeenPayment, SeenRefund};
 use crate::platform::{Keys, PaymentNotice, Platform, RefundNotice};
 use crate::progress::Progress;
 use crate::table::render_table;
@@ -53,6 +53,7 @@ pub enum Scenario {
     TwoChannels,
     PaymentAfterClose,
     Refund,
+    PartialRefunds,
     TripleClick,
     LostNotification,
     CloseRace,
@@ -61,7 +62,7 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::Concurrent,
         Scenario::Redelivery40ms,
         Scenario::GatewayReplay,
@@ -69,6 +70,7 @@ impl Scenario {
         Scenario::TwoChannels,
         Scenario::PaymentAfterClose,
         Scenario::Refund,
+        Scenario::PartialRefunds,
         Scenario::TripleClick,
         Scenario::LostNotification,
         Scenario::CloseRace,
@@ -90,6 +92,7 @@ impl Scenario {
             Scenario::CloseRace => "close_race",
             Scenario::PlatformDown => "platform_down",
             Scenario::RefundSubmitted => "refund_submitted",
+            Scenario::PartialRefunds => "partial_refunds",
         }
     }
 
@@ -105,11 +108,13 @@ impl Scenario {
 
     /// Played on `channel` with the buyer paying at the simulated platform,
     /// against a payonce of its own that makes the payments there: the
-    /// triple click of pay requests. Against `--target`, and on the generic
+    /// triple click of pay requests, and partial_refunds with each refund
+    /// submitted to that platform. Against `--target`, and on the generic
     /// channel (no platform to pay at), triple_click is the triple click of
-    /// the order's creation instead.
-    pub fn pays_at_platform(self, channel: Platform, in_process: bool) -> bool {
-        self == Scenario::TripleClick && channel != Platform::Generic && in_process
+    /// the order's creation instead, and partial_refunds' results come from
+    /// the simulator alone.
+    pub fn plays_platform_apis(self, channel: Platform, in_process: bool) -> bool {
+        matches!(self, Scenario::TripleClick | Scenario::PartialRefunds) && channel != Platform::Generic && in_process
     }
 
     /// Two letters in order_nos, so an operator sees which scenario made an order.
@@ -127,6 +132,7 @@ impl Scenario {
             Scenario::CloseRace => "cr",
             Scenario::PlatformDown => "pd",
             Scenario::RefundSubmitted => "sb",
+            Scenario::PartialRefunds => "pr",
         }
     }
 
@@ -227,6 +233,185 @@ fn api_label(what: &str, reply: &Reply) -> String {
     format!("api:{what} {} {detail}", reply.status)
 }
 
+/// The label of a `POST /v1/orders/{order_no}/refunds` answer, which
+/// carries the order and the refund: `api:refunds 201 REFUNDING`,
+/// `api:refunds 409 refund_exceeds_balance`.
+fn refunds_label(reply: &Reply) -> String {
+    let body = reply.json();
+    match body["order"]["status"].as_str() {
+        Some(status) if (200..300).contains(&reply.status) => format!("api:refunds {} {status}", reply.status),
+        _ => format!("api:refunds {} {}", reply.status, reply.error_code()),
+    }
+}
+
+/// partial_refunds' refunds of one order, in the order they are asked for:
+/// 30 % of the amount, 20 % (first under a number whose result is FAILED
+/// where the channel can say so, then again under a new one) and the rest,
+/// asked without an amount; the first one's result is delivered twice.
+/// Besides, one refund is asked while the first is in flight and one for
+/// a fen more than the first left: both refused, neither a refund.
+pub(crate) struct RefundPlan {
+    order_no: String,
+    pay_no: String,
+    amount: i64,
+    pub refunds: Vec<PlannedRefund>,
+    busy_no: String,
+    over_no: String,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct PlannedRefund {
+    pub refund_no: String,
+    /// Fen.
+    pub amount: i64,
+    /// Asked without `amount`: whatever is left.
+    rest: bool,
+    /// Its result is FAILED.
+    pub fails: bool,
+    /// Its result is delivered twice.
+    duplicated: bool,
+}
+
+/// The three refunds' amounts: 30 % and 20 % of `amount`, a fen more each,
+/// and the rest. The fen keeps every share of the points off a whole
+/// number, so each reversal is a floor and the last one differs from its own.
+pub(crate) fn refund_shares(amount: i64) -> [i64; 3] {
+    let first = amount * 3 / 10 + 1;
+    let second = amount / 5 + 1;
+    [first, second, amount - first - second]
+}
+
+/// Whether the channel tells of a failed refund: Alipay has no notice of one
+/// (see [`Platform::sign_refund`]) and its refund query no failed state, so
+/// there a refund cannot fail, only wait.
+pub(crate) fn refund_can_fail(channel: Platform) -> bool {
+    channel != Platform::Alipay
+}
+
+impl RefundPlan {
+    /// `sep` joins the order_no and each refund's suffix (Alipay's
+    /// out_request_no and the notices' numbers take `_`, not `-`, in the
+    /// scenarios that call the platforms).
+    pub fn new(order: &SimOrder, pay_no: &str, sep: char, channel: Platform) -> RefundPlan {
+        let no = |suffix: &str| format!("{}{sep}{suffix}", order.no);
+        let [first, second, rest] = refund_shares(order.amount);
+        let refund = |suffix: &str, amount: i64| PlannedRefund {
+            refund_no: no(suffix),
+            amount,
+            rest: false,
+            fails: false,
+            duplicated: false,
+        };
+        let mut refunds = vec![PlannedRefund { duplicated: true, ..refund("R1", first) }];
+        if refund_can_fail(channel) {
+            refunds.push(PlannedRefund { fails: true, ..refund("R2", second) });
+        }
+        refunds.push(refund("R2b", second));
+        refunds.push(PlannedRefund { rest: true, ..refund("R3", rest) });
+        RefundPlan {
+            order_no: order.no.clone(),
+            pay_no: pay_no.to_owned(),
+            amount: order.amount,
+            refunds,
+            busy_no: no("Rbusy"),
+            over_no: no("Rover"),
+        }
+    }
+
+    fn path(&self) -> String {
+        format!("/v1/orders/{}/refunds", self.order_no)
+    }
+
+    fn body(refund_no: &str, amount: Option<i64>) -> Value {
+        match amount {
+            Some(amount) => json!({"refund_no": refund_no, "amount": amount, "reason": "payonce simulate"}),
+            None => json!({"refund_no": refund_no}),
+        }
+    }
+
+    /// The body of refund `k`'s request.
+    fn request_body(&self, k: usize) -> Value {
+        let refund = &self.refunds[k];
+        RefundPlan::body(&refund.refund_no, (!refund.rest).then_some(refund.amount))
+    }
+
+    /// The refunds that succeed, before refund `k`, in fen.
+    fn refunded_before(&self, k: usize) -> i64 {
+        self.refunds[..k].iter().filter(|r| !r.fails).map(|r| r.amount).sum()
+    }
+
+    /// The notice of refund `k`'s result, as the simulator signs it.
+    pub fn notice(&self, k: usize) -> RefundNotice {
+        let refund = &self.refunds[k];
+        let this = if refund.fails { 0 } else { refund.amount };
+        RefundNotice {
+            refund_no: refund.refund_no.clone(),
+            order_no: self.order_no.clone(),
+            pay_no: self.pay_no.clone(),
+            amount: refund.amount,
+            total: self.amount,
+            refunded_total: self.refunded_before(k) + this,
+            success: !refund.fails,
+        }
+    }
+
+    /// The answers to the refunds' requests and results, after the payment's.
+    pub fn answers(&self, said: &dyn Fn(&str) -> String) -> Vec<String> {
+        let mut answers = Vec::new();
+        for (k, refund) in self.refunds.iter().enumerate() {
+            answers.push(s("api:refunds 201 REFUNDING"));
+            if k == 0 {
+                answers.push(s("api:refunds 409 refund_in_progress"));
+            }
+            answers.push(format!("refund {}", said(if refund.fails { "refund_failed" } else { "applied" })));
+            if refund.duplicated {
+                answers.push(format!("refund {}", said("duplicate")));
+            }
+            if k == 0 {
+                answers.push(s("api:refunds 409 refund_exceeds_balance"));
+            }
+        }
+        answers
+    }
+
+    /// The order's refunds once all are settled.
+    pub fn rows(&self) -> Vec<SeenRefund> {
+        let status = |r: &PlannedRefund| if r.fails { "FAILED" } else { "SUCCEEDED" };
+        self.refunds.iter().map(|r| SeenRefund::new(&r.refund_no, r.amount, status(r))).collect()
+    }
+
+    /// Every event of the order: paid, each refund asked, each result.
+    pub fn events(&self) -> Vec<(String, usize)> {
+        let failed = self.refunds.iter().filter(|r| r.fails).count();
+        let succeeded = self.refunds.len() - failed;
+        let mut events = vec![
+            (s("order.paid"), 1),
+            (s("order.refunding"), self.refunds.len()),
+            (s("order.partially_refunded"), succeeded - 1),
+            (s("order.refunded"), 1),
+        ];
+        if failed > 0 {
+            events.push((s("order.refund_failed"), failed));
+        }
+        events
+    }
+
+    /// What must be true of the order in the end (the answers after its creation's).
+    pub fn expect(&self, answers: Vec<String>) -> OrderExpect {
+        OrderExpect {
+            status: s("REFUNDED"),
+            answers,
+            payments: vec![s("applied")],
+            paid: true,
+            refunded: true,
+            refunds: Some(self.rows()),
+            refunded_amount: Some(self.amount),
+            events: self.events(),
+            ..OrderExpect::default()
+        }
+    }
+}
+
 impl Sim {
     /// The same run (target, keys, run id, settings) for another channel.
     fn for_channel(&self, channel: Platform, partner: Platform) -> Sim {
@@ -249,9 +434,12 @@ impl Sim {
     /// 100,000 orders, within WeChat Pay's 6-32 for out_trade_no.
     fn order(&self, scenario: Scenario, i: usize) -> SimOrder {
         let no = format!("{}-{}{}-{i}", self.run_id, scenario.tag(), self.channel.tag());
-        // Not round, and at least 10 yuan, so points are never 0.
-        let amount = 1_000 + i64::try_from(i % 90).unwrap_or(0) * 100 + i64::try_from(i % 7).unwrap_or(0);
-        SimOrder { user: format!("{no}-u"), no, amount }
+        SimOrder { user: format!("{no}-u"), no, amount: Sim::order_amount(i) }
+    }
+
+    /// Order `i`'s amount: not round, and at least 10 yuan, so points are never 0.
+    fn order_amount(i: usize) -> i64 {
+        1_000 + i64::try_from(i % 90).unwrap_or(0) * 100 + i64::try_from(i % 7).unwrap_or(0)
     }
 
     /// Payment `k` of `order`, its delivery number `attempt` (0: the first).
@@ -432,7 +620,7 @@ impl Sim {
     /// `in_process`: the simulator runs the payonce it plays against, so it
     /// can start more with the simulated platforms' settings.
     fn run_scenario(&self, scenario: Scenario, in_process: bool) -> Result<ScenarioRun, String> {
-        if scenario.pays_at_platform(self.channel, in_process) {
+        if scenario.plays_platform_apis(self.channel, in_process) {
             let run = platform_calls::run(self, scenario);
             self.progress.finish();
             return run;
@@ -455,6 +643,7 @@ impl Sim {
             Scenario::PaymentAfterClose => self.payment_after_close(orders)?,
             Scenario::Refund => self.refund(orders)?,
             Scenario::TripleClick => self.triple_click(orders)?,
+            Scenario::PartialRefunds => self.partial_refunds(orders)?,
             Scenario::LostNotification | Scenario::CloseRace | Scenario::PlatformDown | Scenario::RefundSubmitted => {
                 return Err(format!("{} runs on a payonce of its own", scenario.name()));
             }
@@ -769,13 +958,7 @@ impl Sim {
                 let reply = self.api(conn, Req::post_json(path, &json!({"refund_no": refund_no})))?;
                 answers.push(api_label("refund", &reply));
             }
-            let notice = RefundNotice {
-                refund_no,
-                order_no: order.no.clone(),
-                pay_no: payment.pay_no,
-                amount: order.amount,
-                success: true,
-            };
+            let notice = RefundNotice::full(refund_no, order.no.clone(), payment.pay_no, order.amount, true);
             for _ in 0..2 {
                 let delivery = self.deliver_refund(conn, &notice)?;
                 answers.push(delivery.label);
@@ -801,6 +984,99 @@ impl Sim {
             ..OrderExpect::default()
         };
         Ok(order_runs(orders, created, runs, &expect))
+    }
+
+    /// partial_refunds' refunds of every order in `plans`, one refund at a
+    /// time across all orders: each asked, then `submitted()` (a round of
+    /// the pool of a payonce that submits it to a platform, or nothing),
+    /// then its result: the notice `settle` has from the platform it settled
+    /// at, else the one the simulator signs from the plan. The answers and
+    /// deliveries sent, per order.
+    pub(crate) fn play_refunds(
+        &self,
+        plans: &[RefundPlan],
+        submitted: &dyn Fn() -> Result<(), String>,
+        settle: &dyn Fn(&PlannedRefund) -> Option<RefundNotice>,
+    ) -> Result<Vec<(Vec<String>, usize)>, String> {
+        let mut played: Vec<(Vec<String>, usize)> = plans.iter().map(|_| (Vec::new(), 0)).collect();
+        let steps = plans.iter().map(|p| p.refunds.len()).max().unwrap_or(0);
+        for k in 0..steps {
+            let asked = self.par_orders(plans.len(), |conn, i| {
+                let plan = &plans[i];
+                let mut labels =
+                    vec![refunds_label(&self.api(conn, Req::post_json(plan.path(), &plan.request_body(k)))?)];
+                if k == 0 {
+                    // One refund in flight at a time.
+                    let busy = RefundPlan::body(&plan.busy_no, Some(1));
+                    labels.push(refunds_label(&self.api(conn, Req::post_json(plan.path(), &busy))?));
+                }
+                Ok(labels)
+            })?;
+            submitted()?;
+            let notices: Vec<RefundNotice> =
+                plans.iter().map(|plan| settle(&plan.refunds[k]).unwrap_or_else(|| plan.notice(k))).collect();
+            let results = self.par_orders(plans.len(), |conn, i| {
+                let mut labels = Vec::new();
+                let mut sends = 0;
+                for _ in 0..if plans[i].refunds[k].duplicated { 2 } else { 1 } {
+                    let delivery = self.deliver_refund(conn, &notices[i])?;
+                    labels.push(delivery.label);
+                    sends += delivery.sends;
+                    self.progress.tick();
+                }
+                if k == 0 {
+                    // A fen more than the first refund left.
+                    let plan = &plans[i];
+                    let over = plan.amount - plan.refunds[0].amount + 1;
+                    let body = RefundPlan::body(&plan.over_no, Some(over));
+                    labels.push(refunds_label(&self.api(conn, Req::post_json(plan.path(), &body))?));
+                }
+                Ok((labels, sends))
+            })?;
+            for ((answers, deliveries), (asked, (results, sends))) in
+                played.iter_mut().zip(asked.into_iter().zip(results))
+            {
+                answers.extend(asked);
+                answers.extend(results);
+                *deliveries += sends;
+            }
+        }
+        Ok(played)
+    }
+
+    /// Pay, then three refunds of each order (see [`RefundPlan`]), their
+    /// results signed here: refunded in full, each refund's points reversed.
+    fn partial_refunds(&self, orders: Vec<SimOrder>) -> Result<Vec<OrderRun>, String> {
+        let created = self.create_all(&orders)?;
+        let plans: Vec<RefundPlan> = orders
+            .iter()
+            .map(|order| RefundPlan::new(order, &self.payment(order, 1, 0).pay_no, '-', self.channel))
+            .collect();
+        let notices: usize = plans.iter().map(|p| p.refunds.len() + 1).sum();
+        self.progress.start("partial_refunds", orders.len() + notices);
+        let paid = self.par_orders(orders.len(), |conn, i| {
+            let delivery = self.deliver_payment(conn, &self.payment(&orders[i], 1, 0));
+            self.progress.tick();
+            delivery
+        })?;
+        let played = self.play_refunds(&plans, &|| Ok(()), &|_| None)?;
+        let said = |outcome: &str| self.said(outcome);
+        Ok(orders
+            .into_iter()
+            .zip(created)
+            .zip(paid.into_iter().zip(played))
+            .zip(&plans)
+            .map(|(((order, created), (paid, (refunds, sends))), plan)| {
+                let expected = [Sim::created(), self.said("applied")].into_iter().chain(plan.answers(&said)).collect();
+                OrderRun {
+                    order,
+                    expect: plan.expect(expected),
+                    answers: [created, paid.label].into_iter().chain(refunds).collect(),
+                    lost: 0,
+                    deliveries: paid.sends + sends,
+                }
+            })
+            .collect())
     }
 
     fn triple_click(&self, orders: Vec<SimOrder>) -> Result<Vec<OrderRun>, String> {
@@ -992,6 +1268,11 @@ fn read_order_detail(detail: &Value, seen: &mut OrderSeen) {
     seen.audit = list("audit").iter().map(|a| text(a, "action")).collect();
     seen.coupons = list("coupons").iter().map(|c| (text(c, "coupon_template_id"), text(c, "status"))).collect();
     seen.points = list("points").iter().map(|p| (text(p, "point_type"), p["points"].as_i64().unwrap_or(0))).collect();
+    seen.refunded_amount = detail["refunded_amount"].as_i64();
+    seen.refunds = list("refunds")
+        .iter()
+        .map(|r| SeenRefund::new(&text(r, "refund_no"), r["amount"].as_i64().unwrap_or(0), &text(r, "status")))
+        .collect();
 }
 
 /// Runs every scenario on every channel, reads the results back, prints the
@@ -1098,4 +1379,123 @@ pub fn simulate(
     }
     let _ = std::io::stdout().flush();
     Ok(if rows.iter().all(|r| r.violations.is_empty()) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::judge::{points_due, reversals};
+    use payonce::domain::Rewards;
+
+    fn order(amount: i64) -> SimOrder {
+        SimOrder { no: s("RUN-prg-0"), user: s("RUN-prg-0-u"), amount }
+    }
+
+    /// The in-process payonce's rule: 1 point per yuan.
+    fn points(amount: i64) -> i64 {
+        points_due(&Rewards { coupon_templates: vec![], points_per_yuan: 1 }, amount)
+    }
+
+    #[test]
+    fn partial_refunds_reverse_floors_and_the_last_takes_what_is_left() {
+        // 10.03 yuan earns 10 points. 3.01 yuan back is 3.001 points, 2.01
+        // is 2.004: floored to 3 and 2. The 5.01 that empties the order would
+        // floor to 4 (4.995); it takes the 5 left.
+        assert_eq!(refund_shares(1_003), [301, 201, 501]);
+        assert_eq!(reversals(points(1_003), 1_003, &refund_shares(1_003)), [-3, -2, -5]);
+        assert_eq!(points(1_003) * 501 / 1_003, 4);
+        assert_eq!(refund_shares(9_906), [2_972, 1_982, 4_952]);
+        assert_eq!(reversals(points(9_906), 9_906, &refund_shares(9_906)), [-29, -19, -51]);
+
+        // Every amount the simulator's orders have: three refunds of at least
+        // a fen, three reversals of at least a point, summing to the points
+        // earned, none of them a whole share.
+        let sim = Sim::order_amount;
+        for i in 0..630 {
+            let amount = sim(i);
+            let shares = refund_shares(amount);
+            assert!(shares.iter().all(|fen| *fen > 0) && shares.iter().sum::<i64>() == amount, "{amount}: {shares:?}");
+            let entries = reversals(points(amount), amount, &shares);
+            assert!(entries.iter().all(|p| *p < 0), "{amount}: {entries:?}");
+            assert_eq!(entries.iter().sum::<i64>(), -points(amount), "{amount}: {entries:?}");
+            assert!(shares[..2].iter().all(|fen| points(amount) * fen % amount != 0), "{amount}: {shares:?}");
+        }
+    }
+
+    #[test]
+    fn a_refund_plan_is_three_refunds_one_failing_once_where_the_channel_can_say_so() {
+        let said = |outcome: &str| s(outcome);
+        let generic = RefundPlan::new(&order(1_003), "PAY-1", '-', Platform::Generic);
+        let numbered: Vec<(&str, i64, bool)> =
+            generic.refunds.iter().map(|r| (r.refund_no.as_str(), r.amount, r.fails)).collect();
+        assert_eq!(
+            numbered,
+            [
+                ("RUN-prg-0-R1", 301, false),
+                ("RUN-prg-0-R2", 201, true),
+                ("RUN-prg-0-R2b", 201, false),
+                ("RUN-prg-0-R3", 501, false)
+            ]
+        );
+        // The amount of the last is left out of its request: the whole balance.
+        assert_eq!(generic.request_body(3), json!({"refund_no": "RUN-prg-0-R3"}));
+        assert_eq!(generic.request_body(0)["amount"], 301);
+        assert_eq!(
+            generic.answers(&said),
+            [
+                "api:refunds 201 REFUNDING",
+                "api:refunds 409 refund_in_progress",
+                "refund applied",
+                "refund duplicate",
+                "api:refunds 409 refund_exceeds_balance",
+                "api:refunds 201 REFUNDING",
+                "refund refund_failed",
+                "api:refunds 201 REFUNDING",
+                "refund applied",
+                "api:refunds 201 REFUNDING",
+                "refund applied",
+            ]
+        );
+        // Each notice: this refund's amount, the order's, and the running
+        // total of the ones that succeeded.
+        let notices: Vec<(i64, i64, i64, bool)> =
+            (0..4).map(|k| generic.notice(k)).map(|n| (n.amount, n.total, n.refunded_total, n.success)).collect();
+        assert_eq!(
+            notices,
+            [(301, 1_003, 301, true), (201, 1_003, 301, false), (201, 1_003, 502, true), (501, 1_003, 1_003, true)]
+        );
+        let expect = generic.expect(Vec::new());
+        assert_eq!(expect.succeeded_refunds(1_003), [301, 201, 501]);
+        assert_eq!((expect.status.as_str(), expect.refunded_amount), ("REFUNDED", Some(1_003)));
+        let rows: Vec<String> = generic.rows().iter().map(|r| format!("{} {}", r.amount, r.status)).collect();
+        assert_eq!(rows, ["301 SUCCEEDED", "201 FAILED", "201 SUCCEEDED", "501 SUCCEEDED"]);
+        let events = |plan: &RefundPlan| -> Vec<(String, usize)> { plan.events() };
+        assert_eq!(
+            events(&generic),
+            [
+                (s("order.paid"), 1),
+                (s("order.refunding"), 4),
+                (s("order.partially_refunded"), 2),
+                (s("order.refunded"), 1),
+                (s("order.refund_failed"), 1)
+            ]
+        );
+
+        // Alipay tells of no failed refund: the same refunds but the failing one.
+        let alipay = RefundPlan::new(&order(1_003), "2088", '_', Platform::Alipay);
+        let numbers: Vec<&str> = alipay.refunds.iter().map(|r| r.refund_no.as_str()).collect();
+        assert_eq!(numbers, ["RUN-prg-0_R1", "RUN-prg-0_R2b", "RUN-prg-0_R3"]);
+        assert_eq!(alipay.expect(Vec::new()).succeeded_refunds(1_003), [301, 201, 501]);
+        assert_eq!(
+            events(&alipay),
+            [
+                (s("order.paid"), 1),
+                (s("order.refunding"), 3),
+                (s("order.partially_refunded"), 2),
+                (s("order.refunded"), 1)
+            ]
+        );
+        assert!(!alipay.answers(&said).iter().any(|a| a.contains("refund_failed")));
+        assert_eq!(alipay.notice(2).refunded_total, 1_003);
+    }
 }

@@ -147,7 +147,7 @@ fn every_scenario_is_ok_against_an_in_process_payonce() {
     let run = simulate(&FAST);
     assert!(run.ok(), "{run:?}");
     // Progress as it goes: a line on stderr per scenario.
-    assert_eq!(run.stderr.matches(" done in ").count(), 8, "{run:?}");
+    assert_eq!(run.stderr.matches(" done in ").count(), 9, "{run:?}");
 }
 
 /// Fresh key pairs for WeChat Pay and Alipay, the in-process payonce
@@ -159,7 +159,13 @@ fn every_scenario_is_ok_against_an_in_process_payonce() {
 fn every_channel_is_ok_against_an_in_process_payonce() {
     let run = simulate(&ALL_CHANNELS_IN_PROCESS);
     assert!(run.ok(), "{run:?}");
-    assert_eq!(run.stderr.matches(" done in ").count(), 8 * 3 + 4 * 2, "{run:?}");
+    assert_eq!(run.stderr.matches(" done in ").count(), 9 * 3 + 4 * 2, "{run:?}");
+    // Refunded in three parts on every channel; on WeChat Pay and Alipay
+    // against the simulated platform, which refunded what payonce says.
+    for channel in ["generic", "wechatpay", "alipay"] {
+        let row = run.stdout.lines().find(|l| l.split_whitespace().take(2).eq(["partial_refunds", channel]));
+        assert!(row.is_some_and(|r| r.ends_with("ok")), "partial_refunds on {channel}: {run:?}");
+    }
     for scenario in PLATFORM_SCENARIOS {
         for (channel, verdict) in [("generic", "skipped"), ("wechatpay", "ok"), ("alipay", "ok")] {
             let row = run
@@ -233,7 +239,7 @@ fn every_channel_is_ok_against_a_running_server_with_the_test_keys() {
     assert!(PLATFORM_SCENARIOS.iter().all(|s| !run.stderr.contains(&format!("{s} ("))), "{run:?}");
 
     // The payments really came through each channel: per channel, 2 orders
-    // of each of the 7 scenarios that pay, plus the 2 second payments of the
+    // of each of the 8 scenarios that pay, plus the 2 second payments of the
     // previous channel's two_channels.
     let db =
         rusqlite::Connection::open_with_flags(&server.db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open db");
@@ -242,9 +248,9 @@ fn every_channel_is_ok_against_a_running_server_with_the_test_keys() {
             .expect("count")
     };
     for channel in ["generic", "wechatpay", "alipay"] {
-        assert_eq!(per_channel(channel), 16, "{channel} payments");
+        assert_eq!(per_channel(channel), 18, "{channel} payments");
     }
-    assert_eq!(server.events("order.paid"), 3 * 12);
+    assert_eq!(server.events("order.paid"), 3 * 14);
 
     // Keys the target does not trust are setup errors (exit 2), named as such.
     let one = |channel: &'static str, keys: Vec<&'static str>| -> String {
@@ -273,8 +279,8 @@ fn every_scenario_is_ok_against_a_running_server_and_reruns_do_not_collide() {
     let run = simulate(&args);
     assert!(run.ok(), "{run:?}");
 
-    // The simulator really did the work: 6 scenarios pay 3 orders each.
-    assert_eq!(server.events("order.paid"), 18);
+    // The simulator really did the work: 7 scenarios pay 3 orders each.
+    assert_eq!(server.events("order.paid"), 21);
 
     // A second run on the same server uses new order_nos and is judged on its own orders.
     let mut again =

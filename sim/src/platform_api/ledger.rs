@@ -78,6 +78,9 @@ pub(super) struct Refund {
     pub status: RefundStatus,
     pub created_at: i64,
     pub settled_at: Option<i64>,
+    /// Once settled SUCCESS: the trade's refunded fen at that moment, this
+    /// refund included (what Alipay's notice of it says in `refund_fee`).
+    pub refunded_after: Option<i64>,
 }
 
 /// Why a close did not (newly) close a trade.
@@ -289,6 +292,7 @@ impl Ledger {
             status: RefundStatus::Processing,
             created_at: now_s,
             settled_at: None,
+            refunded_after: None,
         };
         book.refunds.push(refund.clone());
         Ok((refund, trade, true))
@@ -320,11 +324,21 @@ impl Ledger {
 
     pub fn settle(&self, out_refund_no: &str, status: RefundStatus, now_s: i64) -> bool {
         let mut book = self.book.lock();
-        let Some(refund) = book.refunds.iter_mut().find(|r| r.out_refund_no == out_refund_no) else {
+        let Some(i) = book.refunds.iter().position(|r| r.out_refund_no == out_refund_no) else {
             return false;
         };
+        let trade_no = book.refunds[i].out_trade_no.clone();
+        let others: i64 = book
+            .refunds
+            .iter()
+            .enumerate()
+            .filter(|(j, r)| *j != i && r.out_trade_no == trade_no && r.status == RefundStatus::Success)
+            .map(|(_, r)| r.amount)
+            .sum();
+        let refund = &mut book.refunds[i];
         refund.status = status;
         refund.settled_at = (status != RefundStatus::Processing).then_some(now_s);
+        refund.refunded_after = (status == RefundStatus::Success).then_some(others + refund.amount);
         true
     }
 

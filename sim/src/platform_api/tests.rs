@@ -216,6 +216,66 @@ fn wechatpay_refunds_are_idempotent_per_out_refund_no() {
     assert_eq!(api.refunds().len(), 3);
 }
 
+/// One trade of 10.03 yuan refunded in parts, each refund its own
+/// out_refund_no and amount: 3.00, 2.00 and 4.00 yuan, then 1.04 yuan when
+/// 1.03 is left, refused as WeChat refuses a refund past what is left
+/// (`INVALID_REQUEST`; its `NOT_ENOUGH` is the merchant's balance, not the
+/// trade's), then the 1.03 yuan left. Each answer and query names its own
+/// refund's amount and the trade's total.
+#[test]
+fn wechatpay_refunds_a_trade_in_parts_and_refuses_past_what_is_left() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0090", 1_003).expect("open");
+    let pay_no = api.buyer_pays("ORDER-W-0090").expect("paid");
+    let mut conn = connect(&api);
+    let mut submit = |no: &str, refund: i64| {
+        let answer = wx(&api, &mut conn, "POST", REFUNDS, &refund_body("ORDER-W-0090", no, refund, 1_003));
+        assert!(wx_verified(&api, &answer), "{}", answer.text());
+        (answer.status, json_of(&answer))
+    };
+    for (no, refund) in [("REFUND-W-0091", 300), ("REFUND-W-0092", 200), ("REFUND-W-0093", 400)] {
+        let (status, answer) = submit(no, refund);
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["out_refund_no"], no);
+        assert_eq!(answer["transaction_id"].as_str(), Some(pay_no.as_str()));
+        assert_eq!(
+            (answer["amount"]["refund"].as_i64(), answer["amount"]["total"].as_i64()),
+            (Some(refund), Some(1_003))
+        );
+    }
+    let (status, over) = submit("REFUND-W-0094", 104);
+    assert_eq!((status, over["code"].as_str()), (400, Some("INVALID_REQUEST")), "{over}");
+    let (status, rest) = submit("REFUND-W-0095", 103);
+    assert_eq!((status, rest["amount"]["refund"].as_i64()), (200, Some(103)), "{rest}");
+    let (status, nothing_left) = submit("REFUND-W-0096", 1);
+    assert_eq!((status, nothing_left["code"].as_str()), (400, Some("INVALID_REQUEST")), "{nothing_left}");
+    let held: Vec<(String, i64)> = api.refunds().into_iter().map(|r| (r.out_refund_no, r.amount)).collect();
+    let want = [("REFUND-W-0091", 300), ("REFUND-W-0092", 200), ("REFUND-W-0093", 400), ("REFUND-W-0095", 103)];
+    assert_eq!(held, want.map(|(no, amount)| (no.to_owned(), amount)), "the refused ones are not held");
+
+    // Settled in turn: each query still names its own refund; the trade's
+    // refunded total grows to the whole amount.
+    assert_eq!(api.refunded_total("ORDER-W-0090"), 0);
+    for (no, refund, total_after) in [
+        ("REFUND-W-0091", 300, 300),
+        ("REFUND-W-0092", 200, 500),
+        ("REFUND-W-0093", 400, 900),
+        ("REFUND-W-0095", 103, 1_003),
+    ] {
+        assert!(api.settle_refund(no, RefundStatus::Success));
+        let query = wx(&api, &mut conn, "GET", &format!("{REFUNDS}/{no}"), &Value::Null);
+        let answer = json_of(&query);
+        assert_eq!((answer["status"].as_str(), answer["amount"]["refund"].as_i64()), (Some("SUCCESS"), Some(refund)));
+        assert_eq!(api.refunded_total("ORDER-W-0090"), total_after);
+        let notice = api.refund_notice(no).expect("a settled refund's notice");
+        assert_eq!(
+            (notice.amount, notice.total, notice.refunded_total, notice.success),
+            (refund, 1_003, total_after, true)
+        );
+        assert_eq!((notice.order_no.as_str(), notice.pay_no.as_str()), ("ORDER-W-0090", pay_no.as_str()));
+    }
+}
+
 // ---- Alipay: the app's side ----
 
 /// A signed gateway form: the common parameters, `biz_content`, and `sign`
@@ -279,6 +339,75 @@ pub(super) fn ali_response(api: &PlatformApi, answer: &Response, method: &str) -
         return Err("the signed text is not the body's _response".into());
     }
     Ok(response)
+}
+
+/// One trade of 10.03 yuan refunded in parts, each its own out_request_no:
+/// every refund answer's `refund_fee` is the trade's refunded total so far,
+/// this refund included (a repeat moves no money and says the total as it
+/// is); 1.04 yuan when 1.03 is left is refused with Alipay's
+/// `ACQ.REFUND_AMT_NOT_EQUAL_TOTAL`; each query names its own request's
+/// `refund_amount` and the trade's `total_amount`.
+#[test]
+fn alipay_refunds_a_trade_in_parts_with_the_running_refund_fee() {
+    let api = alipay();
+    api.open_trade("ORDER_A_0090", 1_003).expect("open");
+    let trade_no = api.buyer_pays("ORDER_A_0090").expect("paid");
+    let mut conn = connect(&api);
+    let mut refund = |no: &str, yuan: &str| {
+        let biz = json!({"out_trade_no": "ORDER_A_0090", "refund_amount": yuan, "out_request_no": no});
+        ali(&api, &mut conn, "alipay.trade.refund", biz)
+    };
+    let answered = |answer: &Value| {
+        let text = |name: &str| answer[name].as_str().unwrap_or("-").to_owned();
+        (text("code"), text("fund_change"), text("refund_fee"))
+    };
+    let of = |code: &str, change: &str, fee: &str| (code.to_owned(), change.to_owned(), fee.to_owned());
+    for (no, yuan, running) in
+        [("REFUND_A_0091", "3.00", "3.00"), ("REFUND_A_0092", "2.00", "5.00"), ("REFUND_A_0093", "4.00", "9.00")]
+    {
+        let answer = refund(no, yuan);
+        assert_eq!(answered(&answer), of("10000", "Y", running), "{answer}");
+        assert_eq!(answer["trade_no"].as_str(), Some(trade_no.as_str()));
+    }
+    let again = refund("REFUND_A_0092", "2.00");
+    assert_eq!(answered(&again), of("10000", "N", "9.00"), "{again}");
+    let over = refund("REFUND_A_0094", "1.04");
+    assert_eq!(
+        (over["code"].as_str(), over["sub_code"].as_str()),
+        (Some("40004"), Some("ACQ.REFUND_AMT_NOT_EQUAL_TOTAL"))
+    );
+    let rest = refund("REFUND_A_0095", "1.03");
+    assert_eq!(answered(&rest), of("10000", "Y", "10.03"), "{rest}");
+    let nothing_left = refund("REFUND_A_0096", "0.01");
+    assert_eq!(nothing_left["sub_code"], "ACQ.REFUND_AMT_NOT_EQUAL_TOTAL");
+    assert_eq!(api.refunds().len(), 4);
+
+    let mut query = |no: &str| {
+        let biz = json!({"out_trade_no": "ORDER_A_0090", "out_request_no": no});
+        ali(&api, &mut conn, "alipay.trade.fastpay.refund.query", biz)
+    };
+    let numbers = [("REFUND_A_0091", "3.00", 300), ("REFUND_A_0092", "2.00", 500), ("REFUND_A_0093", "4.00", 900)];
+    for (no, yuan, _) in numbers.iter().chain(&[("REFUND_A_0095", "1.03", 1_003)]) {
+        let pending = query(no);
+        assert_eq!((pending["refund_amount"].as_str(), pending["total_amount"].as_str()), (Some(*yuan), Some("10.03")));
+        assert!(pending.get("refund_status").is_none(), "not settled yet: {pending}");
+    }
+    // Settled in turn: each notice's refund_fee is the total when it settled.
+    for (no, yuan, total_after) in numbers.iter().chain(&[("REFUND_A_0095", "1.03", 1_003)]) {
+        assert!(api.settle_refund(no, RefundStatus::Success));
+        let settled = query(no);
+        assert_eq!(
+            (settled["refund_status"].as_str(), settled["refund_amount"].as_str()),
+            (Some("REFUND_SUCCESS"), Some(*yuan))
+        );
+        let notice = api.refund_notice(no).expect("a settled refund's notice");
+        assert_eq!(
+            (notice.refunded_total, notice.total, notice.pay_no.as_str()),
+            (*total_after, 1_003, trade_no.as_str())
+        );
+    }
+    assert_eq!(api.refunded_total("ORDER_A_0090"), 1_003);
+    assert_eq!(api.trade_state("ORDER_A_0090"), Some("TRADE_CLOSED"), "refunded in full");
 }
 
 #[test]

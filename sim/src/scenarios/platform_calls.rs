@@ -28,7 +28,7 @@
 //! platform, payonce's client called directly) and note how those orders
 //! ended, next to the judged pass. That pass is not judged.
 
-use super::{api_label, OrderRun, Scenario, ScenarioRun, Sim, SimOrder};
+use super::{api_label, OrderRun, RefundPlan, Scenario, ScenarioRun, Sim, SimOrder};
 use crate::client::{Conn, Req, Target};
 use crate::judge::{OrderExpect, OrderSeen};
 use crate::local::{self, LocalServer};
@@ -107,7 +107,7 @@ fn retry_ms() -> i64 {
     i64::try_from(RETRY_MS).unwrap_or(i64::MAX)
 }
 
-/// Runs one of the four scenarios on `sim`'s channel (wechatpay or alipay).
+/// Runs one of these scenarios on `sim`'s channel (wechatpay or alipay).
 pub fn run(sim: &Sim, scenario: Scenario) -> Result<ScenarioRun, String> {
     let world = World::start(sim)?;
     let (orders, seen, notes) = match scenario {
@@ -116,6 +116,7 @@ pub fn run(sim: &Sim, scenario: Scenario) -> Result<ScenarioRun, String> {
         Scenario::PlatformDown => platform_down(sim, &world)?,
         Scenario::RefundSubmitted => refund_submitted(sim, &world)?,
         Scenario::TripleClick => triple_click(sim, &world)?,
+        Scenario::PartialRefunds => partial_refunds(sim, &world)?,
         other => return Err(format!("{} does not talk to the platforms' APIs", other.name())),
     };
     Ok(ScenarioRun { scenario, channel: sim.channel, orders, seen: Some(seen), skipped: None, notes })
@@ -1312,13 +1313,8 @@ fn refund_submitted(sim: &Sim, world: &World) -> Result<Played, String> {
     round(&second.app)?;
     // The platform's refund notification, in the end: a duplicate.
     let late = here.par_orders(orders.len(), |conn, i| {
-        let notice = RefundNotice {
-            refund_no: refund_no(&orders[i]),
-            order_no: orders[i].no.clone(),
-            pay_no: pay_nos[i].clone(),
-            amount: orders[i].amount,
-            success: true,
-        };
+        let notice =
+            RefundNotice::full(refund_no(&orders[i]), orders[i].no.clone(), pay_nos[i].clone(), orders[i].amount, true);
         here.deliver_refund(conn, &notice)
     })?;
     let mut runs = Vec::new();
@@ -1373,6 +1369,101 @@ fn refund_submitted(sim: &Sim, world: &World) -> Result<Played, String> {
     let seen = observe(&here, Scenario::RefundSubmitted, &runs, facts)?;
     drop(second);
     Ok((runs, seen, Vec::new()))
+}
+
+// ---- partial_refunds ----
+
+/// partial_refunds on the platform that took the payment: each order paid
+/// there, then its three refunds (see [`RefundPlan`]) asked of payonce,
+/// which submits each to the platform (a round of its pool); each settles
+/// there (SUCCESS, or CLOSED for the one that fails) and the platform's
+/// notice of it, with the amounts it holds, reaches payonce. In the end the
+/// platform holds each refund once, with its own amount, and has refunded
+/// what payonce says it refunded: the whole order.
+fn partial_refunds(sim: &Sim, world: &World) -> Result<Played, String> {
+    let payonce = world.payonce(sim, ":memory:", &Pace::healthy())?;
+    let app = &payonce.app;
+    let here = sim_on(sim, &payonce);
+    let orders = sim_orders(sim, Scenario::PartialRefunds, "");
+    let created = create_all(&here, &orders, 3_600)?;
+    let made = world.create_payments(&here, &orders)?;
+    let (api, platform, partner) = (world.api(), sim.channel, world.partner().platform());
+    let pay_nos = pay_all(api, &orders)?;
+    let paid =
+        here.par_orders(orders.len(), |conn, i| here.deliver_payment(conn, &notice(&orders[i], &pay_nos[i], 0)))?;
+    let plans: Vec<RefundPlan> =
+        orders.iter().zip(&pay_nos).map(|(order, pay_no)| RefundPlan::new(order, pay_no, '_', platform)).collect();
+    // A refund that never reached the platform settles nowhere: its result
+    // is then the simulator's own, and the platform's refunds in the facts
+    // lack it.
+    let settle = |refund: &super::PlannedRefund| {
+        let status = if refund.fails { RefundStatus::Closed } else { RefundStatus::Success };
+        api.settle_refund(&refund.refund_no, status).then(|| api.refund_notice(&refund.refund_no)).flatten()
+    };
+    let played = here.play_refunds(&plans, &|| round(app).map(drop), &settle)?;
+    let suffix = |order: &SimOrder, no: &str| no.strip_prefix(order.no.as_str()).unwrap_or(no).to_owned();
+    // What the platform holds of the order's trade, in the order asked.
+    let held = |order: &SimOrder| -> Vec<String> {
+        let refunds = api.refunds().into_iter().filter(|r| r.out_trade_no == order.no);
+        refunds.map(|r| format!("{} {} fen {:?}", suffix(order, &r.out_refund_no), r.amount, r.status)).collect()
+    };
+    let mut runs = Vec::new();
+    let mut facts = Vec::new();
+    for (i, (((order, created), paid), (answers, sends))) in
+        orders.iter().zip(created).zip(paid).zip(played).enumerate()
+    {
+        let plan = &plans[i];
+        let submissions: Vec<usize> =
+            plan.refunds.iter().map(|r| calls_about(api, Kind::Refund, &r.refund_no)).collect();
+        facts.push(vec![
+            format!("refunds at {}: {:?}", platform.name(), held(order)),
+            format!("submissions of each: {submissions:?}"),
+            trade(api, &order.no),
+            format!("{} calls to {} after the payment's creation", merchant_calls(world.partner()), partner.name()),
+        ]);
+        let settled = |r: &super::PlannedRefund| if r.fails { "Closed" } else { "Success" };
+        let said = |outcome: &str| here.said(outcome);
+        let expected = std::iter::once(Sim::created())
+            .chain(payments_made(platform, partner, i))
+            .chain(std::iter::once(here.said("applied")))
+            .chain(plan.answers(&said))
+            .collect();
+        let refunded_word = if platform == Platform::Alipay { "TRADE_CLOSED" } else { "REFUND" };
+        let held_there: Vec<String> = plan
+            .refunds
+            .iter()
+            .map(|r| format!("{} {} fen {}", suffix(order, &r.refund_no), r.amount, settled(r)))
+            .collect();
+        runs.push(OrderRun {
+            order: order.clone(),
+            expect: OrderExpect {
+                sources: Some(vec![s("callback")]),
+                platform: vec![
+                    format!("refunds at {}: {held_there:?}", platform.name()),
+                    format!("submissions of each: {:?}", vec![1; plan.refunds.len()]),
+                    format!("{} trade {refunded_word}", platform.name()),
+                    format!("0 calls to {} after the payment's creation", partner.name()),
+                    refunded_fact(platform, order.amount, Some(order.amount)),
+                ],
+                ..plan.expect(expected)
+            },
+            answers: [created].into_iter().chain(made[i].iter().cloned()).chain([paid.label]).chain(answers).collect(),
+            lost: 0,
+            deliveries: paid.sends + sends,
+        });
+    }
+    let mut seen = observe(&here, Scenario::PartialRefunds, &runs, facts)?;
+    for (order, seen) in orders.iter().zip(seen.iter_mut()) {
+        seen.platform.push(refunded_fact(platform, api.refunded_total(&order.no), seen.refunded_amount));
+    }
+    Ok((runs, seen, Vec::new()))
+}
+
+/// What the platform refunded on the trade beside what payonce says it
+/// refunded (`refunded_amount`; `none`: the order does not show it).
+fn refunded_fact(platform: Platform, at_platform: i64, payonce: Option<i64>) -> String {
+    let payonce = payonce.map_or_else(|| s("none"), |fen| fen.to_string());
+    format!("{} refunded {at_platform} fen, payonce's refunded_amount {payonce}", platform.name())
 }
 
 /// The platform's refunds of one refund number.

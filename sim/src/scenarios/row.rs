@@ -2,7 +2,7 @@
 //! what payonce shows of them, and the violations between the two.
 
 use super::{OrderRun, ScenarioRun};
-use crate::judge::{counted, judge, multiset, points_due, OrderExpect, OrderSeen, RewardRule};
+use crate::judge::{counted, judge, multiset, points_due, reversals, OrderExpect, OrderSeen, RewardRule};
 use crate::s;
 use crate::table::Row;
 use std::collections::BTreeMap;
@@ -21,20 +21,34 @@ fn expected_effects(runs: &[OrderRun], rewards: &RewardRule) -> String {
     let paid = expects.iter().filter(|e| e.paid).count();
     let refunded = expects.iter().filter(|e| e.refunded).count();
     let coupon = if refunded > 0 { "frozen coupons" } else { "coupons" };
+    // Succeeded refunds per order that has any.
+    let refunds: Vec<usize> =
+        runs.iter().map(|r| r.expect.succeeded_refunds(r.order.amount).len()).filter(|n| *n > 0).collect();
     match rewards {
         RewardRule::Known(rules) => {
             push_item(&mut items, paid * rules.coupon_templates.len(), coupon);
             let points = runs.iter().filter(|r| r.expect.paid && points_due(rules, r.order.amount) > 0).count();
             push_item(&mut items, points, "points");
-            if refunded > 0 {
-                push_item(&mut items, refunded, "reversals");
+            if !refunds.is_empty() {
+                let reversed: usize = runs
+                    .iter()
+                    .filter(|r| r.expect.paid)
+                    .map(|r| {
+                        let (amount, succeeded) = (r.order.amount, r.expect.succeeded_refunds(r.order.amount));
+                        reversals(points_due(rules, amount), amount, &succeeded).iter().filter(|p| **p != 0).count()
+                    })
+                    .sum();
+                push_item(&mut items, reversed, "reversals");
             }
         }
         RewardRule::Unknown if paid > 0 => {
             items.push(format!("<=1 {coupon}/template/order"));
             items.push(s("<=1 points/order"));
-            if refunded > 0 {
-                items.push(s("1 reversal per points"));
+            match refunds.iter().max() {
+                None => {}
+                Some(1) => items.push(s("1 reversal per points")),
+                Some(n) if refunds.iter().all(|k| k == n) => items.push(format!("{n} reversals per points")),
+                Some(_) => items.push(s("1 reversal per refund and points")),
             }
         }
         RewardRule::Unknown => {
@@ -62,10 +76,22 @@ fn expected_effects(runs: &[OrderRun], rewards: &RewardRule) -> String {
     if !users.is_empty() {
         push_item(&mut items, users.iter().sum(), "orders (1 per user)");
     }
+    let statuses: Vec<String> =
+        expects.iter().flat_map(|e| e.refunds.iter().flatten()).map(|r| r.status.clone()).collect();
+    refund_items(&mut items, &statuses);
     items.join(", ")
 }
 
-fn observed_effects(seen: &[OrderSeen]) -> String {
+/// `9 SUCCEEDED refunds, 3 FAILED refunds`, in the order first seen.
+fn refund_items(items: &mut Vec<String>, statuses: &[String]) {
+    for (status, n) in multiset(statuses) {
+        push_item(items, n, &format!("{status} refunds"));
+    }
+}
+
+/// `refunds`: the run's expectations list the orders' refunds, so the
+/// observed refunds are shown beside them (elsewhere they are not).
+fn observed_effects(seen: &[OrderSeen], refunds: bool) -> String {
     let mut items = Vec::new();
     let statuses: Vec<String> = seen.iter().map(|o| o.status.clone().unwrap_or_else(|| s("missing"))).collect();
     for (status, n) in multiset(&statuses) {
@@ -116,6 +142,10 @@ fn observed_effects(seen: &[OrderSeen]) -> String {
         let per_user = if users.iter().all(|n| *n == 1) { "orders (1 per user)" } else { "orders" };
         push_item(&mut items, users.iter().sum(), per_user);
     }
+    if refunds {
+        let statuses: Vec<String> = seen.iter().flat_map(|o| &o.refunds).map(|r| r.status.clone()).collect();
+        refund_items(&mut items, &statuses);
+    }
     items.join(", ")
 }
 
@@ -157,7 +187,7 @@ pub(super) fn build_row(run: &ScenarioRun, seen: &[OrderSeen], rewards: &RewardR
         channel: run.channel.name().to_owned(),
         deliveries: deliveries_cell(run),
         expected: expected_effects(&run.orders, rewards),
-        observed: observed_effects(seen),
+        observed: observed_effects(seen, run.orders.iter().any(|o| o.expect.refunds.is_some())),
         violations,
         skipped: false,
     }
