@@ -124,7 +124,7 @@ impl ReadTx<'_> {
         for r in self.rows(
             "SELECT o.order_no, d.point_type, d.n
              FROM (SELECT order_id, point_type, count(*) AS n FROM point_log
-                   GROUP BY order_id, point_type HAVING count(*) > 1) d
+                   GROUP BY order_id, point_type, coalesce(refund_no, '') HAVING count(*) > 1) d
              JOIN orders o ON o.id = d.order_id",
             params![],
         )? {
