@@ -285,7 +285,7 @@ async function orderView(orderNo) {
     return show(h('h1', {}, 'Order ', orderNo), errorText(err));
   }
   const fields = ['order_no', 'user_id', 'amount', 'currency', 'status', 'pay_no', 'created_at', 'expires_at',
-    'paid_at', 'closed_at', 'refund_no', 'refunded_at'];
+    'paid_at', 'closed_at', 'refund_no', 'refunded_at', 'refunded_amount', 'refunding_amount'];
   show(h('h1', {}, 'Order ', order.order_no),
     h('section', { class: 'card' }, h('dl', { class: 'fields' },
       fields.map((f) => [h('dt', {}, f), h('dd', { 'data-field': f }, order[f] === null ? '—' : order[f])]))),
@@ -299,6 +299,16 @@ async function orderView(orderNo) {
       ['source', (p) => p.source],
       ['received_at', (p) => p.received_at],
     ], order.payments, 'No payment recorded.'),
+    h('h2', {}, 'Refunds'),
+    table([
+      ['refund_no', (r) => r.refund_no],
+      ['amount', (r) => r.amount],
+      ['status', (r) => r.status],
+      ['reason', (r) => (r.reason === null ? '—' : r.reason)],
+      ['requested_at', (r) => r.requested_at],
+      ['settled_at', (r) => (r.settled_at === null ? '—' : r.settled_at)],
+    ], order.refunds || [], 'No refund.'),
+    order.status === 'PAID' ? refundPartAction(order) : null,
     h('h2', {}, 'Coupons'),
     table([['coupon_template_id', (c) => c.coupon_template_id], ['status', (c) => c.status], ['created_at', (c) => c.created_at]],
       order.coupons, 'No coupon.'),
@@ -320,6 +330,37 @@ async function orderView(orderNo) {
     h('h2', {}, 'Audit'),
     table([['at', (a) => a.at], ['actor', (a) => a.actor], ['action', (a) => a.action], ['detail', (a) => json(a.detail)]],
       order.audit, 'No audit row.'));
+}
+
+/** Refund part of a PAID order: its amount, at most what is left. */
+function refundPartAction(order) {
+  const left = order.amount - order.refunded_amount;
+  return h('button', {
+    type: 'button',
+    class: 'secondary',
+    'data-refund-part': order.order_no,
+    onclick: () => writeDialog({
+      title: `Refund part of ${order.order_no}`,
+      explain: `${left} of ${order.amount} (minor units) is left to refund. The refund goes to the platform ` +
+        'that took the payment; the order is PAID again once it succeeds, REFUNDED when nothing is left.',
+      fields: [
+        h('label', {}, 'Refund number', h('input', { name: 'refund_no', required: true, maxlength: 64, pattern: '[A-Za-z0-9_.\\-]+' })),
+        h('label', {}, 'Amount (minor units)', h('input', { name: 'amount', type: 'number', required: true, min: 1, max: left, step: 1 })),
+        h('label', {}, 'Reason (shown to the buyer)', h('input', { name: 'reason', maxlength: 80 })),
+      ],
+      submitLabel: 'Refund',
+      danger: true,
+      send: (values, key) => api('POST', `/v1/orders/${encodeURIComponent(order.order_no)}/refunds`, {
+        key,
+        json: {
+          refund_no: values.refund_no,
+          amount: Number(values.amount),
+          ...(values.reason ? { reason: values.reason } : {}),
+        },
+      }),
+      done: () => orderView(order.order_no),
+    }),
+  }, 'Refund part');
 }
 
 function resolveCloseAction(finding) {

@@ -365,11 +365,11 @@ impl ReadTx<'_> {
         Ok(placed)
     }
 
-    /// A SUCCEEDED refund by refund_no: (amount refunded = the order's
-    /// amount, the order's currency).
+    /// A SUCCEEDED refund by refund_no: (its own amount, the order's
+    /// currency).
     pub fn succeeded_refund(&self, refund_no: &str) -> Result<Option<(i64, String)>, Error> {
         self.optional(
-            "SELECT o.amount, o.currency FROM refund r JOIN orders o ON o.id = r.order_id
+            "SELECT r.amount, o.currency FROM refund r JOIN orders o ON o.id = r.order_id
              WHERE r.refund_no = ?1 AND r.status = 'SUCCEEDED'",
             params![refund_no],
             |r| Ok((r.int(0)?, r.text(1)?)),
@@ -390,7 +390,7 @@ impl ReadTx<'_> {
         each: &mut dyn FnMut(&str, &str, i64) -> Result<(), Error>,
     ) -> Result<(), Error> {
         self.conn.query_each(
-            "SELECT r.refund_no, o.order_no, o.amount FROM refund r JOIN orders o ON o.id = r.order_id
+            "SELECT r.refund_no, o.order_no, r.amount FROM refund r JOIN orders o ON o.id = r.order_id
              WHERE r.status = 'SUCCEEDED'
                AND coalesce(r.platform_settled_at, r.settled_at) >= ?1
                AND coalesce(r.platform_settled_at, r.settled_at) < ?2

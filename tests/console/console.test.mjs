@@ -229,6 +229,29 @@ try {
   await shot('03-order-paid-twice');
   covered('order', 'payments (outcome, state, source, received_at), coupons, points, events, audit');
 
+  // Refund part of a paid order, once, from its page.
+  await createOrder('ORD-PART', 'u-part');
+  assert.equal((await genericCallback('/v1/callbacks/generic', { pay_no: 'PAY-P1', order_no: 'ORD-PART', amount: 1000, status: 'SUCCESS' })).body.outcome, 'applied');
+  await page.goto(BASE + '/console#/order/ORD-PART');
+  await page.locator('button[data-refund-part="ORD-PART"]').click();
+  await page.locator('dialog[open]', { hasText: '1000 of 1000' }).waitFor();
+  await page.locator('dialog[open] input[name=refund_no]').fill('RF-PART-1');
+  await page.locator('dialog[open] input[name=amount]').fill('300');
+  await page.locator('dialog[open] input[name=reason]').fill(`one cup broken ${PROBE}`);
+  await shot('03b-refund-part');
+  const partial = await doubleSubmit();
+  assert.equal(partial.method, 'POST');
+  await page.locator('h2:has-text("Refunds") + table', { hasText: 'RF-PART-1' }).waitFor();
+  const refundRows = await page.locator('h2:has-text("Refunds") + table tbody tr').allTextContents();
+  assert.equal(refundRows.length, 1, refundRows.join('\n'));
+  assert.ok(refundRows[0].includes('300') && refundRows[0].includes('REQUESTED'), refundRows[0]);
+  const part = await order('ORD-PART');
+  assert.equal(part.status, 'REFUNDING');
+  assert.equal(part.refunding_amount, 300);
+  assert.equal(part.refunds.length, 1, JSON.stringify(part.refunds));
+  await assertNoInjection();
+  covered('order', 'refund part: one refund of the amount asked, the probe in its reason shown as text');
+
   // Record-only, with its confirmation.
   await page.locator('nav a', { hasText: 'Mode' }).click();
   await page.locator('#switch-mode', { hasText: 'record-only' }).click();

@@ -1098,3 +1098,42 @@ fn a_gbk_statement_of_many_pieces_answers_as_its_utf8_text_over_http() {
     );
     assert_eq!(footprint(&read_only(&db)), before, "a refused statement changes nothing");
 }
+
+/// A partial refund is compared on its own amount: the bill's REFUND row of
+/// 30.00 matches a refund of 3000 of a 10000 order; a bill saying 100.00
+/// for it is an amount mismatch (docs/decisions.md, "Refunds by amount").
+#[test]
+fn a_partial_refund_is_reconciled_on_its_own_amount() {
+    let dir = TempDir::new("recon-partial");
+    let db = dir.path("partial.db");
+    let app = open_app(&db);
+    let (status, body) =
+        post_json(&app, "/v1/orders", &json!({"order_no": "RP-1", "user_id": "u-rc", "amount": 10000}));
+    assert_eq!(status, 201, "{body}");
+    let paid_at = "2024-01-02T04:00:00Z";
+    app.clock().set_ms(ms(paid_at) + 60_000);
+    let payment =
+        json!({"pay_no": "P-P1", "order_no": "RP-1", "amount": 10000, "status": "SUCCESS", "paid_at": paid_at});
+    assert_eq!(signed(&app, "/v1/callbacks/generic", &payment).1["outcome"], "applied");
+    app.clock().set_ms(ms(SEED_CLOCK));
+    let (status, body) = post_json(&app, "/v1/orders/RP-1/refunds", &json!({"refund_no": "RF-P1", "amount": 3000}));
+    assert_eq!(status, 201, "{body}");
+    let result = json!({"refund_no": "RF-P1", "order_no": "RP-1", "status": "SUCCESS", "amount": 3000});
+    assert_eq!(signed(&app, "/v1/callbacks/generic/refund", &result).1["outcome"], "applied");
+
+    let bill = |refund_fen: i64| {
+        generic_with(&[
+            "P-P1,RP-1,10000,SUCCESS,2024-01-02T04:00:00Z",
+            &format!("RF-P1,RP-1,{refund_fen},REFUND,2024-01-02T06:00:00Z"),
+        ])
+    };
+    let matched = reconcile_in_process(&app, Format::Generic, &bill(3000), Some(DAY), false);
+    assert_eq!(matched["matched"], 2, "{matched}");
+    assert_eq!(diffs(&matched["amount_mismatch"]), vec![], "{matched}");
+    let mismatched = reconcile_in_process(&app, Format::Generic, &bill(10000), Some(DAY), false);
+    assert_eq!(
+        diffs(&mismatched["amount_mismatch"]),
+        vec![diff("RF-P1", "RP-1", Some(10000), Some(3000))],
+        "{mismatched}"
+    );
+}
