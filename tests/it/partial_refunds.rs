@@ -6,7 +6,11 @@
 //! submission to the platform. Storage cases run on both engines.
 
 use crate::engines::Db;
-use crate::util::{HttpResponse, Pay, Server};
+use crate::util::{HttpResponse, Pay, Server, SECRET};
+use payonce::api::{self, Request};
+use payonce::platforms::generic::Generic;
+use payonce::platforms::{Platform, Platforms};
+use payonce::{App, Clock, Config, PaymentCallback, PlatformStatus, Rewards};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------- over HTTP
@@ -85,6 +89,251 @@ fn refund_rows(db: &Db, order_no: &str) -> i64 {
 fn event_types(order: &Value) -> Vec<String> {
     let events = order["events"].as_array().cloned().unwrap_or_default();
     events.iter().map(|e| format!("{}:{}", e["type"].as_str().unwrap_or(""), e["event_id"])).collect()
+}
+
+// ---------------------------------------------------------------- in process
+
+/// 2023-11-14T22:13:20Z: the manual clock every in-process payonce starts at.
+const T0_MS: i64 = 1_700_000_000_000;
+const T0_S: i64 = T0_MS / 1000;
+
+/// One payonce in this process on `db`, answering through `api::handle`.
+struct Shop {
+    app: App,
+}
+
+impl Shop {
+    fn open(db: &Db, platforms: Vec<Platform>, points_per_yuan: i64) -> Shop {
+        Shop::open_clocked(db, platforms, points_per_yuan, Clock::manual(T0_MS))
+    }
+
+    fn open_clocked(db: &Db, mut platforms: Vec<Platform>, points_per_yuan: i64, clock: Clock) -> Shop {
+        platforms.insert(0, Platform::notices(Generic::new(vec![SECRET.as_bytes().to_vec()])));
+        let config = Config {
+            rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan },
+            platforms: Platforms::with(platforms),
+            ..Config::default()
+        };
+        let app = App::open(&db.spec, clock, config).unwrap_or_else(|e| panic!("{}: open: {e}", db.label()));
+        Shop { app }
+    }
+
+    fn call(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, Value, Vec<u8>) {
+        let request = Request {
+            method: method.into(),
+            path: path.into(),
+            query: String::new(),
+            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            body: body.to_vec(),
+        };
+        let resp = api::handle(&self.app, &request);
+        let value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
+        (resp.status, value, resp.body)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, value, _) =
+            self.call("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes());
+        (status, value)
+    }
+
+    fn detail(&self, order_no: &str) -> Value {
+        let (status, value, _) = self.call("GET", &format!("/v1/orders/{order_no}"), &[], b"");
+        assert_eq!(status, 200, "GET {order_no}: {value}");
+        value
+    }
+
+    /// A PENDING order of `amount` paid through `channel`.
+    fn paid(&self, order_no: &str, amount: i64, channel: &str) {
+        let (status, body) = self
+            .post("/v1/orders", &json!({"order_no": order_no, "user_id": format!("u-{order_no}"), "amount": amount}));
+        assert_eq!(status, 201, "create {order_no}: {body}");
+        let reply = self
+            .app
+            .payments()
+            .deliver_payment(&PaymentCallback {
+                channel: channel.into(),
+                pay_no: format!("PAY-{order_no}"),
+                order_no: order_no.into(),
+                amount,
+                currency: None,
+                status: PlatformStatus::Success,
+                paid_at: None,
+                raw_body: b"{}".to_vec(),
+            })
+            .unwrap_or_else(|e| panic!("pay {order_no}: {e}"));
+        assert_eq!(reply.outcome_str(), "applied", "pay {order_no}");
+    }
+
+    /// A refund asked and answered 201.
+    fn refund(&self, order_no: &str, refund_no: &str, amount: Option<i64>) -> Value {
+        let mut body = json!({"refund_no": refund_no});
+        if let Some(amount) = amount {
+            body["amount"] = json!(amount);
+        }
+        let (status, answer) = self.post(&format!("/v1/orders/{order_no}/refunds"), &body);
+        assert_eq!(status, 201, "{refund_no} of {order_no}: {answer}");
+        answer
+    }
+
+    /// A generic refund result, signed, through the callback route: its outcome.
+    fn result(&self, order_no: &str, refund_no: &str, status: &str, amount: Option<i64>) -> String {
+        let mut body = json!({"refund_no": refund_no, "order_no": order_no, "status": status});
+        if let Some(amount) = amount {
+            body["amount"] = json!(amount);
+        }
+        let body = body.to_string();
+        let signature = payonce::signature::sign(SECRET.as_bytes(), T0_S, body.as_bytes());
+        let headers = [("Content-Type", "application/json"), ("Payonce-Signature", signature.as_str())];
+        let (code, answer, _) = self.call("POST", "/v1/callbacks/generic/refund", &headers, body.as_bytes());
+        assert_eq!(code, 200, "{refund_no} {status}: {answer}");
+        answer["outcome"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// The order's point entries, oldest first, as (type, points).
+fn points_of(order: &Value) -> Vec<(String, i64)> {
+    let points = order["points"].as_array().cloned().unwrap_or_default();
+    points
+        .iter()
+        .map(|p| (p["point_type"].as_str().unwrap_or("").to_owned(), p["points"].as_i64().unwrap_or(0)))
+        .collect()
+}
+
+fn coupon_states(order: &Value) -> Vec<String> {
+    let coupons = order["coupons"].as_array().cloned().unwrap_or_default();
+    coupons.iter().map(|c| c["status"].as_str().unwrap_or("").to_owned()).collect()
+}
+
+/// What `refund_no` reversed in point_log: `None` when it wrote no entry.
+fn reversal_of(db: &Db, refund_no: &str) -> Option<i64> {
+    let store = db.store();
+    let filter = format!("FROM point_log WHERE refund_no = '{refund_no}' AND point_type = 'ORDER_PAID_REVERSAL'");
+    match db.count(&store, &format!("SELECT count(*) {filter}")) {
+        0 => None,
+        1 => Some(db.count(&store, &format!("SELECT CAST(points AS BIGINT) {filter}"))),
+        n => panic!("{}: {n} reversals of {refund_no}", db.label()),
+    }
+}
+
+fn points_sum(db: &Db, order_no: &str) -> i64 {
+    int(
+        db,
+        &format!(
+            "SELECT CAST(coalesce(sum(p.points), 0) AS BIGINT) FROM point_log p JOIN orders o ON o.id = p.order_id
+         WHERE o.order_no = '{order_no}'"
+        ),
+    )
+}
+
+/// An order of 10003 fen at 7 points a yuan earns floor(10003 × 7 / 100) = 700.
+const POINTS_AMOUNT: i64 = 10_003;
+const POINTS: i64 = 700;
+
+/// Pays `order_no`, refunds `amounts` one after another, each succeeding,
+/// and checks each step and the reversals: `reversals[i]` is what refund i
+/// takes back (`None`: its share rounds to nothing and no entry is written).
+fn refund_in_parts(db: &Db, shop: &Shop, order_no: &str, amounts: &[i64], reversals: &[Option<i64>]) {
+    assert_eq!(amounts.iter().sum::<i64>(), POINTS_AMOUNT, "the case refunds the whole order");
+    shop.paid(order_no, POINTS_AMOUNT, "generic");
+    assert_eq!(points_of(&shop.detail(order_no)), [("ORDER_PAID".to_owned(), POINTS)]);
+    let mut refunded = 0;
+    for (i, amount) in amounts.iter().enumerate() {
+        let refund_no = format!("{order_no}-R{i}");
+        let asked = shop.refund(order_no, &refund_no, Some(*amount));
+        assert_eq!(money(&asked["order"]), state("REFUNDING", refunded, *amount, Some(&refund_no)));
+        assert_eq!(shop.result(order_no, &refund_no, "SUCCESS", None), "applied", "{refund_no}");
+        refunded += amount;
+        let order = shop.detail(order_no);
+        let last = i + 1 == amounts.len();
+        let status = if last { "REFUNDED" } else { "PAID" };
+        assert_eq!(money(&order), state(status, refunded, 0, Some(&refund_no)), "{}: after {refund_no}", db.label());
+        let coupons = if last { "FROZEN" } else { "ACTIVE" };
+        assert_eq!(coupon_states(&order), [coupons], "{}: after {refund_no}", db.label());
+        assert_eq!(reversal_of(db, &refund_no), reversals[i].map(|r| -r), "{}: {refund_no} of {amount}", db.label());
+    }
+    assert_eq!(reversals.iter().flatten().sum::<i64>(), POINTS, "the case's own arithmetic");
+    assert_eq!(points_sum(db, order_no), 0, "{}: {order_no} reversed exactly what it earned", db.label());
+    assert_eq!(int(db, &format!("SELECT refunded_amount FROM orders WHERE order_no = '{order_no}'")), POINTS_AMOUNT);
+    let order = shop.detail(order_no);
+    let types: Vec<String> =
+        event_types(&order).into_iter().map(|t| t.split(':').next().unwrap_or("").to_owned()).collect();
+    let mut expected = vec!["order.paid"];
+    for _ in 1..amounts.len() {
+        expected.extend(["order.refunding", "order.partially_refunded"]);
+    }
+    expected.extend(["order.refunding", "order.refunded"]);
+    assert_eq!(types, expected, "{}: {order_no}", db.label());
+    let partial: Vec<Value> = order["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["type"] == "order.partially_refunded")
+        .map(|e| e["data"]["refund"]["amount"].clone())
+        .collect();
+    let stated: Vec<Value> = amounts[..amounts.len() - 1].iter().map(|a| json!(a)).collect();
+    assert_eq!(partial, stated, "{}: each partial refund's event carries its amount", db.label());
+}
+
+for_each_engine! {
+    /// Each refund reverses floor(700 × a / 10003) points and the last one
+    /// the rest, so the reversals sum to exactly what the payment earned.
+    fn points_are_reversed_in_proportion_and_exactly_in_sum(db) {
+        let shop = Shop::open(db, Vec::new(), 7);
+        refund_in_parts(db, &shop, "PT-1", &[10_003], &[Some(700)]);
+        // 700 × 3001 / 10003 = 210.007
+        refund_in_parts(db, &shop, "PT-2", &[3001, 7002], &[Some(210), Some(490)]);
+        // 700 × 2999 / 10003 = 209.867: floored, and the last takes the 281 left.
+        refund_in_parts(db, &shop, "PT-3", &[3001, 2999, 4003], &[Some(210), Some(209), Some(281)]);
+        // 700 × 14 / 10003 = 0.98: a share of nothing writes no entry.
+        refund_in_parts(db, &shop, "PT-0", &[14, 9989], &[None, Some(700)]);
+        // 49 × floor(700 × 199 / 10003) = 49 × 13 = 637; the 50th (252 fen) the 63 left.
+        let mut amounts = vec![199; 49];
+        amounts.push(POINTS_AMOUNT - 49 * 199);
+        let mut reversals = vec![Some(13); 49];
+        reversals.push(Some(63));
+        refund_in_parts(db, &shop, "PT-50", &amounts, &reversals);
+    }
+
+    /// Compensation's reverse_points takes back what is not yet reversed; a
+    /// later refund then reverses only what remains, here nothing, without error.
+    fn compensation_first_leaves_the_refunds_nothing_to_reverse(db) {
+        let shop = Shop::open(db, Vec::new(), 7);
+        let compensate = |order_no: &str| {
+            let (status, body) = shop.post("/v1/compensations",
+                &json!({"order_no": order_no, "action": "reverse_points", "reason": "points given by mistake"}));
+            assert_eq!(status, 200, "{}: {body}", db.label());
+            body
+        };
+
+        // Before any refund: everything.
+        shop.paid("PC-1", POINTS_AMOUNT, "generic");
+        assert_eq!(compensate("PC-1")["points"]["points"], -POINTS);
+        shop.refund("PC-1", "PC-1-R1", Some(3001));
+        assert_eq!(shop.result("PC-1", "PC-1-R1", "SUCCESS", None), "applied");
+        shop.refund("PC-1", "PC-1-R2", None);
+        assert_eq!(shop.result("PC-1", "PC-1-R2", "SUCCESS", None), "applied");
+        let order = shop.detail("PC-1");
+        assert_eq!(money(&order), state("REFUNDED", POINTS_AMOUNT, 0, Some("PC-1-R2")));
+        assert_eq!(points_of(&order), [("ORDER_PAID".to_owned(), POINTS), ("ORDER_PAID_REVERSAL".to_owned(), -POINTS)]);
+        assert_eq!((reversal_of(db, "PC-1-R1"), reversal_of(db, "PC-1-R2")), (None, None));
+        assert_eq!(points_sum(db, "PC-1"), 0, "{}", db.label());
+        assert_eq!(coupon_states(&order), ["FROZEN"]);
+
+        // After a partial refund: the 490 its 210 left; the last refund nothing.
+        shop.paid("PC-2", POINTS_AMOUNT, "generic");
+        shop.refund("PC-2", "PC-2-R1", Some(3001));
+        assert_eq!(shop.result("PC-2", "PC-2-R1", "SUCCESS", None), "applied");
+        assert_eq!(compensate("PC-2")["points"]["points"], -490);
+        // The same compensation again reverses nothing more.
+        assert_eq!(compensate("PC-2")["points"]["points"], -490);
+        shop.refund("PC-2", "PC-2-R2", None);
+        assert_eq!(shop.result("PC-2", "PC-2-R2", "SUCCESS", None), "applied");
+        assert_eq!((reversal_of(db, "PC-2-R1"), reversal_of(db, "PC-2-R2")), (Some(-210), None));
+        assert_eq!(points_of(&shop.detail("PC-2")).len(), 3, "ORDER_PAID, the refund's, compensation's");
+        assert_eq!(points_sum(db, "PC-2"), 0, "{}", db.label());
+        assert_eq!(money(&shop.detail("PC-2")), state("REFUNDED", POINTS_AMOUNT, 0, Some("PC-2-R2")));
+    }
 }
 
 for_each_engine! {
