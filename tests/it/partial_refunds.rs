@@ -336,6 +336,266 @@ for_each_engine! {
     }
 }
 
+// ---------------------------------------------------------------- the platforms' refund notices
+
+// The TEST-ONLY keys of tests/fixtures, as tests/it/channels.rs uses them.
+const WX_PUBLIC: &str = include_str!("../fixtures/TEST_ONLY_wechatpay_platform_a_public.pem");
+const WX_PRIVATE: &str = include_str!("../fixtures/TEST_ONLY_wechatpay_platform_a_private.pem");
+const WX_SERIAL: &str = "PUB_KEY_ID_TEST_A";
+const APIV3_KEY: &str = "TESTONLYapiv3key0123456789abcdef";
+const ALIPAY_PUBLIC: &str = include_str!("../fixtures/TEST_ONLY_alipay_platform_public.pem");
+const ALIPAY_PRIVATE: &str = include_str!("../fixtures/TEST_ONLY_alipay_platform_private.pem");
+const ALIPAY_APP_ID: &str = "2021000000000001";
+
+fn notice_platforms() -> Vec<Platform> {
+    use payonce::platforms::alipay::{self, Alipay, AlipayConfig};
+    use payonce::platforms::wechatpay::{self, Wechatpay, WechatpayConfig};
+    let key = wechatpay::public_key_from_pem(WX_PUBLIC).expect("WeChat Pay platform key");
+    let wx = WechatpayConfig::new(APIV3_KEY, vec![(WX_SERIAL.into(), key)]).expect("WeChat Pay settings");
+    let ali = AlipayConfig {
+        public_key: alipay::public_key_from_text(ALIPAY_PUBLIC).expect("Alipay public key"),
+        app_id: ALIPAY_APP_ID.into(),
+    };
+    vec![Platform::notices(Wechatpay::new(wx)), Platform::notices(Alipay::new(ali))]
+}
+
+fn rsa_sign(private_pem: &str, message: &[u8]) -> String {
+    use base64::Engine;
+    use rsa::pkcs8::DecodePrivateKey;
+    use rsa::signature::{SignatureEncoding, Signer};
+    let key = rsa::pkcs1v15::SigningKey::<sha2::Sha256>::new(
+        rsa::RsaPrivateKey::from_pkcs8_pem(private_pem).expect("test private key"),
+    );
+    base64::engine::general_purpose::STANDARD.encode(key.sign(message).to_bytes())
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(1);
+    N.fetch_add(1, Ordering::SeqCst)
+}
+
+/// A WeChat Pay `REFUND.SUCCESS` notice whose `amount.refund` is `refund`,
+/// encrypted with the APIv3 key and signed as WeChat Pay v3 documents it.
+fn wx_refund_success(shop: &Shop, order_no: &str, refund_no: &str, refund: i64, total: i64) -> (u16, Vec<u8>) {
+    use aes_gcm::aead::{Aead, Payload};
+    use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
+    use base64::Engine;
+    let plain = json!({
+        "mchid": "1900000100", "out_trade_no": order_no, "transaction_id": format!("PAY-{order_no}"),
+        "out_refund_no": refund_no, "refund_id": format!("5000{:020}", unique()), "refund_status": "SUCCESS",
+        "success_time": "2023-11-15T06:20:00+08:00", "user_received_account": "招商银行信用卡0403",
+        "amount": {"total": total, "refund": refund, "payer_total": total, "payer_refund": refund}
+    });
+    let nonce = format!("rn{:010}", unique());
+    let cipher = Aes256Gcm::new_from_slice(APIV3_KEY.as_bytes()).expect("32-byte key");
+    let sealed = cipher
+        .encrypt(Nonce::from_slice(nonce.as_bytes()), Payload { msg: plain.to_string().as_bytes(), aad: b"refund" })
+        .expect("encrypt");
+    let body = json!({
+        "id": format!("EV-{:012}", unique()), "create_time": "2023-11-15T06:20:01+08:00",
+        "resource_type": "encrypt-resource", "event_type": "REFUND.SUCCESS", "summary": "退款成功",
+        "resource": {"original_type": "refund", "algorithm": "AEAD_AES_256_GCM",
+            "ciphertext": base64::engine::general_purpose::STANDARD.encode(sealed),
+            "associated_data": "refund", "nonce": nonce}
+    })
+    .to_string();
+    let (timestamp, signing_nonce) = (T0_S.to_string(), format!("5K8264ILTKCH16CQ2502SI8Z{:08}", unique()));
+    let signature = rsa_sign(WX_PRIVATE, format!("{timestamp}\n{signing_nonce}\n{body}\n").as_bytes());
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Wechatpay-Serial", WX_SERIAL),
+        ("Wechatpay-Timestamp", timestamp.as_str()),
+        ("Wechatpay-Nonce", signing_nonce.as_str()),
+        ("Wechatpay-Signature", signature.as_str()),
+        ("Wechatpay-Signature-Type", "WECHATPAY2-SHA256-RSA2048"),
+    ];
+    let (status, _, bytes) = shop.call("POST", "/v1/callbacks/wechatpay/refund", &headers, body.as_bytes());
+    (status, bytes)
+}
+
+fn yuan(fen: i64) -> String {
+    format!("{}.{:02}", fen / 100, fen % 100)
+}
+
+/// An Alipay refund notice of `refund_no` whose `refund_fee` (the trade's
+/// refunded total, this refund included) is `refund_fee` fen, signed RSA2.
+fn alipay_refund_notice(shop: &Shop, order_no: &str, refund_no: &str, refund_fee: i64, total: i64) -> (u16, Vec<u8>) {
+    let mut params: Vec<(String, String)> = [
+        ("app_id", ALIPAY_APP_ID.to_owned()),
+        ("charset", "utf-8".to_owned()),
+        ("notify_type", "trade_status_sync".to_owned()),
+        ("notify_time", "2023-11-15 06:20:01".to_owned()),
+        ("notify_id", format!("ac05099524730693a8b330c5ecf7{:08}", unique())),
+        ("version", "1.0".to_owned()),
+        ("trade_status", "TRADE_SUCCESS".to_owned()),
+        ("trade_no", format!("PAY-{order_no}")),
+        ("out_trade_no", order_no.to_owned()),
+        ("out_biz_no", refund_no.to_owned()),
+        ("total_amount", yuan(total)),
+        ("refund_fee", yuan(refund_fee)),
+        ("gmt_refund", "2023-11-15 06:20:00.123".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    params.sort();
+    let content = params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
+    params.push(("sign".into(), rsa_sign(ALIPAY_PRIVATE, content.as_bytes())));
+    params.push(("sign_type".into(), "RSA2".into()));
+    let encode = |text: &str| {
+        text.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => (b as char).to_string(),
+                b' ' => "+".to_owned(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    let body = params.iter().map(|(k, v)| format!("{k}={}", encode(v))).collect::<Vec<_>>().join("&");
+    let headers = [("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")];
+    let (status, _, bytes) = shop.call("POST", "/v1/callbacks/alipay", &headers, body.as_bytes());
+    (status, bytes)
+}
+
+/// How each channel states a refund's amount, and how it answers a result.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Channel {
+    Generic,
+    Wechatpay,
+    Alipay,
+}
+
+impl Channel {
+    fn name(self) -> &'static str {
+        match self {
+            Channel::Generic => "generic",
+            Channel::Wechatpay => "wechatpay",
+            Channel::Alipay => "alipay",
+        }
+    }
+
+    /// A SUCCESS for `refund_no` stating `amount` the channel's way (Alipay:
+    /// the running total) and the channel's answer as (status, body text).
+    fn success(self, shop: &Shop, order_no: &str, refund_no: &str, stated: i64, total: i64) -> (u16, String) {
+        let text = |(status, bytes): (u16, Vec<u8>)| (status, String::from_utf8_lossy(&bytes).into_owned());
+        match self {
+            Channel::Generic => (200, shop.result(order_no, refund_no, "SUCCESS", Some(stated))),
+            Channel::Wechatpay => text(wx_refund_success(shop, order_no, refund_no, stated, total)),
+            Channel::Alipay => text(alipay_refund_notice(shop, order_no, refund_no, stated, total)),
+        }
+    }
+
+    /// What the channel answers a result it took, whatever its outcome.
+    fn taken(self, outcome: &str) -> (u16, String) {
+        match self {
+            Channel::Generic => (200, outcome.to_owned()),
+            Channel::Wechatpay => (204, String::new()),
+            Channel::Alipay => (200, "success".to_owned()),
+        }
+    }
+}
+
+fn findings(shop: &Shop) -> Vec<Value> {
+    let (status, body, _) = shop.call("GET", "/v1/inspections", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    body["findings"].as_array().cloned().unwrap_or_default()
+}
+
+/// A success stating another amount than the refund's: audited, the refund
+/// left REQUESTED and the order REFUNDING with nothing added, an
+/// `unexpected_refund` finding; the result stating the right amount then
+/// settles it, and the operator's resolution clears the finding.
+fn a_mismatch_settles_nothing(db: &Db, channel: Channel) {
+    let shop = Shop::open(db, notice_platforms(), 7);
+    let (order_no, total) = (format!("MM-{}", channel.name().to_uppercase()), 10_000);
+    let (first, second) = (format!("{order_no}-R1"), format!("{order_no}-R2"));
+    shop.paid(&order_no, total, channel.name());
+    let what = |step: &str| format!("{} {}: {step}", db.label(), channel.name());
+
+    // A first refund of 3000, its result right: Alipay states the total so far, 30.00.
+    shop.refund(&order_no, &first, Some(3000));
+    assert_eq!(channel.success(&shop, &order_no, &first, 3000, total), channel.taken("applied"), "{}", what("R1"));
+    assert_eq!(money(&shop.detail(&order_no)), state("PAID", 3000, 0, Some(&first)), "{}", what("R1"));
+
+    // The second, of 2000: the generic and WeChat Pay results state 5000
+    // (the total so far), Alipay's refund_fee 20.00 (this refund alone).
+    shop.refund(&order_no, &second, Some(2000));
+    let before = shop.detail(&order_no);
+    let (stated, stated_as) = match channel {
+        Channel::Alipay => (2000, "refunded_total"),
+        _ => (5000, "amount"),
+    };
+    for delivery in 1..=2 {
+        let answer = channel.success(&shop, &order_no, &second, stated, total);
+        assert_eq!(answer, channel.taken("unexpected_refund"), "{}", what(&format!("mismatch #{delivery}")));
+    }
+    let after = shop.detail(&order_no);
+    assert_eq!(money(&after), state("REFUNDING", 3000, 2000, Some(&second)), "{}", what("mismatch"));
+    assert_eq!(after["refunds"][1]["status"], "REQUESTED", "{}", what("mismatch"));
+    assert_eq!(after["refunds"][1]["settled_at"], Value::Null, "{}", what("mismatch"));
+    assert_eq!(
+        (after["events"].clone(), after["points"].clone()),
+        (before["events"].clone(), before["points"].clone())
+    );
+    assert_eq!(reversal_of(db, &second), None, "{}", what("no reversal"));
+    let audited: Vec<Value> = after["audit"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["action"] == "refund_amount_mismatch")
+        .map(|a| a["detail"].clone())
+        .collect();
+    let detail = json!({"refund_no": second, "channel": channel.name(), "status": "SUCCESS", "amount": 2000,
+        "stated": stated, "stated_as": stated_as});
+    assert_eq!(audited, [detail.clone(), detail], "{}: one row per delivery", what("audit"));
+    let mismatch_rows =
+        format!("SELECT count(*) FROM audit_log WHERE action = 'refund_amount_mismatch' AND refund_no = '{second}'");
+    assert_eq!(int(db, &mismatch_rows), 2, "{}", what("audit rows"));
+    let found = findings(&shop);
+    assert_eq!(found.len(), 1, "{}: {found:?}", what("inspection"));
+    assert_eq!((found[0]["kind"].clone(), found[0]["order_no"].clone()), (json!("unexpected_refund"), json!(order_no)));
+    let seen = &found[0]["detail"];
+    assert_eq!(
+        (seen["refund_no"].clone(), seen["status"].clone(), seen["deliveries"].clone()),
+        (json!(second), json!("SUCCESS"), json!(2)),
+        "{}",
+        what("finding")
+    );
+
+    // The right result settles it: Alipay's running total is 50.00.
+    let right = if channel == Channel::Alipay { 5000 } else { 2000 };
+    assert_eq!(channel.success(&shop, &order_no, &second, right, total), channel.taken("applied"), "{}", what("right"));
+    let settled = shop.detail(&order_no);
+    assert_eq!(money(&settled), state("PAID", 5000, 0, Some(&second)), "{}", what("settled"));
+    assert_eq!(settled["refunds"][1]["status"], "SUCCEEDED");
+    // 700 points: floor(700 × 3000 / 10000) and floor(700 × 2000 / 10000).
+    assert_eq!((reversal_of(db, &first), reversal_of(db, &second)), (Some(-210), Some(-140)), "{}", what("points"));
+    // Still reported until an operator looks at it.
+    assert_eq!(findings(&shop).len(), 1, "{}", what("finding after settling"));
+    let (status, resolved) = shop.post(
+        &format!("/v1/admin/refunds/{second}/resolve"),
+        &json!({"resolution": "accepted", "reason": "the platform stated the running total"}),
+    );
+    assert_eq!(status, 200, "{}: {resolved}", what("resolve"));
+    assert_eq!(resolved["refund_no"], second.as_str());
+    assert_eq!(findings(&shop), Vec::<Value>::new(), "{}", what("resolved"));
+}
+
+for_each_engine! {
+    fn amount_mismatch_generic(db) {
+        a_mismatch_settles_nothing(db, Channel::Generic);
+    }
+
+    fn amount_mismatch_wechatpay(db) {
+        a_mismatch_settles_nothing(db, Channel::Wechatpay);
+    }
+
+    fn amount_mismatch_alipay(db) {
+        a_mismatch_settles_nothing(db, Channel::Alipay);
+    }
+}
+
 for_each_engine! {
     /// Every answer of the route on one order, in the order a merchant meets
     /// them, and the whole-balance route finishing what partial refunds left.
