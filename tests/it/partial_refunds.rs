@@ -10,7 +10,7 @@ use crate::util::{HttpResponse, Pay, Server, SECRET};
 use payonce::api::{self, Request};
 use payonce::platforms::generic::Generic;
 use payonce::platforms::{Platform, Platforms};
-use payonce::{App, Clock, Config, PaymentCallback, PlatformStatus, Rewards};
+use payonce::{App, Clock, Config, PaymentCallback, PlatformStatus, RefundCallback, RefundOutcome, Rewards};
 use serde_json::{json, Value};
 
 // ---------------------------------------------------------------- over HTTP
@@ -593,6 +593,225 @@ for_each_engine! {
 
     fn amount_mismatch_alipay(db) {
         a_mismatch_settles_nothing(db, Channel::Alipay);
+    }
+}
+
+// ---------------------------------------------------------------- the storm
+
+const STORM_ORDER: &str = "STORM-1";
+const STORM_AMOUNT: i64 = 100_000;
+/// 7 points a yuan: 7000 for the order.
+const STORM_POINTS: i64 = 7_000;
+const STORM_REQUESTERS: u64 = 8;
+const STORM_FOR: std::time::Duration = std::time::Duration::from_secs(6);
+
+/// What one requester was answered.
+#[derive(Default)]
+struct Tally {
+    requests: u64,
+    created: Vec<String>,
+    refused: std::collections::BTreeMap<String, u64>,
+}
+
+/// One consistent read of the order and its refunds (one statement: one
+/// snapshot on either engine): the amount REQUESTED and SUCCEEDED together,
+/// or a negative code for a broken rule: -1 refunded_amount is not the
+/// SUCCEEDED sum, -2 more than one refund in flight, -3 the order's status
+/// disagrees with its refund in flight.
+fn storm_read(db: &Db, store: &payonce::store::Store) -> i64 {
+    db.count(
+        store,
+        &format!(
+            "SELECT CASE WHEN o.refunded_amount <> s.succeeded THEN -1
+                         WHEN s.in_flight > 1 THEN -2
+                         WHEN (o.status = 'REFUNDING') <> (s.in_flight = 1) THEN -3
+                         ELSE s.held END
+             FROM orders o,
+                  (SELECT CAST(coalesce(sum(CASE WHEN r.status <> 'FAILED' THEN r.amount ELSE 0 END), 0) AS BIGINT) AS held,
+                          CAST(coalesce(sum(CASE WHEN r.status = 'SUCCEEDED' THEN r.amount ELSE 0 END), 0) AS BIGINT) AS succeeded,
+                          count(CASE WHEN r.status = 'REQUESTED' THEN 1 END) AS in_flight
+                   FROM refund r JOIN orders ro ON ro.id = r.order_id WHERE ro.order_no = '{STORM_ORDER}') s
+             WHERE o.order_no = '{STORM_ORDER}'"
+        ),
+    )
+}
+
+/// Two payonces on one database (as two processes) take refunds of random
+/// amounts for one order from eight threads at once while a settler settles
+/// each in flight (mostly SUCCESS) and a reader checks every rule of the
+/// balance at every read.
+fn refund_storm(db: &Db) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    use std::time::Instant;
+    let shops = [Shop::open(db, Vec::new(), 7), Shop::open(db, Vec::new(), 7)];
+    shops[0].paid(STORM_ORDER, STORM_AMOUNT, "generic");
+    let started = Instant::now();
+    let deadline = started + STORM_FOR;
+    let requesting = AtomicUsize::new(STORM_REQUESTERS as usize);
+    let settled = AtomicBool::new(false);
+    let (successes, failures, duplicates) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let (tallies, (reads, most_held)) = std::thread::scope(|scope| {
+        let requesters: Vec<_> = (0..STORM_REQUESTERS)
+            .map(|t| {
+                let (shop, requesting) = (&shops[(t % 2) as usize], &requesting);
+                scope.spawn(move || {
+                    let mut rng = crate::util::Rng::new(0x5eed_0000 + t);
+                    let mut tally = Tally::default();
+                    // The order REFUNDED or its fifty refunds made: nothing more can be taken.
+                    let mut over = false;
+                    let refunded = || {
+                        let order = shop.app.store().read(|tx| tx.order_by_no(STORM_ORDER));
+                        order.ok().flatten().is_some_and(|o| o.status == payonce::OrderStatus::Refunded)
+                    };
+                    while !over && Instant::now() < deadline {
+                        let refund_no = format!("S{t}-{}", tally.requests);
+                        let amount = 1 + rng.below(20_000) as i64;
+                        let path = format!("/v1/orders/{STORM_ORDER}/refunds");
+                        let (status, body) = shop.post(&path, &json!({"refund_no": refund_no, "amount": amount}));
+                        tally.requests += 1;
+                        match status {
+                            201 => tally.created.push(refund_no),
+                            409 => {
+                                let mut code = body["error"]["code"].as_str().unwrap_or("?").to_owned();
+                                over = code == "refund_limit_reached";
+                                if code == "invalid_transition" {
+                                    // Only a REFUNDED order may say so.
+                                    over = refunded();
+                                    if !over {
+                                        code = "invalid_transition (not REFUNDED)".into();
+                                    }
+                                }
+                                *tally.refused.entry(code).or_default() += 1;
+                            }
+                            _ => panic!("{refund_no} of {amount}: {status} {body}"),
+                        }
+                    }
+                    requesting.fetch_sub(1, Ordering::SeqCst);
+                    tally
+                })
+            })
+            .collect();
+        let settler = scope.spawn(|| {
+            let mut rng = crate::util::Rng::new(0x5e771e);
+            let mut round = 0usize;
+            loop {
+                let shop = &shops[round % 2];
+                round += 1;
+                let stopping = requesting.load(Ordering::SeqCst) == 0;
+                // The order row alone: its detail carries an audit row per refusal, thousands here.
+                let order = shop.app.store().read(|tx| tx.order_by_no(STORM_ORDER));
+                let order = order.ok().flatten().unwrap_or_else(|| panic!("{}: no {STORM_ORDER}", db.label()));
+                let in_flight = (order.status == payonce::OrderStatus::Refunding).then_some(order.refund_no).flatten();
+                let Some(refund_no) = in_flight else {
+                    if stopping {
+                        break;
+                    }
+                    std::thread::yield_now();
+                    continue;
+                };
+                let (status, outcome, count) = match rng.below(10) {
+                    0 | 1 => (PlatformStatus::Failed, RefundOutcome::RefundFailed, &failures),
+                    _ => (PlatformStatus::Success, RefundOutcome::Applied, &successes),
+                };
+                let result = RefundCallback {
+                    channel: "generic".into(),
+                    refund_no: refund_no.clone(),
+                    order_no: STORM_ORDER.into(),
+                    status,
+                    settled_at: None,
+                    amount: None,
+                    refunded_total: None,
+                };
+                let got = shop.app.refunds().deliver_refund(&result).unwrap_or_else(|e| panic!("{refund_no}: {e}"));
+                assert_eq!(got, outcome, "{refund_no}");
+                count.fetch_add(1, Ordering::SeqCst);
+                // A platform retries: the same result again, through the other payonce.
+                if rng.below(10) == 0 {
+                    let again = shops[round % 2].app.refunds().deliver_refund(&result).expect("again");
+                    assert_eq!(again, RefundOutcome::Duplicate, "{refund_no}");
+                    duplicates.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            settled.store(true, Ordering::SeqCst);
+        });
+        let reader = scope.spawn(|| {
+            let store = db.store();
+            let (mut reads, mut most) = (0u64, 0i64);
+            while !settled.load(Ordering::SeqCst) {
+                let held = storm_read(db, &store);
+                assert!(held >= 0, "{}: a rule broke at read {reads}: code {held}", db.label());
+                assert!(held <= STORM_AMOUNT, "{}: {held} held of {STORM_AMOUNT} at read {reads}", db.label());
+                most = most.max(held);
+                reads += 1;
+            }
+            (reads, most)
+        });
+        let tallies: Vec<Tally> = requesters.into_iter().map(|r| r.join().expect("a requester")).collect();
+        settler.join().expect("the settler");
+        (tallies, reader.join().expect("the reader"))
+    });
+    let elapsed = started.elapsed();
+
+    let requests: u64 = tallies.iter().map(|t| t.requests).sum();
+    let created: Vec<&String> = tallies.iter().flat_map(|t| &t.created).collect();
+    let mut refused = std::collections::BTreeMap::<String, u64>::new();
+    for (code, n) in tallies.iter().flat_map(|t| &t.refused) {
+        *refused.entry(code.clone()).or_default() += n;
+    }
+    let order = shops[0].detail(STORM_ORDER);
+    let refunded = order["refunded_amount"].as_i64().unwrap_or(-1);
+    let (successes, failures, duplicates) = (successes.into_inner(), failures.into_inner(), duplicates.into_inner());
+    eprintln!(
+        "{}: refund storm of {STORM_AMOUNT} fen, {STORM_REQUESTERS} threads on 2 payonces, {:.2} s: {requests} requests, \
+         {} answered 201, 409s {refused:?}; settled {successes} SUCCESS + {failures} FAILED (+{duplicates} duplicates); \
+         {reads} reads, the most REQUESTED+SUCCEEDED seen {most_held}; refunded_amount {refunded}, order {}",
+        db.label(),
+        elapsed.as_secs_f64(),
+        created.len(),
+        order["status"],
+    );
+
+    assert_eq!(requests, created.len() as u64 + refused.values().sum::<u64>(), "every request answered 201 or 409");
+    // Every 201 is one refund row of the order, and there is no other.
+    assert_eq!(refund_rows(db, STORM_ORDER), created.len() as i64, "{}", db.label());
+    for refund_no in &created {
+        let rows = format!(
+            "SELECT count(*) FROM refund r JOIN orders o ON o.id = r.order_id
+             WHERE r.refund_no = '{refund_no}' AND o.order_no = '{STORM_ORDER}' AND r.status <> 'REQUESTED'"
+        );
+        assert_eq!(int(db, &rows), 1, "{}: {refund_no}", db.label());
+    }
+    assert_eq!(created.len() as u64, successes + failures, "each refund settled once");
+    assert!(created.len() <= 50, "{}: {} refunds", db.label(), created.len());
+    assert!(successes > 0 && refused.get("refund_in_progress").is_some_and(|n| *n > 0), "the storm contended");
+    let store = db.store();
+    assert_eq!(storm_read(db, &store), refunded, "{}: refunded_amount is the SUCCEEDED sum", db.label());
+    // Each success reversed floor(7000 × a / 100000); the one emptying the order, the rest.
+    let shares = int(
+        db,
+        &format!(
+            "SELECT CAST(coalesce(sum({STORM_POINTS} * r.amount / {STORM_AMOUNT}), 0) AS BIGINT)
+             FROM refund r JOIN orders o ON o.id = r.order_id
+             WHERE o.order_no = '{STORM_ORDER}' AND r.status = 'SUCCEEDED'"
+        ),
+    );
+    let reversed = STORM_POINTS - points_sum(db, STORM_ORDER);
+    if refunded == STORM_AMOUNT {
+        assert_eq!((order["status"].clone(), reversed), (json!("REFUNDED"), STORM_POINTS), "{}", db.label());
+    } else {
+        assert_eq!((order["status"].clone(), reversed), (json!("PAID"), shares), "{}", db.label());
+    }
+    let reversals = format!(
+        "SELECT count(*) FROM point_log p JOIN orders o ON o.id = p.order_id
+         WHERE o.order_no = '{STORM_ORDER}' AND p.point_type = 'ORDER_PAID_REVERSAL'"
+    );
+    assert!(int(db, &reversals) <= successes as i64, "{}: at most one reversal per success", db.label());
+    assert!(elapsed < STORM_FOR + std::time::Duration::from_secs(5), "{}: {elapsed:?}", db.label());
+}
+
+for_each_engine! {
+    fn refund_storm_from_two_processes(db) {
+        refund_storm(db);
     }
 }
 
