@@ -675,7 +675,8 @@ fn refund_storm(db: &Db) {
                                 let mut code = body["error"]["code"].as_str().unwrap_or("?").to_owned();
                                 over = code == "refund_limit_reached";
                                 if code == "invalid_transition" {
-                                    // Only a REFUNDED order may say so.
+                                    // Only a REFUNDED order may say so; see
+                                    // racing_refunds_are_told_one_is_in_flight.
                                     over = refunded();
                                     if !over {
                                         code = "invalid_transition (not REFUNDED)".into();
@@ -807,6 +808,64 @@ fn refund_storm(db: &Db) {
     );
     assert!(int(db, &reversals) <= successes as i64, "{}: at most one reversal per success", db.label());
     assert!(elapsed < STORM_FOR + std::time::Duration::from_secs(5), "{}: {elapsed:?}", db.label());
+}
+
+/// Eight refunds of one PAID order asked at the same instant, from two
+/// payonces, round after round: one is taken, and every other is told a
+/// refund is in flight — never `invalid_transition`, which means the order
+/// cannot be refunded at all (REFUNDED, or never paid).
+fn racing_refunds_are_told_one_is_in_flight(db: &Db) {
+    use std::sync::Barrier;
+    let shops = [Shop::open(db, Vec::new(), 0), Shop::open(db, Vec::new(), 0)];
+    shops[0].paid("RACE-1", 10_000, "generic");
+    let mut answers = std::collections::BTreeMap::<String, u64>::new();
+    for round in 0..20 {
+        let barrier = Barrier::new(8);
+        let codes: Vec<String> = std::thread::scope(|scope| {
+            let racers: Vec<_> = (0..8)
+                .map(|t| {
+                    let (shop, barrier) = (&shops[t % 2], &barrier);
+                    scope.spawn(move || {
+                        barrier.wait();
+                        let body = json!({"refund_no": format!("RACE-{round}-{t}"), "amount": 1});
+                        let (status, answer) = shop.post("/v1/orders/RACE-1/refunds", &body);
+                        match status {
+                            201 => "201".to_owned(),
+                            _ => format!("{status} {}", answer["error"]["code"].as_str().unwrap_or("?")),
+                        }
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().expect("a racer")).collect()
+        });
+        for code in codes {
+            *answers.entry(code).or_default() += 1;
+        }
+        // Failed, so every round starts from the same PAID order.
+        let in_flight = shops[0].detail("RACE-1")["refund_no"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(shops[1].result("RACE-1", &in_flight, "FAILED", None), "refund_failed", "round {round}");
+    }
+    eprintln!("{}: 20 rounds of 8 racing refunds: {answers:?}", db.label());
+    let expected =
+        std::collections::BTreeMap::from([("201".to_owned(), 20), ("409 refund_in_progress".to_owned(), 140)]);
+    assert_eq!(answers, expected, "{}", db.label());
+}
+
+#[test]
+fn racing_refunds_are_told_one_is_in_flight_sqlite() {
+    racing_refunds_are_told_one_is_in_flight(&Db::sqlite("refund-race"));
+}
+
+/// On PostgreSQL a refund request holds the refund_no's key only, and its
+/// READ COMMITTED transaction reads the order PAID while another request's
+/// REFUNDING commits; its compare-and-set then finds nothing to move and
+/// answers `invalid_transition` (src/services/refunds.rs:113).
+#[test]
+#[ignore = "src bug: a refund racing another of its order is told invalid_transition on PostgreSQL (src/services/refunds.rs:113)"]
+fn racing_refunds_are_told_one_is_in_flight_postgres() {
+    if let Some(db) = Db::postgres("refund-race") {
+        racing_refunds_are_told_one_is_in_flight(&db);
+    }
 }
 
 for_each_engine! {
