@@ -1061,3 +1061,154 @@ fn the_whole_balance_route_is_held_to_the_same_limit() {
     assert_eq!(refund_rows(&db, "PR-W"), 50);
     assert_eq!(money(&detail(&server, "PR-W")), state("PAID", 0, 0, Some("W-50")));
 }
+
+// ---------------------------------------------------------------- SIGKILL before the submission
+
+/// `payonce-sim platforms` (the simulated WeChat Pay and Alipay merchant
+/// APIs) as a child process, as tests/it/platforms.rs starts it: the
+/// `payonce serve` flags it printed, and its stdin for commands.
+struct SimulatedPlatforms {
+    child: std::process::Child,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    flags: Vec<String>,
+    _dir: crate::util::TempDir,
+}
+
+impl SimulatedPlatforms {
+    /// `None` when payonce-sim was not built next to payonce (a lone `cargo test --test it`).
+    fn start(trade: &str) -> Option<SimulatedPlatforms> {
+        use std::io::BufRead;
+        let sim = std::path::Path::new(env!("CARGO_BIN_EXE_payonce")).with_file_name("payonce-sim");
+        if !sim.exists() {
+            assert!(std::env::var("CI").is_err(), "payonce-sim is not built next to payonce ({})", sim.display());
+            eprintln!("=== payonce-sim not built: skipping (cargo build --workspace) ===");
+            return None;
+        }
+        let dir = crate::util::TempDir::new("sim-refund-kill");
+        let mut child = std::process::Command::new(&sim)
+            .args(["platforms", "--trade", trade, "--dir"])
+            .arg(dir.path(""))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start payonce-sim platforms");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut flags = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(stdout.read_line(&mut line).expect("a line") > 0, "payonce-sim platforms ended before ready");
+            if line.trim() == "ready" {
+                break;
+            }
+            flags.extend(line.split_whitespace().map(|w| w.trim_matches('\'').to_owned()));
+        }
+        Some(SimulatedPlatforms { child, stdout, flags, _dir: dir })
+    }
+
+    /// Every call the platforms were made so far, one line each.
+    fn calls(&mut self) -> Vec<String> {
+        use std::io::{BufRead, Write};
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "calls").and_then(|()| stdin.flush()).expect("command");
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(self.stdout.read_line(&mut line).expect("a line") > 0, "payonce-sim ended");
+            match line.trim() {
+                "end" => return lines,
+                call => lines.push(call.to_owned()),
+            }
+        }
+    }
+
+    /// The refund submissions WeChat Pay received.
+    fn refund_submissions(&mut self) -> Vec<String> {
+        self.calls().into_iter().filter(|c| c.starts_with("wechatpay POST /v3/refund/domestic/refunds ")).collect()
+    }
+}
+
+impl Drop for SimulatedPlatforms {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `check` until it holds, or fails with `what` after 20 s.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+for_each_engine! {
+    /// A `payonce serve` is SIGKILLed right after answering 201 to a refund
+    /// of part of an order paid at WeChat Pay, before its pool submitted it:
+    /// the submission was queued in the request's transaction, so the
+    /// payonce started next on the database submits it, once, with the
+    /// amount asked; a third start submits nothing more.
+    fn sigkill_between_the_refunding_commit_and_the_submission(db) {
+        const ORDER: &str = "ORD_RKILL_1";
+        let Some(mut platforms) = SimulatedPlatforms::start(&format!("{ORDER}=100000:paid")) else {
+            return;
+        };
+        let owned = platforms.flags.clone();
+        let flags: Vec<&str> = owned.iter().map(String::as_str).collect();
+        let with = |extra: &[&'static str]| [&flags[..], extra].concat();
+        // The pool looks for due calls at start and then every
+        // --sweep-interval-s, and no request wakes it: an hour keeps the
+        // first payonce from submitting anything after its start.
+        let mut first = db.serve(&with(&["--sweep-interval-s", "3600", "--platform-timeout-ms", "2000"]));
+        let created = first.post_json("/v1/orders", &json!({"order_no": ORDER, "user_id": "u1", "amount": 100_000}));
+        assert_eq!(created.status, 201, "{}", created.text());
+        let synced = first.post_json(&format!("/v1/orders/{ORDER}/sync"), &json!({}));
+        assert_eq!(synced.json()["order"]["status"], "PAID", "paid at WeChat Pay: {}", synced.text());
+        let asked = refunds(&first, ORDER, &json!({"refund_no": "RK-1", "amount": 30_000, "reason": "one item back"}));
+        assert_eq!(asked.status, 201, "{}", asked.text());
+        first.kill();
+
+        assert_eq!(platforms.refund_submissions(), Vec::<String>::new(), "{}: nothing submitted before the kill", db.label());
+        let store = db.store();
+        let count = |sql: &str| db.count(&store, sql);
+        let refund_calls = "SELECT count(*) FROM platform_call WHERE kind = 'refund' AND refund_no = 'RK-1'";
+        assert_eq!(count(refund_calls), 1, "{}: the submission queued with the 201", db.label());
+        assert_eq!(count(&format!("{refund_calls} AND status = 'pending' AND attempts = 0")), 1, "{}", db.label());
+        assert_eq!(count("SELECT count(*) FROM refund WHERE refund_no = 'RK-1' AND status = 'REQUESTED' AND amount = 30000"), 1);
+        assert_eq!(count(&format!("SELECT count(*) FROM orders WHERE order_no = '{ORDER}' AND status = 'REFUNDING'")), 1);
+
+        // The next payonce on the database submits it at its start.
+        let mut second = db.serve(&with(&[
+            "--sweep-interval-s", "1", "--platform-timeout-ms", "2000", "--platform-retry-s", "0.2",
+            "--refund-query-after-s", "1",
+        ]));
+        eventually("the submission is made after the restart", || {
+            count(&format!("{refund_calls} AND status = 'done'")) == 1
+        });
+        let submitted = platforms.refund_submissions();
+        assert_eq!(submitted.len(), 1, "{}: once: {submitted:?}", db.label());
+        assert!(submitted[0].ends_with(" verified 200"), "{}: accepted: {submitted:?}", db.label());
+        // It asked for the part, of the whole trade: what the row says was sent.
+        let sent = format!(
+            "{refund_calls} AND request LIKE '%\"refund\":30000%' AND request LIKE '%\"total\":100000%'
+             AND request LIKE '%\"out_refund_no\":\"RK-1\"%'"
+        );
+        assert_eq!(count(&sent), 1, "{}: the amount asked, of the trade's total", db.label());
+        // Accepted, its result is asked for after --refund-query-after-s: the
+        // platform still processes it, so it stays REQUESTED.
+        let queries = "SELECT count(*) FROM platform_call WHERE kind = 'refund_query' AND refund_no = 'RK-1'";
+        eventually("the refund query is made", || count(&format!("{queries} AND attempts >= 1")) == 1);
+        let order = detail(&second, ORDER);
+        assert_eq!(money(&order), state("REFUNDING", 0, 30_000, Some("RK-1")), "{}: {order}", db.label());
+        second.kill();
+
+        // A third start finds the submission done: nothing is sent again.
+        let third = db.serve(&with(&["--sweep-interval-s", "1", "--platform-retry-s", "0.2"]));
+        std::thread::sleep(std::time::Duration::from_millis(2_500));
+        assert_eq!(platforms.refund_submissions().len(), 1, "{}: still once", db.label());
+        assert_eq!((count(refund_calls), count(queries)), (1, 1), "{}: one row each", db.label());
+        assert_eq!(money(&detail(&third, ORDER)), state("REFUNDING", 0, 30_000, Some("RK-1")));
+    }
+}
