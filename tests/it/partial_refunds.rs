@@ -86,9 +86,10 @@ fn refund_rows(db: &Db, order_no: &str) -> i64 {
     )
 }
 
-fn event_types(order: &Value) -> Vec<String> {
+/// The order's event ids (`type:subject`), oldest first.
+fn event_ids(order: &Value) -> Vec<String> {
     let events = order["events"].as_array().cloned().unwrap_or_default();
-    events.iter().map(|e| format!("{}:{}", e["type"].as_str().unwrap_or(""), e["event_id"])).collect()
+    events.iter().map(|e| e["event_id"].as_str().unwrap_or("").to_owned()).collect()
 }
 
 // ---------------------------------------------------------------- in process
@@ -103,18 +104,15 @@ struct Shop {
 }
 
 impl Shop {
-    fn open(db: &Db, platforms: Vec<Platform>, points_per_yuan: i64) -> Shop {
-        Shop::open_clocked(db, platforms, points_per_yuan, Clock::manual(T0_MS))
-    }
-
-    fn open_clocked(db: &Db, mut platforms: Vec<Platform>, points_per_yuan: i64, clock: Clock) -> Shop {
+    fn open(db: &Db, mut platforms: Vec<Platform>, points_per_yuan: i64) -> Shop {
         platforms.insert(0, Platform::notices(Generic::new(vec![SECRET.as_bytes().to_vec()])));
         let config = Config {
             rewards: Rewards { coupon_templates: vec!["NEW10".into()], points_per_yuan },
             platforms: Platforms::with(platforms),
             ..Config::default()
         };
-        let app = App::open(&db.spec, clock, config).unwrap_or_else(|e| panic!("{}: open: {e}", db.label()));
+        let app =
+            App::open(&db.spec, Clock::manual(T0_MS), config).unwrap_or_else(|e| panic!("{}: open: {e}", db.label()));
         Shop { app }
     }
 
@@ -143,7 +141,7 @@ impl Shop {
         value
     }
 
-    /// A PENDING order of `amount` paid through `channel`.
+    /// A new order of `amount`, paid through `channel`.
     fn paid(&self, order_no: &str, amount: i64, channel: &str) {
         let (status, body) = self
             .post("/v1/orders", &json!({"order_no": order_no, "user_id": format!("u-{order_no}"), "amount": amount}));
@@ -257,7 +255,7 @@ fn refund_in_parts(db: &Db, shop: &Shop, order_no: &str, amounts: &[i64], revers
     assert_eq!(int(db, &format!("SELECT refunded_amount FROM orders WHERE order_no = '{order_no}'")), POINTS_AMOUNT);
     let order = shop.detail(order_no);
     let types: Vec<String> =
-        event_types(&order).into_iter().map(|t| t.split(':').next().unwrap_or("").to_owned()).collect();
+        event_ids(&order).into_iter().map(|t| t.split(':').next().unwrap_or("").to_owned()).collect();
     let mut expected = vec!["order.paid"];
     for _ in 1..amounts.len() {
         expected.extend(["order.refunding", "order.partially_refunded"]);
@@ -675,8 +673,8 @@ fn refund_storm(db: &Db) {
                                 let mut code = body["error"]["code"].as_str().unwrap_or("?").to_owned();
                                 over = code == "refund_limit_reached";
                                 if code == "invalid_transition" {
-                                    // Only a REFUNDED order may say so; see
-                                    // racing_refunds_are_told_one_is_in_flight.
+                                    // Only a REFUNDED order may say so (see
+                                    // racing_refunds_are_told_one_is_in_flight).
                                     over = refunded();
                                     if !over {
                                         code = "invalid_transition (not REFUNDED)".into();
@@ -773,6 +771,10 @@ fn refund_storm(db: &Db) {
     );
 
     assert_eq!(requests, created.len() as u64 + refused.values().sum::<u64>(), "every request answered 201 or 409");
+    if db.engine == crate::engines::Engine::Sqlite {
+        // PostgreSQL's figure is the bug racing_refunds_are_told_one_is_in_flight_postgres shows.
+        assert_eq!(refused.get("invalid_transition (not REFUNDED)"), None, "sqlite: {refused:?}");
+    }
     // Every 201 is one refund row of the order, and there is no other.
     assert_eq!(refund_rows(db, STORM_ORDER), created.len() as i64, "{}", db.label());
     for refund_no in &created {
@@ -982,14 +984,14 @@ for_each_engine! {
             (json!("A-2"), json!(2000), json!("FAILED")),
             (json!("A-3"), json!(7000), json!("SUCCEEDED")),
         ], "{done}");
-        assert_eq!(event_types(&done), [
-            "order.paid:\"order.paid:PR-A\"",
-            "order.refunding:\"order.refunding:PR-A/A-1\"",
-            "order.partially_refunded:\"order.partially_refunded:PR-A/A-1\"",
-            "order.refunding:\"order.refunding:PR-A/A-2\"",
-            "order.refund_failed:\"order.refund_failed:PR-A/A-2\"",
-            "order.refunding:\"order.refunding:PR-A/A-3\"",
-            "order.refunded:\"order.refunded:PR-A/A-3\"",
+        assert_eq!(event_ids(&done), [
+            "order.paid:PR-A",
+            "order.refunding:PR-A/A-1",
+            "order.partially_refunded:PR-A/A-1",
+            "order.refunding:PR-A/A-2",
+            "order.refund_failed:PR-A/A-2",
+            "order.refunding:PR-A/A-3",
+            "order.refunded:PR-A/A-3",
         ], "{done}");
         let partial = done["events"].as_array().into_iter().flatten()
             .find(|e| e["type"] == "order.partially_refunded").cloned().unwrap_or_default();
