@@ -23,6 +23,7 @@ mod ledger;
 mod nul_bytes;
 mod openapi;
 mod ops_admin;
+mod partial_refunds;
 mod payment_edges;
 mod pg_faults;
 mod platform_answers;
