@@ -77,9 +77,13 @@ impl<'a> Refunds<'a> {
                 "reason must be 1-{REASON_CHARS_MAX} characters, without control characters"
             )));
         }
+        // The order's key first: two refunds of one order (different
+        // refund_nos) are decided one after the other, so the loser reads the
+        // winner's REFUNDING and is told `refund_in_progress` on every engine.
+        let order_key = self.core.locks().lock(LockKey::Order(order_no));
         let key = self.core.locks().lock(LockKey::Refund(refund_no));
         let now = self.core.clock().now_text();
-        self.core.write_op(&[&key], slot, |tx| {
+        self.core.write_op(&[&order_key, &key], slot, |tx| {
             let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
             if let Some(existing) = tx.refund_by_no(refund_no)? {
                 return replay(tx, asked, &order, existing, &now);
@@ -97,7 +101,7 @@ impl<'a> Refunds<'a> {
                 }
                 _ => return Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?),
             }
-            if !asked.whole_route && tx.refunds_of_order(order.id)?.len() >= REFUNDS_PER_ORDER_MAX {
+            if tx.refunds_of_order(order.id)?.len() >= REFUNDS_PER_ORDER_MAX {
                 return Err(Error::new(
                     ErrorKind::RefundLimitReached,
                     format!("order {order_no:?} has {REFUNDS_PER_ORDER_MAX} refunds, the platforms' limit"),

@@ -863,7 +863,6 @@ fn racing_refunds_are_told_one_is_in_flight_sqlite() {
 /// REFUNDING commits; its compare-and-set then finds nothing to move and
 /// answers `invalid_transition` (src/services/refunds.rs:113).
 #[test]
-#[ignore = "src bug: a refund racing another of its order is told invalid_transition on PostgreSQL (src/services/refunds.rs:113)"]
 fn racing_refunds_are_told_one_is_in_flight_postgres() {
     if let Some(db) = Db::postgres("refund-race") {
         racing_refunds_are_told_one_is_in_flight(&db);
@@ -1047,7 +1046,6 @@ for_each_engine! {
 /// 51st submission is one WeChat Pay refuses. It is not yet: the limit is
 /// checked for `/refunds` only (src/services/refunds.rs, `request_refund_of`).
 #[test]
-#[ignore = "src bug: POST /v1/orders/{order_no}/refund makes a 51st refund (src/services/refunds.rs:100)"]
 fn the_whole_balance_route_is_held_to_the_same_limit() {
     let db = Db::sqlite("refund-limit-whole");
     let server = db.serve(&[]);
