@@ -659,7 +659,7 @@ impl BareSqlite {
         tx.prepare_cached(
             "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
              VALUES (?1, ?2, 'ORDER_PAID', ?3, ?4)
-             ON CONFLICT (order_id, point_type) DO NOTHING",
+             ON CONFLICT (order_id, point_type, coalesce(refund_no, '')) DO NOTHING",
         )?
         .execute(params![user_id, order_id, AMOUNT / 100, now])?;
         tx.prepare_cached(

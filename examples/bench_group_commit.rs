@@ -61,8 +61,8 @@ CREATE TABLE user_coupon (id INTEGER PRIMARY KEY, user_id TEXT NOT NULL, order_i
     coupon_template_id TEXT NOT NULL, status TEXT NOT NULL, created_at TEXT NOT NULL);
 CREATE UNIQUE INDEX uk_order_tpl ON user_coupon (order_id, coupon_template_id);
 CREATE TABLE point_log (id INTEGER PRIMARY KEY, user_id TEXT NOT NULL, order_id INTEGER NOT NULL,
-    point_type TEXT NOT NULL, points INTEGER NOT NULL, created_at TEXT NOT NULL);
-CREATE UNIQUE INDEX uk_order_type ON point_log (order_id, point_type);
+    point_type TEXT NOT NULL, points INTEGER NOT NULL, created_at TEXT NOT NULL, refund_no TEXT);
+CREATE UNIQUE INDEX uk_order_type ON point_log (order_id, point_type, coalesce(refund_no, ''));
 CREATE TABLE outbox_event (seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL, type TEXT NOT NULL,
     order_no TEXT NOT NULL, data TEXT NOT NULL, created_at TEXT NOT NULL);
 CREATE UNIQUE INDEX uk_event_id ON outbox_event (event_id);
@@ -195,7 +195,7 @@ impl Bare {
         .execute(params![user_id, order_id, COUPON, now])?;
         tx.prepare_cached(
             "INSERT INTO point_log (user_id, order_id, point_type, points, created_at)
-             VALUES (?1, ?2, 'ORDER_PAID', ?3, ?4) ON CONFLICT (order_id, point_type) DO NOTHING",
+             VALUES (?1, ?2, 'ORDER_PAID', ?3, ?4) ON CONFLICT (order_id, point_type, coalesce(refund_no, '')) DO NOTHING",
         )?
         .execute(params![user_id, order_id, AMOUNT / 100, now])?;
         tx.prepare_cached(

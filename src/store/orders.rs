@@ -7,18 +7,29 @@ use crate::domain::{
 };
 use crate::error::Error;
 
-/// The columns `order_from_row` reads, in its order.
+/// The columns `order_from_row` reads, in its order. The order's latest
+/// refund_no, the time of its latest succeeded refund and the amount in
+/// flight come from `refund` rows, asked only where the order's own columns
+/// cannot say (a PENDING or CLOSED order has none; a REFUNDING or REFUNDED
+/// one names its latest in `refund_no`): the payment path reads orders that
+/// never had a refund, and pays nothing for them.
 macro_rules! order_columns {
     () => {
         "id, order_no, user_id, amount, currency, status, pay_no, created_at, \
          expires_at, paid_at, closed_at, \
-         (SELECT r.refund_no FROM refund r WHERE r.order_id = orders.id AND r.pay_no IS NULL \
-          ORDER BY r.id DESC LIMIT 1), \
-         (SELECT r.settled_at FROM refund r WHERE r.order_id = orders.id AND r.pay_no IS NULL \
-          AND r.status = 'SUCCEEDED' ORDER BY r.id DESC LIMIT 1), \
+         CASE WHEN status = 'PENDING' OR status = 'CLOSED' THEN NULL \
+              WHEN status = 'REFUNDING' OR status = 'REFUNDED' THEN refund_no \
+              ELSE (SELECT r.refund_no FROM refund r WHERE r.order_id = orders.id AND r.pay_no IS NULL \
+                    ORDER BY r.id DESC LIMIT 1) END, \
+         CASE WHEN refunded_amount = 0 THEN NULL \
+              WHEN status = 'REFUNDED' THEN refunded_at \
+              ELSE (SELECT r.settled_at FROM refund r WHERE r.order_id = orders.id AND r.pay_no IS NULL \
+                    AND r.status = 'SUCCEEDED' ORDER BY r.id DESC LIMIT 1) END, \
          refunded_amount, \
-         coalesce((SELECT r.amount FROM refund r WHERE r.order_id = orders.id AND r.pay_no IS NULL \
-                   AND r.status = 'REQUESTED'), 0)"
+         CASE WHEN status = 'REFUNDING' \
+              THEN coalesce((SELECT r.amount FROM refund r WHERE r.order_id = orders.id AND r.pay_no IS NULL \
+                             AND r.status = 'REQUESTED'), 0) \
+              ELSE 0 END"
     };
 }
 
