@@ -219,6 +219,15 @@ impl Exchange<CloseAnswer> {
 }
 
 impl<T> Exchange<T> {
+    /// What `platform_call.response` keeps of the exchange: why it is not
+    /// trusted, when it is not, then what was received.
+    pub fn recorded_response(&self) -> String {
+        match &self.distrust {
+            None => self.response.clone(),
+            Some(why) => format!("{why}\n{}", self.response),
+        }
+    }
+
     fn not_sent(request: String, platform: &str, meaning: T) -> Exchange<T> {
         Exchange {
             request,

@@ -130,8 +130,7 @@ impl<'a> PlatformCalls<'a> {
         let Some(row) = row else {
             return Ok(None);
         };
-        if row.status == PlatformCallStatus::Pending && row.next_attempt_at.as_deref().is_some_and(|l| l > now.as_str())
-        {
+        if row.in_flight(&now) {
             return Ok(Some("a payment is being created at the platform"));
         }
         let signed_only = self
@@ -398,7 +397,7 @@ impl<'a> PlatformCalls<'a> {
             meaning: CloseAnswer::Unknown,
             distrust: Some(format!("{channel} is not configured")),
         });
-        let response = recorded_response(&exchange);
+        let response = exchange.recorded_response();
         let step = match exchange.meaning {
             CloseAnswer::Closed => CloseStep::Confirmed,
             // Paid meanwhile: the next attempt queries again and applies it.
@@ -441,7 +440,7 @@ impl<'a> PlatformCalls<'a> {
         settle: Settle<PlatformCallStatus>,
         exchange: &Exchange<T>,
     ) -> Result<(), Error> {
-        let response = recorded_response(exchange);
+        let response = exchange.recorded_response();
         self.record_attempt(call, settle, response, exchange.http_status, &exchange.request)
     }
 
@@ -716,13 +715,4 @@ fn warn_unusable(channel: &str, order_no: &str, why: &str) {
 
 fn not_configured(channel: &str) -> Exchange<TradeState> {
     Exchange::unknown(String::new(), None, String::new(), format!("{channel} is not configured"), TradeState::Unknown)
-}
-
-/// What `platform_call.response` keeps of an exchange: why it is not
-/// trusted, when it is not, then what was received.
-fn recorded_response<T>(exchange: &Exchange<T>) -> String {
-    match &exchange.distrust {
-        None => exchange.response.clone(),
-        Some(why) => format!("{why}\n{}", exchange.response),
-    }
 }

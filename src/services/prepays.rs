@@ -21,7 +21,7 @@ use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
 use crate::platform_ops::{Paying, PaymentOffer};
 use crate::platforms::{Calls, Exchange, Payment, PrepayAnswer, PrepayRequest};
-use crate::store::{NewPrepay, PrepayFinish, PrepayParams, PrepayRow, WriteTx};
+use crate::store::{NewPrepay, PrepayFinish, PrepayParams, PrepayRow, ReadTx};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
@@ -151,13 +151,7 @@ impl<'a> Prepays<'a> {
     /// past `expires_at`, and no close begun at the platforms.
     fn payable(&self, order_no: &str) -> Result<Order, Error> {
         let now_ms = self.core.clock().now_ms();
-        let (order, closing) = self.core.store().read(|tx| {
-            let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
-            let closing = !tx.platform_closes_of_order(order_no)?.is_empty();
-            Ok((order, closing))
-        })?;
-        refuse_unpayable(&order, closing, now_ms)?;
-        Ok(order)
+        self.core.store().read(|tx| refuse_unpayable_in(tx, order_no, now_ms))
     }
 
     /// Alipay page, wap and app: signed afresh for every request. The row
@@ -227,8 +221,7 @@ impl<'a> Prepays<'a> {
             };
             let row_kept: Kept = serde_json::from_str(&row.params)
                 .map_err(|e| Error::internal(format!("platform_call {} params: {e}", row.id)))?;
-            let in_flight = row.status == PlatformCallStatus::Pending
-                && row.next_attempt_at.as_deref().is_some_and(|lease| lease > now.as_str());
+            let in_flight = row.in_flight(&now);
             let differs =
                 row.method != asked.method || row.appid.as_deref() != asked.appid || row_kept.openid != kept.openid;
             if differs {
@@ -387,7 +380,7 @@ impl<'a> Prepays<'a> {
             trade_may_exist,
             request: &exchange.request,
             http_status: exchange.http_status,
-            response: &recorded_response(&exchange),
+            response: &exchange.recorded_response(),
             answer: &answer,
             now: &self.core.clock().now_text(),
         };
@@ -546,11 +539,13 @@ fn kept_text(kept: &Kept) -> Result<String, Error> {
     serde_json::to_string(kept).map_err(|e| Error::internal(format!("prepay params: {e}")))
 }
 
-/// [`refuse_unpayable`] of the order as this transaction reads it.
-fn refuse_unpayable_in(tx: &WriteTx, order_no: &str, now_ms: i64) -> Result<(), Error> {
+/// The order as this transaction reads it, when [`refuse_unpayable`] lets
+/// a payment be created for it.
+fn refuse_unpayable_in(tx: &ReadTx, order_no: &str, now_ms: i64) -> Result<Order, Error> {
     let order = tx.order_by_no(order_no)?.ok_or_else(|| Error::order_not_found(order_no))?;
     let closing = !tx.platform_closes_of_order(order_no)?.is_empty();
-    refuse_unpayable(&order, closing, now_ms)
+    refuse_unpayable(&order, closing, now_ms)?;
+    Ok(order)
 }
 
 /// The refusals of an order no payment may be created for now.
@@ -608,15 +603,6 @@ fn in_progress(channel: &str, order_no: &str) -> Error {
         ErrorKind::PaymentInProgress,
         format!("the {channel} payment of {order_no:?} is being created by another request; retry shortly"),
     )
-}
-
-/// What `platform_call.response` keeps: why the answer is not trusted,
-/// when it is not, then what was received.
-fn recorded_response(exchange: &Exchange<PrepayAnswer>) -> String {
-    match &exchange.distrust {
-        None => exchange.response.clone(),
-        Some(why) => format!("{why}\n{}", exchange.response),
-    }
 }
 
 /// A platform's words in payonce's message: no control characters (a NUL

@@ -236,6 +236,13 @@ pub struct PrepayRow {
     pub updated_at: String,
 }
 
+impl PrepayRow {
+    /// A call of the row is being made now: pending, its lease not ended by `now`.
+    pub fn in_flight(&self, now: &str) -> bool {
+        self.status == PlatformCallStatus::Pending && self.next_attempt_at.as_deref().is_some_and(|lease| lease > now)
+    }
+}
+
 fn prepay_from_row(r: &Row) -> Result<PrepayRow, Error> {
     Ok(PrepayRow {
         id: r.int(0)?,
