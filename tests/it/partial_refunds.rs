@@ -1064,75 +1064,11 @@ fn the_whole_balance_route_is_held_to_the_same_limit() {
 
 // ---------------------------------------------------------------- SIGKILL before the submission
 
-/// `payonce-sim platforms` (the simulated WeChat Pay and Alipay merchant
-/// APIs) as a child process, as tests/it/platforms.rs starts it: the
-/// `payonce serve` flags it printed, and its stdin for commands.
-struct SimulatedPlatforms {
-    child: std::process::Child,
-    stdout: std::io::BufReader<std::process::ChildStdout>,
-    flags: Vec<String>,
-    _dir: crate::util::TempDir,
-}
+use crate::platforms::SimulatedPlatforms;
 
-impl SimulatedPlatforms {
-    /// `None` when payonce-sim was not built next to payonce (a lone `cargo test --test it`).
-    fn start(trade: &str) -> Option<SimulatedPlatforms> {
-        use std::io::BufRead;
-        let sim = std::path::Path::new(env!("CARGO_BIN_EXE_payonce")).with_file_name("payonce-sim");
-        if !sim.exists() {
-            assert!(std::env::var("CI").is_err(), "payonce-sim is not built next to payonce ({})", sim.display());
-            eprintln!("=== payonce-sim not built: skipping (cargo build --workspace) ===");
-            return None;
-        }
-        let dir = crate::util::TempDir::new("sim-refund-kill");
-        let mut child = std::process::Command::new(&sim)
-            .args(["platforms", "--trade", trade, "--dir"])
-            .arg(dir.path(""))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start payonce-sim platforms");
-        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-        let mut flags = Vec::new();
-        loop {
-            let mut line = String::new();
-            assert!(stdout.read_line(&mut line).expect("a line") > 0, "payonce-sim platforms ended before ready");
-            if line.trim() == "ready" {
-                break;
-            }
-            flags.extend(line.split_whitespace().map(|w| w.trim_matches('\'').to_owned()));
-        }
-        Some(SimulatedPlatforms { child, stdout, flags, _dir: dir })
-    }
-
-    /// Every call the platforms were made so far, one line each.
-    fn calls(&mut self) -> Vec<String> {
-        use std::io::{BufRead, Write};
-        let stdin = self.child.stdin.as_mut().expect("stdin");
-        writeln!(stdin, "calls").and_then(|()| stdin.flush()).expect("command");
-        let mut lines = Vec::new();
-        loop {
-            let mut line = String::new();
-            assert!(self.stdout.read_line(&mut line).expect("a line") > 0, "payonce-sim ended");
-            match line.trim() {
-                "end" => return lines,
-                call => lines.push(call.to_owned()),
-            }
-        }
-    }
-
-    /// The refund submissions WeChat Pay received.
-    fn refund_submissions(&mut self) -> Vec<String> {
-        self.calls().into_iter().filter(|c| c.starts_with("wechatpay POST /v3/refund/domestic/refunds ")).collect()
-    }
-}
-
-impl Drop for SimulatedPlatforms {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The refund submissions WeChat Pay received.
+fn refund_submissions(platforms: &mut SimulatedPlatforms) -> Vec<String> {
+    platforms.calls().into_iter().filter(|c| c.starts_with("wechatpay POST /v3/refund/domestic/refunds ")).collect()
 }
 
 /// Polls `check` until it holds, or fails with `what` after 20 s.
@@ -1170,7 +1106,7 @@ for_each_engine! {
         assert_eq!(asked.status, 201, "{}", asked.text());
         first.kill();
 
-        assert_eq!(platforms.refund_submissions(), Vec::<String>::new(), "{}: nothing submitted before the kill", db.label());
+        assert_eq!(refund_submissions(&mut platforms), Vec::<String>::new(), "{}: nothing submitted before the kill", db.label());
         let store = db.store();
         let count = |sql: &str| db.count(&store, sql);
         let refund_calls = "SELECT count(*) FROM platform_call WHERE kind = 'refund' AND refund_no = 'RK-1'";
@@ -1187,7 +1123,7 @@ for_each_engine! {
         eventually("the submission is made after the restart", || {
             count(&format!("{refund_calls} AND status = 'done'")) == 1
         });
-        let submitted = platforms.refund_submissions();
+        let submitted = refund_submissions(&mut platforms);
         assert_eq!(submitted.len(), 1, "{}: once: {submitted:?}", db.label());
         assert!(submitted[0].ends_with(" verified 200"), "{}: accepted: {submitted:?}", db.label());
         // It asked for the part, of the whole trade: what the row says was sent.
@@ -1207,7 +1143,7 @@ for_each_engine! {
         // A third start finds the submission done: nothing is sent again.
         let third = db.serve(&with(&["--sweep-interval-s", "1", "--platform-retry-s", "0.2"]));
         std::thread::sleep(std::time::Duration::from_millis(2_500));
-        assert_eq!(platforms.refund_submissions().len(), 1, "{}: still once", db.label());
+        assert_eq!(refund_submissions(&mut platforms).len(), 1, "{}: still once", db.label());
         assert_eq!((count(refund_calls), count(queries)), (1, 1), "{}: one row each", db.label());
         assert_eq!(money(&detail(&third, ORDER)), state("REFUNDING", 0, 30_000, Some("RK-1")));
     }

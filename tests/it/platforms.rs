@@ -111,17 +111,17 @@ fn unreachable_wechatpay(key: &str) -> [&str; 10] {
 
 /// `payonce simulate platforms` (the simulator's standalone servers) as a
 /// child process: the `payonce serve` flags it printed, and its stdin for
-/// commands.
-struct SimulatedPlatforms {
+/// commands (tests/it/partial_refunds.rs starts it too).
+pub(crate) struct SimulatedPlatforms {
     child: std::process::Child,
     stdout: std::io::BufReader<std::process::ChildStdout>,
-    flags: Vec<String>,
+    pub(crate) flags: Vec<String>,
     _dir: TempDir,
 }
 
 impl SimulatedPlatforms {
     /// `None` when payonce-sim was not built next to payonce (a lone `cargo test --test it`).
-    fn start(trade: &str) -> Option<SimulatedPlatforms> {
+    pub(crate) fn start(trade: &str) -> Option<SimulatedPlatforms> {
         use std::io::BufRead;
         let sim = std::path::Path::new(env!("CARGO_BIN_EXE_payonce")).with_file_name("payonce-sim");
         if !sim.exists() {
@@ -150,6 +150,22 @@ impl SimulatedPlatforms {
             flags.extend(line.split_whitespace().map(|w| w.trim_matches('\'').to_owned()));
         }
         Some(SimulatedPlatforms { child, stdout, flags, _dir: dir })
+    }
+
+    /// Every call the platforms were made so far, one line each (`calls`).
+    pub(crate) fn calls(&mut self) -> Vec<String> {
+        use std::io::{BufRead, Write};
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "calls").and_then(|()| stdin.flush()).expect("command");
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            assert!(self.stdout.read_line(&mut line).expect("a line") > 0, "payonce-sim ended");
+            match line.trim() {
+                "end" => return lines,
+                call => lines.push(call.to_owned()),
+            }
+        }
     }
 
     /// The trade's state at each platform (`state ORDER_NO` on its stdin).
