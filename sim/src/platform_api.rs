@@ -138,6 +138,9 @@ impl RefundStatus {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RefundRecord {
     pub out_trade_no: String,
+    /// The refunded trade's platform number (WeChat's transaction_id,
+    /// Alipay's trade_no), whichever number the refund was asked by.
+    pub pay_no: String,
     /// WeChat's out_refund_no, Alipay's out_request_no.
     pub out_refund_no: String,
     pub refund_id: String,

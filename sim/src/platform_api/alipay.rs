@@ -3,6 +3,8 @@
 //! and four methods. Every answer is `{"<method>_response":{...},"sign":".."}`
 //! with `sign` = RSA2 by the Alipay key over the exact text of the
 //! `_response` value, so the body is built around the text that was signed.
+//! The methods after the precreate find the trade by the merchant's
+//! `out_trade_no` or by Alipay's `trade_no`.
 //! Trades are made by `alipay.trade.precreate`, or by the buyer opening a
 //! page, wap or app request the merchant signed ([`Alipay::buyer_opens`]).
 
@@ -48,6 +50,12 @@ const BUYER_USER_ID: &str = "2088000000000000";
 /// Up to 64 of `[A-Za-z0-9_]` (the contract's rule).
 pub(super) fn valid_out_trade_no(no: &str) -> bool {
     (1..=64).contains(&no.len()) && no.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A trade_no as a merchant may send it: up to 64 of `[A-Za-z0-9]`
+/// (Alipay's own are 28 digits).
+fn valid_trade_no(no: &str) -> bool {
+    (1..=64).contains(&no.len()) && no.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 /// A 28-digit trade_no: the Beijing date, then digits, like Alipay's.
@@ -339,11 +347,29 @@ impl Alipay {
         fault: Option<&Fault>,
     ) -> Result<Value, Refusal> {
         let text = |name: &str| biz.get(name).and_then(Value::as_str).filter(|v| !v.is_empty());
-        // Alipay also finds trades by trade_no; payonce asks by out_trade_no.
-        let out_trade_no = text("out_trade_no")
-            .filter(|no| valid_out_trade_no(no))
-            .ok_or_else(|| business("ACQ.INVALID_PARAMETER", "参数无效: out_trade_no"))?;
         let trade_not_exist = || business("ACQ.TRADE_NOT_EXIST", "交易不存在");
+        // A trade is named by the merchant's out_trade_no or by Alipay's
+        // trade_no (not both empty; both given, they must be one trade's).
+        // A trade being made has only the merchant's (precreate takes no trade_no).
+        let invalid_no = || business("ACQ.INVALID_PARAMETER", "参数无效: out_trade_no");
+        let by_trade_no = match text("trade_no") {
+            None => None,
+            Some(_) if method == PRECREATE => None,
+            Some(no) if !valid_trade_no(no) => {
+                return Err(business("ACQ.INVALID_PARAMETER", "参数无效: trade_no"));
+            }
+            Some(no) => Some(self.ledger.trade_by_pay_no(no).ok_or_else(trade_not_exist)?),
+        };
+        let out_trade_no = match (text("out_trade_no"), &by_trade_no) {
+            (Some(no), _) if !valid_out_trade_no(no) => return Err(invalid_no()),
+            (Some(no), Some(trade)) if no != trade.out_trade_no => {
+                return Err(business("ACQ.INVALID_PARAMETER", "参数无效: out_trade_no 与 trade_no 不是同一笔交易"));
+            }
+            (Some(no), _) => no.to_owned(),
+            (None, Some(trade)) => trade.out_trade_no.clone(),
+            (None, None) => return Err(invalid_no()),
+        };
+        let out_trade_no = out_trade_no.as_str();
         let answered_no = match fault {
             Some(Fault::WrongTrade) => other_trade_no(out_trade_no),
             _ => out_trade_no.to_owned(),

@@ -182,6 +182,12 @@ impl Ledger {
         self.book.lock().trades.get(out_trade_no).cloned()
     }
 
+    /// The trade the platform numbered `pay_no` (WeChat's transaction_id,
+    /// Alipay's trade_no): the platforms find a trade by either number.
+    pub fn trade_by_pay_no(&self, pay_no: &str) -> Option<Trade> {
+        self.book.lock().trades.values().find(|t| t.pay_no.as_deref() == Some(pay_no)).cloned()
+    }
+
     pub fn buyer_paying(&self, out_trade_no: &str, now_ms: i64) -> Result<(), Refused> {
         let mut book = self.book.lock();
         let trade = book.trades.get_mut(out_trade_no).ok_or(Refused::NoSuchTrade)?;
@@ -348,6 +354,7 @@ impl Ledger {
             .iter()
             .map(|r| RefundRecord {
                 out_trade_no: r.out_trade_no.clone(),
+                pay_no: book.trades.get(&r.out_trade_no).and_then(|t| t.pay_no.clone()).unwrap_or_default(),
                 out_refund_no: r.out_refund_no.clone(),
                 refund_id: r.refund_id.clone(),
                 amount: r.amount,

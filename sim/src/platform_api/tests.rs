@@ -276,6 +276,82 @@ fn wechatpay_refunds_a_trade_in_parts_and_refuses_past_what_is_left() {
     }
 }
 
+/// A refund of the trade WeChat numbered `transaction_id`, with no
+/// out_trade_no (how a merchant returns one payment of several): the same
+/// refund as one asked by out_trade_no, idempotent per out_refund_no
+/// whichever number names the trade; exactly one of the two is taken, and
+/// the transaction_id must be one of this merchant's paid trades.
+#[test]
+fn wechatpay_refunds_a_trade_named_by_its_transaction_id() {
+    let api = wechatpay();
+    api.open_trade("ORDER-W-0100", 1_003).expect("open");
+    api.open_trade("ORDER-W-0101", 500).expect("open");
+    let pay_no = api.buyer_pays("ORDER-W-0100").expect("paid");
+    let mut conn = connect(&api);
+    let by_id = |id: &str, no: &str, refund: i64, total: i64| {
+        json!({
+            "transaction_id": id, "out_refund_no": no, "reason": "退回多付的款项",
+            "notify_url": "https://merchant.example/v1/callbacks/wechatpay/refund",
+            "amount": {"refund": refund, "total": total, "currency": "CNY"},
+        })
+    };
+    let mut submit = |body: &Value| {
+        let answer = wx(&api, &mut conn, "POST", REFUNDS, body);
+        assert!(wx_verified(&api, &answer), "{}", answer.text());
+        (answer.status, json_of(&answer))
+    };
+    let (status, first) = submit(&by_id(&pay_no, "U-W-0100", 1_003, 1_003));
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(
+        (first["out_trade_no"].as_str(), first["transaction_id"].as_str(), first["out_refund_no"].as_str()),
+        (Some("ORDER-W-0100"), Some(pay_no.as_str()), Some("U-W-0100"))
+    );
+    assert_eq!((first["status"].as_str(), first["amount"]["refund"].as_i64()), (Some("PROCESSING"), Some(1_003)));
+    // Again by transaction_id, and by out_trade_no: the same refund.
+    for body in [by_id(&pay_no, "U-W-0100", 1_003, 1_003), refund_body("ORDER-W-0100", "U-W-0100", 1_003, 1_003)] {
+        let (status, again) = submit(&body);
+        assert_eq!((status, &again["refund_id"]), (200, &first["refund_id"]), "{body}");
+    }
+    let held: Vec<(String, String, String, i64)> =
+        api.refunds().into_iter().map(|r| (r.out_trade_no, r.pay_no, r.out_refund_no, r.amount)).collect();
+    assert_eq!(held, [("ORDER-W-0100".to_owned(), pay_no.clone(), "U-W-0100".to_owned(), 1_003)]);
+
+    // Refused: both numbers, neither, one not of this merchant's trades (or
+    // of a trade not paid, which has none yet), the wrong total, a malformed
+    // one, a fen past what is left.
+    let mut both = by_id(&pay_no, "U-W-0102", 1, 1_003);
+    both["out_trade_no"] = json!("ORDER-W-0100");
+    let mut neither = by_id(&pay_no, "U-W-0103", 1, 1_003);
+    neither.as_object_mut().expect("an object").remove("transaction_id");
+    for (body, status, code) in [
+        (both, 400, "PARAM_ERROR"),
+        (neither, 400, "PARAM_ERROR"),
+        (by_id("4200000000000000000000000001", "U-W-0104", 1, 1_003), 404, "RESOURCE_NOT_EXISTS"),
+        (by_id(&pay_no, "U-W-0105", 1, 1_000), 400, "INVALID_REQUEST"),
+        (by_id("4200-0000", "U-W-0106", 1, 1_003), 400, "PARAM_ERROR"),
+        (by_id(&pay_no, "U-W-0107", 1, 1_003), 400, "INVALID_REQUEST"),
+    ] {
+        let (got, answer) = submit(&body);
+        assert_eq!((got, answer["code"].as_str()), (status, Some(code)), "{body}: {answer}");
+    }
+    assert_eq!(api.refunds().len(), 1, "nothing refused is held");
+
+    // Its query (by out_refund_no, as for any refund) and its notice name
+    // the trade by both numbers.
+    assert!(api.settle_refund("U-W-0100", RefundStatus::Success));
+    let query = json_of(&wx(&api, &mut conn, "GET", &format!("{REFUNDS}/U-W-0100"), &Value::Null));
+    assert_eq!((query["status"].as_str(), query["transaction_id"].as_str()), (Some("SUCCESS"), Some(pay_no.as_str())));
+    assert_eq!(query["out_trade_no"], "ORDER-W-0100");
+    let notice = api.refund_notice("U-W-0100").expect("a settled refund's notice");
+    assert_eq!(
+        (notice.order_no.as_str(), notice.pay_no.as_str(), notice.refund_no.as_str()),
+        ("ORDER-W-0100", pay_no.as_str(), "U-W-0100")
+    );
+    assert_eq!((notice.amount, notice.total, notice.refunded_total, notice.success), (1_003, 1_003, 1_003, true));
+    assert_eq!(api.trade_state("ORDER-W-0100"), Some("REFUND"));
+    assert_eq!(api.trade_state("ORDER-W-0101"), Some("NOTPAY"), "the other trade untouched");
+}
+
 // ---- Alipay: the app's side ----
 
 /// A signed gateway form: the common parameters, `biz_content`, and `sign`
@@ -408,6 +484,86 @@ fn alipay_refunds_a_trade_in_parts_with_the_running_refund_fee() {
     }
     assert_eq!(api.refunded_total("ORDER_A_0090"), 1_003);
     assert_eq!(api.trade_state("ORDER_A_0090"), Some("TRADE_CLOSED"), "refunded in full");
+}
+
+/// A refund of the trade Alipay numbered `trade_no`, with no out_trade_no,
+/// and its query by `trade_no` + `out_request_no`: the same refund as one
+/// asked by out_trade_no (idempotent per out_request_no whichever number
+/// names the trade). Both numbers given must be one trade's; a trade_no
+/// Alipay never made is `ACQ.TRADE_NOT_EXIST`.
+#[test]
+fn alipay_refunds_and_queries_a_trade_named_by_its_trade_no() {
+    let api = alipay();
+    api.open_trade("ORDER_A_0100", 1_003).expect("open");
+    api.open_trade("ORDER_A_0101", 500).expect("open");
+    let trade_no = api.buyer_pays("ORDER_A_0100").expect("paid");
+    let other_no = api.trade("ORDER_A_0101").and_then(|t| t.pay_no).expect("numbered when made");
+    let mut conn = connect(&api);
+    let mut call = |method: &str, biz: Value| ali(&api, &mut conn, method, biz);
+    let refund = |no: &str| json!({"trade_no": trade_no, "refund_amount": "10.03", "out_request_no": no});
+    let answer = call("alipay.trade.refund", refund("U_A_0100"));
+    assert_eq!((answer["code"].as_str(), answer["fund_change"].as_str()), (Some("10000"), Some("Y")), "{answer}");
+    assert_eq!(
+        (answer["trade_no"].as_str(), answer["out_trade_no"].as_str(), answer["refund_fee"].as_str()),
+        (Some(trade_no.as_str()), Some("ORDER_A_0100"), Some("10.03"))
+    );
+    let by_out_trade_no =
+        json!({"out_trade_no": "ORDER_A_0100", "refund_amount": "10.03", "out_request_no": "U_A_0100"});
+    let mut both = refund("U_A_0100");
+    both["out_trade_no"] = json!("ORDER_A_0100");
+    for biz in [refund("U_A_0100"), by_out_trade_no, both] {
+        let again = call("alipay.trade.refund", biz.clone());
+        assert_eq!((again["code"].as_str(), again["fund_change"].as_str()), (Some("10000"), Some("N")), "{biz}");
+    }
+    let held: Vec<(String, String, String, i64)> =
+        api.refunds().into_iter().map(|r| (r.out_trade_no, r.pay_no, r.out_refund_no, r.amount)).collect();
+    assert_eq!(held, [("ORDER_A_0100".to_owned(), trade_no.clone(), "U_A_0100".to_owned(), 1_003)]);
+
+    let mut mismatched = refund("U_A_0102");
+    mismatched["out_trade_no"] = json!("ORDER_A_0101");
+    let mut neither = refund("U_A_0103");
+    neither.as_object_mut().expect("an object").remove("trade_no");
+    let unknown =
+        json!({"trade_no": "2099010122001400000000000001", "refund_amount": "0.01", "out_request_no": "U_A_0104"});
+    let unpaid = json!({"trade_no": other_no, "refund_amount": "0.01", "out_request_no": "U_A_0105"});
+    for (biz, sub_code) in [
+        (mismatched, "ACQ.INVALID_PARAMETER"),
+        (neither, "ACQ.INVALID_PARAMETER"),
+        (unknown, "ACQ.TRADE_NOT_EXIST"),
+        (unpaid, "ACQ.TRADE_STATUS_ERROR"),
+    ] {
+        let refused = call("alipay.trade.refund", biz.clone());
+        assert_eq!((refused["code"].as_str(), refused["sub_code"].as_str()), (Some("40004"), Some(sub_code)), "{biz}");
+    }
+    assert_eq!(api.refunds().len(), 1, "nothing refused is held");
+
+    // The query by trade_no + out_request_no, before and after it settles.
+    let query = json!({"trade_no": trade_no, "out_request_no": "U_A_0100"});
+    let pending = call("alipay.trade.fastpay.refund.query", query.clone());
+    assert_eq!(
+        (pending["out_request_no"].as_str(), pending["refund_amount"].as_str(), pending["out_trade_no"].as_str()),
+        (Some("U_A_0100"), Some("10.03"), Some("ORDER_A_0100"))
+    );
+    assert!(pending.get("refund_status").is_none(), "not settled yet: {pending}");
+    assert!(api.settle_refund("U_A_0100", RefundStatus::Success));
+    let settled = call("alipay.trade.fastpay.refund.query", query);
+    assert_eq!(settled["refund_status"], "REFUND_SUCCESS", "{settled}");
+    // Another trade's trade_no does not find this refund.
+    let elsewhere =
+        call("alipay.trade.fastpay.refund.query", json!({"trade_no": other_no, "out_request_no": "U_A_0100"}));
+    assert!(elsewhere.get("refund_amount").is_none(), "{elsewhere}");
+    // The trade itself is found by trade_no too.
+    let trade = call("alipay.trade.query", json!({"trade_no": trade_no}));
+    assert_eq!(
+        (trade["out_trade_no"].as_str(), trade["trade_status"].as_str()),
+        (Some("ORDER_A_0100"), Some("TRADE_CLOSED"))
+    );
+    let notice = api.refund_notice("U_A_0100").expect("a settled refund's notice");
+    assert_eq!(
+        (notice.order_no.as_str(), notice.pay_no.as_str(), notice.refund_no.as_str()),
+        ("ORDER_A_0100", trade_no.as_str(), "U_A_0100")
+    );
+    assert_eq!((notice.amount, notice.total, notice.refunded_total, notice.success), (1_003, 1_003, 1_003, true));
 }
 
 #[test]

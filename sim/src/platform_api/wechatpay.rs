@@ -1,7 +1,8 @@
 //! WeChat Pay APIv3, the merchant's side: the prepay of each trade type
 //! (`POST /v3/pay/transactions/{native|jsapi|h5|app}`, the only way a
-//! trade is made), query by out_trade_no, close, domestic refund and its
-//! query, at the documented paths. Requests carry
+//! trade is made), query by out_trade_no, close, domestic refund (of the
+//! trade named by out_trade_no or by transaction_id) and its query, at the
+//! documented paths. Requests carry
 //! `Authorization: WECHATPAY2-SHA256-RSA2048 ...`, SHA256withRSA by the merchant's key over
 //! `"{METHOD}\n{path?query}\n{timestamp}\n{nonce}\n{body}\n"`; answers are
 //! signed by the platform key exactly as its notifications are.
@@ -81,6 +82,12 @@ pub(super) fn valid_out_trade_no(no: &str) -> bool {
 /// WeChat's refund numbers: up to 64 of `[A-Za-z0-9_|*@-]`.
 fn valid_out_refund_no(no: &str) -> bool {
     (1..=64).contains(&no.len()) && no.bytes().all(|b| b.is_ascii_alphanumeric() || b"_|*@-".contains(&b))
+}
+
+/// A transaction_id as a merchant may send it: up to 32 of `[A-Za-z0-9]`
+/// (WeChat's own are 28 digits).
+fn valid_transaction_id(id: &str) -> bool {
+    (1..=32).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
 /// A 28-digit transaction_id, `4200...` like WeChat's.
@@ -399,9 +406,20 @@ impl Wechatpay {
 
     fn refund(&self, body: &Value, fault: Option<&Fault>) -> Answer {
         let text = |name: &str| body.get(name).and_then(Value::as_str);
-        let Some(out_trade_no) = text("out_trade_no") else {
-            // WeChat also takes transaction_id; payonce sends out_trade_no.
-            return self.error(400, "PARAM_ERROR", "缺少参数 out_trade_no", fault);
+        // The trade by the merchant's number or by WeChat's (二选一: exactly one).
+        let trade = match (body.get("out_trade_no"), body.get("transaction_id")) {
+            (Some(_), Some(_)) => {
+                return self.error(400, "PARAM_ERROR", "transaction_id 与 out_trade_no 二选一，不能同时传入", fault);
+            }
+            (None, None) => return self.error(400, "PARAM_ERROR", "缺少参数 transaction_id 或 out_trade_no", fault),
+            (Some(no), None) => match no.as_str().filter(|no| valid_out_trade_no(no)) {
+                Some(no) => self.ledger.trade(no),
+                None => return self.error(400, "PARAM_ERROR", "out_trade_no 格式错误", fault),
+            },
+            (None, Some(id)) => match id.as_str().filter(|id| valid_transaction_id(id)) {
+                Some(id) => self.ledger.trade_by_pay_no(id),
+                None => return self.error(400, "PARAM_ERROR", "transaction_id 格式错误", fault),
+            },
         };
         let Some(out_refund_no) = text("out_refund_no").filter(|no| valid_out_refund_no(no)) else {
             return self.error(400, "PARAM_ERROR", "out_refund_no 缺失或格式错误", fault);
@@ -419,16 +437,16 @@ impl Wechatpay {
         if malformed("reason", 80) || malformed("notify_url", 256) {
             return self.error(400, "PARAM_ERROR", "reason 或 notify_url 格式错误", fault);
         }
-        match self.ledger.trade(out_trade_no) {
+        let out_trade_no = match trade {
             None => return self.error(404, "RESOURCE_NOT_EXISTS", "订单不存在", fault),
             Some(trade) if trade.amount != total => {
                 return self.error(400, "INVALID_REQUEST", "amount.total 与原订单金额不一致", fault);
             }
-            Some(_) => {}
-        }
+            Some(trade) => trade.out_trade_no,
+        };
         let now = crate::now_s();
         let new_id = || format!("50{}", unique_digits(27));
-        match self.ledger.refund(out_trade_no, out_refund_no, refund, now, new_id) {
+        match self.ledger.refund(&out_trade_no, out_refund_no, refund, now, new_id) {
             Ok((refund, trade, _)) => self.json(200, &self.refund_answer(&refund, &trade, fault), fault),
             Err(RefundRefused::NoSuchTrade) => self.error(404, "RESOURCE_NOT_EXISTS", "订单不存在", fault),
             Err(RefundRefused::NotPaid | RefundRefused::Finished) => {
