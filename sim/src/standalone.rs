@@ -6,7 +6,7 @@
 //! trade opened), logging every call on stderr.
 
 use crate::platform::{private_key_from_file, Platform, SIM_RSA_BITS, WECHATPAY_APPID};
-use crate::platform_api::{AlipayApiConfig, Call, Fault, PlatformApi, Refused, WechatpayApiConfig};
+use crate::platform_api::{AlipayApiConfig, Call, Fault, PlatformApi, RefundStatus, Refused, WechatpayApiConfig};
 use rsa::pkcs8::{EncodePrivateKey, LineEnding};
 use rsa::traits::PublicKeyParts;
 use rsa::RsaPrivateKey;
@@ -103,6 +103,14 @@ Commands on stdin, one a line; each answers one line on stdout unless said:
   prepays ORDER_NO                  every call that asked to make ORDER_NO's payment, at either
                                     platform, one a line: the platform and the request body as
                                     JSON (Alipay's biz_content), then `end`
+  refunds                           every refund the platforms hold, one a line, in the order
+                                    requested: platform, out_trade_no, pay_no (the refunded
+                                    trade's transaction_id or trade_no), out_refund_no (Alipay's
+                                    out_request_no), fen, status (Processing, Success, Closed,
+                                    Abnormal), then `end`
+  settle REFUND_NO STATUS           the refund of that number reaches its result: success,
+                                    closed or abnormal (Alipay shows only success): `ok`, or
+                                    `error: ...` (no such refund)
   calls                             every call so far as logged, one a line, then `end`
   help                              this list of commands
   quit                              stop, as closing stdin does
@@ -428,6 +436,33 @@ impl Platforms {
         lines
     }
 
+    /// `refunds`' lines: `alipay ORD_1 2026... U-2026... 990 Success`.
+    fn refunds(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for api in self.both() {
+            lines.extend(api.refunds().into_iter().map(|r| {
+                let name = api.platform().name();
+                format!("{name} {} {} {} {} {:?}", r.out_trade_no, r.pay_no, r.out_refund_no, r.amount, r.status)
+            }));
+        }
+        lines
+    }
+
+    /// `settle REFUND_NO STATUS`'s answer.
+    fn settle(&self, refund_no: &str, status: &str) -> String {
+        let status = match status {
+            "success" => RefundStatus::Success,
+            "closed" => RefundStatus::Closed,
+            "abnormal" => RefundStatus::Abnormal,
+            other => return format!("error: status {other:?}: success, closed or abnormal"),
+        };
+        let holding = self.both().into_iter().find(|api| api.refunds().iter().any(|r| r.out_refund_no == refund_no));
+        match holding {
+            Some(api) if api.settle_refund(refund_no, status) => "ok".to_owned(),
+            _ => format!("error: no refund {refund_no}"),
+        }
+    }
+
     fn calls(&self) -> Vec<String> {
         let mut lines = Vec::new();
         for api in self.both() {
@@ -483,6 +518,13 @@ fn command(platforms: &Platforms, line: &str, out: &mut impl Write) -> std::io::
             }
             "end".to_owned()
         }
+        ["refunds"] => {
+            for line in platforms.refunds() {
+                writeln!(out, "{line}")?;
+            }
+            "end".to_owned()
+        }
+        ["settle", refund_no, status] => platforms.settle(refund_no, status),
         ["calls"] => {
             for line in platforms.calls() {
                 writeln!(out, "{line}")?;
@@ -499,7 +541,8 @@ fn command(platforms: &Platforms, line: &str, out: &mut impl Write) -> std::io::
             "state" => "error: usage: state ORDER_NO".to_owned(),
             "trade" => "error: usage: trade wechatpay|alipay ORDER_NO".to_owned(),
             "prepays" => "error: usage: prepays ORDER_NO".to_owned(),
-            "calls" | "help" | "quit" | "exit" => format!("error: {name} takes no arguments"),
+            "settle" => "error: usage: settle REFUND_NO success|closed|abnormal".to_owned(),
+            "refunds" | "calls" | "help" | "quit" | "exit" => format!("error: {name} takes no arguments"),
             _ => format!("error: unknown command {name:?}; `help` lists them"),
         },
     };

@@ -211,6 +211,11 @@ fn payonce_pointed_at_the_printed_flags_syncs_a_lost_payment() {
     assert!(sim.command("open ORD.T3 100").starts_with("error: "), "a number WeChat Pay cannot carry");
     assert!(sim.command("fault paypal 5xx").starts_with("error: "));
     assert!(sim.command("nonsense").starts_with("error: "));
+    // No refund asked: none held, none to settle.
+    assert_eq!(sim.listing("refunds"), Vec::<String>::new());
+    assert_eq!(sim.command("settle U-1 success"), "error: no refund U-1");
+    assert!(sim.command("settle U-1 done").starts_with("error: status \"done\""));
+    assert!(sim.command("settle U-1").starts_with("error: usage: settle"));
     let calls = sim.calls();
     assert_eq!(calls.len(), 8, "{calls:#?}");
     assert!(calls.contains(&"alipay POST alipay.trade.query verified 500 isp.unknow-error".to_owned()), "{calls:#?}");
