@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod platforms_sim;
+pub mod serve;
 
 use payonce::http::Server;
 use std::net::SocketAddr;
