@@ -50,6 +50,10 @@ pub struct OrderExpect {
     /// The order's `audit_log` actions (`platform_closed`, ...), as a
     /// multiset; `None`: not judged.
     pub audit: Option<Vec<String>>,
+    /// Each payment with its resolution and its own refunds, as
+    /// [`SeenPayment::resolution_label`] writes it, as a multiset; `None`:
+    /// not judged.
+    pub resolutions: Option<Vec<String>>,
     /// What the simulated platforms and payonce's platform calls must show
     /// of the order (the scenarios that talk to the platforms' APIs), as a
     /// multiset of facts such as `wechatpay trade CLOSED`.
@@ -96,6 +100,21 @@ pub struct SeenPayment {
     pub state: String,
     /// `callback`, `query`, `reconciliation`.
     pub source: String,
+    /// `refunding`, `refunded`, `refunded_externally`, `accepted`; empty
+    /// when null (or not shown).
+    pub resolution: String,
+    /// The payment's own refunds (money it took that payonce returns).
+    pub refunds: Vec<SeenRefund>,
+}
+
+impl SeenPayment {
+    /// `PAY-1 already_paid refunded, refunds [U-PAY-1 990 SUCCEEDED]`;
+    /// `unresolved` for a null resolution.
+    pub fn resolution_label(&self) -> String {
+        let resolution = if self.resolution.is_empty() { "unresolved" } else { self.resolution.as_str() };
+        let refunds: Vec<String> = self.refunds.iter().map(SeenRefund::label).collect();
+        format!("{} {} {resolution}, refunds [{}]", self.pay_no, self.outcome, refunds.join(", "))
+    }
 }
 
 /// What the simulator saw of one order: the answers to its deliveries and
@@ -203,6 +222,13 @@ pub fn judge(expect: &OrderExpect, rewards: &RewardRule, seen: &OrderSeen) -> Ve
         let (missing, extra) = multiset_diff(want, &seen.audit);
         if !missing.is_empty() || !extra.is_empty() {
             bad.push(format!("audit rows {}, expected {}", counted(&multiset(&seen.audit)), counted(&multiset(want))));
+        }
+    }
+    if let Some(want) = &expect.resolutions {
+        let have: Vec<String> = seen.payments.iter().map(SeenPayment::resolution_label).collect();
+        let (missing, extra) = multiset_diff(want, &have);
+        if !missing.is_empty() || !extra.is_empty() {
+            bad.push(format!("payments {}, expected {}", counted(&multiset(&have)), counted(&multiset(want))));
         }
     }
     if let Some(want) = expect.refunded_amount {
@@ -411,6 +437,7 @@ pub mod tests {
                 outcome: "applied".into(),
                 state: "decided".into(),
                 source: "callback".into(),
+                ..SeenPayment::default()
             }],
             coupons: vec![("SIM-COUPON".into(), "ACTIVE".into())],
             points: vec![("ORDER_PAID".into(), 99)],
@@ -503,6 +530,50 @@ pub mod tests {
 
         // Not expected, not judged: the other scenarios set none of them.
         assert_eq!(judge(&paid_expect(), &known, &wrong).len(), 1, "only the unexpected platform fact");
+    }
+
+    /// A payment payonce did not want: its resolution and its own refunds
+    /// are judged when expected, the order's refunds apart.
+    #[test]
+    fn a_payments_resolution_and_refunds_are_judged_when_expected() {
+        let refunded = |resolution: &str, status: &str| SeenPayment {
+            pay_no: "PAY-2".into(),
+            outcome: "already_paid".into(),
+            state: "decided".into(),
+            source: "callback".into(),
+            resolution: resolution.into(),
+            refunds: vec![SeenRefund::new("U-PAY-2", 9_900, status)],
+        };
+        assert_eq!(
+            refunded("refunded", "SUCCEEDED").resolution_label(),
+            "PAY-2 already_paid refunded, refunds [U-PAY-2 9900 SUCCEEDED]"
+        );
+        assert_eq!(exactly_once_seen().payments[0].resolution_label(), "PAY-1 applied unresolved, refunds []");
+        let expect = OrderExpect {
+            payments: vec!["applied".into(), "already_paid".into()],
+            resolutions: Some(vec![
+                "PAY-1 applied unresolved, refunds []".into(),
+                "PAY-2 already_paid refunded, refunds [U-PAY-2 9900 SUCCEEDED]".into(),
+            ]),
+            refunds: Some(Vec::new()),
+            ..paid_expect()
+        };
+        let mut seen = exactly_once_seen();
+        seen.payments.push(refunded("refunded", "SUCCEEDED"));
+        assert_eq!(judge(&expect, &known(), &seen), Vec::<String>::new());
+        let mut refunding = exactly_once_seen();
+        refunding.payments.push(refunded("refunding", "REQUESTED"));
+        let all = judge(&expect, &known(), &refunding).join("\n");
+        assert!(
+            all.contains("payments 1 PAY-1 applied unresolved, refunds [], 1 PAY-2 already_paid refunding"),
+            "{all}"
+        );
+        // A payment's refund in the order's own list is the order's refund.
+        let mut listed = seen;
+        listed.refunds.push(SeenRefund::new("U-PAY-2", 9_900, "SUCCEEDED"));
+        assert!(judge(&expect, &known(), &listed)
+            .join("\n")
+            .contains("refunds 1 U-PAY-2 9900 SUCCEEDED, expected nothing"));
     }
 
     #[test]

@@ -1263,16 +1263,21 @@ fn read_order_detail(detail: &Value, seen: &mut OrderSeen) {
             outcome: text(p, "outcome"),
             state: text(p, "state"),
             source: text(p, "source"),
+            resolution: text(p, "resolution"),
+            refunds: p["refunds"].as_array().into_iter().flatten().map(seen_refund).collect(),
         })
         .collect();
     seen.audit = list("audit").iter().map(|a| text(a, "action")).collect();
     seen.coupons = list("coupons").iter().map(|c| (text(c, "coupon_template_id"), text(c, "status"))).collect();
     seen.points = list("points").iter().map(|p| (text(p, "point_type"), p["points"].as_i64().unwrap_or(0))).collect();
     seen.refunded_amount = detail["refunded_amount"].as_i64();
-    seen.refunds = list("refunds")
-        .iter()
-        .map(|r| SeenRefund::new(&text(r, "refund_no"), r["amount"].as_i64().unwrap_or(0), &text(r, "status")))
-        .collect();
+    seen.refunds = list("refunds").iter().map(seen_refund).collect();
+}
+
+/// A refund object of `GET /v1/orders/{order_no}` (the order's, or a payment's).
+fn seen_refund(refund: &Value) -> SeenRefund {
+    let text = |key: &str| refund[key].as_str().unwrap_or("");
+    SeenRefund::new(text("refund_no"), refund["amount"].as_i64().unwrap_or(0), text("status"))
 }
 
 /// Runs every scenario on every channel, reads the results back, prints the
