@@ -48,7 +48,6 @@ impl Serve {
             })
             .collect()
     }
-
 }
 
 /// `prepays ORDER_NO`: each call's platform and body.
