@@ -10,7 +10,8 @@
 //! payonce's calls to the platforms' merchant APIs, a triple-clicked
 //! payment, a lost notification, a payment racing payonce's close, a
 //! platform that is down, a refund submitted through failures and a
-//! restart), then reads the results back
+//! restart, payments payonce did not want returned to their buyers), then
+//! reads the results back
 //! through payonce's own read API and judges them:
 //!
 //! - the answers payonce gave (`applied`, `duplicate`, ...) are the ones the
@@ -36,8 +37,8 @@
 //! - [`scenarios`]: what each scenario sends and expects, and reading the
 //!   results back; its `platform_calls`: the scenarios of the platform
 //!   calls of docs/platforms.md (lost_notification, close_race,
-//!   platform_down, refund_submitted, and triple_click and partial_refunds
-//!   on the platforms' channels), each against a payonce of its own that
+//!   platform_down, refund_submitted, unwanted_money, and triple_click and
+//!   partial_refunds on the platforms' channels), each against a payonce of its own that
 //!   calls the simulated platforms' APIs;
 //! - [`platform`]: each [`Platform`]'s notifications, signed from the
 //!   platforms' documentation with this crate's own code (payonce's generic
@@ -147,7 +148,7 @@ Scenarios (default: all, in this order):
                        POST /v1/orders/{order_no}/pay, the platform slow enough that they
                        meet its one call, then the buyer pays there: one prepay call, one
                        trade, three identical answers, one payment, coupon and points entry
-The next four talk to the platforms' merchant APIs (docs/platforms.md):
+The next five talk to the platforms' merchant APIs (docs/platforms.md):
 each plays the simulated WeChat Pay and Alipay APIs against a payonce of its
 own in this process, configured with both platforms' outgoing settings, on a
 clock the simulator moves (seconds pass in milliseconds), its sweeper and
@@ -172,11 +173,24 @@ neither these settings nor that clock.
                        payment through a 5xx, a lost answer and a restart (onto
                        the same database, next to a second payonce): one refund
                        there per refund_no; its late result comes by the query
+  unwanted_money       payments payonce did not want: paid at both platforms (one
+                       already_paid), paid at the platform payonce could not reach
+                       to close the expired order (closed here after the give-up:
+                       paid_after_close), paid on a trade the merchant's own code
+                       made at another amount (amount_mismatch). With
+                       --refund-unwanted auto each is refunded at the platform that
+                       took it, by its pay_no, in full, once (payonce stopped between
+                       the refunds' requests and their submission, then started
+                       again next to a second payonce): resolution refunded, no
+                       refund_required finding left, the order and its applied
+                       payment untouched. The same buyers with --refund-unwanted
+                       manual are noted beside: findings open, nothing refunded
 lost_notification, close_race and triple_click (on wechatpay and alipay) also
 play the same buyers against a payonce without platform settings (as before
 payonce called the platforms, when the merchant's own code made each payment
-at the platform, one call per click) and print how both ended under the
-table; that pass is not judged.
+at the platform, one call per click), and unwanted_money against one with
+--refund-unwanted manual, and print how both ended under the table; that
+pass is not judged.
 
 Channels (--channel; default generic):
   generic    payonce's own JSON + Payonce-Signature (HMAC-SHA256), refund

@@ -276,6 +276,30 @@ impl Keys {
     fn alipay(&self) -> Result<&AlipayKeys, String> {
         self.alipay.as_ref().ok_or_else(|| s("no Alipay keys (--alipay-private-key ...)"))
     }
+
+    /// These keys, with fresh ones (as an in-process run makes them) for a
+    /// platform they have none for: a scenario in process that has buyers
+    /// pay at both platforms signs both platforms' notices, whichever
+    /// channels were selected.
+    pub fn with_both_platforms(&self) -> Result<Keys, String> {
+        let fresh = || {
+            RsaPrivateKey::new(&mut rsa::rand_core::OsRng, SIM_RSA_BITS)
+                .map_err(|e| format!("cannot generate an RSA key: {e}"))
+        };
+        let wechatpay = match &self.wechatpay {
+            Some(keys) => keys.clone(),
+            None => WechatpayKeys {
+                signing_key: SigningKey::new(fresh()?),
+                serial: s(SIM_WECHATPAY_SERIAL),
+                apiv3_key: random_text(APIV3_KEY_BYTES)?.into_bytes(),
+            },
+        };
+        let alipay = match &self.alipay {
+            Some(keys) => keys.clone(),
+            None => AlipayKeys { signing_key: SigningKey::new(fresh()?), app_id: s(SIM_ALIPAY_APP_ID) },
+        };
+        Ok(Keys { generic_secret: self.generic_secret.clone(), wechatpay: Some(wechatpay), alipay: Some(alipay) })
+    }
 }
 
 /// The WeChat Pay platform's side: its signing key (and the serial payonce

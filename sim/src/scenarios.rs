@@ -59,10 +59,11 @@ pub enum Scenario {
     CloseRace,
     PlatformDown,
     RefundSubmitted,
+    UnwantedMoney,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::Concurrent,
         Scenario::Redelivery40ms,
         Scenario::GatewayReplay,
@@ -76,6 +77,7 @@ impl Scenario {
         Scenario::CloseRace,
         Scenario::PlatformDown,
         Scenario::RefundSubmitted,
+        Scenario::UnwantedMoney,
     ];
 
     pub fn name(self) -> &'static str {
@@ -93,6 +95,7 @@ impl Scenario {
             Scenario::PlatformDown => "platform_down",
             Scenario::RefundSubmitted => "refund_submitted",
             Scenario::PartialRefunds => "partial_refunds",
+            Scenario::UnwantedMoney => "unwanted_money",
         }
     }
 
@@ -102,7 +105,11 @@ impl Scenario {
     pub fn calls_platforms(self) -> bool {
         matches!(
             self,
-            Scenario::LostNotification | Scenario::CloseRace | Scenario::PlatformDown | Scenario::RefundSubmitted
+            Scenario::LostNotification
+                | Scenario::CloseRace
+                | Scenario::PlatformDown
+                | Scenario::RefundSubmitted
+                | Scenario::UnwantedMoney
         )
     }
 
@@ -133,6 +140,7 @@ impl Scenario {
             Scenario::PlatformDown => "pd",
             Scenario::RefundSubmitted => "sb",
             Scenario::PartialRefunds => "pr",
+            Scenario::UnwantedMoney => "um",
         }
     }
 
@@ -501,9 +509,19 @@ impl Sim {
     }
 
     fn deliver_refund(&self, conn: &mut Conn, notice: &RefundNotice) -> Result<Delivery, String> {
-        let build = || Ok(self.channel.sign_refund(&self.keys, notice, now_s())?.into());
+        self.deliver_refund_via(conn, self.channel, notice)
+    }
+
+    /// A refund's result delivered through `channel` (the platform that refunded).
+    fn deliver_refund_via(
+        &self,
+        conn: &mut Conn,
+        channel: Platform,
+        notice: &RefundNotice,
+    ) -> Result<Delivery, String> {
+        let build = || Ok(channel.sign_refund(&self.keys, notice, now_s())?.into());
         let (reply, sends) = self.send_retrying(conn, &build)?;
-        Ok(Delivery { label: format!("refund {}", self.channel.answer(&reply)?), sends })
+        Ok(Delivery { label: format!("refund {}", channel.answer(&reply)?), sends })
     }
 
     /// The answer a delivery with payonce outcome `outcome` must get here.
@@ -644,7 +662,11 @@ impl Sim {
             Scenario::Refund => self.refund(orders)?,
             Scenario::TripleClick => self.triple_click(orders)?,
             Scenario::PartialRefunds => self.partial_refunds(orders)?,
-            Scenario::LostNotification | Scenario::CloseRace | Scenario::PlatformDown | Scenario::RefundSubmitted => {
+            Scenario::LostNotification
+            | Scenario::CloseRace
+            | Scenario::PlatformDown
+            | Scenario::RefundSubmitted
+            | Scenario::UnwantedMoney => {
                 return Err(format!("{} runs on a payonce of its own", scenario.name()));
             }
         };
@@ -1374,9 +1396,9 @@ pub fn simulate(
     let notes: Vec<&String> = runs.iter().flat_map(|r| &r.notes).collect();
     if !notes.is_empty() {
         println!(
-            "\nBefore and after payonce calls the platforms (the same buyers; before: a payonce without platform \
-             settings, which closes expired orders itself, and the merchant's own code making each payment at the \
-             platform):"
+            "\nBefore and after (the same buyers; before: for unwanted_money the same payonce with \
+             --refund-unwanted manual, for the others a payonce without platform settings, which closes expired \
+             orders itself, and the merchant's own code making each payment at the platform):"
         );
         for note in notes {
             println!("  {note}");

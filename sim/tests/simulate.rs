@@ -72,7 +72,8 @@ const ALL_CHANNELS: [&str; 6] = ["--channel", "all", "--orders", "2", "--time-fa
 /// same with the notification meanwhile, after the close, at random).
 const ALL_CHANNELS_IN_PROCESS: [&str; 6] = ["--channel", "all", "--orders", "4", "--time-factor", "200000"];
 /// The scenarios that talk to the platforms' merchant APIs (docs/platforms.md).
-const PLATFORM_SCENARIOS: [&str; 4] = ["lost_notification", "close_race", "platform_down", "refund_submitted"];
+const PLATFORM_SCENARIOS: [&str; 5] =
+    ["lost_notification", "close_race", "platform_down", "refund_submitted", "unwanted_money"];
 
 // The TEST_ONLY platform keys (tests/fixtures/README.md) and the settings
 // the payonce under test is given to trust them.
@@ -159,7 +160,7 @@ fn every_scenario_is_ok_against_an_in_process_payonce() {
 fn every_channel_is_ok_against_an_in_process_payonce() {
     let run = simulate(&ALL_CHANNELS_IN_PROCESS);
     assert!(run.ok(), "{run:?}");
-    assert_eq!(run.stderr.matches(" done in ").count(), 9 * 3 + 4 * 2, "{run:?}");
+    assert_eq!(run.stderr.matches(" done in ").count(), 9 * 3 + 5 * 2, "{run:?}");
     // Refunded in three parts on every channel; on WeChat Pay and Alipay
     // against the simulated platform, which refunded what payonce says.
     for channel in ["generic", "wechatpay", "alipay"] {
@@ -205,6 +206,24 @@ fn every_channel_is_ok_against_an_in_process_payonce() {
         assert!(clicks.contains("4 orders answered 3 byte-identical times"), "{clicks}");
         let row = run.stdout.lines().find(|l| l.split_whitespace().take(2).eq(["triple_click", channel]));
         assert!(row.is_some_and(|r| r.contains("16: 12 pay 200, 4 processed") && r.ends_with("ok")), "{run:?}");
+        // Money payonce did not want: left to the operator with manual,
+        // returned once each with auto.
+        let unwanted = note("unwanted_money");
+        assert!(unwanted.contains("(2 already_paid, 1 amount_mismatch, 1 paid_after_close)"), "{unwanted}");
+        assert!(
+            unwanted.contains(
+                "Before (--refund-unwanted manual): 4 refund_required findings open, 0 refunds at the platforms \
+                 (0 payments refunded once in full), 0 payments resolved refunded."
+            ),
+            "{unwanted}"
+        );
+        assert!(
+            unwanted.ends_with(
+                ": 0 refund_required findings open, 4 refunds at the platforms (4 payments refunded once in full), \
+                 4 payments resolved refunded"
+            ),
+            "{unwanted}"
+        );
     }
 }
 

@@ -102,6 +102,8 @@ const RETURN_URL: &str = "https://shop.payonce.test/paid";
 const WECHATPAY_METHODS: [&str; 4] = ["native", "jsapi", "h5", "app"];
 const ALIPAY_METHODS: [&str; 4] = ["precreate", "page", "wap", "app"];
 
+mod unwanted_money;
+
 /// [`RETRY_MS`], to move the clock by.
 fn retry_ms() -> i64 {
     i64::try_from(RETRY_MS).unwrap_or(i64::MAX)
@@ -109,6 +111,14 @@ fn retry_ms() -> i64 {
 
 /// Runs one of these scenarios on `sim`'s channel (wechatpay or alipay).
 pub fn run(sim: &Sim, scenario: Scenario) -> Result<ScenarioRun, String> {
+    // unwanted_money's buyers pay at both platforms, whose notices it signs.
+    let both;
+    let sim = if scenario == Scenario::UnwantedMoney {
+        both = Sim { keys: Arc::new(sim.keys.with_both_platforms()?), ..sim.for_channel(sim.channel, sim.partner) };
+        &both
+    } else {
+        sim
+    };
     let world = World::start(sim)?;
     let (orders, seen, notes) = match scenario {
         Scenario::LostNotification => lost_notification(sim, &world)?,
@@ -117,6 +127,7 @@ pub fn run(sim: &Sim, scenario: Scenario) -> Result<ScenarioRun, String> {
         Scenario::RefundSubmitted => refund_submitted(sim, &world)?,
         Scenario::TripleClick => triple_click(sim, &world)?,
         Scenario::PartialRefunds => partial_refunds(sim, &world)?,
+        Scenario::UnwantedMoney => unwanted_money::unwanted_money(sim, &world)?,
         other => return Err(format!("{} does not talk to the platforms' APIs", other.name())),
     };
     Ok(ScenarioRun { scenario, channel: sim.channel, orders, seen: Some(seen), skipped: None, notes })
@@ -1186,8 +1197,9 @@ fn unconfirmed(here: &Sim) -> Result<HashMap<String, Vec<String>>, String> {
 struct DbFile(PathBuf);
 
 impl DbFile {
-    fn new(sim: &Sim) -> DbFile {
-        let name = format!("payonce-sim-{}-{}-{}.db", sim.run_id, sim.channel.name(), std::process::id());
+    fn new(sim: &Sim, scenario: Scenario) -> DbFile {
+        let (run, channel, pid) = (&sim.run_id, sim.channel.name(), std::process::id());
+        let name = format!("payonce-sim-{run}-{}-{channel}-{pid}.db", scenario.name());
         let file = DbFile(std::env::temp_dir().join(name));
         file.remove();
         file
@@ -1221,7 +1233,7 @@ impl Drop for DbFile {
 /// (PROCESSING, then SUCCESS) and settles it; the refund notification that
 /// comes in the end is a duplicate.
 fn refund_submitted(sim: &Sim, world: &World) -> Result<Played, String> {
-    let db = DbFile::new(sim);
+    let db = DbFile::new(sim, Scenario::RefundSubmitted);
     let pace = Pace { refund_query_after_ms: REFUND_QUERY_AFTER_MS, ..Pace::healthy() };
     let config = world.config(sim, &pace)?;
     let first = LocalServer::open(db.path()?, world.clock.clone(), config.clone())?;
