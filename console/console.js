@@ -298,6 +298,10 @@ async function orderView(orderNo) {
       ['state', (p) => p.state],
       ['source', (p) => p.source],
       ['received_at', (p) => p.received_at],
+      ['resolution', (p) => p.resolution],
+      ['refunds', (p) => ((p.refunds || []).length
+        ? (p.refunds || []).map((r) => h('div', { class: 'mono' }, `${r.refund_no} ${r.status}`))
+        : null)],
     ], order.payments, 'No payment recorded.'),
     h('h2', {}, 'Refunds'),
     table([

@@ -661,6 +661,13 @@ try {
     assert.equal(wx1.audit.filter((a) => a.action === 'payment_refund_requested').length, 2, JSON.stringify(wx1.audit));
     assert.equal(wx1.audit.filter((a) => a.action === 'payment_refunded').length, 1, JSON.stringify(wx1.audit));
     assert.equal(wx1.events.filter((e) => e.type === 'payment.refunded').length, 1, JSON.stringify(wx1.events));
+    await page.goto(wx + '/console#/order/ORD-WX-1');
+    const refundedRow = page.locator('h2:has-text("Payments") + table tbody tr', { hasText: TX1 });
+    await refundedRow.filter({ hasText: `U-${TX1}-2 SUCCEEDED` }).waitFor();
+    const refundedText = await refundedRow.textContent();
+    assert.ok(refundedText.includes('refunded') && refundedText.includes(`U-${TX1} FAILED`), refundedText);
+    await shot('15-order-payment-refunded');
+    await page.goto(wx + '/console#/findings');
 
     // A dialog left open while someone else resolved the payment: 409 invalid_transition, nothing asked of WeChat Pay.
     await page.locator(`button[data-refund="${TX2}"]`).click();
