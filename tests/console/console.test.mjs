@@ -571,7 +571,8 @@ try {
     '--wechatpay-public-key', `${WECHAT_SERIAL}=${join(ROOT, 'tests/fixtures/keys/platform-cert-valid.pem')}`,
     '--wechatpay-mchid', WECHAT_MCHID, '--wechatpay-merchant-serial', 'M1',
     '--wechatpay-merchant-key', join(ROOT, 'tests/fixtures/keys/merchant.pem'),
-    '--wechatpay-api-base', wechatBase, '--platform-retry-s', '0.2', '--sweep-interval-s', '3600',
+    // The platform-call pool looks for due calls every sweep interval.
+    '--wechatpay-api-base', wechatBase, '--platform-retry-s', '0.2', '--sweep-interval-s', '1',
   ], 'third.db');
   try {
     const wx = third.base;
