@@ -1158,6 +1158,50 @@ for_each_engine! {
     }
 }
 
+for_each_engine! {
+    /// A payment's refund is not the order's: while Alipay returns the
+    /// second payment, the order (paid by WeChat Pay) is refunded in full
+    /// by the merchant; neither refund counts against the other's balance
+    /// or in-flight rule, each goes to its own platform, and the order's
+    /// `refunds` list holds its own refund only.
+    fn the_order_refunds_itself_beside_a_payment_refund(db) {
+        let clock = Clock::manual(crate::util::now_ms());
+        let fake = FakePlatforms::start(clock.clone());
+        let shop = Shop::open(db, &fake, &clock, RefundUnwanted::Auto);
+        let label = db.label();
+        shop.create("UM_O_1", 10_000);
+        assert_eq!(shop.pay(&fake, WECHATPAY, "UM_O_1", "WX_O1", 10_000), "applied");
+        assert_eq!(shop.pay(&fake, ALIPAY, "UM_O_1", "ALI_O2", 10_000), "already_paid");
+        assert_eq!(payment_of(&shop.detail("UM_O_1"), "ALI_O2")["resolution"], "refunding");
+        let (status, asked) = shop.post("/v1/orders/UM_O_1/refunds", &json!({"refund_no": "R-O-1"}));
+        assert_eq!(status, 201, "{label}: not refund_in_progress: {asked}");
+        assert_eq!((&asked["refund"]["amount"], &asked["refund"]["pay_no"]), (&json!(10_000), &Value::Null), "{asked}");
+        assert_eq!((&asked["order"]["status"], &asked["order"]["refunding_amount"]), (&json!("REFUNDING"), &json!(10_000)));
+        let listed: Vec<Value> = shop.detail("UM_O_1")["refunds"].as_array().cloned().unwrap_or_default().iter()
+            .map(|r| r["refund_no"].clone()).collect();
+        assert_eq!(listed, [json!("R-O-1")], "{label}: the order's refunds only");
+        shop.pump();
+        accepted_submission(&fake, ALIPAY, "ALI_O2", "U-ALI_O2", 10_000);
+        let order_refund: Vec<BookRefund> = fake.refunds_of("WX_O1");
+        assert_eq!(order_refund.len(), 1, "{label}: {order_refund:?}");
+        assert_eq!((order_refund[0].refund_no.as_str(), order_refund[0].amount), ("R-O-1", 10_000), "{label}");
+
+        fake.settle("R-O-1", "SUCCESS");
+        assert_eq!(shop.wx_refund_notice("UM_O_1", "WX_O1", "R-O-1", "SUCCESS", 10_000).0, 204);
+        let order = shop.detail("UM_O_1");
+        assert_eq!((&order["status"], &order["refunded_amount"]), (&json!("REFUNDED"), &json!(10_000)), "{order}");
+        assert_eq!(payment_of(&order, "ALI_O2")["resolution"], "refunding", "{label}: the payment's refund is its own");
+        fake.settle("U-ALI_O2", "SUCCESS");
+        assert_eq!(shop.alipay_refund_notice("UM_O_1", "ALI_O2", "U-ALI_O2", 10_000).0, 200);
+        assert_refunded(db, &shop, &fake, "UM_O_1", "ALI_O2", 10_000, "U-ALI_O2");
+        let order = shop.detail("UM_O_1");
+        assert_eq!((&order["status"], &order["refunded_amount"]), (&json!("REFUNDED"), &json!(10_000)), "{order}");
+        assert_eq!(payment_of(&order, "WX_O1")["resolution"], Value::Null, "{label}: {order}");
+        assert_eq!(events_of(&order, "order.refunded"), ["order.refunded:UM_O_1/R-O-1"], "{label}");
+        assert_eq!(fake.submission_count(), 2, "{label}");
+    }
+}
+
 // ---------------------------------------------------------------- asked by the operator
 
 for_each_engine! {
