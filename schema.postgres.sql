@@ -186,7 +186,7 @@ CREATE TABLE pay_callback_log (
     -- The rewards due when the payment was applied: {"coupons":[..],"points":N}.
     rewards_due TEXT CHECK (rewards_due IS NULL OR payonce_json_valid(rewards_due)),
     -- For refund-required payments: how an operator resolved them.
-    resolution  TEXT CHECK (resolution IN ('refunded_externally', 'accepted')),
+    resolution  TEXT CHECK (resolution IN ('refunded_externally', 'accepted', 'refunded')),
     resolution_reason TEXT,
     resolved_at TEXT,
     -- The currency the platform stated for `amount` (docs/channels.md,
@@ -268,6 +268,21 @@ CREATE TRIGGER pay_callback_log_resolution_final
 BEFORE UPDATE OF resolution, resolution_reason, resolved_at ON pay_callback_log
 FOR EACH ROW EXECUTE FUNCTION pay_callback_log_resolution_final();
 
+-- `refunded` is the one resolution payonce gives itself, when the payment's
+-- own refund succeeded (migration 12).
+CREATE FUNCTION pay_callback_log_refunded_by_its_refund() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.resolution = 'refunded'
+       AND NOT EXISTS (SELECT 1 FROM refund WHERE pay_no = NEW.pay_no AND status = 'SUCCEEDED') THEN
+        RAISE EXCEPTION 'a payment is resolved refunded only by its own succeeded refund';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER pay_callback_log_refunded_by_its_refund BEFORE UPDATE OF resolution ON pay_callback_log
+FOR EACH ROW EXECUTE FUNCTION pay_callback_log_refunded_by_its_refund();
+
 CREATE FUNCTION pay_callback_log_no_delete() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -305,6 +320,28 @@ CREATE INDEX ix_refund_order ON refund (order_id);
 CREATE INDEX ix_refund_settled ON refund ((coalesce(platform_settled_at, settled_at))) WHERE status = 'SUCCEEDED';
 -- One order refund in flight per order (a payment's refund is its own).
 CREATE UNIQUE INDEX uk_refund_requested ON refund (order_id) WHERE status = 'REQUESTED' AND pay_no IS NULL;
+-- One refund of a payment in flight, and one succeeded: the platform returns
+-- a payment once, whatever payonce asks (migration 12).
+CREATE UNIQUE INDEX uk_refund_payment_in_flight ON refund (pay_no) WHERE status = 'REQUESTED' AND pay_no IS NOT NULL;
+CREATE UNIQUE INDEX uk_refund_payment_succeeded ON refund (pay_no) WHERE status = 'SUCCEEDED' AND pay_no IS NOT NULL;
+
+-- A payment's refund returns an unresolved refund-required payment of its
+-- order, for the payment's whole amount.
+CREATE FUNCTION refund_of_payment_returns_it_whole() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.pay_no IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM pay_callback_log
+                       WHERE pay_no = NEW.pay_no AND order_id = NEW.order_id AND amount = NEW.amount
+                         AND outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch')
+                         AND resolution IS NULL) THEN
+        RAISE EXCEPTION 'a payment''s refund returns an unresolved refund-required payment of its order, whole';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+CREATE TRIGGER refund_of_payment_returns_it_whole BEFORE INSERT ON refund
+FOR EACH ROW EXECUTE FUNCTION refund_of_payment_returns_it_whole();
 
 CREATE FUNCTION refund_legal_transitions() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -471,7 +508,8 @@ CREATE TABLE outbox_event (
     event_id   TEXT    NOT NULL,
     type       TEXT    NOT NULL CHECK (type IN ('order.paid', 'order.closed', 'order.refunding',
                                                 'order.refunded', 'order.refund_failed',
-                                                'payment.refund_required', 'order.partially_refunded')),
+                                                'payment.refund_required', 'order.partially_refunded',
+                                                'payment.refunded')),
     order_no   TEXT    NOT NULL,
     data       TEXT    NOT NULL CHECK (payonce_json_valid(data)),
     created_at TEXT    NOT NULL,

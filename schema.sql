@@ -128,7 +128,8 @@ CREATE TABLE pay_callback_log (
     -- The rewards due when the payment was applied: {"coupons":[..],"points":N}.
     rewards_due TEXT CHECK (rewards_due IS NULL OR json_valid(rewards_due)),
     -- For refund-required payments: how an operator resolved them.
-    resolution  TEXT CHECK (resolution IN ('refunded_externally', 'accepted')),
+    resolution  TEXT CHECK ((resolution = 'refunded_externally' OR resolution = 'accepted'
+                             OR resolution = 'refunded')),
     resolution_reason TEXT,
     resolved_at TEXT,
     -- The currency the platform stated for `amount` (docs/channels.md,
@@ -189,6 +190,16 @@ BEGIN
     SELECT RAISE(ABORT, 'a payment is resolved once');
 END;
 
+-- `refunded` is the one resolution payonce gives itself, when the payment's
+-- own refund succeeded (migration 12).
+CREATE TRIGGER pay_callback_log_refunded_by_its_refund
+BEFORE UPDATE OF resolution ON pay_callback_log
+WHEN NEW.resolution = 'refunded'
+ AND NOT EXISTS (SELECT 1 FROM refund WHERE pay_no = NEW.pay_no AND status = 'SUCCEEDED')
+BEGIN
+    SELECT RAISE(ABORT, 'a payment is resolved refunded only by its own succeeded refund');
+END;
+
 CREATE TRIGGER pay_callback_log_no_delete BEFORE DELETE ON pay_callback_log
 BEGIN
     SELECT RAISE(ABORT, 'pay_callback_log is append-only');
@@ -223,6 +234,23 @@ CREATE INDEX ix_refund_order ON refund (order_id);
 CREATE INDEX ix_refund_settled ON refund (coalesce(platform_settled_at, settled_at)) WHERE status = 'SUCCEEDED';
 -- One order refund in flight per order (a payment's refund is its own).
 CREATE UNIQUE INDEX uk_refund_requested ON refund (order_id) WHERE status = 'REQUESTED' AND pay_no IS NULL;
+-- One refund of a payment in flight, and one succeeded: the platform returns
+-- a payment once, whatever payonce asks (migration 12).
+CREATE UNIQUE INDEX uk_refund_payment_in_flight ON refund (pay_no) WHERE status = 'REQUESTED' AND pay_no IS NOT NULL;
+CREATE UNIQUE INDEX uk_refund_payment_succeeded ON refund (pay_no) WHERE status = 'SUCCEEDED' AND pay_no IS NOT NULL;
+
+-- A payment's refund returns an unresolved refund-required payment of its
+-- order, for the payment's whole amount.
+CREATE TRIGGER refund_of_payment_returns_it_whole
+BEFORE INSERT ON refund
+WHEN NEW.pay_no IS NOT NULL
+ AND NOT EXISTS (SELECT 1 FROM pay_callback_log
+                 WHERE pay_no = NEW.pay_no AND order_id = NEW.order_id AND amount = NEW.amount
+                   AND (outcome = 'paid_after_close' OR outcome = 'already_paid' OR outcome = 'amount_mismatch')
+                   AND resolution IS NULL)
+BEGIN
+    SELECT RAISE(ABORT, 'a payment''s refund returns an unresolved refund-required payment of its order, whole');
+END;
 
 CREATE TRIGGER refund_legal_transitions
 BEFORE UPDATE ON refund
@@ -338,7 +366,8 @@ CREATE TABLE outbox_event (
     type       TEXT    NOT NULL CHECK ((type = 'order.paid' OR type = 'order.closed' OR type = 'order.refunding'
                                                 OR type = 'order.refunded' OR type = 'order.refund_failed'
                                                 OR type = 'payment.refund_required'
-                                                OR type = 'order.partially_refunded')),
+                                                OR type = 'order.partially_refunded'
+                                                OR type = 'payment.refunded')),
     order_no   TEXT    NOT NULL,
     data       TEXT    NOT NULL CHECK (json_valid(data)),
     created_at TEXT    NOT NULL,

@@ -184,6 +184,9 @@ static ROUTE_TABLE: &[Route] = &[
     protected("POST", "/v1/admin/payments/{pay_no}/resolve", |c| {
         resolve_payment(c.app, c.req, c.param(0), c.caller, c.slot)
     }),
+    protected("POST", "/v1/admin/payments/{pay_no}/refund", |c| {
+        refund_payment(c.app, c.req, c.param(0), c.caller, c.slot)
+    }),
     protected("POST", "/v1/admin/refunds/{refund_no}/resolve", |c| {
         resolve_refund(c.app, c.req, c.param(0), c.caller, c.slot)
     }),
@@ -762,6 +765,19 @@ fn resolve_payment(
 ) -> Result<Response, Error> {
     let (resolution, reason) = resolution_body(req)?;
     Ok(answered(&app.payments().resolve_payment(pay_no, &resolution, &reason, caller, slot)?))
+}
+
+/// `{"reason"}`: the whole payment returned at its platform.
+fn refund_payment(
+    app: &App,
+    req: &Request,
+    pay_no: &str,
+    caller: &str,
+    slot: Option<&IdempotencySlot>,
+) -> Result<Response, Error> {
+    let body = json_object(req, &["reason"])?;
+    let reason = required_str(&body, "reason")?;
+    Ok(answered(&app.refunds().refund_payment(pay_no, &reason, caller, slot)?))
 }
 
 fn resolve_refund(

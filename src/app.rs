@@ -44,6 +44,8 @@ pub struct Config {
     /// The platforms that are on (their notices, and the calls payonce may
     /// make, docs/platforms.md) and how calls are paced; none by default.
     pub platforms: crate::platforms::Platforms,
+    /// What payonce does with a payment it did not want (`--refund-unwanted`).
+    pub refund_unwanted: crate::domain::RefundUnwanted,
 }
 
 impl Default for Config {
@@ -55,6 +57,7 @@ impl Default for Config {
             api_tokens: Vec::new(),
             webhooks: crate::webhook::WebhookConfig::default(),
             platforms: crate::platforms::Platforms::default(),
+            refund_unwanted: crate::domain::RefundUnwanted::Manual,
         }
     }
 }
@@ -141,6 +144,8 @@ pub struct OrderDetail {
     pub platform_calls: Vec<PlatformCallSummary>,
     /// Its own refunds (not its payments'), oldest first.
     pub refunds: Vec<crate::domain::RefundRecord>,
+    /// The refunds of its refund-required payments, oldest first.
+    pub payment_refunds: Vec<crate::domain::RefundRecord>,
 }
 
 /// Where a payment came from, for `pay_callback_log.source`.

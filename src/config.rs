@@ -15,6 +15,9 @@ use crate::store::StoreOptions;
 use crate::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, parse_waits, WebhookConfig};
 use std::time::Duration;
 
+/// `--refund-unwanted auto|manual`, as [`Config::refund_unwanted`] holds it.
+pub use crate::domain::RefundUnwanted;
+
 /// The fixed secret of `--dev`; printed loudly, never for production.
 pub const DEV_CALLBACK_SECRET: &str = "payonce-dev-secret";
 
@@ -56,6 +59,7 @@ pub struct Settings {
     public_base_url: Option<String>,
     wechatpay_appids: Vec<String>,
     prepay_reuse_s: i64,
+    refund_unwanted: RefundUnwanted,
 }
 
 /// One setting: its flag without `--`, whether it takes a value, and what
@@ -186,6 +190,11 @@ pub const SETTINGS: &[Setting] = &[
     }),
     setting("close-give-up-s", |s, v| int_into(&mut s.close_give_up_s, "close-give-up-s", v, 1, 365 * 86_400)),
     setting("platform-timeout-ms", |s, v| timeout(&mut s.platform_timeout_ms, "platform-timeout-ms", v)),
+    setting("refund-unwanted", |s, v| {
+        s.refund_unwanted =
+            RefundUnwanted::parse(v).ok_or_else(|| format!("--refund-unwanted {v:?}: auto or manual"))?;
+        Ok(())
+    }),
     setting("wechatpay-appid", |s, v| {
         // WeChat's appids are `wx` and 16 hex digits; payonce checks only
         // that it can send one, and WeChat Pay refuses an appid not bound
@@ -303,6 +312,7 @@ impl Settings {
             public_base_url: None,
             wechatpay_appids: Vec::new(),
             prepay_reuse_s: crate::platforms::PREPAY_REUSE_S_DEFAULT,
+            refund_unwanted: RefundUnwanted::Manual,
         })
     }
 
@@ -322,6 +332,7 @@ impl Settings {
             api_tokens,
             webhooks: self.webhook_config()?,
             platforms: self.platforms_with(registry),
+            refund_unwanted: self.refund_unwanted,
         };
         Ok(Checked { config, warnings })
     }

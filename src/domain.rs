@@ -187,6 +187,7 @@ pub enum EventType {
     OrderPartiallyRefunded,
     OrderRefundFailed,
     PaymentRefundRequired,
+    PaymentRefunded,
 }
 
 impl EventType {
@@ -199,6 +200,7 @@ impl EventType {
             EventType::OrderPartiallyRefunded => "order.partially_refunded",
             EventType::OrderRefundFailed => "order.refund_failed",
             EventType::PaymentRefundRequired => "payment.refund_required",
+            EventType::PaymentRefunded => "payment.refunded",
         }
     }
 
@@ -292,6 +294,26 @@ pub fn platform_time_plausible(platform_ms: i64, reference_ms: i64) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// A payment's refund numbers: `U-` + pay_no, `-N` from the second
+    /// attempt, the pay_no's SHA-256 (40 hex digits) once that passes 64.
+    #[test]
+    fn payment_refund_numbers() {
+        use super::payment_refund_no;
+        assert_eq!(payment_refund_no("4200001234", 1), "U-4200001234");
+        assert_eq!(payment_refund_no("4200001234", 2), "U-4200001234-2");
+        assert_eq!(payment_refund_no("4200001234", 13), "U-4200001234-13");
+        let fits = "P".repeat(62);
+        assert_eq!(payment_refund_no(&fits, 1), format!("U-{fits}"));
+        // SHA-256("PPP…P" × 62), independently: `printf 'P%.0s' $(seq 62) | sha256sum`.
+        assert_eq!(payment_refund_no(&fits, 2), "U-8f8203c4a5138321170ff4771ffccb18f1659073-2");
+        let long = "9".repeat(64);
+        let first = payment_refund_no(&long, 1);
+        assert_eq!(first.len(), 42);
+        assert_eq!(&first[2..], &payment_refund_no(&long, 3)[2..42], "one digest per payment");
+        assert!(first[2..].bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(super::is_identifier(&first) && super::is_identifier(&payment_refund_no(&long, 50)));
+    }
+
     /// The typed kinds and states of a platform call are exactly what the
     /// schema's CHECKs allow, on both engines.
     #[test]
@@ -484,6 +506,9 @@ pub struct CallbackRecord {
     pub paid_at: Option<String>,
     pub received_at: String,
     pub decided_at: Option<String>,
+    /// How a refund-required payment was resolved (`refunded_externally`,
+    /// `accepted`, or `refunded` by its own refund), as stored.
+    pub resolution: Option<String>,
 }
 
 /// A payment delivery to record: what the platform said, byte for byte.
@@ -601,6 +626,9 @@ pub enum FindingDetail {
         amount: i64,
         channel: String,
         decided_at: Option<String>,
+        /// The payment's latest refund: in flight (`resolution` `refunding`)
+        /// or FAILED (the payment is refund-required again).
+        refund: Option<RefundRecord>,
     },
     /// `status` as the first delivery's audit row recorded it.
     UnexpectedRefund {
@@ -640,6 +668,8 @@ pub enum EventData<'a> {
     Refund { order: &'a Order, refund_no: &'a str, status: RefundStatus, amount: i64 },
     /// `order.closed`: the order.
     Closed { order: &'a Order },
+    /// `payment.refunded`: the order, the payment and the refund that returned it.
+    PaymentRefunded { order: &'a Order, payment: &'a CallbackRecord, refund_no: &'a str },
 }
 
 /// What a payment applied was due, recorded with it (`rewards_due`) so the
@@ -715,6 +745,21 @@ pub enum AuditDetail<'a> {
         resolution: &'a str,
         reason: &'a str,
     },
+    /// A refund of a refund-required payment requested: by an operator, or
+    /// by payonce itself (`--refund-unwanted auto`).
+    PaymentRefundRequested {
+        pay_no: &'a str,
+        refund_no: &'a str,
+        amount: i64,
+        reason: &'a str,
+    },
+    /// That refund settled: SUCCEEDED (`payment_refunded`) or FAILED
+    /// (`payment_refund_failed`).
+    PaymentRefundSettled {
+        pay_no: &'a str,
+        refund_no: &'a str,
+        amount: i64,
+    },
     CouponFrozen {
         coupon_template_id: &'a str,
         reason: &'a str,
@@ -757,7 +802,9 @@ impl AuditDetail<'_> {
         match self {
             AuditDetail::UnexpectedRefund { refund_no, .. }
             | AuditDetail::RefundAmountMismatch { refund_no, .. }
-            | AuditDetail::UnexpectedRefundResolved { refund_no, .. } => Some(refund_no),
+            | AuditDetail::UnexpectedRefundResolved { refund_no, .. }
+            | AuditDetail::PaymentRefundRequested { refund_no, .. }
+            | AuditDetail::PaymentRefundSettled { refund_no, .. } => Some(refund_no),
             AuditDetail::TransitionRefused { about: Refused::Refund { refund_no }, .. } => Some(refund_no),
             _ => None,
         }
@@ -940,4 +987,57 @@ pub enum AttemptResult {
     Failed { status: Option<u16>, error: String },
     /// 410 Gone: the endpoint is disabled with every pending delivery to it.
     Gone,
+}
+
+/// What payonce does with money it did not want (`--refund-unwanted`): a
+/// payment decided `already_paid`, `paid_after_close` or `amount_mismatch`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RefundUnwanted {
+    /// Recorded and reported; an operator refunds it
+    /// (`POST /v1/admin/payments/{pay_no}/refund`) or resolves it.
+    #[default]
+    Manual,
+    /// Its refund is requested in the transaction that records it.
+    Auto,
+}
+
+impl RefundUnwanted {
+    pub fn parse(text: &str) -> Option<RefundUnwanted> {
+        match text {
+            "manual" => Some(RefundUnwanted::Manual),
+            "auto" => Some(RefundUnwanted::Auto),
+            _ => None,
+        }
+    }
+}
+
+/// Where a refund-required payment stands, as `GET /v1/orders/{order_no}`
+/// shows it: its stored resolution, else `refunding` while its own refund
+/// is in flight, else none (refund-required, or not such a payment).
+pub fn payment_resolution<'a>(payment: &'a CallbackRecord, refunds: &[RefundRecord]) -> Option<&'a str> {
+    if let Some(resolution) = payment.resolution.as_deref() {
+        return Some(resolution);
+    }
+    refunds
+        .iter()
+        .any(|r| r.pay_no.as_deref() == Some(payment.pay_no.as_str()) && r.status == RefundStatus::Requested)
+        .then_some("refunding")
+}
+
+/// The refund_no of a payment's refund, attempt `attempt` (1 first): `U-` +
+/// pay_no, `-N` after it from the second attempt on; when that is longer
+/// than 64 characters, the pay_no is replaced by the first 40 hex digits of
+/// its SHA-256. The same payment and attempt always get the same number, so
+/// the platform, which refunds a refund number once, refunds the payment once
+/// per attempt.
+pub fn payment_refund_no(pay_no: &str, attempt: usize) -> String {
+    let suffix = if attempt <= 1 { String::new() } else { format!("-{attempt}") };
+    let plain = format!("U-{pay_no}{suffix}");
+    if plain.len() <= 64 {
+        return plain;
+    }
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(pay_no.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("U-{}{suffix}", &hex[..40])
 }

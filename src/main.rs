@@ -155,6 +155,9 @@ calls are on when any of its outgoing-only settings is given; then all are requi
                                   last repeats [default: 5,30,120,600,1800,3600]
   --refund-query-after-s N        a submitted refund without a result this long is queried
                                   (then on --platform-retry-s) [default: 300]
+  --refund-unwanted auto|manual   auto: a payment recorded already_paid, paid_after_close or
+                                  amount_mismatch has its refund requested at its platform in
+                                  the transaction that records it [default: manual]
   --public-base-url URL           where platforms reach this payonce; WeChat Pay refunds then
                                   carry notify_url = URL/v1/callbacks/wechatpay/refund, and
                                   payments created by POST /v1/orders/{order_no}/pay carry

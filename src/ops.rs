@@ -77,6 +77,16 @@ pub struct PaymentResolution {
     pub resolved_at: String,
 }
 
+/// A refund of a refund-required payment, as requested (or found, on a
+/// repeat): the payment, its refunds (this one among them) and this one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PaymentRefund {
+    pub order_no: String,
+    pub payment: crate::domain::CallbackRecord,
+    pub refunds: Vec<crate::domain::RefundRecord>,
+    pub refund: crate::domain::RefundRecord,
+}
+
 /// An unexpected refund's resolution (the first one, on a repeat); the
 /// resolution and reason as its audit row recorded them.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,11 +13,12 @@ use crate::app::{Answer, OrderDetail};
 use crate::domain::{AuditDetail, EventData, FindingDetail, JsonText, Order, Refused, RewardsDue};
 use crate::domain::{
     AuditRow, CallbackRecord, CouponRow, DeliveryRow, EventRow, Finding, PlatformCallSummary, PointRow, RefundRecord,
+    RefundStatus,
 };
 use crate::error::Error;
 use crate::ops::{
-    Compensated, CompensationEffect, DiffRow, DiffRows, Drained, Mode, PaymentResolution, Reconciliation,
-    RefundRequested, RefundResolution, Repaired, Repairing, DIFF_PIECE_BYTES,
+    Compensated, CompensationEffect, DiffRow, DiffRows, Drained, Mode, PaymentRefund, PaymentResolution,
+    Reconciliation, RefundRequested, RefundResolution, Repaired, Repairing, DIFF_PIECE_BYTES,
 };
 use crate::platform_ops::{Paying, Synced};
 use crate::platforms::TradeState;
@@ -50,12 +51,20 @@ impl Order {
     }
 }
 
-/// A payment of an order (`GET /v1/orders/{order_no}`).
-pub fn payment(p: &CallbackRecord) -> Value {
+/// A payment of an order (`GET /v1/orders/{order_no}`): where it stands
+/// (`resolution`) and its own refunds among `refunds` (the order's payment
+/// refunds), oldest first.
+pub fn payment(p: &CallbackRecord, refunds: &[RefundRecord], order_no: &str) -> Value {
+    let own: Vec<Value> = refunds
+        .iter()
+        .filter(|r| r.pay_no.as_deref() == Some(p.pay_no.as_str()))
+        .map(|r| refund(r, order_no))
+        .collect();
     json!({
         "pay_no": p.pay_no, "channel": p.channel, "amount": p.amount,
         "outcome": p.outcome.as_str(), "state": if p.decided { "decided" } else { "received" },
         "source": p.source, "received_at": p.received_at,
+        "resolution": crate::domain::payment_resolution(p, refunds), "refunds": own,
     })
 }
 
@@ -138,10 +147,18 @@ pub fn finding_detail(detail: &FindingDetail) -> Value {
         FindingDetail::AppliedCallbackOrderNotPaid { pay_no, order_status, order_pay_no } => {
             json!({"pay_no": pay_no, "order_status": order_status, "order_pay_no": order_pay_no})
         }
-        FindingDetail::RefundRequired { pay_no, outcome, amount, channel, decided_at } => json!({
-            "pay_no": pay_no, "outcome": outcome, "amount": amount,
-            "channel": channel, "decided_at": decided_at,
-        }),
+        FindingDetail::RefundRequired { pay_no, outcome, amount, channel, decided_at, refund } => {
+            let in_flight = refund.as_ref().is_some_and(|r| r.status == RefundStatus::Requested);
+            json!({
+                "pay_no": pay_no, "outcome": outcome, "amount": amount,
+                "channel": channel, "decided_at": decided_at,
+                "resolution": if in_flight { Some("refunding") } else { None },
+                "refund": refund.as_ref().map(|r| json!({
+                    "refund_no": r.refund_no, "status": r.status.as_str(), "amount": r.amount,
+                    "reason": r.reason, "requested_at": r.requested_at, "settled_at": r.settled_at,
+                })),
+            })
+        }
         FindingDetail::UnexpectedRefund { refund_no, status, deliveries, first_at } => {
             json!({"refund_no": refund_no, "status": status, "deliveries": deliveries, "first_at": first_at})
         }
@@ -175,6 +192,12 @@ impl JsonText for EventData<'_> {
                 "refund": {"refund_no": refund_no, "status": status.as_str(), "amount": amount},
             }),
             EventData::Closed { order } => json!({"order": order.to_json()}),
+            EventData::PaymentRefunded { order, payment, refund_no } => json!({
+                "order": order.to_json(),
+                "payment": {"pay_no": payment.pay_no, "channel": payment.channel, "amount": payment.amount,
+                            "outcome": payment.outcome.as_str(), "resolution": "refunded"},
+                "refund": {"refund_no": refund_no, "status": RefundStatus::Succeeded.as_str(), "amount": payment.amount},
+            }),
         };
         data.to_string()
     }
@@ -238,6 +261,12 @@ fn audit_detail(detail: &AuditDetail) -> Value {
         AuditDetail::ResolutionRefused { pay_no, outcome } => json!({"pay_no": pay_no, "outcome": outcome.as_str()}),
         AuditDetail::PaymentResolved { pay_no, resolution, reason } => {
             json!({"pay_no": pay_no, "resolution": resolution, "reason": reason})
+        }
+        AuditDetail::PaymentRefundRequested { pay_no, refund_no, amount, reason } => {
+            json!({"pay_no": pay_no, "refund_no": refund_no, "amount": amount, "reason": reason})
+        }
+        AuditDetail::PaymentRefundSettled { pay_no, refund_no, amount } => {
+            json!({"pay_no": pay_no, "refund_no": refund_no, "amount": amount})
         }
         AuditDetail::CouponFrozen { coupon_template_id, reason } => {
             json!({"action": "freeze_coupon", "coupon_template_id": coupon_template_id, "reason": reason})
@@ -376,7 +405,9 @@ impl OrderDetail {
     pub fn to_json(&self) -> Value {
         let mut value = self.order.to_json();
         if let Value::Object(map) = &mut value {
-            map.insert("payments".into(), self.payments.iter().map(payment).collect());
+            let order_no = &self.order.order_no;
+            let payments = self.payments.iter().map(|p| payment(p, &self.payment_refunds, order_no)).collect();
+            map.insert("payments".into(), payments);
             map.insert("coupons".into(), self.coupons.iter().map(coupon).collect());
             map.insert("points".into(), self.points.iter().map(points_entry).collect());
             map.insert("events".into(), self.events.iter().map(event).collect());
@@ -499,6 +530,21 @@ impl Answer for Mode {
 impl Answer for Drained {
     fn answer(&self) -> (u16, Value) {
         (200, json!({"applied": self.applied}))
+    }
+}
+
+/// `POST /v1/admin/payments/{pay_no}/refund`: the payment (with its
+/// `order_no`) and the refund that returns it.
+impl Answer for PaymentRefund {
+    fn answer(&self) -> (u16, Value) {
+        let mut payment = payment(&self.payment, &self.refunds, &self.order_no);
+        if let Value::Object(map) = &mut payment {
+            let mut with_order = Map::new();
+            with_order.insert("order_no".into(), json!(self.order_no));
+            with_order.extend(std::mem::take(map));
+            *map = with_order;
+        }
+        (200, json!({"payment": payment, "refund": refund(&self.refund, &self.order_no)}))
     }
 }
 
@@ -750,6 +796,7 @@ mod tests {
             paid_at: None,
             received_at: "r".into(),
             decided_at: None,
+            resolution: None,
         };
         let refused = |about| AuditDetail::TransitionRefused {
             about,

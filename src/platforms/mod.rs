@@ -93,6 +93,11 @@ pub struct RefundRequest<'a> {
     pub currency: &'a str,
     /// Why, shown to the buyer (WeChat `reason`, Alipay `refund_reason`).
     pub reason: Option<&'a str>,
+    /// The platform's own number of the payment to refund (WeChat
+    /// `transaction_id`, Alipay `trade_no`) when the refund returns one
+    /// payment rather than the order: then it is named by that number, not
+    /// by `out_trade_no`, and `total` is that payment's amount.
+    pub pay_no: Option<&'a str>,
 }
 
 /// A payment to create at the platform (docs/platforms.md, "Paying"): the
@@ -131,7 +136,9 @@ pub trait Calls: Send + Sync {
     /// Submit a refund of its amount in its currency under its refund_no.
     fn refund(&self, refund: &RefundRequest<'_>, now_ms: i64) -> Exchange<RefundAnswer>;
     /// The state of a refund it accepted.
-    fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState>;
+    /// `pay_no`: the payment a payment's refund returns (as in [`RefundRequest`]).
+    fn refund_query(&self, order_no: &str, refund_no: &str, pay_no: Option<&str>, now_ms: i64)
+        -> Exchange<RefundState>;
     /// The payment methods it creates payments for (`PrepayRequest::method`).
     fn prepay_methods(&self) -> &'static [&'static str];
     /// Whether `method`'s payment is a request signed for the buyer to open
@@ -396,9 +403,10 @@ impl Platforms {
         channel: &str,
         order_no: &str,
         refund_no: &str,
+        pay_no: Option<&str>,
         now_ms: i64,
     ) -> Option<Exchange<RefundState>> {
-        self.registry.calls(channel).map(|api| api.refund_query(order_no, refund_no, now_ms))
+        self.registry.calls(channel).map(|api| api.refund_query(order_no, refund_no, pay_no, now_ms))
     }
 }
 

@@ -9,7 +9,7 @@ use crate::app::{
 use crate::domain::{is_amount, is_currency, is_identifier};
 use crate::domain::{
     AuditDetail, CallbackRecord, EventData, EventType, IdempotencySlot, JsonText, NewCallback, Order, OrderStatus,
-    PaymentOutcome, PlatformStatus, RewardsDue,
+    PaymentOutcome, PlatformStatus, RefundUnwanted, RewardsDue,
 };
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
@@ -223,6 +223,14 @@ impl<'a> Payments<'a> {
         if let (Some(current), true) = (current, outcome == PaymentOutcome::Applied || outcome.requires_refund()) {
             emit_payment_event(tx, record, order, &current, outcome, now)?;
         }
+        if outcome.requires_refund() && self.core.config().refund_unwanted == RefundUnwanted::Auto {
+            // In this transaction: a crash cannot lose the refund of money
+            // payonce just recorded that it did not want.
+            let payment = tx
+                .callback_by_pay_no(&record.pay_no)?
+                .ok_or_else(|| Error::internal(format!("payment {} decided in this transaction", record.pay_no)))?;
+            self.core.refunds().refund_unwanted_in(tx, &payment, &order.order_no, now)?;
+        }
         Ok(outcome)
     }
 
@@ -269,6 +277,15 @@ impl<'a> Payments<'a> {
                     "payment {pay_no} is {}, not refund-required",
                     record.outcome.as_str()
                 )));
+            }
+            if record.resolution.is_none() {
+                let refunds = tx.refunds_of_payment(record.order_id, pay_no)?;
+                if let Some(in_flight) = refunds.iter().find(|r| r.status == crate::domain::RefundStatus::Requested) {
+                    return Err(Error::invalid_transition(format!(
+                        "payment {pay_no} is being refunded ({}); its result resolves it",
+                        in_flight.refund_no
+                    )));
+                }
             }
             if tx.resolve_payment(record.id, resolution, reason, &now)? {
                 let detail = AuditDetail::PaymentResolved { pay_no, resolution, reason };

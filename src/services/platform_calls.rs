@@ -12,7 +12,8 @@ use crate::app::{PaymentCallback, RefundCallback, ACTOR_SYSTEM};
 use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::AuditDetail;
 use crate::domain::{
-    IdempotencySlot, Order, OrderStatus, PlatformCallKind, PlatformCallStatus, PlatformStatus, RefundStatus,
+    IdempotencySlot, Order, OrderStatus, PlatformCallKind, PlatformCallStatus, PlatformStatus, RefundRecord,
+    RefundStatus,
 };
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
@@ -213,13 +214,9 @@ impl<'a> PlatformCalls<'a> {
         Settle::Retry { at: at.unwrap_or_else(|| format_ms(now_ms)) }
     }
 
-    /// Whether a refund still waits for its result here.
-    fn refund_unsettled(&self, refund_no: &str) -> Result<bool, Error> {
-        Ok(self
-            .core
-            .store()
-            .read(|tx| tx.refund_by_no(refund_no))?
-            .is_some_and(|r| r.status == RefundStatus::Requested))
+    /// The refund, while it still waits for its result here.
+    fn unsettled_refund(&self, refund_no: &str) -> Result<Option<RefundRecord>, Error> {
+        Ok(self.core.store().read(|tx| tx.refund_by_no(refund_no))?.filter(|r| r.status == RefundStatus::Requested))
     }
 
     /// One claimed refund submission: retried until the platform accepts it
@@ -228,13 +225,20 @@ impl<'a> PlatformCalls<'a> {
     fn work_refund(&self, call: &Claimed<PlatformCallRow>) -> Result<(), Error> {
         let row = &call.row;
         let refund_no = row.refund_no.clone().unwrap_or_default();
-        if !self.refund_unsettled(&refund_no)? {
+        let Some(asked) = self.unsettled_refund(&refund_no)? else {
             return self.record_attempt(call, DONE, "settled already".into(), None, "");
-        }
+        };
         let order = self.core.orders().order(&row.order_no)?.order;
-        let asked = self.core.store().read(|tx| tx.refund_by_no(&refund_no))?;
-        let Some(asked) = asked else {
-            return Err(Error::internal(format!("platform_call {} names no refund {refund_no:?}", row.id)));
+        // A payment's refund returns that payment, whole, in the currency it
+        // came in: named by the platform's number for it, its amount the total.
+        let payment = match asked.pay_no.as_deref() {
+            Some(pay_no) => Some(
+                self.core
+                    .store()
+                    .read(|tx| tx.callback_by_pay_no(pay_no))?
+                    .ok_or_else(|| Error::internal(format!("refund {refund_no:?} names no payment {pay_no:?}")))?,
+            ),
+            None => None,
         };
         let now_ms = self.core.clock().now_ms();
         let platforms = &self.core.config().platforms;
@@ -242,9 +246,10 @@ impl<'a> PlatformCalls<'a> {
             order_no: &row.order_no,
             refund_no: &refund_no,
             amount: asked.amount,
-            total: order.amount,
-            currency: &order.currency,
+            total: payment.as_ref().map_or(order.amount, |p| p.amount),
+            currency: payment.as_ref().and_then(|p| p.currency.as_deref()).unwrap_or(&order.currency),
             reason: asked.reason.as_deref(),
+            pay_no: asked.pay_no.as_deref(),
         };
         let Some(exchange) = platforms.refund(&row.channel, &refund, now_ms) else {
             return Ok(());
@@ -278,12 +283,13 @@ impl<'a> PlatformCalls<'a> {
     fn work_refund_query(&self, call: &Claimed<PlatformCallRow>) -> Result<(), Error> {
         let row = &call.row;
         let refund_no = row.refund_no.clone().unwrap_or_default();
-        if !self.refund_unsettled(&refund_no)? {
+        let Some(asked) = self.unsettled_refund(&refund_no)? else {
             return self.record_attempt(call, DONE, "settled already".into(), None, "");
-        }
+        };
         let now_ms = self.core.clock().now_ms();
         let platforms = &self.core.config().platforms;
-        let Some(exchange) = platforms.refund_query(&row.channel, &row.order_no, &refund_no, now_ms) else {
+        let pay_no = asked.pay_no.as_deref();
+        let Some(exchange) = platforms.refund_query(&row.channel, &row.order_no, &refund_no, pay_no, now_ms) else {
             return Ok(());
         };
         if let RefundState::Settled(status) = exchange.meaning {

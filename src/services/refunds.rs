@@ -5,13 +5,12 @@
 use super::{refuse_transition, validate_resolution, Core};
 use crate::app::{RefundCallback, ACTOR_SYSTEM};
 use crate::domain::{
-    is_identifier, AuditDetail, EventData, EventType, IdempotencySlot, Order, OrderStatus, PaymentOutcome,
-    PlatformStatus, RefundOutcome, RefundRecord, RefundStatus, Refused,
+    is_identifier, payment_refund_no, AuditDetail, CallbackRecord, EventData, EventType, IdempotencySlot, Order,
+    OrderStatus, PaymentOutcome, PlatformCallKind, PlatformStatus, RefundOutcome, RefundRecord, RefundStatus, Refused,
 };
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
-use crate::ops::RefundRequested;
-use crate::ops::RefundResolution;
+use crate::ops::{PaymentRefund, RefundRequested, RefundResolution};
 use crate::store::{NewRefund, WriteTx};
 use serde_json::Value;
 
@@ -70,12 +69,8 @@ impl<'a> Refunds<'a> {
         if amount.is_some_and(|a| a < 1) {
             return Err(Error::invalid("amount must be at least 1 (minor units)"));
         }
-        if reason.is_some_and(|r| {
-            r.trim().is_empty() || r.chars().count() > REASON_CHARS_MAX || r.chars().any(char::is_control)
-        }) {
-            return Err(Error::invalid(format!(
-                "reason must be 1-{REASON_CHARS_MAX} characters, without control characters"
-            )));
+        if let Some(reason) = reason {
+            validate_refund_reason(reason)?;
         }
         // The order's key first: two refunds of one order (different
         // refund_nos) are decided one after the other, so the loser reads the
@@ -117,24 +112,15 @@ impl<'a> Refunds<'a> {
             if !tx.cas_order_refunding(order.id, refund_no, amount)? {
                 return Err(refuse_transition(tx, &order, OrderStatus::Refunding, "refund", &now, detail)?);
             }
-            let new = NewRefund { refund_no, order_id: order.id, amount, reason, now: &now };
+            let new = NewRefund { refund_no, order_id: order.id, amount, reason, pay_no: None, now: &now };
             if !tx.insert_refund(&new)? {
                 return Err(Error::internal(format!("refund_no {refund_no} appeared inside its own transaction")));
             }
             // The submission to the platform that took the payment is queued
             // with the request, in its transaction: it cannot be lost.
             let took = tx.callbacks_of_order(order.id)?.into_iter().find(|p| p.outcome == PaymentOutcome::Applied);
-            if let Some(channel) =
-                took.map(|p| p.channel).filter(|c| self.core.config().platforms.channels().contains(&c.as_str()))
-            {
-                tx.enqueue_platform_refund_call(
-                    crate::domain::PlatformCallKind::Refund,
-                    &channel,
-                    order_no,
-                    refund_no,
-                    &now,
-                    &now,
-                )?;
+            if let Some(channel) = took.map(|p| p.channel).filter(|c| self.calls_configured(c)) {
+                tx.enqueue_platform_refund_call(PlatformCallKind::Refund, &channel, order_no, refund_no, &now, &now)?;
             }
             let refunding = tx.order_by_id(order.id)?;
             let refund = tx.refund_by_no(refund_no)?.ok_or_else(|| Error::internal("the refund just written"))?;
@@ -142,6 +128,101 @@ impl<'a> Refunds<'a> {
             tx.emit_event(EventType::OrderRefunding, &format!("{order_no}/{refund_no}"), order_no, &data, &now)?;
             Ok(RefundRequested { order: refunding, refund, created: true, order_only: asked.whole_route })
         })
+    }
+
+    /// Whether payonce makes calls to `channel` (refunds among them).
+    fn calls_configured(&self, channel: &str) -> bool {
+        self.core.config().platforms.channels().contains(&channel)
+    }
+
+    // ---- refunds of payments payonce did not want ----
+
+    /// `POST /v1/admin/payments/{pay_no}/refund`: the whole amount of a
+    /// refund-required payment returned at the platform that took it, by a
+    /// refund of its own (refund_no [`payment_refund_no`]), submitted through
+    /// the durable queue. While that refund is REQUESTED or once it
+    /// SUCCEEDED, the same request answers it again; after a FAILED one, the
+    /// next attempt has the next number.
+    pub fn refund_payment(
+        &self,
+        pay_no: &str,
+        reason: &str,
+        actor: &str,
+        slot: Option<&IdempotencySlot>,
+    ) -> Result<PaymentRefund, Error> {
+        validate_refund_reason(reason)?;
+        // The payment's key: its decision, its resolution and its refunds
+        // are decided one after the other.
+        let key = self.core.locks().lock(LockKey::Pay(pay_no));
+        let now = self.core.clock().now_text();
+        self.core.write_op(&[&key], slot, |tx| {
+            let payment = tx
+                .callback_by_pay_no(pay_no)?
+                .ok_or_else(|| Error::new(ErrorKind::PaymentNotFound, format!("no payment with pay_no {pay_no:?}")))?;
+            let order = tx.order_by_id(payment.order_id)?;
+            let refunds = tx.refunds_of_payment(order.id, pay_no)?;
+            let standing = refunds.iter().rev().find(|r| r.status != RefundStatus::Failed).cloned();
+            let refund = match standing {
+                Some(refund) => refund,
+                None => {
+                    if !payment.outcome.requires_refund() || payment.resolution.is_some() {
+                        return Err(Error::invalid_transition(format!(
+                            "payment {pay_no} is {}{}, not refund-required",
+                            payment.outcome.as_str(),
+                            payment.resolution.as_deref().map(|r| format!(" and resolved {r}")).unwrap_or_default(),
+                        )));
+                    }
+                    if !self.calls_configured(&payment.channel) {
+                        return Err(Error::new(
+                            ErrorKind::ChannelNotConfigured,
+                            format!(
+                                "payonce makes no calls to {}: refund payment {pay_no} there, then resolve it",
+                                payment.channel
+                            ),
+                        ));
+                    }
+                    let asked = AskedPaymentRefund { payment: &payment, order_no: &order.order_no, reason, actor };
+                    start_payment_refund(tx, &asked, refunds.len() + 1, &now)?.map_err(|taken| {
+                        Error::new(
+                            ErrorKind::RefundNoConflict,
+                            format!("refund_no {taken:?}, this payment's refund number, is another refund's"),
+                        )
+                    })?
+                }
+            };
+            Ok(PaymentRefund {
+                payment: tx.callback_by_id(payment.id)?,
+                refunds: tx.refunds_of_payment(order.id, pay_no)?,
+                order_no: order.order_no,
+                refund,
+            })
+        })
+    }
+
+    /// With `--refund-unwanted auto`, inside the transaction that decided
+    /// `payment` refund-required: its refund requested, when payonce makes
+    /// calls to its channel. A refund number already taken (by a merchant's
+    /// own refund) leaves it refund-required for an operator.
+    pub(crate) fn refund_unwanted_in(
+        &self,
+        tx: &WriteTx,
+        payment: &CallbackRecord,
+        order_no: &str,
+        now: &str,
+    ) -> Result<(), Error> {
+        if !self.calls_configured(&payment.channel) {
+            return Ok(());
+        }
+        let attempt = tx.refunds_of_payment(payment.order_id, &payment.pay_no)?.len() + 1;
+        let reason = unwanted_reason(payment.outcome);
+        let asked = AskedPaymentRefund { payment, order_no, reason, actor: ACTOR_SYSTEM };
+        if let Err(taken) = start_payment_refund(tx, &asked, attempt, now)? {
+            crate::log::warn(
+                "unwanted payment left for an operator",
+                &[("pay_no", &payment.pay_no), ("refund_no", &taken), ("why", &"its refund_no is another refund's")],
+            );
+        }
+        Ok(())
     }
 
     // ---- refund callbacks ----
@@ -177,17 +258,34 @@ impl<'a> Refunds<'a> {
         self.core.store().write(&[&refund_key], |tx| {
             let order = tx.order_by_no(&cb.order_no)?.ok_or_else(|| Error::order_not_found(&cb.order_no))?;
             let in_flight;
+            // A result naming a trade whose payment has its own refund in
+            // flight is that refund's (the trade is that payment's, not the order's).
+            let payment_refund = match of {
+                RefundOf::InFlight => tx
+                    .refunds_of_payment(order.id, &cb.refund_no)?
+                    .into_iter()
+                    .find(|r| r.status == RefundStatus::Requested),
+                RefundOf::Named => None,
+            };
             let cb = match (of, order.status, &order.refund_no) {
+                _ if payment_refund.is_some() => {
+                    let refund_no = payment_refund.map(|r| r.refund_no).unwrap_or_default();
+                    in_flight = RefundCallback { refund_no, ..cb.clone() };
+                    &in_flight
+                }
                 (RefundOf::InFlight, OrderStatus::Refunding, Some(refund_no)) => {
                     in_flight = RefundCallback { refund_no: refund_no.clone(), ..cb.clone() };
                     &in_flight
                 }
                 _ => cb,
             };
-            let refund = tx.refund_by_no(&cb.refund_no)?.filter(|r| r.order_id == order.id && r.pay_no.is_none());
+            let refund = tx.refund_by_no(&cb.refund_no)?.filter(|r| r.order_id == order.id);
             let Some(refund) = refund else {
                 return unexpected_refund(tx, &order, cb, None, &now);
             };
+            if let Some(pay_no) = refund.pay_no.as_deref() {
+                return settle_payment_refund(tx, &order, cb, &refund, pay_no, &now);
+            }
             let (settle_to, outcome) = match (refund.status, cb.status) {
                 (RefundStatus::Requested, PlatformStatus::Success) => (RefundStatus::Succeeded, RefundOutcome::Applied),
                 (RefundStatus::Requested, PlatformStatus::Failed) => {
@@ -348,6 +446,123 @@ struct AskedRefund<'a> {
 
 /// `reason`: the platforms' limit (WeChat `reason`, Alipay `refund_reason`).
 const REASON_CHARS_MAX: usize = 80;
+
+/// A refund's `reason`, which the platform shows the buyer.
+fn validate_refund_reason(reason: &str) -> Result<(), Error> {
+    if reason.trim().is_empty() || reason.chars().count() > REASON_CHARS_MAX || reason.chars().any(char::is_control) {
+        return Err(Error::invalid(format!(
+            "reason must be 1-{REASON_CHARS_MAX} characters, without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// The reason payonce gives the buyer when it returns a payment by itself,
+/// in the language of the platforms' buyers (the platform shows it with
+/// the refund).
+fn unwanted_reason(outcome: PaymentOutcome) -> &'static str {
+    match outcome {
+        PaymentOutcome::PaidAfterClose => "订单已关闭，款项全额退回",
+        PaymentOutcome::AmountMismatch => "支付金额与订单不符，款项全额退回",
+        _ => "重复支付，款项全额退回",
+    }
+}
+
+/// A refund of a refund-required payment, as asked.
+struct AskedPaymentRefund<'a> {
+    payment: &'a CallbackRecord,
+    order_no: &'a str,
+    reason: &'a str,
+    actor: &'a str,
+}
+
+/// Requests attempt `attempt` of returning `asked.payment`, in the caller's
+/// transaction: its refund REQUESTED (the database checks it returns an
+/// unresolved refund-required payment of that order, whole, and that no
+/// other refund of it is in flight or succeeded), its submission queued,
+/// its audit row written. `Ok(Err(refund_no))` when that number is taken.
+fn start_payment_refund(
+    tx: &WriteTx,
+    asked: &AskedPaymentRefund,
+    attempt: usize,
+    now: &str,
+) -> Result<Result<RefundRecord, String>, Error> {
+    let payment = asked.payment;
+    let refund_no = payment_refund_no(&payment.pay_no, attempt);
+    if tx.refund_by_no(&refund_no)?.is_some() {
+        return Ok(Err(refund_no));
+    }
+    let new = NewRefund {
+        refund_no: &refund_no,
+        order_id: payment.order_id,
+        amount: payment.amount,
+        reason: Some(asked.reason),
+        pay_no: Some(&payment.pay_no),
+        now,
+    };
+    if !tx.insert_refund(&new)? {
+        return Err(tx.stale_read(&format!("refund_no {refund_no} was taken by a concurrent transaction")));
+    }
+    tx.enqueue_platform_refund_call(PlatformCallKind::Refund, &payment.channel, asked.order_no, &refund_no, now, now)?;
+    let detail = AuditDetail::PaymentRefundRequested {
+        pay_no: &payment.pay_no,
+        refund_no: &refund_no,
+        amount: payment.amount,
+        reason: asked.reason,
+    };
+    tx.audit(now, asked.actor, "payment_refund_requested", Some(asked.order_no), &detail)?;
+    let refund = tx.refund_by_no(&refund_no)?.ok_or_else(|| Error::internal("the refund just written"))?;
+    Ok(Ok(refund))
+}
+
+/// A result of a payment's own refund: SUCCEEDED resolves the payment
+/// `refunded` (audit `payment_refunded`, event `payment.refunded`); FAILED
+/// leaves it refund-required, the failure on the refund and in the audit.
+/// The order, its balance and its rewards are not touched.
+fn settle_payment_refund(
+    tx: &WriteTx,
+    order: &Order,
+    cb: &RefundCallback,
+    refund: &RefundRecord,
+    pay_no: &str,
+    now: &str,
+) -> Result<RefundOutcome, Error> {
+    let (settle_to, outcome) = match (refund.status, cb.status) {
+        (RefundStatus::Requested, PlatformStatus::Success) => (RefundStatus::Succeeded, RefundOutcome::Applied),
+        (RefundStatus::Requested, PlatformStatus::Failed) => (RefundStatus::Failed, RefundOutcome::RefundFailed),
+        (RefundStatus::Succeeded, PlatformStatus::Success) | (RefundStatus::Failed, PlatformStatus::Failed) => {
+            return Ok(RefundOutcome::Duplicate)
+        }
+        (settled, _) => return unexpected_refund(tx, order, cb, Some(settled), now),
+    };
+    // The payment's trade is refunded by this refund alone: Alipay's running
+    // refund_fee is this refund's amount.
+    let stated = cb.amount.or(cb.refunded_total).filter(|stated| *stated != refund.amount);
+    if let (RefundStatus::Succeeded, Some(stated)) = (settle_to, stated) {
+        return amount_mismatch(tx, order, cb, refund, stated, now);
+    }
+    let platform_settled_at = cb.settled_at.as_deref().filter(|_| settle_to == RefundStatus::Succeeded);
+    if !tx.settle_refund(refund.id, settle_to, now, platform_settled_at)? {
+        return Err(Error::internal(format!("refund {} changed inside its transaction", refund.refund_no)));
+    }
+    let payment = tx
+        .callback_by_pay_no(pay_no)?
+        .ok_or_else(|| Error::internal(format!("refund {} names no payment {pay_no}", refund.refund_no)))?;
+    let detail = AuditDetail::PaymentRefundSettled { pay_no, refund_no: &refund.refund_no, amount: refund.amount };
+    if settle_to == RefundStatus::Failed {
+        tx.audit(now, ACTOR_SYSTEM, "payment_refund_failed", Some(&order.order_no), &detail)?;
+        return Ok(outcome);
+    }
+    let reason = refund.reason.as_deref().unwrap_or("refunded");
+    // Nobody resolves a payment while its refund is in flight (resolve
+    // refuses it); the CAS keeps a resolution that came first all the same.
+    if tx.resolve_payment(payment.id, "refunded", reason, now)? {
+        let data = EventData::PaymentRefunded { order, payment: &payment, refund_no: &refund.refund_no };
+        tx.emit_event(EventType::PaymentRefunded, pay_no, &order.order_no, &data, now)?;
+    }
+    tx.audit(now, ACTOR_SYSTEM, "payment_refunded", Some(&order.order_no), &detail)?;
+    Ok(outcome)
+}
 /// Refunds per order, every refund_no counted (WeChat Pay's limit is 50).
 const REFUNDS_PER_ORDER_MAX: usize = 50;
 

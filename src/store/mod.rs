@@ -61,7 +61,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 11;
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -115,6 +115,7 @@ pub const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/0010_platform_call_prepay.sql"),
     },
     Migration { version: 11, name: "refund_amounts", sql: include_str!("../../migrations/0011_refund_amounts.sql") },
+    Migration { version: 12, name: "payment_refunds", sql: include_str!("../../migrations/0012_payment_refunds.sql") },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -160,6 +161,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         version: 11,
         name: "refund_amounts",
         sql: include_str!("../../migrations/postgres/0011_refund_amounts.sql"),
+    },
+    Migration {
+        version: 12,
+        name: "payment_refunds",
+        sql: include_str!("../../migrations/postgres/0012_payment_refunds.sql"),
     },
 ];
 

@@ -165,6 +165,30 @@ impl ReadTx<'_> {
         )
     }
 
+    /// The refunds of the order's refund-required payments (each names its
+    /// pay_no), oldest first.
+    pub fn payment_refunds_of_order(&self, order_id: i64) -> Result<Vec<RefundRecord>, Error> {
+        self.all(
+            concat!(
+                "SELECT ",
+                refund_columns!(),
+                " FROM refund WHERE order_id = ?1 AND pay_no IS NOT NULL ORDER BY id"
+            ),
+            params![order_id],
+            refund_from_row,
+        )
+    }
+
+    /// The refunds of one payment of the order, oldest first: each attempt
+    /// to return it (a FAILED one is followed by the next).
+    pub fn refunds_of_payment(&self, order_id: i64, pay_no: &str) -> Result<Vec<RefundRecord>, Error> {
+        self.all(
+            concat!("SELECT ", refund_columns!(), " FROM refund WHERE order_id = ?1 AND pay_no = ?2 ORDER BY id"),
+            params![order_id, pay_no],
+            refund_from_row,
+        )
+    }
+
     /// The order's own refunds (not its payments'), oldest first.
     pub fn refunds_of_order(&self, order_id: i64) -> Result<Vec<RefundRecord>, Error> {
         self.all(
@@ -175,12 +199,13 @@ impl ReadTx<'_> {
     }
 }
 
-/// A refund of an order, as requested.
+/// A refund of an order, or of one of its payments (`pay_no`), as requested.
 pub struct NewRefund<'a> {
     pub refund_no: &'a str,
     pub order_id: i64,
     pub amount: i64,
     pub reason: Option<&'a str>,
+    pub pay_no: Option<&'a str>,
     pub now: &'a str,
 }
 
@@ -266,10 +291,10 @@ impl WriteTx<'_> {
     /// Inserts a REQUESTED refund under `uk_refund_no`; `false` if the refund_no exists.
     pub fn insert_refund(&self, refund: &NewRefund) -> Result<bool, Error> {
         let changed = self.execute(
-            "INSERT INTO refund (refund_no, order_id, status, requested_at, amount, reason)
-             VALUES (?1, ?2, 'REQUESTED', ?3, ?4, ?5)
+            "INSERT INTO refund (refund_no, order_id, status, requested_at, amount, reason, pay_no)
+             VALUES (?1, ?2, 'REQUESTED', ?3, ?4, ?5, ?6)
              ON CONFLICT (refund_no) DO NOTHING",
-            params![refund.refund_no, refund.order_id, refund.now, refund.amount, refund.reason],
+            params![refund.refund_no, refund.order_id, refund.now, refund.amount, refund.reason, refund.pay_no],
         )?;
         one_row(changed, "request refund")
     }

@@ -9,7 +9,7 @@ use crate::error::Error;
 macro_rules! callback_columns {
     () => {
         "id, pay_no, channel, order_id, amount, status, outcome, state, \
-         source, paid_at, received_at, decided_at, currency"
+         source, paid_at, received_at, decided_at, currency, resolution"
     };
 }
 
@@ -39,6 +39,7 @@ fn callback_from_row(row: &Row) -> Result<CallbackRecord, Error> {
         paid_at: row.opt_text(9)?,
         received_at: row.text(10)?,
         decided_at: row.opt_text(11)?,
+        resolution: row.opt_text(13)?,
     })
 }
 
@@ -222,7 +223,9 @@ impl WriteTx<'_> {
         one_row(changed, "decide callback")
     }
 
-    /// CAS unresolved → resolved, for refund-required payments only.
+    /// CAS unresolved → resolved, for refund-required payments only
+    /// (`refunded` only with the payment's own succeeded refund: trigger
+    /// pay_callback_log_refunded_by_its_refund).
     pub fn resolve_payment(&self, id: i64, resolution: &str, reason: &str, now: &str) -> Result<bool, Error> {
         let changed = self.execute(
             "UPDATE pay_callback_log SET resolution = ?2, resolution_reason = ?3, resolved_at = ?4

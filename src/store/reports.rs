@@ -159,7 +159,7 @@ impl ReadTx<'_> {
     /// Money taken that payonce did not want and nobody resolved yet.
     fn refunds_required(&self, findings: &mut Vec<Finding>) -> Result<(), Error> {
         for r in self.rows(
-            "SELECT o.order_no, p.pay_no, p.outcome, p.amount, p.channel, p.decided_at
+            "SELECT o.order_no, p.pay_no, p.outcome, p.amount, p.channel, p.decided_at, p.order_id
              FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
              WHERE p.outcome IN ('paid_after_close', 'already_paid', 'amount_mismatch') AND p.resolution IS NULL
              ORDER BY p.id",
@@ -167,10 +167,13 @@ impl ReadTx<'_> {
         )? {
             let (pay_no, outcome, amount) = (r.text(1)?, r.text(2)?, r.int(3)?);
             let (channel, decided_at) = (r.text(4)?, r.opt_text(5)?);
+            // Its own refund, when one was asked: in flight, or the failure
+            // that left it refund-required again.
+            let refund = self.refunds_of_payment(r.int(6)?, &pay_no)?.pop();
             findings.push(Finding {
                 kind: "refund_required",
                 order_no: r.text(0)?,
-                detail: FindingDetail::RefundRequired { pay_no, outcome, amount, channel, decided_at },
+                detail: FindingDetail::RefundRequired { pay_no, outcome, amount, channel, decided_at, refund },
             });
         }
         Ok(())

@@ -462,7 +462,8 @@ fn order_detail_lists_payments_coupons_points() {
     assert_eq!(detail["pay_no"], "DP-1");
     let payments = detail["payments"].as_array().cloned().unwrap_or_default();
     assert_eq!(payments.len(), 3, "{detail}");
-    let payment_keys = set(&["pay_no", "channel", "amount", "outcome", "state", "source", "received_at"]);
+    let payment_keys =
+        set(&["pay_no", "channel", "amount", "outcome", "state", "source", "received_at", "resolution", "refunds"]);
     for (payment, (pay_no, outcome)) in
         payments.iter().zip([("DP-0", "payment_failed"), ("DP-1", "applied"), ("DP-2", "already_paid")])
     {
@@ -474,6 +475,8 @@ fn order_detail_lists_payments_coupons_points() {
         assert_eq!(payment["state"], "decided");
         assert_eq!(payment["source"], "callback");
         assert!(is_time(&payment["received_at"]), "{payment}");
+        assert_eq!(payment["resolution"], Value::Null, "none resolved yet: {payment}");
+        assert_eq!(payment["refunds"], json!([]), "{payment}");
     }
     let coupons = detail["coupons"].as_array().cloned().unwrap_or_default();
     let templates: BTreeSet<String> =

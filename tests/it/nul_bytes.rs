@@ -58,6 +58,7 @@ const CASES: &[Case] = &[
     case("POST", "/v1/admin/drain", &[]),
     case("GET", "/v1/inspections", &[]),
     with_body("POST", "/v1/admin/payments/{pay_no}/resolve", || json!({"resolution": "refund", "reason": "why"})),
+    with_body("POST", "/v1/admin/payments/{pay_no}/refund", || json!({"reason": "why"})),
     with_body("POST", "/v1/admin/refunds/{refund_no}/resolve", || json!({"resolution": "succeeded", "reason": "why"})),
     with_body("POST", "/v1/admin/orders/{order_no}/resolve-close", || json!({"reason": "why"})),
     case("POST", "/v1/reconciliations", &["format", "date", "repair"]),

@@ -325,13 +325,14 @@ fn forged_alipay_answers_are_no_answer_for_every_method() {
                         total: 1000,
                         currency: "CNY",
                         reason: None,
+                        pay_no: None,
                     },
                     now,
                 );
                 (e.distrust.is_none(), e.meaning == RefundAnswer::Accepted)
             }
             _ => {
-                let e = api.refund_query("ORD_A1", "RF_1", now);
+                let e = api.refund_query("ORD_A1", "RF_1", None, now);
                 (e.distrust.is_none(), matches!(e.meaning, RefundState::Settled(_)))
             }
         }
@@ -660,6 +661,7 @@ fn an_alipay_refund_of_a_non_cny_order_is_not_sent() {
             total: 1000,
             currency: "USD",
             reason: None,
+            pay_no: None,
         },
         crate::util::now_ms(),
     );

@@ -101,7 +101,7 @@ impl payonce::platforms::Calls for Scripted {
         unreachable!("no refund here")
     }
 
-    fn refund_query(&self, _: &str, _: &str, _: i64) -> Exchange<RefundState> {
+    fn refund_query(&self, _: &str, _: &str, _: Option<&str>, _: i64) -> Exchange<RefundState> {
         unreachable!("no refund here")
     }
 
@@ -199,7 +199,7 @@ impl payonce::platforms::Calls for Signed {
         unreachable!("no refund here")
     }
 
-    fn refund_query(&self, _: &str, _: &str, _: i64) -> Exchange<RefundState> {
+    fn refund_query(&self, _: &str, _: &str, _: Option<&str>, _: i64) -> Exchange<RefundState> {
         unreachable!("no refund here")
     }
 

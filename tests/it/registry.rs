@@ -92,7 +92,7 @@ impl Calls for Fake {
         unreachable!("the test never refunds")
     }
 
-    fn refund_query(&self, _: &str, _: &str, _: i64) -> Exchange<RefundState> {
+    fn refund_query(&self, _: &str, _: &str, _: Option<&str>, _: i64) -> Exchange<RefundState> {
         unreachable!("the test never queries a refund")
     }
 

@@ -99,6 +99,8 @@ fn script() -> Vec<Step> {
         pay("RRP-E", "RR-E", 300),
         keyed("POST", "/v1/admin/drain", json!({})),
         keyed("PUT", "/v1/admin/mode", json!({"mode": "normal"})),
+        // No platform here: the refusal (404 channel_not_configured) is the answer stored once.
+        keyed("POST", "/v1/admin/payments/RRP-A2/refund", json!({"reason": "rerun"})),
         keyed("POST", "/v1/admin/payments/RRP-A2/resolve", json!({"resolution": "accepted", "reason": "rerun"})),
         keyed("POST", "/v1/admin/refunds/RF-A/resolve", json!({"resolution": "accepted", "reason": "rerun"})),
         keyed("POST", "/v1/admin/orders/RR-D/resolve-close", json!({"reason": "rerun"})),

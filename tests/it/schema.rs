@@ -1035,7 +1035,12 @@ for_each_engine! {
     /// never past its amount and never smaller; a refund's amount stays; an
     /// order's points never go below zero, one reversal per refund.
     fn refunds_by_amount_are_kept_by_the_database(db) {
-        let (_app, store) = seeded(db);
+        let (app, store) = seeded(db);
+        // A second payment of O-2, refund-required: its refund is its own.
+        assert_eq!(
+            Pay { pay_no: "P-2X", order_no: "O-2", amount: 5000, status: "SUCCESS" }.deliver(&app).outcome_str(),
+            "already_paid"
+        );
         let check = match db.engine {
             crate::engines::Engine::Sqlite => "CHECK constraint failed",
             crate::engines::Engine::Postgres => "check constraint",
@@ -1056,7 +1061,7 @@ for_each_engine! {
         let run = |sql: &str| store.execute_raw(sql).unwrap_or_else(|e| panic!("{}: {sql}: {e}", db.label()));
         run(&request("RP-1", 3000, "NULL"));
         refused_by(db, &store, &request("RP-X", 1, "NULL"), unique_message(db, "uk_refund_requested"));
-        run(&request("RP-PAY", 5000, "'P-2'"));
+        run(&request("RP-PAY", 5000, "'P-2X'"));
         run(&settle("RP-1"));
         run(&settle("RP-PAY"));
         assert_eq!(refunded("O-2"), 3000, "a payment's refund is not the order's");
@@ -1068,7 +1073,7 @@ for_each_engine! {
         assert_eq!(refunded("O-2"), 4500, "refused whole");
         refused_by(db, &store, "UPDATE orders SET refunded_amount = 0 WHERE order_no = 'O-2'", "refunded_amount only grows");
         refused_by(db, &store, "UPDATE refund SET amount = 1 WHERE refund_no = 'RP-1'", "its times and amount stay");
-        refused_by(db, &store, &request("RP-0", 0, "'P-2'"), check);
+        refused_by(db, &store, &request("RP-0", 0, "NULL"), check);
 
         let points = db.count(
             &store,
@@ -1096,6 +1101,49 @@ for_each_engine! {
             ),
             check,
         );
+    }
+
+    /// A payment's own refund (migration 12) returns an unresolved
+    /// refund-required payment of its order, whole; one in flight and one
+    /// succeeded per payment; `refunded` is a resolution only its success gives.
+    fn payment_refunds_are_kept_by_the_database(db) {
+        let (_app, store) = seeded(db);
+        let run = |sql: &str| store.execute_raw(sql).unwrap_or_else(|e| panic!("{}: {sql}: {e}", db.label()));
+        let request = |refund_no: &str, order_no: &str, amount: i64, pay_no: &str| {
+            format!(
+                "INSERT INTO refund (refund_no, order_id, status, requested_at, amount, reason, pay_no)
+                 VALUES ('{refund_no}', (SELECT id FROM orders WHERE order_no = '{order_no}'), 'REQUESTED', 't',
+                         {amount}, 'r', '{pay_no}')"
+            )
+        };
+        let settle = |refund_no: &str, to: &str| {
+            format!("UPDATE refund SET status = '{to}', settled_at = 't' WHERE refund_no = '{refund_no}'")
+        };
+        let resolve = |how: &str| {
+            format!(
+                "UPDATE pay_callback_log SET resolution = '{how}', resolution_reason = 'r', resolved_at = 't'
+                 WHERE pay_no = 'P-3'"
+            )
+        };
+        let whole = "returns an unresolved refund-required payment of its order, whole";
+        // P-3: paid_after_close on O-3, 100.
+        refused_by(db, &store, &request("U-P-3", "O-3", 99, "P-3"), whole);
+        refused_by(db, &store, &request("U-P-3", "O-2", 100, "P-3"), whole);
+        refused_by(db, &store, &request("U-P-2", "O-2", 5000, "P-2"), whole);
+        refused_by(db, &store, &resolve("refunded"), "only by its own succeeded refund");
+        run(&request("U-P-3", "O-3", 100, "P-3"));
+        refused_by(db, &store, &request("U-P-3-2", "O-3", 100, "P-3"), unique_message(db, "uk_refund_payment_in_flight"));
+        run(&settle("U-P-3", "FAILED"));
+        refused_by(db, &store, &resolve("refunded"), "only by its own succeeded refund");
+        run(&request("U-P-3-2", "O-3", 100, "P-3"));
+        run(&settle("U-P-3-2", "SUCCEEDED"));
+        run(&request("U-P-3-3", "O-3", 100, "P-3"));
+        refused_by(db, &store, &settle("U-P-3-3", "SUCCEEDED"), unique_message(db, "uk_refund_payment_succeeded"));
+        run(&settle("U-P-3-3", "FAILED"));
+        run(&resolve("refunded"));
+        refused_by(db, &store, &request("U-P-3-4", "O-3", 100, "P-3"), whole);
+        let refunded = db.count(&store, "SELECT refunded_amount FROM orders WHERE order_no = 'O-3'");
+        assert_eq!(refunded, 0, "{}: a payment's refund is not its order's", db.label());
     }
 
     /// Each side effect's own UNIQUE key refuses a second row.

@@ -148,10 +148,10 @@ for_each_platform! {
         assert_eq!(calls.refund(&refund(&paid_no, &refund_no, 990), now()).meaning, RefundAnswer::Accepted);
         assert_eq!(calls.refund(&refund(&paid_no, &refund_no, 990), now()).meaning, RefundAnswer::Accepted, "a retry");
         assert_eq!(api.refunds().len(), 1, "one refund for one refund_no");
-        assert_eq!(calls.refund_query(&paid_no, &refund_no, now()).meaning, RefundState::NotYet);
+        assert_eq!(calls.refund_query(&paid_no, &refund_no, None, now()).meaning, RefundState::NotYet);
         assert!(api.settle_refund(&refund_no, RefundStatus::Success));
         assert_eq!(
-            calls.refund_query(&paid_no, &refund_no, now()).meaning,
+            calls.refund_query(&paid_no, &refund_no, None, now()).meaning,
             RefundState::Settled(PlatformStatus::Success)
         );
         api.open_trade(&closed_no, 100).expect("open");
@@ -330,5 +330,5 @@ for_each_platform! {
 
 /// A refund of `amount` fen of `order_no` under `refund_no`.
 fn refund<'a>(order_no: &'a str, refund_no: &'a str, amount: i64) -> RefundRequest<'a> {
-    RefundRequest { order_no, refund_no, amount, total: amount, currency: "CNY", reason: None }
+    RefundRequest { order_no, refund_no, amount, total: amount, currency: "CNY", reason: None, pay_no: None }
 }

@@ -180,7 +180,11 @@ fn signed_member<'b>(body: &'b str, name: &str) -> Result<(&'b str, String), Str
 /// A call's `biz_content`, members in this order, those without a value left out.
 #[derive(Serialize)]
 struct Biz<'a> {
-    out_trade_no: &'a str,
+    /// The order, or, for a payment's refund, the payment (`trade_no`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    out_trade_no: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trade_no: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     refund_amount: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -191,7 +195,21 @@ struct Biz<'a> {
 
 impl<'a> Biz<'a> {
     fn of(out_trade_no: &'a str) -> Biz<'a> {
-        Biz { out_trade_no, refund_amount: None, out_request_no: None, refund_reason: None }
+        Biz {
+            out_trade_no: Some(out_trade_no),
+            trade_no: None,
+            refund_amount: None,
+            out_request_no: None,
+            refund_reason: None,
+        }
+    }
+
+    /// Of the order `order_no`, or of the payment `pay_no` when one is named.
+    fn of_trade(order_no: &'a str, pay_no: Option<&'a str>) -> Biz<'a> {
+        match pay_no {
+            Some(trade_no) => Biz { out_trade_no: None, trade_no: Some(trade_no), ..Biz::of(order_no) },
+            None => Biz::of(order_no),
+        }
     }
 
     fn to_json(&self) -> String {
@@ -397,14 +415,14 @@ impl Calls for AlipayApi {
     /// idempotency key): success is accepted, also for a repeat
     /// (`fund_change` `N`: the money moved the first time).
     fn refund(&self, refund: &RefundRequest<'_>, now_ms: i64) -> Exchange<RefundAnswer> {
-        let RefundRequest { order_no, refund_no, amount, currency, reason, .. } = *refund;
+        let RefundRequest { order_no, refund_no, amount, currency, reason, pay_no, .. } = *refund;
         const METHOD: &str = "alipay.trade.refund";
         let refund_amount = crate::money::fen_to_yuan(amount);
         let biz = Biz {
             refund_amount: Some(&refund_amount),
             out_request_no: Some(refund_no),
             refund_reason: reason,
-            ..Biz::of(order_no)
+            ..Biz::of_trade(order_no, pay_no)
         };
         let biz = biz.to_json();
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
@@ -416,7 +434,9 @@ impl Calls for AlipayApi {
         }
         match self.call(METHOD, &biz, now_ms) {
             Ok((status, text, response))
-                if response["code"] == "10000" && response.get("out_trade_no").is_none_or(|n| n == order_no) =>
+                if response["code"] == "10000"
+                    && response.get("out_trade_no").is_none_or(|n| n == order_no)
+                    && pay_no.is_none_or(|pay_no| response.get("trade_no").is_none_or(|n| n == pay_no)) =>
             {
                 Exchange {
                     request,
@@ -439,9 +459,15 @@ impl Calls for AlipayApi {
 
     /// `alipay.trade.fastpay.refund.query`: `refund_status` REFUND_SUCCESS
     /// settles it; without `refund_status` it is not yet, never failed.
-    fn refund_query(&self, order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
+    fn refund_query(
+        &self,
+        order_no: &str,
+        refund_no: &str,
+        pay_no: Option<&str>,
+        now_ms: i64,
+    ) -> Exchange<RefundState> {
         const METHOD: &str = "alipay.trade.fastpay.refund.query";
-        let biz = Biz { out_request_no: Some(refund_no), ..Biz::of(order_no) }.to_json();
+        let biz = Biz { out_request_no: Some(refund_no), ..Biz::of_trade(order_no, pay_no) }.to_json();
         let request = format!("POST {} method={METHOD} biz_content={biz}", self.gateway);
         let (status, text, response) = match self.call(METHOD, &biz, now_ms) {
             Ok(answered) => answered,

@@ -233,14 +233,21 @@ fn prepay_refusal(json: &Value) -> Option<PrepayAnswer> {
 
 /// A refund answer about this refund of this order: its `out_refund_no`
 /// and, as a query answer's, its `out_trade_no`.
-fn names_refund(json: &Value, order_no: &str, refund_no: &str) -> bool {
-    json["out_refund_no"] == refund_no && json["out_trade_no"] == order_no
+fn names_refund(json: &Value, order_no: &str, refund_no: &str, pay_no: Option<&str>) -> bool {
+    json["out_refund_no"] == refund_no
+        && json["out_trade_no"] == order_no
+        && pay_no.is_none_or(|pay_no| json["transaction_id"] == pay_no)
 }
 
 /// The body of a refund request, members in this order.
 #[derive(Serialize)]
 struct RefundBody<'a> {
-    out_trade_no: &'a str,
+    /// A payment's refund names the payment (`transaction_id`), an order's
+    /// refund the order (`out_trade_no`): WeChat takes exactly one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    transaction_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    out_trade_no: Option<&'a str>,
     out_refund_no: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<&'a str>,
@@ -376,11 +383,12 @@ impl Calls for WechatpayApi {
     /// (WeChat Pay's idempotency key): a 200 naming it and the order's
     /// `out_trade_no` is accepted; one naming another trade is no answer.
     fn refund(&self, refund: &RefundRequest<'_>, now_ms: i64) -> Exchange<RefundAnswer> {
-        let RefundRequest { order_no, refund_no, amount, total, currency, reason } = *refund;
+        let RefundRequest { order_no, refund_no, amount, total, currency, reason, pay_no } = *refund;
         let path = "/v3/refund/domestic/refunds";
         // The order's currency: the money goes back as it came (docs/channels.md).
         let body = RefundBody {
-            out_trade_no: order_no,
+            transaction_id: pay_no,
+            out_trade_no: if pay_no.is_some() { None } else { Some(order_no) },
             out_refund_no: refund_no,
             reason,
             amount: RefundAmount { refund: amount, total, currency },
@@ -390,7 +398,8 @@ impl Calls for WechatpayApi {
         let request = format!("POST {}{path} {body}", self.api_base);
         match self.exchange("POST", path, Some(&body), now_ms) {
             Ok((200, text))
-                if serde_json::from_str::<Value>(&text).is_ok_and(|j| names_refund(&j, order_no, refund_no)) =>
+                if serde_json::from_str::<Value>(&text)
+                    .is_ok_and(|j| names_refund(&j, order_no, refund_no, pay_no)) =>
             {
                 Exchange {
                     request,
@@ -414,7 +423,13 @@ impl Calls for WechatpayApi {
     /// `GET /v3/refund/domestic/refunds/{refund_no}`, by `out_refund_no`
     /// alone (WeChat Pay's refund numbers are the merchant's): SUCCESS
     /// settles it; CLOSED and ABNORMAL settle it as failed; PROCESSING is not yet.
-    fn refund_query(&self, _order_no: &str, refund_no: &str, now_ms: i64) -> Exchange<RefundState> {
+    fn refund_query(
+        &self,
+        _order_no: &str,
+        refund_no: &str,
+        _pay_no: Option<&str>,
+        now_ms: i64,
+    ) -> Exchange<RefundState> {
         let path = format!("/v3/refund/domestic/refunds/{refund_no}");
         let request = format!("GET {}{path}", self.api_base);
         let (status, text) = match self.exchange("GET", &path, None, now_ms) {
@@ -536,11 +551,18 @@ mod tests {
     fn a_refund_answer_names_the_refund_and_its_order() {
         let answer = |text: &str| serde_json::from_str::<Value>(text).expect("JSON");
         let ours = answer(r#"{"out_refund_no": "RF-1", "out_trade_no": "ORD-1", "status": "PROCESSING"}"#);
-        assert!(names_refund(&ours, "ORD-1", "RF-1"));
-        assert!(!names_refund(&ours, "ORD-1", "RF-2"), "another refund");
-        assert!(!names_refund(&ours, "ORD-2", "RF-1"), "another trade");
+        assert!(names_refund(&ours, "ORD-1", "RF-1", None));
+        assert!(!names_refund(&ours, "ORD-1", "RF-2", None), "another refund");
+        assert!(!names_refund(&ours, "ORD-2", "RF-1", None), "another trade");
         let no_trade = answer(r#"{"out_refund_no": "RF-1", "status": "PROCESSING"}"#);
-        assert!(!names_refund(&no_trade, "ORD-1", "RF-1"), "no trade named");
+        assert!(!names_refund(&no_trade, "ORD-1", "RF-1", None), "no trade named");
+        // A payment's refund: the answer names that payment too.
+        let of_payment = answer(
+            r#"{"out_refund_no": "U-42", "out_trade_no": "ORD-1", "transaction_id": "42", "status": "PROCESSING"}"#,
+        );
+        assert!(names_refund(&of_payment, "ORD-1", "U-42", Some("42")));
+        assert!(!names_refund(&of_payment, "ORD-1", "U-42", Some("43")), "another payment");
+        assert!(!names_refund(&ours, "ORD-1", "RF-1", Some("42")), "no payment named");
     }
 
     #[test]
