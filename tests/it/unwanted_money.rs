@@ -117,6 +117,8 @@ struct Book {
     trades: Vec<Trade>,
     refunds: Vec<BookRefund>,
     submissions: Vec<Submission>,
+    /// Alipay's refund queries, their biz_content.
+    alipay_queries: Vec<Value>,
     /// Refund submissions are answered 503, unsigned: payonce cannot reach
     /// the refund API, so the submission stays queued.
     refusing: bool,
@@ -368,6 +370,7 @@ impl Played {
                 answer
             }
             "alipay.trade.fastpay.refund.query" => {
+                book.alipay_queries.push(biz.clone());
                 let Some(trade) = trade else {
                     return self.ali_error(method, "ACQ.TRADE_NOT_EXIST");
                 };
@@ -515,6 +518,12 @@ impl FakePlatforms {
 
     fn submission_count(&self) -> usize {
         self.played.book.lock().submissions.len()
+    }
+
+    /// Alipay's refund queries asking about `refund_no`, their biz_content.
+    fn alipay_queries_of(&self, refund_no: &str) -> Vec<Value> {
+        let book = self.played.book.lock();
+        book.alipay_queries.iter().filter(|biz| biz["out_request_no"] == refund_no).cloned().collect()
     }
 
     /// The platform settles a refund: SUCCESS, CLOSED or ABNORMAL.
@@ -816,6 +825,18 @@ impl Shop {
     /// refunded (`refund_fee`, the trade's refunded total, is its amount),
     /// signed RSA2: (HTTP status, body).
     fn alipay_refund_notice(&self, order_no: &str, pay_no: &str, refund_no: &str, amount: i64) -> (u16, Value) {
+        self.alipay_full_refund_notice(order_no, pay_no, Some(refund_no), amount)
+    }
+
+    /// The same, naming the refund request (`out_biz_no`) or, as Alipay may
+    /// for a full refund, none.
+    fn alipay_full_refund_notice(
+        &self,
+        order_no: &str,
+        pay_no: &str,
+        out_biz_no: Option<&str>,
+        amount: i64,
+    ) -> (u16, Value) {
         let mut params: Vec<(String, String)> = [
             ("app_id", ALIPAY_APP_ID.to_owned()),
             ("charset", "utf-8".to_owned()),
@@ -826,12 +847,13 @@ impl Shop {
             ("trade_status", "TRADE_CLOSED".to_owned()),
             ("trade_no", pay_no.to_owned()),
             ("out_trade_no", order_no.to_owned()),
-            ("out_biz_no", refund_no.to_owned()),
+            ("out_biz_no", out_biz_no.unwrap_or_default().to_owned()),
             ("total_amount", yuan(amount)),
             ("refund_fee", yuan(amount)),
             ("gmt_refund", format!("{}.123", crate::util::alipay_time(self.clock.now_ms()))),
         ]
         .into_iter()
+        .filter(|(_, v)| !v.is_empty())
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
         params.sort();
@@ -990,6 +1012,14 @@ fn assert_refunded(
     assert!(is_time(&last["settled_at"]), "{what}: {payment}");
     assert_eq!(audits(db, order_no, "payment_refunded"), 1, "{what}: audited once");
     assert_eq!(events_of(&order, "payment.refunded"), [format!("payment.refunded:{pay_no}")], "{what}: announced once");
+    let events = order["events"].as_array().cloned().unwrap_or_default();
+    let event = events.iter().find(|e| e["type"] == "payment.refunded").cloned().unwrap_or_default();
+    let told = (
+        &event["data"]["refund"]["refund_no"],
+        &event["data"]["refund"]["amount"],
+        &event["data"]["payment"]["pay_no"],
+    );
+    assert_eq!(told, (&json!(refund_no), &json!(amount), &json!(pay_no)), "{what}: {event}");
     assert_eq!(shop.finding_of(pay_no), None, "{what}: no refund_required finding left");
     let at_platform = fake.refunds_of(pay_no);
     let succeeded: Vec<&BookRefund> = at_platform.iter().filter(|r| r.status == "SUCCESS").collect();
@@ -1109,7 +1139,15 @@ fn refunded_automatically(db: &Db, channel: &'static str, unwanted: Unwanted, re
     let taken = if channel == WECHATPAY { 204 } else { 200 };
     match result {
         Result_::Notice => assert_eq!(notice().0, taken, "{what}"),
-        Result_::Query => shop.query_results(),
+        Result_::Query => {
+            shop.query_results();
+            if channel == ALIPAY {
+                let asked = fake.alipay_queries_of(&refund_no);
+                assert_eq!(asked.len(), 1, "{what}: one refund query: {asked:?}");
+                assert_eq!(asked[0]["trade_no"], pay_no.as_str(), "{what}: by the payment's trade_no: {asked:?}");
+                assert!(asked[0].get("out_trade_no").is_none(), "{what}: without out_trade_no: {asked:?}");
+            }
+        }
     }
     assert_refunded(db, &shop, &fake, &order_no, &pay_no, amount, &refund_no);
     let (code, body) = notice();
@@ -1223,6 +1261,72 @@ for_each_engine! {
         assert_eq!(payment_of(&order, "WX_O1")["resolution"], Value::Null, "{label}: {order}");
         assert_eq!(events_of(&order, "order.refunded"), ["order.refunded:UM_O_1/R-O-1"], "{label}");
         assert_eq!(fake.submission_count(), 2, "{label}");
+    }
+}
+
+for_each_engine! {
+    /// Alipay's notice of a full refund may name no request (TRADE_CLOSED
+    /// with gmt_refund, no out_biz_no): for the unwanted payment's trade it
+    /// settles that payment's refund, and leaves the order's own refund
+    /// (at WeChat Pay, in flight at the same time) alone.
+    fn an_alipay_notice_naming_no_request_settles_the_payments_refund(db) {
+        let clock = Clock::manual(crate::util::now_ms());
+        let fake = FakePlatforms::start(clock.clone());
+        let shop = Shop::open(db, &fake, &clock, RefundUnwanted::Auto);
+        let label = db.label();
+        shop.create("UM_I_1", 6_000);
+        assert_eq!(shop.pay(&fake, WECHATPAY, "UM_I_1", "WX_I1", 6_000), "applied");
+        assert_eq!(shop.pay(&fake, ALIPAY, "UM_I_1", "ALI_I2", 6_000), "already_paid");
+        let (status, asked) = shop.post("/v1/orders/UM_I_1/refunds", &json!({"refund_no": "R-I-1", "amount": 1_000}));
+        assert_eq!(status, 201, "{label}: {asked}");
+        shop.pump();
+        accepted_submission(&fake, ALIPAY, "ALI_I2", "U-ALI_I2", 6_000);
+        assert_eq!(fake.refunds_of("WX_I1").len(), 1, "{label}: the order's refund at WeChat Pay");
+        fake.settle("U-ALI_I2", "SUCCESS");
+        let (code, body) = shop.alipay_full_refund_notice("UM_I_1", "ALI_I2", None, 6_000);
+        assert_eq!((code, body), (200, json!("success")), "{label}");
+        assert_refunded(db, &shop, &fake, "UM_I_1", "ALI_I2", 6_000, "U-ALI_I2");
+        let order = shop.detail("UM_I_1");
+        let own = (&order["status"], &order["refunding_amount"], &order["refund_no"], &order["refunds"][0]["status"]);
+        assert_eq!(own, (&json!("REFUNDING"), &json!(1_000), &json!("R-I-1"), &json!("REQUESTED")), "{label}: {order}");
+        fake.settle("R-I-1", "SUCCESS");
+        assert_eq!(shop.wx_refund_notice("UM_I_1", "WX_I1", "R-I-1", "SUCCESS", 1_000).0, 204);
+        let order = shop.detail("UM_I_1");
+        assert_eq!((&order["status"], &order["refunded_amount"]), (&json!("PAID"), &json!(1_000)), "{label}: {order}");
+        assert_refunded(db, &shop, &fake, "UM_I_1", "ALI_I2", 6_000, "U-ALI_I2");
+    }
+
+    /// A payment recorded while payonce only records (`record_only`) is
+    /// decided by the drain: decided unwanted, its refund is requested with
+    /// that decision, not before.
+    fn a_drained_payment_is_refunded_with_its_decision(db) {
+        let clock = Clock::manual(crate::util::now_ms());
+        let fake = FakePlatforms::start(clock.clone());
+        let shop = Shop::open(db, &fake, &clock, RefundUnwanted::Auto);
+        let label = db.label();
+        let mode = |mode: &str| {
+            let body = json!({"mode": mode}).to_string();
+            let (status, answer, _) =
+                shop.call("PUT", "/v1/admin/mode", &[("Content-Type", "application/json")], body.as_bytes());
+            assert_eq!(status, 200, "{label}: {answer}");
+        };
+        shop.create("UM_D_1", 2_000);
+        assert_eq!(shop.pay(&fake, WECHATPAY, "UM_D_1", "WX_D1", 2_000), "applied");
+        mode("record_only");
+        assert_eq!(shop.pay(&fake, ALIPAY, "UM_D_1", "ALI_D2", 2_000), "recorded");
+        shop.pump();
+        assert_eq!((refund_rows(db, "ALI_D2"), fake.submission_count()), (0, 0), "{label}: nothing decided yet");
+        assert_eq!(payment_of(&shop.detail("UM_D_1"), "ALI_D2")["refunds"], json!([]), "{label}");
+        mode("normal");
+        let (status, drained) = shop.post("/v1/admin/drain", &json!({}));
+        assert_eq!(status, 200, "{label}: {drained}");
+        let payment = payment_of(&shop.detail("UM_D_1"), "ALI_D2");
+        let decided = (&payment["outcome"], &payment["resolution"]);
+        assert_eq!(decided, (&json!("already_paid"), &json!("refunding")), "{label}: {payment}");
+        assert_eq!(audits(db, "UM_D_1", "payment_refund_requested"), 1, "{label}");
+        shop.pump();
+        accepted_submission(&fake, ALIPAY, "ALI_D2", "U-ALI_D2", 2_000);
+        assert_eq!(fake.submission_count(), 1, "{label}");
     }
 }
 
@@ -1421,6 +1525,24 @@ for_each_engine! {
         assert_eq!(statuses, [json!("FAILED"), json!("SUCCEEDED")], "{payment}");
         assert_eq!(own_state(&shop.detail("UM_F_1")), before, "{label}: the order untouched throughout");
         assert_eq!(fake.submission_count(), 2, "{label}");
+
+        // After a FAILED refund the operator may return the money another
+        // way and say so; then payonce refunds nothing more of it.
+        shop.create("UM_F_3", 800);
+        assert_eq!(shop.pay(&fake, ALIPAY, "UM_F_3", "ALI_F3", 800), "applied");
+        assert_eq!(shop.pay(&fake, WECHATPAY, "UM_F_3", "WX_F3", 800), "already_paid");
+        assert_eq!(shop.admin_refund("WX_F3", &reason).0, 200, "{label}");
+        shop.pump();
+        fake.settle("U-WX_F3", "CLOSED");
+        shop.query_results();
+        assert_eq!(payment_of(&shop.detail("UM_F_3"), "WX_F3")["refunds"][0]["status"], "FAILED", "{label}");
+        let (status, resolved) = shop.resolve("WX_F3", "refunded_externally");
+        assert_eq!(status, 200, "{label}: a failed refund leaves the payment to resolve: {resolved}");
+        refused(&shop.admin_refund("WX_F3", &reason), 409, "invalid_transition", "resolved refunded_externally");
+        let payment = payment_of(&shop.detail("UM_F_3"), "WX_F3");
+        assert_eq!(payment["resolution"], "refunded_externally", "{label}: {payment}");
+        assert_eq!(shop.finding_of("WX_F3"), None, "{label}");
+        assert_eq!((refund_rows(db, "WX_F3"), fake.submissions_of("WX_F3").len()), (1, 1), "{label}");
     }
 
     /// `U-` + pay_no up to 64 characters, else `U-` + 40 hex digits of its
