@@ -766,6 +766,14 @@ impl Shop {
         findings.into_iter().filter(|f| f["kind"] == "refund_required").map(|f| f["detail"].clone()).collect()
     }
 
+    /// Every finding about `order_no`, whatever its kind.
+    fn findings_of_order(&self, order_no: &str) -> Vec<Value> {
+        let (status, body, _) = self.call("GET", "/v1/inspections", &[], b"");
+        assert_eq!(status, 200, "{body}");
+        let findings = body["findings"].as_array().cloned().unwrap_or_default();
+        findings.into_iter().filter(|f| f["order_no"] == order_no).collect()
+    }
+
     fn finding_of(&self, pay_no: &str) -> Option<Value> {
         self.refunds_required().into_iter().find(|d| d["pay_no"] == pay_no)
     }
@@ -1021,6 +1029,8 @@ fn assert_refunded(
     );
     assert_eq!(told, (&json!(refund_no), &json!(amount), &json!(pay_no)), "{what}: {event}");
     assert_eq!(shop.finding_of(pay_no), None, "{what}: no refund_required finding left");
+    let left = shop.findings_of_order(order_no);
+    assert_eq!(left, Vec::<Value>::new(), "{what}: no finding of any kind about the order");
     let at_platform = fake.refunds_of(pay_no);
     let succeeded: Vec<&BookRefund> = at_platform.iter().filter(|r| r.status == "SUCCESS").collect();
     assert_eq!(succeeded.len(), 1, "{what}: one refund at the platform: {at_platform:?}");
