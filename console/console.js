@@ -298,6 +298,10 @@ async function orderView(orderNo) {
       ['state', (p) => p.state],
       ['source', (p) => p.source],
       ['received_at', (p) => p.received_at],
+      ['resolution', (p) => p.resolution],
+      ['refunds', (p) => ((p.refunds || []).length
+        ? (p.refunds || []).map((r) => h('div', { class: 'mono' }, `${r.refund_no} ${r.status}`))
+        : null)],
     ], order.payments, 'No payment recorded.'),
     h('h2', {}, 'Refunds'),
     table([
@@ -412,6 +416,87 @@ function resolveAction(finding) {
   }, 'Resolve…');
 }
 
+/** The refund payonce requested for a refund-required payment, if the finding carries one. */
+function findingRefund(finding) {
+  return finding.detail.refund || finding.refund || null;
+}
+
+/** null, or `refunding` while the payment's refund is in flight. */
+function findingResolution(finding) {
+  return finding.detail.resolution || finding.resolution || null;
+}
+
+/** What the buyer reads beside the money (WeChat Pay and Alipay show the reason). */
+const BUYER_REASONS = {
+  already_paid: 'Duplicate payment refunded',
+  paid_after_close: 'Payment after the order closed refunded',
+  amount_mismatch: 'Payment of the wrong amount refunded',
+};
+
+/** A refused refund, said in the operator's terms (the API's code and message first). */
+function refundRefusal(err, channel) {
+  if (!(err instanceof ApiError)) return err;
+  if (err.code === 'channel_not_configured') {
+    return new Error(`${err.message}\n${channel} has no outgoing settings in this payonce, so payonce cannot ` +
+      `return this money itself: refund it by hand in ${channel}'s own console, then Resolve… it as refunded_externally.`);
+  }
+  if (err.code === 'invalid_transition') {
+    return new Error(`${err.message}\nThis payment is no longer waiting for its money to go back ` +
+      '(it was resolved, refunded, or its refund is in flight). Reload the findings.');
+  }
+  return err;
+}
+
+/**
+ * Refund to the buyer: payonce asks the platform that took this payment to
+ * return its whole amount, under a refund number of its own, once.
+ */
+function refundAction(finding, failed) {
+  const { pay_no: payNo, channel, amount, outcome } = finding.detail;
+  return h('button', {
+    type: 'button',
+    class: 'secondary',
+    'data-refund': payNo,
+    onclick: () => writeDialog({
+      title: `Refund ${payNo} to the buyer`,
+      explain: `payonce asks ${channel} to return this payment's whole amount to the buyer, once. The order ` +
+        `${finding.order_no} is not touched. The result arrives by the platform's refund notice or payonce's query.` +
+        (failed ? ` The last refund, ${failed.refund_no}, failed; this is a new attempt under a new refund number.` : ''),
+      fields: [
+        h('dl', { class: 'fields' },
+          h('dt', {}, 'pay_no'), h('dd', { 'data-field': 'pay_no' }, payNo),
+          h('dt', {}, 'channel'), h('dd', { 'data-field': 'channel' }, channel),
+          h('dt', {}, 'amount'), h('dd', { 'data-field': 'amount' }, amount, ' (minor units)'),
+          h('dt', {}, 'outcome'), h('dd', { 'data-field': 'outcome' }, outcome)),
+        h('label', {}, 'Reason (shown to the buyer, 1–80 characters)',
+          h('input', { name: 'reason', required: true, minlength: 1, maxlength: 80, size: 40,
+            value: BUYER_REASONS[outcome] || 'Payment refunded' })),
+      ],
+      submitLabel: 'Refund',
+      danger: true,
+      send: (values, key) => api('POST', `/v1/admin/payments/${encodeURIComponent(payNo)}/refund`,
+        { key, json: { reason: values.reason } }).catch((err) => { throw refundRefusal(err, channel); }),
+      done: (answer) => findingsView().then(() => main.prepend(h('p', { class: 'note', id: 'refund-requested' },
+        `Refund ${answer.refund.refund_no} of ${answer.refund.amount} requested at ${channel}: ${answer.refund.status}.`))),
+    }),
+  }, 'Refund to the buyer…');
+}
+
+/** A refund_required finding: refund it, or resolve it; nothing while its refund is in flight. */
+function refundRequiredActions(finding) {
+  const refund = findingRefund(finding);
+  if (findingResolution(finding) === 'refunding') {
+    return h('span', { class: 'badge warn', 'data-refund-in-flight': finding.detail.pay_no },
+      `refund in flight (${refund ? refund.refund_no : '?'})`);
+  }
+  const failed = refund && refund.status === 'FAILED' ? refund : null;
+  return h('div', { class: 'cell-actions' },
+    failed ? h('p', { class: 'error', 'data-refund-failed': finding.detail.pay_no },
+      `refund ${failed.refund_no} FAILED`, failed.settled_at ? ` at ${failed.settled_at}` : '') : null,
+    refundAction(finding, failed),
+    resolveAction(finding));
+}
+
 async function findingsView() {
   let inspection;
   try {
@@ -425,7 +510,7 @@ async function findingsView() {
       ['kind', (f) => f.kind],
       ['order_no', (f) => (f.order_no ? orderLink(f.order_no) : null)],
       ['detail', (f) => json(f.detail)],
-      ['', (f) => resolveAction(f)],
+      ['', (f) => (f.kind === 'refund_required' ? refundRequiredActions(f) : resolveAction(f))],
     ], inspection.findings, 'No findings.'));
 }
 

@@ -4,7 +4,9 @@
 // sign in, find an order paid twice through two channels, switch to
 // record-only, see a callback wait, resolve the refund-required payment,
 // switch back and drain, reconcile a statement with a missing payment and
-// repair it, retry a failed webhook delivery. Every write button is clicked
+// repair it, retry a failed webhook delivery, refund money payonce did not
+// want to the buyer through a WeChat Pay this test plays (and see a channel
+// without outgoing settings refused). Every write button is clicked
 // twice and has one effect; every free-text field is probed with markup
 // that must come back as text; a JavaScript error or a CSP violation fails
 // the run. Screenshots of each view go to target/console-screenshots/.
@@ -14,8 +16,9 @@
 
 import { chromium } from 'playwright-core';
 import { spawn } from 'node:child_process';
-import { createHmac, generateKeyPairSync, sign } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createCipheriv, createHmac, generateKeyPairSync, randomBytes, randomUUID, sign } from 'node:crypto';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:http';
 import { createInterface } from 'node:readline';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -78,11 +81,11 @@ async function call(method, path, { json, body, headers = {}, auth = true, base 
   return { status: response.status, headers: response.headers, body: text ? JSON.parse(text) : null };
 }
 
-function genericCallback(path, payload) {
+function genericCallback(path, payload, base = BASE) {
   const body = JSON.stringify(payload);
   const t = Math.floor(Date.now() / 1000);
   const v1 = createHmac('sha256', CALLBACK_SECRET).update(`${t}.${body}`).digest('hex');
-  return call('POST', path, { body, auth: false, headers: { 'Content-Type': 'application/json', 'Payonce-Signature': `t=${t},v1=${v1}` } });
+  return call('POST', path, { body, base, auth: false, headers: { 'Content-Type': 'application/json', 'Payonce-Signature': `t=${t},v1=${v1}` } });
 }
 
 async function alipayCallback(params) {
@@ -96,15 +99,142 @@ async function alipayCallback(params) {
   return { status: response.status, text: await response.text() };
 }
 
-async function createOrder(orderNo, userId, amount = 1000) {
-  const created = await call('POST', '/v1/orders', { json: { order_no: orderNo, user_id: userId, amount } });
+async function createOrder(orderNo, userId, amount = 1000, base = BASE) {
+  const created = await call('POST', '/v1/orders', { json: { order_no: orderNo, user_id: userId, amount }, base });
   assert.equal(created.status, 201, JSON.stringify(created.body));
 }
 
-async function order(orderNo) {
-  const answer = await call('GET', `/v1/orders/${orderNo}`);
+async function order(orderNo, base = BASE) {
+  const answer = await call('GET', `/v1/orders/${orderNo}`, { base });
   assert.equal(answer.status, 200);
   return answer.body;
+}
+
+async function eventually(what, check, ms = 15000) {
+  const until = Date.now() + ms;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+// ---- WeChat Pay, played by this test (its refund API and its notices) ----
+
+const WECHAT_APIV3_KEY = 'console-test-apiv3-key-32-bytes!';
+const WECHAT_SERIAL = 'S1';
+const WECHAT_MCHID = '1900000100';
+const wechatPlatformKey = readFileSync(join(ROOT, 'tests/fixtures/keys/platform.pem'), 'utf8');
+
+/** Headers of a message WeChat Pay signs with its platform key. */
+function wechatSigned(body) {
+  const t = String(Math.floor(Date.now() / 1000));
+  const nonce = randomBytes(16).toString('hex');
+  const signature = sign('sha256', Buffer.from(`${t}\n${nonce}\n${body}\n`), wechatPlatformKey).toString('base64');
+  return { 'Wechatpay-Serial': WECHAT_SERIAL, 'Wechatpay-Timestamp': t, 'Wechatpay-Nonce': nonce, 'Wechatpay-Signature': signature };
+}
+
+function chinaTime() {
+  return new Date(Date.now() + 8 * 3600 * 1000).toISOString().replace(/\.\d+Z$/, '+08:00');
+}
+
+/**
+ * Every request payonce makes (`requests`); the refunds by out_refund_no,
+ * each one refund however often it is asked for (WeChat Pay's idempotency);
+ * the trades' orders by transaction_id, as the notices below told payonce.
+ */
+const wechat = { requests: [], refunds: new Map(), orders: new Map() };
+
+function wechatRefundAnswer(refund) {
+  return {
+    refund_id: refund.refund_id,
+    out_refund_no: refund.out_refund_no,
+    transaction_id: refund.transaction_id,
+    out_trade_no: wechat.orders.get(refund.transaction_id),
+    channel: 'ORIGINAL',
+    user_received_account: '支付用户零钱',
+    status: refund.status,
+    create_time: refund.create_time,
+    ...(refund.status === 'SUCCESS' ? { success_time: chinaTime() } : {}),
+    amount: { ...refund.amount, payer_total: refund.amount.total, payer_refund: refund.amount.refund },
+  };
+}
+
+const wechatServer = createServer((req, res) => {
+  let body = '';
+  req.setEncoding('utf8');
+  req.on('data', (chunk) => { body += chunk; });
+  req.on('end', () => {
+    wechat.requests.push({ method: req.method, url: req.url, body });
+    let status = 404;
+    let answer = { code: 'RESOURCE_NOT_EXISTS', message: 'the console test plays refunds only' };
+    const queried = /^\/v3\/refund\/domestic\/refunds\/([^/?]+)/.exec(req.url);
+    if (req.method === 'POST' && req.url === '/v3/refund/domestic/refunds') {
+      const asked = JSON.parse(body);
+      if (!wechat.refunds.has(asked.out_refund_no)) {
+        wechat.refunds.set(asked.out_refund_no, {
+          ...asked, refund_id: `5030000${wechat.refunds.size + 1}`, status: 'PROCESSING', create_time: chinaTime(),
+        });
+      }
+      [status, answer] = [200, wechatRefundAnswer(wechat.refunds.get(asked.out_refund_no))];
+    } else if (req.method === 'GET' && queried && wechat.refunds.has(decodeURIComponent(queried[1]))) {
+      [status, answer] = [200, wechatRefundAnswer(wechat.refunds.get(decodeURIComponent(queried[1])))];
+    }
+    const text = JSON.stringify(answer);
+    res.writeHead(status, { 'Content-Type': 'application/json', ...wechatSigned(text) });
+    res.end(text);
+  });
+});
+
+/** One API v3 notice to `base + path`: its resource encrypted with the APIv3 key, the whole signed. */
+async function wechatNotice(base, path, eventType, resource) {
+  const kind = eventType.startsWith('REFUND.') ? 'refund' : 'transaction';
+  const nonce = randomBytes(6).toString('hex');
+  const cipher = createCipheriv('aes-256-gcm', Buffer.from(WECHAT_APIV3_KEY), Buffer.from(nonce));
+  cipher.setAAD(Buffer.from(kind));
+  const ciphertext = Buffer.concat([cipher.update(JSON.stringify(resource)), cipher.final(), cipher.getAuthTag()]).toString('base64');
+  const body = JSON.stringify({
+    id: randomUUID(), create_time: chinaTime(), resource_type: 'encrypt-resource', event_type: eventType, summary: eventType,
+    resource: { original_type: kind, algorithm: 'AEAD_AES_256_GCM', ciphertext, associated_data: kind, nonce },
+  });
+  const response = await fetch(base + path, { method: 'POST', headers: { 'Content-Type': 'application/json', ...wechatSigned(body) }, body });
+  return { status: response.status, text: await response.text() };
+}
+
+/** The buyer pays `orderNo` through WeChat Pay: its transaction notice. */
+async function wechatPaid(base, orderNo, transactionId, total = 1000) {
+  wechat.orders.set(transactionId, orderNo);
+  const answer = await wechatNotice(base, '/v1/callbacks/wechatpay', 'TRANSACTION.SUCCESS', {
+    mchid: WECHAT_MCHID, appid: 'wxd678efh567hg6787', out_trade_no: orderNo, transaction_id: transactionId,
+    trade_type: 'NATIVE', trade_state: 'SUCCESS', trade_state_desc: '支付成功', bank_type: 'OTHERS',
+    success_time: chinaTime(), payer: { openid: 'o-console-buyer' },
+    amount: { total, payer_total: total, currency: 'CNY', payer_currency: 'CNY' },
+  });
+  assert.equal(answer.status, 204, answer.text);
+}
+
+/** WeChat Pay settles refund `refundNo` (`SUCCESS` or `ABNORMAL`) and says so in a refund notice. */
+async function wechatRefundSettled(base, refundNo, status) {
+  const refund = wechat.refunds.get(refundNo);
+  assert.ok(refund, `WeChat Pay was asked for ${refundNo}`);
+  refund.status = status;
+  const answer = await wechatNotice(base, '/v1/callbacks/wechatpay/refund', `REFUND.${status}`, {
+    mchid: WECHAT_MCHID, out_trade_no: wechat.orders.get(refund.transaction_id), transaction_id: refund.transaction_id,
+    out_refund_no: refundNo, refund_id: refund.refund_id, refund_status: status,
+    ...(status === 'SUCCESS' ? { success_time: chinaTime() } : {}),
+    user_received_account: '支付用户零钱',
+    amount: { total: refund.amount.total, refund: refund.amount.refund, payer_total: refund.amount.total, payer_refund: refund.amount.refund },
+  });
+  assert.equal(answer.status, 204, answer.text);
+}
+
+/** The refund requests WeChat Pay received, by out_refund_no. */
+function wechatRefundRequests(refundNo) {
+  return wechat.requests
+    .filter((r) => r.method === 'POST' && r.url === '/v3/refund/domestic/refunds')
+    .map((r) => JSON.parse(r.body))
+    .filter((b) => refundNo === undefined || b.out_refund_no === refundNo);
 }
 
 // ---- the data of the incident ----
@@ -158,6 +288,20 @@ async function doubleSubmit() {
   assert.equal(sent.length, 2, `a double click sends twice: ${JSON.stringify(sent)}`);
   assert.equal(sent[0].key, sent[1].key, 'both with the key the dialog made when it opened');
   return sent[0];
+}
+
+/** Clicks a dialog's submit button twice when payonce refuses it: the dialog stays, with `text`, one key. */
+async function doubleSubmitRefused(text) {
+  const before = writes.length;
+  await page.locator('dialog[open] button[type=submit]').dblclick();
+  await page.locator('dialog[open] .error', { hasText: text }).waitFor();
+  const sent = await eventually('both submits', () => (writes.length >= before + 2 ? writes.slice(before) : null));
+  assert.equal(sent.length, 2, `a double click sends twice: ${JSON.stringify(sent)}`);
+  assert.equal(sent[0].key, sent[1].key, 'both with the key the dialog made when it opened');
+  await page.locator('dialog[open] .error', { hasText: text }).waitFor();
+  const message = await page.locator('dialog[open] .error').textContent();
+  await page.locator('dialog[open] button', { hasText: 'Cancel' }).click();
+  return { sent: sent[0], message };
 }
 
 async function assertNoInjection(base = BASE) {
@@ -276,6 +420,14 @@ try {
   await shot('06-findings');
   // The picture of docs/console.md (docs/console.png is a copy): the header and the findings, small.
   await page.screenshot({ path: join(SHOTS, 'readme-findings.png'), clip: { x: 0, y: 0, width: 1280, height: 290 } });
+  // Refund to the buyer: this payonce has no outgoing Alipay settings, so it says to refund by hand.
+  await page.locator('button[data-refund="ALI-T1"]').click();
+  await page.locator('dialog[open] [data-field=channel]', { hasText: 'alipay' }).waitFor();
+  const refusedAlipay = await doubleSubmitRefused('channel_not_configured');
+  assert.ok(refusedAlipay.sent.url.endsWith('/v1/admin/payments/ALI-T1/refund'), refusedAlipay.sent.url);
+  assert.ok(refusedAlipay.message.includes('404') && refusedAlipay.message.includes('by hand'), refusedAlipay.message);
+  assert.equal((await order('ORD-TWICE')).payments.find((p) => p.pay_no === 'ALI-T1').resolution ?? null, null, 'nothing changed');
+  covered('findings', 'refund to the buyer on a channel without outgoing settings: 404 channel_not_configured, refund by hand');
   await page.locator('button[data-resolve="ALI-T1"]').click();
   await page.locator('dialog[open] textarea[name=reason]').fill(`refunded by hand ${PROBE}`);
   await page.locator('dialog[open] select[name=resolution]').selectOption('refunded_externally');
@@ -407,6 +559,133 @@ try {
     covered('order', 'platform calls (channel, kind, status, attempts)');
   } finally {
     second.child.kill();
+  }
+
+  // Money payonce did not want, returned once (PRODUCT.md section 17): a third payonce whose WeChat Pay
+  // is this test. Two orders paid through generic and then again through WeChat Pay, one paid twice
+  // through generic.
+  await new Promise((resolvePromise) => wechatServer.listen(0, '127.0.0.1', resolvePromise));
+  const wechatBase = `http://127.0.0.1:${wechatServer.address().port}`;
+  const third = await startPayonce([
+    '--wechatpay-apiv3-key', WECHAT_APIV3_KEY,
+    '--wechatpay-public-key', `${WECHAT_SERIAL}=${join(ROOT, 'tests/fixtures/keys/platform-cert-valid.pem')}`,
+    '--wechatpay-mchid', WECHAT_MCHID, '--wechatpay-merchant-serial', 'M1',
+    '--wechatpay-merchant-key', join(ROOT, 'tests/fixtures/keys/merchant.pem'),
+    // The platform-call pool looks for due calls every sweep interval.
+    '--wechatpay-api-base', wechatBase, '--platform-retry-s', '0.2', '--sweep-interval-s', '1',
+  ], 'third.db');
+  try {
+    const wx = third.base;
+    const TX1 = '4200000001202607010000000001';
+    const TX2 = '4200000001202607010000000002';
+    for (const [orderNo, first, again] of [['ORD-WX-1', 'PAY-WXG1', TX1], ['ORD-WX-2', 'PAY-WXG2', TX2], ['ORD-WX-3', 'PAY-WXG3', null]]) {
+      await createOrder(orderNo, 'u-wechat', 1000, wx);
+      assert.equal((await genericCallback('/v1/callbacks/generic', { pay_no: first, order_no: orderNo, amount: 1000, status: 'SUCCESS' }, wx)).body.outcome, 'applied');
+      if (again) await wechatPaid(wx, orderNo, again);
+      else assert.equal((await genericCallback('/v1/callbacks/generic', { pay_no: 'PAY-WXG3B', order_no: orderNo, amount: 1000, status: 'SUCCESS' }, wx)).body.outcome, 'already_paid');
+    }
+    const required = (await call('GET', '/v1/inspections', { base: wx })).body.findings.filter((f) => f.kind === 'refund_required');
+    assert.deepEqual(required.map((f) => f.detail.pay_no).sort(), ['PAY-WXG3B', TX1, TX2].sort(), JSON.stringify(required));
+    await page.goto(wx + '/console');
+    await page.locator('input[name=token]').fill(TOKEN);
+    await page.locator('button[type=submit]').click();
+    await page.locator('h1', { hasText: 'Orders' }).waitFor();
+    await page.goto(wx + '/console#/findings');
+
+    // The generic channel never calls out: 404 channel_not_configured, then resolved by hand.
+    await page.locator('button[data-refund="PAY-WXG3B"]').click();
+    await page.locator('dialog[open] [data-field=channel]', { hasText: 'generic' }).waitFor();
+    const refusedGeneric = await doubleSubmitRefused('channel_not_configured');
+    assert.ok(refusedGeneric.message.includes('generic has no outgoing settings') && refusedGeneric.message.includes('by hand'), refusedGeneric.message);
+    await page.locator('button[data-resolve="PAY-WXG3B"]').click();
+    await page.locator('dialog[open] textarea[name=reason]').fill('refunded by hand in the generic platform');
+    await page.locator('dialog[open] select[name=resolution]').selectOption('refunded_externally');
+    await doubleSubmit();
+    await page.waitForFunction(() => !document.querySelector('button[data-refund="PAY-WXG3B"]'));
+
+    // Refund to the buyer, double-clicked: one refund at WeChat Pay, by transaction_id, of the whole amount.
+    await page.locator(`button[data-refund="${TX1}"]`).click();
+    const dialogText = await page.locator('dialog[open]').textContent();
+    for (const shown of [TX1, 'wechatpay', '1000', 'already_paid']) assert.ok(dialogText.includes(shown), `${shown} in ${dialogText}`);
+    assert.equal(await page.locator('dialog[open] input[name=reason]').inputValue(), 'Duplicate payment refunded');
+    await page.locator('dialog[open] input[name=reason]').fill(`dup ${PROBE}`);
+    await shot('12-refund-to-buyer');
+    const refundSent = await doubleSubmit();
+    assert.ok(refundSent.url.endsWith(`/v1/admin/payments/${TX1}/refund`), refundSent.url);
+    await page.locator('#refund-requested', { hasText: `U-${TX1} of 1000` }).waitFor();
+    await page.locator('#refund-requested', { hasText: 'REQUESTED' }).waitFor();
+    await page.locator(`[data-refund-in-flight="${TX1}"]`, { hasText: `refund in flight (U-${TX1})` }).waitFor();
+    assert.equal(await page.locator(`button[data-refund="${TX1}"], button[data-resolve="${TX1}"]`).count(), 0, 'no action while the refund is in flight');
+    await assertNoInjection(wx);
+    await shot('13-refund-in-flight');
+    await eventually('the refund at WeChat Pay', () => wechatRefundRequests().length > 0);
+    await new Promise((r) => setTimeout(r, 500));
+    const asked = wechatRefundRequests();
+    assert.equal(asked.length, 1, `one refund request: ${JSON.stringify(asked)}`);
+    assert.equal(asked[0].out_refund_no, `U-${TX1}`);
+    assert.equal(asked[0].transaction_id, TX1);
+    assert.equal(asked[0].out_trade_no, undefined, 'by transaction_id alone');
+    assert.deepEqual([asked[0].amount.refund, asked[0].amount.total, asked[0].amount.currency], [1000, 1000, 'CNY']);
+    let wx1 = await order('ORD-WX-1', wx);
+    let paid = wx1.payments.find((p) => p.pay_no === TX1);
+    assert.equal(paid.resolution, 'refunding', JSON.stringify(paid));
+    assert.deepEqual(paid.refunds.map((r) => [r.refund_no, r.status, r.amount]), [[`U-${TX1}`, 'REQUESTED', 1000]]);
+
+    // WeChat Pay refuses it: the finding shows the failure and offers the refund again, under -2.
+    await wechatRefundSettled(wx, `U-${TX1}`, 'ABNORMAL');
+    await page.goto(wx + '/console#/orders');
+    await page.goto(wx + '/console#/findings');
+    await page.locator(`[data-refund-failed="${TX1}"]`, { hasText: `refund U-${TX1} FAILED` }).waitFor();
+    await shot('14-refund-failed');
+    await page.locator(`button[data-refund="${TX1}"]`).click();
+    await page.locator('dialog[open]', { hasText: `The last refund, U-${TX1}, failed` }).waitFor();
+    await doubleSubmit();
+    await page.locator('#refund-requested', { hasText: `U-${TX1}-2 of 1000` }).waitFor();
+    await page.locator(`[data-refund-in-flight="${TX1}"]`, { hasText: `U-${TX1}-2` }).waitFor();
+    await eventually('the second refund at WeChat Pay', () => wechatRefundRequests(`U-${TX1}-2`).length > 0);
+
+    // It succeeds: the payment is refunded and the finding is gone; the order is untouched.
+    await wechatRefundSettled(wx, `U-${TX1}-2`, 'SUCCESS');
+    await eventually('the refunded payment', async () => (await order('ORD-WX-1', wx)).payments.find((p) => p.pay_no === TX1).resolution === 'refunded');
+    await page.goto(wx + '/console#/orders');
+    await page.goto(wx + '/console#/findings');
+    await page.locator(`button[data-refund="${TX2}"]`).waitFor();
+    assert.equal(await page.locator('td', { hasText: TX1 }).count(), 0, 'the refunded payment is no finding');
+    await new Promise((r) => setTimeout(r, 300));
+    assert.deepEqual(wechatRefundRequests().map((b) => b.out_refund_no), [`U-${TX1}`, `U-${TX1}-2`], 'one request per refund');
+    wx1 = await order('ORD-WX-1', wx);
+    paid = wx1.payments.find((p) => p.pay_no === TX1);
+    assert.deepEqual(paid.refunds.map((r) => [r.refund_no, r.status]), [[`U-${TX1}`, 'FAILED'], [`U-${TX1}-2`, 'SUCCEEDED']]);
+    assert.equal(wx1.status, 'PAID');
+    assert.equal(wx1.pay_no, 'PAY-WXG1');
+    assert.deepEqual(wx1.refunds, [], "the order's own refunds leave payment refunds out");
+    assert.equal(wx1.audit.filter((a) => a.action === 'payment_refund_requested').length, 2, JSON.stringify(wx1.audit));
+    assert.equal(wx1.audit.filter((a) => a.action === 'payment_refunded').length, 1, JSON.stringify(wx1.audit));
+    assert.equal(wx1.events.filter((e) => e.type === 'payment.refunded').length, 1, JSON.stringify(wx1.events));
+    await page.goto(wx + '/console#/order/ORD-WX-1');
+    const refundedRow = page.locator('h2:has-text("Payments") + table tbody tr', { hasText: TX1 });
+    await refundedRow.filter({ hasText: `U-${TX1}-2 SUCCEEDED` }).waitFor();
+    const refundedText = await refundedRow.textContent();
+    assert.ok(refundedText.includes('refunded') && refundedText.includes(`U-${TX1} FAILED`), refundedText);
+    await shot('15-order-payment-refunded');
+    await page.goto(wx + '/console#/findings');
+
+    // A dialog left open while someone else resolved the payment: 409 invalid_transition, nothing asked of WeChat Pay.
+    await page.locator(`button[data-refund="${TX2}"]`).click();
+    const resolvedMeanwhile = await call('POST', `/v1/admin/payments/${TX2}/resolve`, {
+      base: wx, headers: { 'Idempotency-Key': 'console-test-resolve-tx2' }, json: { resolution: 'accepted', reason: 'kept, by agreement' },
+    });
+    assert.equal(resolvedMeanwhile.status, 200, JSON.stringify(resolvedMeanwhile.body));
+    const stale = await doubleSubmitRefused('invalid_transition');
+    assert.ok(stale.message.includes('409') && stale.message.includes('no longer waiting'), stale.message);
+    assert.equal(wechatRefundRequests(`U-${TX2}`).length, 0, 'no refund of a resolved payment');
+    await assertNoInjection(wx);
+    covered('findings', 'refund to the buyer at WeChat Pay, double-clicked: one refund by transaction_id; in flight; FAILED and offered again (-2); SUCCESS ends the finding');
+    covered('findings', 'refund refused: 404 channel_not_configured (generic, alipay) says refund by hand; 409 invalid_transition on a stale dialog');
+  } finally {
+    third.child.kill();
+    wechatServer.close();
+    wechatServer.closeAllConnections();
   }
 
   assert.deepEqual(pageErrors, [], 'no JavaScript error and no CSP violation');
