@@ -1,17 +1,22 @@
 //! Money payonce did not want, returned once (PRODUCT.md section 17): a
 //! payment decided `already_paid`, `paid_after_close` or `amount_mismatch`
 //! is refunded at the platform that took it, by that platform's own trade
-//! number, exactly once: automatically (`refund_unwanted: Auto`) or by
-//! `POST /v1/admin/payments/{pay_no}/refund`, every answer of which is
-//! checked; eight callers at once; a duplicate and a FAILED result and the
-//! next attempt's refund_no; the refund_nos of long pay_nos; the order left
-//! alone throughout; and a SIGKILL between the decision and the submission.
+//! number (WeChat Pay `transaction_id`, Alipay `trade_no`), for its whole
+//! amount, exactly once: automatically (`refund_unwanted: Auto`, also for a
+//! payment decided by a drain) or by `POST /v1/admin/payments/{pay_no}/refund`,
+//! every answer of which is checked; eight callers at once through two
+//! payonces; duplicate and FAILED results and the next attempt's refund_no;
+//! the refund_nos of long pay_nos; an Alipay full-refund notice naming no
+//! request; the order, its own refunds and its rewards left alone
+//! throughout; and a SIGKILL between the decision and the submission.
 //!
 //! WeChat Pay and Alipay are played here, on loopback, by [`FakePlatforms`]:
 //! their merchant APIs as payonce's real clients call them (answers signed
 //! with the TEST-ONLY platform keys of tests/fixtures), with a book of
 //! trades and refunds to count, and refund submissions that can be refused
-//! (the platform unreachable for them). Results reach payonce as the
+//! (the platform unreachable for them). Not `payonce simulate platforms`
+//! (tests/it/platforms.rs): it settles no refund, shows no book by pay_no,
+//! and refuses a refund by `transaction_id`. Results reach payonce as the
 //! platforms send them: signed refund notices, or payonce's refund query.
 //! Every case runs on both engines.
 
@@ -1052,7 +1057,7 @@ enum Unwanted {
 
 /// How the refund's result reaches payonce.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Result_ {
+enum ResultBy {
     Notice,
     Query,
 }
@@ -1062,7 +1067,7 @@ enum Result_ {
 /// platform's trade number, for its whole amount; in flight it cannot be
 /// resolved otherwise; its result (delivered twice) resolves it `refunded`
 /// once; the order and its rewards never move.
-fn refunded_automatically(db: &Db, channel: &'static str, unwanted: Unwanted, result: Result_) {
+fn refunded_automatically(db: &Db, channel: &'static str, unwanted: Unwanted, result: ResultBy) {
     let clock = Clock::manual(crate::util::now_ms());
     let fake = FakePlatforms::start(clock.clone());
     let shop = Shop::open(db, &fake, &clock, RefundUnwanted::Auto);
@@ -1148,8 +1153,8 @@ fn refunded_automatically(db: &Db, channel: &'static str, unwanted: Unwanted, re
     };
     let taken = if channel == WECHATPAY { 204 } else { 200 };
     match result {
-        Result_::Notice => assert_eq!(notice().0, taken, "{what}"),
-        Result_::Query => {
+        ResultBy::Notice => assert_eq!(notice().0, taken, "{what}"),
+        ResultBy::Query => {
             shop.query_results();
             if channel == ALIPAY {
                 let asked = fake.alipay_queries_of(&refund_no);
@@ -1179,28 +1184,28 @@ fn refunded_automatically(db: &Db, channel: &'static str, unwanted: Unwanted, re
 for_each_engine! {
     /// WeChat Pay's payment paid the order; Alipay's, the second, is refunded at Alipay.
     fn auto_already_paid_at_alipay(db) {
-        refunded_automatically(db, ALIPAY, Unwanted::AlreadyPaid, Result_::Notice);
+        refunded_automatically(db, ALIPAY, Unwanted::AlreadyPaid, ResultBy::Notice);
     }
 
     /// Alipay's payment paid the order; WeChat Pay's, the second, is refunded at WeChat Pay.
     fn auto_already_paid_at_wechatpay(db) {
-        refunded_automatically(db, WECHATPAY, Unwanted::AlreadyPaid, Result_::Query);
+        refunded_automatically(db, WECHATPAY, Unwanted::AlreadyPaid, ResultBy::Query);
     }
 
     fn auto_paid_after_close_at_wechatpay(db) {
-        refunded_automatically(db, WECHATPAY, Unwanted::PaidAfterClose, Result_::Notice);
+        refunded_automatically(db, WECHATPAY, Unwanted::PaidAfterClose, ResultBy::Notice);
     }
 
     fn auto_paid_after_close_at_alipay(db) {
-        refunded_automatically(db, ALIPAY, Unwanted::PaidAfterClose, Result_::Query);
+        refunded_automatically(db, ALIPAY, Unwanted::PaidAfterClose, ResultBy::Query);
     }
 
     fn auto_amount_mismatch_at_wechatpay(db) {
-        refunded_automatically(db, WECHATPAY, Unwanted::AmountMismatch, Result_::Query);
+        refunded_automatically(db, WECHATPAY, Unwanted::AmountMismatch, ResultBy::Query);
     }
 
     fn auto_amount_mismatch_at_alipay(db) {
-        refunded_automatically(db, ALIPAY, Unwanted::AmountMismatch, Result_::Notice);
+        refunded_automatically(db, ALIPAY, Unwanted::AmountMismatch, ResultBy::Notice);
     }
 
     /// Auto mode leaves alone what it cannot refund (the generic channel has
