@@ -38,4 +38,5 @@ mod reruns;
 mod schema;
 mod simulate;
 mod storm;
+mod unwanted_money;
 mod webhooks;
