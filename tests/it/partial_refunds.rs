@@ -441,15 +441,7 @@ fn alipay_refund_notice(shop: &Shop, order_no: &str, refund_no: &str, refund_fee
     let content = params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
     params.push(("sign".into(), rsa_sign(ALIPAY_PRIVATE, content.as_bytes())));
     params.push(("sign_type".into(), "RSA2".into()));
-    let encode = |text: &str| {
-        text.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => (b as char).to_string(),
-                b' ' => "+".to_owned(),
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    };
+    let encode = crate::util::form_encode;
     let body = params.iter().map(|(k, v)| format!("{k}={}", encode(v))).collect::<Vec<_>>().join("&");
     let headers = [("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")];
     let (status, _, bytes) = shop.call("POST", "/v1/callbacks/alipay", &headers, body.as_bytes());

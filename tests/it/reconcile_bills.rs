@@ -207,15 +207,7 @@ fn ali_notify(app: &App, params: &[(&str, &str)]) {
     let content = sorted.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&");
     assert!(content.contains("passback_params=&"), "an empty value is signed: {content}");
     let sign = b64(&signing_key(ALIPAY_PRIVATE).sign(content.as_bytes()).to_bytes());
-    let encode = |v: &str| {
-        v.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => (b as char).to_string(),
-                b' ' => "+".to_owned(),
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    };
+    let encode = crate::util::form_encode;
     let mut body: Vec<String> = params.iter().map(|(k, v)| format!("{k}={}", encode(v))).collect();
     body.push(format!("sign={}", encode(&sign)));
     let headers = [("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")];

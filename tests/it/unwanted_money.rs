@@ -874,15 +874,7 @@ impl Shop {
         let key = MerchantKey::from_pem(ALIPAY_PRIVATE).expect("key");
         params.push(("sign".into(), key.sign_base64(content.as_bytes()).expect("sign")));
         params.push(("sign_type".into(), "RSA2".into()));
-        let encode = |text: &str| {
-            text.bytes()
-                .map(|b| match b {
-                    b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => (b as char).to_string(),
-                    b' ' => "+".to_owned(),
-                    _ => format!("%{b:02X}"),
-                })
-                .collect::<String>()
-        };
+        let encode = crate::util::form_encode;
         let body = params.iter().map(|(k, v)| format!("{k}={}", encode(v))).collect::<Vec<_>>().join("&");
         let headers = [("Content-Type", "application/x-www-form-urlencoded; charset=utf-8")];
         let (code, answer, _) = self.call("POST", "/v1/callbacks/alipay", &headers, body.as_bytes());

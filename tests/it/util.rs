@@ -318,6 +318,18 @@ pub fn alipay_time(unix_ms: i64) -> String {
     format!("{} {}", &text[..10], &text[11..19])
 }
 
+/// `text` as a form value the way Alipay's SDKs encode it
+/// (application/x-www-form-urlencoded, UTF-8, a space as `+`).
+pub fn form_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'*' => (b as char).to_string(),
+            b' ' => "+".to_owned(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 pub fn sign_now(secret: &str, body: &[u8]) -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     payonce::signature::sign(secret.as_bytes(), now as i64, body)
