@@ -122,6 +122,9 @@ pub struct Drained {
 /// What a reconciliation found (and repaired).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Reconciliation {
+    /// The platform whose statement it is: only its payments and refunds
+    /// are compared.
+    pub channel: &'static str,
     pub period: Vec<String>,
     /// The kinds the statement declares it lists ("payment", "refund").
     pub compared: Vec<&'static str>,
@@ -137,6 +140,8 @@ pub struct Reconciliation {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DiffRow<'a> {
     pub kind: RowKind,
+    /// The platform it was paid or refunded through (the statement's).
+    pub channel: &'a str,
     /// The pay_no, or the refund_no of a refund.
     pub pay_no: &'a str,
     pub order_no: &'a str,

@@ -290,7 +290,7 @@ fn audit_detail(detail: &AuditDetail) -> Value {
 
 impl DiffRows {
     /// Appends one row as the JSON object the answer lists it as:
-    /// `{"kind","pay_no","order_no","amount_platform","amount_local"}`, and
+    /// `{"kind","channel","pay_no","order_no","amount_platform","amount_local"}`, and
     /// `"coupon_amount"` last when the row has one.
     pub fn push(&mut self, row: &DiffRow) -> Result<(), Error> {
         // A new piece when this one may not hold another row (a row is far
@@ -306,6 +306,8 @@ impl DiffRows {
         }
         out.extend_from_slice(b"{\"kind\":");
         put(out, row.kind.as_str())?;
+        out.extend_from_slice(b",\"channel\":");
+        put(out, row.channel)?;
         out.extend_from_slice(b",\"pay_no\":");
         put(out, row.pay_no)?;
         out.extend_from_slice(b",\"order_no\":");
@@ -648,7 +650,9 @@ impl<'r> From<&'r [Repaired]> for RepairedList<'r> {
 }
 
 fn answer_pieces<'r>(result: &'r Reconciliation, repaired: RepairedList<'_>) -> Pieces<'r> {
-    let head = json!({"period": result.period, "compared": result.compared, "matched": result.matched}).to_string();
+    let head = json!({"channel": result.channel, "period": result.period, "compared": result.compared,
+                      "matched": result.matched})
+    .to_string();
     let mut head = head.strip_suffix('}').unwrap_or(&head).as_bytes().to_vec();
     head.extend_from_slice(b",\"missing_local\":[");
     let mut tail = b"]".to_vec();
@@ -725,7 +729,7 @@ mod tests {
     /// A row as the answer listed it when rows were `Value`s: the bytes
     /// [`DiffRows::push`] writes must be these, byte for byte.
     fn as_value(row: &DiffRow) -> Value {
-        let mut value = json!({"kind": row.kind.as_str(), "pay_no": row.pay_no, "order_no": row.order_no,
+        let mut value = json!({"kind": row.kind.as_str(), "channel": row.channel, "pay_no": row.pay_no, "order_no": row.order_no,
                                "amount_platform": row.amount_platform, "amount_local": row.amount_local});
         if let (Some(coupon), Value::Object(map)) = (row.coupon_amount, &mut value) {
             map.insert("coupon_amount".into(), json!(coupon));
@@ -900,6 +904,7 @@ mod tests {
 
     const A: DiffRow = DiffRow {
         kind: RowKind::Payment,
+        channel: "wechatpay",
         pay_no: "P-1",
         order_no: "O-1",
         amount_platform: Some(9900),
@@ -908,6 +913,7 @@ mod tests {
     };
     const B: DiffRow = DiffRow {
         kind: RowKind::Refund,
+        channel: "al\"ipay",
         pay_no: "R\"\\\u{1}é",
         order_no: "O.2",
         amount_platform: None,
@@ -916,6 +922,7 @@ mod tests {
     };
     const C: DiffRow = DiffRow {
         kind: RowKind::Payment,
+        channel: "generic",
         pay_no: "P_3",
         order_no: "O-3",
         amount_platform: Some(1),
@@ -976,6 +983,7 @@ mod tests {
                 for am in &lists {
                     for repaired in &repairs {
                         let result = Reconciliation {
+                            channel: "alipay",
                             period: vec!["2024-03-04".into()],
                             compared: vec!["payment", "refund"],
                             matched: ml.len() + 7,
@@ -985,7 +993,7 @@ mod tests {
                             repaired: repaired.clone(),
                         };
                         let mut expected = json!({
-                            "period": result.period, "compared": result.compared, "matched": result.matched,
+                            "channel": result.channel, "period": result.period, "compared": result.compared, "matched": result.matched,
                             "missing_local": ml.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
                             "missing_remote": mr.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
                             "amount_mismatch": am.iter().map(|r| r.to_json()).collect::<Vec<_>>(),

@@ -331,6 +331,7 @@ impl<'a> Operations<'a> {
     ) -> Result<(Reconciliation, Vec<usize>), Error> {
         let (period, total) = statement_period(format, statement, date)?;
         let mut result = Reconciliation {
+            channel: format.as_str(),
             period: period.iter().cloned().collect(),
             compared: statement.compared.iter().map(|k| k.as_str()).collect(),
             ..Reconciliation::default()
@@ -376,10 +377,10 @@ impl<'a> Operations<'a> {
                     match recon::judge(&row, local.as_ref()) {
                         Verdict::Matched => result.matched += 1,
                         Verdict::AmountMismatch => {
-                            result.amount_mismatch.push(&diff_row(&row, local.map(|l| l.amount)))?
+                            result.amount_mismatch.push(&diff_row(format, &row, local.map(|l| l.amount)))?
                         }
                         Verdict::MissingLocal => {
-                            result.missing_local.push(&diff_row(&row, None))?;
+                            result.missing_local.push(&diff_row(format, &row, None))?;
                             if keep_missing && row.kind == RowKind::Payment {
                                 missing.push(row.line);
                             }
@@ -402,6 +403,9 @@ impl<'a> Operations<'a> {
         let Compared { format, statement, period } = *compared;
         let offset = format.day_offset_ms();
         let compares = |kind: RowKind| statement.compared.contains(&kind);
+        // Only this platform's: a merchant taking several is sent one
+        // statement per platform, and each lists its own money alone.
+        let channel = format.as_str();
         // What payonce recorded in the period that the statement does not
         // list: read for every day while the listed ids are held, then
         // written out once they are freed.
@@ -411,7 +415,7 @@ impl<'a> Operations<'a> {
             let (from, to) = recon::day_bounds(day, offset).ok_or_else(|| Error::internal("bad period day"))?;
             let unlisted = |pay_no: &str| !listed.contains(RowKind::Payment, pay_no);
             let payments = if compares(RowKind::Payment) {
-                Some(self.core.store().read(|tx| tx.applied_payments_between(&from, &to, &unlisted))?)
+                Some(self.core.store().read(|tx| tx.applied_payments_between(&from, &to, channel, &unlisted))?)
             } else {
                 None
             };
@@ -419,8 +423,8 @@ impl<'a> Operations<'a> {
             if compares(RowKind::Refund) {
                 let unlisted = |refund_no: &str| !listed.contains(RowKind::Refund, refund_no);
                 self.core.store().read(|tx| {
-                    tx.refunds_settled_between(&from, &to, &unlisted, &mut |refund_no, order_no, amount| {
-                        refunds.push(&local_only_row(RowKind::Refund, refund_no, order_no, amount))
+                    tx.refunds_settled_between(&from, &to, channel, &unlisted, &mut |refund_no, order_no, amount| {
+                        refunds.push(&local_only_row(RowKind::Refund, channel, refund_no, order_no, amount))
                     })
                 })?;
             }
@@ -429,7 +433,7 @@ impl<'a> Operations<'a> {
         drop(listed);
         for (payments, refunds) in local_only {
             for (pay_no, order_no, amount) in payments.iter().flat_map(|p| p.iter()) {
-                result.missing_remote.push(&local_only_row(RowKind::Payment, pay_no, order_no, amount))?;
+                result.missing_remote.push(&local_only_row(RowKind::Payment, channel, pay_no, order_no, amount))?;
             }
             drop(payments);
             result.missing_remote.append(refunds);
@@ -717,14 +721,23 @@ fn repaired_row(row: &StatementRow, outcome: Result<&'static str, Error>) -> Rep
 }
 
 /// A `missing_remote` row: payonce has it, the platform does not.
-fn local_only_row<'a>(kind: RowKind, id: &'a str, order_no: &'a str, amount: i64) -> DiffRow<'a> {
-    DiffRow { kind, pay_no: id, order_no, amount_platform: None, amount_local: Some(amount), coupon_amount: None }
+fn local_only_row<'a>(kind: RowKind, channel: &'a str, id: &'a str, order_no: &'a str, amount: i64) -> DiffRow<'a> {
+    DiffRow {
+        kind,
+        channel,
+        pay_no: id,
+        order_no,
+        amount_platform: None,
+        amount_local: Some(amount),
+        coupon_amount: None,
+    }
 }
 
 /// A statement row against payonce's amount (`None`: payonce has no record).
-fn diff_row(row: &StatementRow, local: Option<i64>) -> DiffRow<'_> {
+fn diff_row(format: Format, row: &StatementRow, local: Option<i64>) -> DiffRow<'_> {
     DiffRow {
         kind: row.kind,
+        channel: format.as_str(),
         pay_no: &row.id,
         order_no: &row.order_no,
         amount_platform: Some(row.amount),

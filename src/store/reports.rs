@@ -329,7 +329,7 @@ impl ReadTx<'_> {
     /// payments decided within [from − 5 min, to + 72 h) (the index
     /// `ix_pay_callback_log_decided`) and the window is applied here.
     ///
-    /// Only the payments whose pay_no `wanted` accepts are returned: the
+    /// Only the payments of `channel` whose pay_no `wanted` accepts are returned: the
     /// rows are read one at a time, so a period of many payments costs the
     /// memory of the few wanted (reconciliation wants those its statement
     /// does not list), and those are kept compactly ([`PlacedPayments`]).
@@ -339,6 +339,7 @@ impl ReadTx<'_> {
         &self,
         from: &str,
         to: &str,
+        channel: &str,
         wanted: &dyn Fn(&str) -> bool,
     ) -> Result<PlacedPayments, Error> {
         let decided_from = shifted(from, -PLATFORM_TIME_AFTER_MS_MAX)?;
@@ -347,8 +348,8 @@ impl ReadTx<'_> {
         self.conn.query_each(
             "SELECT p.pay_no, o.order_no, p.amount, p.paid_at, p.decided_at
              FROM pay_callback_log p JOIN orders o ON o.id = p.order_id
-             WHERE p.outcome = 'applied' AND p.decided_at >= ?1 AND p.decided_at < ?2",
-            params![&decided_from, &decided_to],
+             WHERE p.outcome = 'applied' AND p.decided_at >= ?1 AND p.decided_at < ?2 AND p.channel = ?3",
+            params![&decided_from, &decided_to, channel],
             &mut |r| {
                 let decided_at = r.text(4)?;
                 let earliest = shifted(&decided_at, -PLATFORM_TIME_BEFORE_MS_MAX)?;
@@ -379,7 +380,7 @@ impl ReadTx<'_> {
         )
     }
 
-    /// SUCCEEDED refunds settled in [from, to), by the platform's refund time
+    /// SUCCEEDED refunds of `channel` settled in [from, to), by the platform's refund time
     /// when its notice carried one, else by when payonce settled them: each
     /// whose refund_no `wanted` accepts is handed to `each` as (refund_no,
     /// order_no, amount), in that order, as it is read (like
@@ -389,16 +390,21 @@ impl ReadTx<'_> {
         &self,
         from: &str,
         to: &str,
+        channel: &str,
         wanted: &dyn Fn(&str) -> bool,
         each: &mut dyn FnMut(&str, &str, i64) -> Result<(), Error>,
     ) -> Result<(), Error> {
+        // A refund goes back through the platform of the payment it returns:
+        // its own payment's (a payment's refund), else its order's applied one.
         self.conn.query_each(
             "SELECT r.refund_no, o.order_no, r.amount FROM refund r JOIN orders o ON o.id = r.order_id
+             JOIN pay_callback_log p ON p.pay_no = coalesce(r.pay_no, o.pay_no)
              WHERE r.status = 'SUCCEEDED'
                AND coalesce(r.platform_settled_at, r.settled_at) >= ?1
                AND coalesce(r.platform_settled_at, r.settled_at) < ?2
+               AND p.channel = ?3
              ORDER BY coalesce(r.platform_settled_at, r.settled_at)",
-            params![from, to],
+            params![from, to, channel],
             &mut |r| {
                 let refund_no = r.text(0)?;
                 if wanted(&refund_no) {

@@ -101,9 +101,12 @@ const PAYMENTS: [(&str, &str, i64, &str, &str); 9] = [
     ("P-OUT", "RC-OUT", 4300, "2024-01-05T11:00:00+08:00", "applied"),
 ];
 
-/// Orders, payments (signed callbacks with paid_at) and one refund settled
-/// inside DAY, on a file database.
-fn seed(db: &Path) {
+/// Orders, payments (with paid_at) and one refund settled inside DAY, on a
+/// file database, all through `channel`: the platform whose statement the
+/// test compares (a statement compares its own platform's money only).
+/// Generic payments arrive as signed callbacks; another platform's through
+/// the library, as its verified notices would.
+fn seed(db: &Path, channel: &str) {
     let app = open_app(db);
     for (order_no, amount) in ORDERS {
         let (status, body) =
@@ -111,23 +114,51 @@ fn seed(db: &Path) {
         assert_eq!(status, 201, "{order_no}: {body}");
     }
     for (pay_no, order_no, amount, paid_at, outcome) in PAYMENTS {
-        let body =
-            json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": "SUCCESS", "paid_at": paid_at});
-        // Delivered a minute after it was paid: within the platform-time window,
-        // so the platform's time is the one reconciliation dates it by.
-        app.clock().set_ms(ms(paid_at) + 60_000);
-        let (status, answer) = signed(&app, "/v1/callbacks/generic", &body);
-        assert_eq!((status, answer["outcome"].as_str()), (200, Some(outcome)), "{pay_no}: {answer}");
+        assert_eq!(deliver(&app, channel, pay_no, order_no, amount, paid_at), outcome, "{pay_no}");
     }
     app.clock().set_ms(ms(SEED_CLOCK));
-    let (status, body) = post_json(&app, "/v1/orders/RC-R1/refund", &json!({"refund_no": "RF-R1"}));
+    refund_whole(&app, channel, "RC-R1", "RF-R1");
+}
+
+/// A payment's outcome, delivered through `channel` a minute after it was
+/// paid at `paid_at`: within the platform-time window, so the platform's
+/// time is the one reconciliation dates it by.
+fn deliver(app: &App, channel: &str, pay_no: &str, order_no: &str, amount: i64, paid_at: &str) -> String {
+    let body =
+        json!({"pay_no": pay_no, "order_no": order_no, "amount": amount, "status": "SUCCESS", "paid_at": paid_at});
+    app.clock().set_ms(ms(paid_at) + 60_000);
+    if channel == "generic" {
+        let (status, answer) = signed(app, "/v1/callbacks/generic", &body);
+        assert_eq!(status, 200, "{pay_no}: {answer}");
+        return answer["outcome"].as_str().unwrap_or_default().to_owned();
+    }
+    let callback = payonce::PaymentCallback {
+        channel: channel.into(),
+        pay_no: pay_no.into(),
+        order_no: order_no.into(),
+        amount,
+        currency: None,
+        status: payonce::PlatformStatus::Success,
+        paid_at: Some(format_ms(ms(paid_at))),
+        raw_body: body.to_string().into_bytes(),
+    };
+    app.payments().deliver_payment(&callback).expect("deliver").outcome_str().to_owned()
+}
+
+/// The whole of `order_no` refunded as `refund_no`, its success told by `channel`.
+fn refund_whole(app: &App, channel: &str, order_no: &str, refund_no: &str) {
+    let (status, body) = post_json(app, &format!("/v1/orders/{order_no}/refund"), &json!({"refund_no": refund_no}));
     assert_eq!(status, 200, "{body}");
-    let (status, body) = signed(
-        &app,
-        "/v1/callbacks/generic/refund",
-        &json!({"refund_no": "RF-R1", "order_no": "RC-R1", "status": "SUCCESS"}),
-    );
-    assert_eq!((status, body["outcome"].as_str()), (200, Some("applied")), "{body}");
+    let refund = payonce::RefundCallback {
+        channel: channel.into(),
+        refund_no: refund_no.into(),
+        order_no: order_no.into(),
+        status: payonce::PlatformStatus::Success,
+        settled_at: None,
+        amount: None,
+        refunded_total: None,
+    };
+    assert_eq!(app.refunds().deliver_refund(&refund).expect("deliver refund").as_str(), "applied");
 }
 
 // ---- the platform side ----
@@ -398,6 +429,14 @@ struct Expected {
 
 fn check(result: &Value, expected: &Expected, context: &str) {
     assert_eq!(result["period"], json!(expected.period), "{context}: period: {result}");
+    // Every row is of the statement's platform, as the answer says.
+    let channel = &result["channel"];
+    assert!(channel.is_string(), "{context}: channel: {result}");
+    for list in ["missing_local", "missing_remote", "amount_mismatch"] {
+        for row in result[list].as_array().into_iter().flatten() {
+            assert_eq!(&row["channel"], channel, "{context}: {list}: {row}");
+        }
+    }
     assert_eq!(result["matched"].as_u64(), Some(expected.matched), "{context}: matched: {result}");
     assert_eq!(diffs(&result["missing_local"]), expected.missing_local, "{context}: missing_local: {result}");
     assert_eq!(diffs(&result["missing_remote"]), expected.missing_remote, "{context}: missing_remote: {result}");
@@ -533,7 +572,7 @@ fn generic_statement_in_process_over_http_repaired_twice_and_by_cli() {
     let format = Format::Generic;
     let dir = TempDir::new("recon-generic");
     let db = dir.path("generic.db");
-    seed(&db);
+    seed(&db, format.as_str());
     let bytes = statement(format, &statement_rows());
 
     {
@@ -615,7 +654,7 @@ fn wechatpay_trade_bill_over_http_and_repaired_twice_in_process() {
     let format = Format::Wechatpay;
     let dir = TempDir::new("recon-wechat");
     let db = dir.path("wechat.db");
-    seed(&db);
+    seed(&db, format.as_str());
     let bytes = statement(format, &statement_rows());
     {
         let app = open_app(&db);
@@ -651,7 +690,7 @@ fn alipay_gbk_statement_over_http_and_repaired_twice_by_cli() {
     let format = Format::Alipay;
     let dir = TempDir::new("recon-alipay");
     let db = dir.path("alipay.db");
-    seed(&db);
+    seed(&db, format.as_str());
     let bytes = statement(format, &statement_rows());
     {
         let app = open_app(&db);
@@ -715,7 +754,7 @@ fn alipay_with(r: &Row, column: usize, value: &str) -> Vec<u8> {
 fn bad_statements_are_refused_naming_the_line_and_change_nothing() {
     let dir = TempDir::new("recon-bad");
     let db = dir.path("bad.db");
-    seed(&db);
+    seed(&db, "generic");
     let app = open_app(&db);
     let good_wechat = wechat_row(&statement_rows()[0]);
     let rows = statement_rows();
@@ -1003,7 +1042,7 @@ fn a_statement_of_many_batches_is_compared_whole_and_replayed_over_http() {
     let format = Format::Generic;
     let dir = TempDir::new("recon-large");
     let db = dir.path("large.db");
-    seed(&db);
+    seed(&db, format.as_str());
     let bytes = statement(format, &with_generated(GENERATED));
     assert!(bytes.len() > 512 * 1024, "a statement of many batches: {} bytes", bytes.len());
     let server = Server::start_on(&db, &REWARDS);
@@ -1035,7 +1074,7 @@ fn a_keyed_repair_of_many_unknown_rows_answers_its_json_and_replays_it() {
     let format = Format::Generic;
     let dir = TempDir::new("recon-large-repair");
     let db = dir.path("repair.db");
-    seed(&db);
+    seed(&db, format.as_str());
     let bytes = statement(format, &with_generated(GENERATED));
     let server = Server::start_on(&db, &REWARDS);
     let headers = [("Content-Type", "text/csv"), ("Idempotency-Key", "large-repair")];
@@ -1047,7 +1086,7 @@ fn a_keyed_repair_of_many_unknown_rows_answers_its_json_and_replays_it() {
     let keys: Vec<&str> = result.as_object().map(|o| o.keys().map(String::as_str).collect()).unwrap_or_default();
     assert_eq!(
         keys,
-        ["period", "compared", "matched", "missing_local", "missing_remote", "amount_mismatch", "repaired"]
+        ["channel", "period", "compared", "matched", "missing_local", "missing_remote", "amount_mismatch", "repaired"]
     );
     let pay_nos = |list: &str| -> Vec<String> {
         result[list].as_array().into_iter().flatten().filter_map(|r| r["pay_no"].as_str().map(str::to_owned)).collect()
@@ -1073,7 +1112,7 @@ fn a_gbk_statement_of_many_pieces_answers_as_its_utf8_text_over_http() {
     let format = Format::Alipay;
     let dir = TempDir::new("recon-large-gbk");
     let db = dir.path("gbk.db");
-    seed(&db);
+    seed(&db, format.as_str());
     let text = alipay_text(&with_generated(GENERATED));
     let gbk_bytes = gbk(&text);
     assert!(gbk_bytes.len() > 512 * 1024, "a statement of many pieces and batches: {} bytes", gbk_bytes.len());
@@ -1136,4 +1175,64 @@ fn a_partial_refund_is_reconciled_on_its_own_amount() {
         vec![diff("RF-P1", "RP-1", Some(10000), Some(3000))],
         "{mismatched}"
     );
+}
+
+/// A merchant taking three platforms is sent one statement by each: each
+/// compares its own platform's payments and refunds only, so a day on which
+/// every platform agrees with payonce is clean in all three (a WeChat Pay
+/// bill used to list every Alipay and generic payment as missing_remote).
+#[test]
+fn a_day_of_three_platforms_is_clean_in_each_platforms_statement() {
+    let dir = TempDir::new("recon-three-platforms");
+    let db = dir.path("three.db");
+    let app = open_app(&db);
+    let leak = |text: String| -> &'static str { Box::leak(text.into_boxed_str()) };
+    let formats = [Format::Generic, Format::Wechatpay, Format::Alipay];
+    let mut statements = Vec::new();
+    for (i, format) in formats.into_iter().enumerate() {
+        let channel = format.as_str();
+        let mut rows = Vec::new();
+        for j in 0..3 {
+            let order_no = leak(format!("RC3-{channel}-{j}"));
+            let pay_no = leak(format!("P3-{channel}-{j}"));
+            let fen = 1_000 + 100 * i as i64 + j;
+            let paid_at = leak(format!("2024-01-02T03:0{i}:{j}0Z"));
+            app.clock().set_ms(ms(SEED_CLOCK));
+            let (status, body) =
+                post_json(&app, "/v1/orders", &json!({"order_no": order_no, "user_id": "u-rc3", "amount": fen}));
+            assert_eq!(status, 201, "{order_no}: {body}");
+            assert_eq!(deliver(&app, channel, pay_no, order_no, fen, paid_at), "applied", "{pay_no}");
+            rows.push(Row { kind: Kind::Payment, id: pay_no, pay_no, order_no, fen, order_amount: fen, utc: paid_at });
+        }
+        // The first order of each platform refunded, whole, on the same day.
+        app.clock().set_ms(ms(SEED_CLOCK));
+        let (order_no, pay_no, fen) = (rows[0].order_no, rows[0].pay_no, rows[0].fen);
+        let refund_no = leak(format!("RF3-{channel}"));
+        refund_whole(&app, channel, order_no, refund_no);
+        let utc = "2024-01-02T06:30:00Z";
+        rows.push(Row { kind: Kind::Refund, id: refund_no, pay_no, order_no, fen, order_amount: fen, utc });
+        statements.push((format, statement(format, &rows)));
+    }
+    for (format, bytes) in &statements {
+        let result = reconcile_in_process(&app, *format, bytes, None, false);
+        let context = format!("{} statement", format.as_str());
+        assert_eq!(result["channel"], format.as_str(), "{context}: {result}");
+        check(
+            &result,
+            &Expected {
+                period: vec![DAY],
+                matched: 4,
+                missing_local: vec![],
+                missing_remote: vec![],
+                amount_mismatch: vec![],
+            },
+            &context,
+        );
+    }
+    // A generic statement listing nothing: its own platform's money of the
+    // day is missing_remote, and none of the other two platforms'.
+    let result = reconcile_in_process(&app, Format::Generic, &statement(Format::Generic, &[]), Some(DAY), false);
+    let missing: Vec<Diff> = diffs(&result["missing_remote"]);
+    assert_eq!(missing.len(), 4, "the generic day, listed by nobody: its 3 payments and 1 refund: {result}");
+    assert!(missing.iter().all(|d| d.0.contains("generic")), "{result}");
 }

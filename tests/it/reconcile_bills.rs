@@ -401,7 +401,7 @@ fn wechatpay_bill_kinds_decide_what_is_compared_and_coupons_are_reported() {
     assert_eq!(missing_local.len(), 1, "{result}");
     assert_eq!(
         missing_local[0],
-        json!({"kind": "payment", "pay_no": "4200002201202403049999999999", "order_no": "BILL-WX-Z",
+        json!({"kind": "payment", "channel": "wechatpay", "pay_no": "4200002201202403049999999999", "order_no": "BILL-WX-Z",
                "amount_platform": 10_000, "amount_local": null, "coupon_amount": 1_000}),
         "{result}"
     );
@@ -437,8 +437,10 @@ fn wechatpay_bill_kinds_decide_what_is_compared_and_coupons_are_reported() {
     let result = reconcile(&app, Format::Wechatpay, without.join("\r\n").as_bytes(), None);
     assert_eq!(
         list(&result, "amount_mismatch"),
-        [json!({"kind": "refund", "pay_no": "RF-WX-A", "order_no": "BILL-WX-A", "amount_platform": 9_000,
-                "amount_local": 10_000})],
+        [
+            json!({"kind": "refund", "channel": "wechatpay", "pay_no": "RF-WX-A", "order_no": "BILL-WX-A", "amount_platform": 9_000,
+                "amount_local": 10_000})
+        ],
         "{result}"
     );
 
@@ -493,10 +495,8 @@ fn alipay_refunds_only_file_matches_and_still_compares_payments() {
     let (exit, cli) = reconcile_cli(&db, ALIPAY_REFUNDS, Format::Alipay, None);
     assert_eq!(exit, Some(0), "payonce reconcile on the refunds-only file: {cli}");
 
-    // A payment the platform never made, applied on that day (a forged
-    // callback with the generic secret, dated 23:59): the file lists no
-    // payment, yet it declares no kind, so payments are compared and it is
-    // missing_remote.
+    // A generic payment of that day is another platform's money: an Alipay
+    // statement does not list it and does not report it.
     set_clock(&app, "2024-03-05T16:10:00Z");
     let body = json!({"pay_no": "FORGED-G", "order_no": "BILL-AL-G", "amount": 1_990, "status": "SUCCESS",
                       "paid_at": "2024-03-05T23:59:00+08:00"})
@@ -506,10 +506,21 @@ fn alipay_refunds_only_file_matches_and_still_compares_payments() {
     let resp = call(&app, "POST", "/v1/callbacks/generic", &headers, body.as_bytes());
     assert_eq!(resp.status, 200, "{}", text(&resp));
     let result = reconcile(&app, Format::Alipay, &file, None);
+    assert_clean(&result, &["2024-03-05"], &["payment", "refund"], 1, "a generic payment is not Alipay's");
+    // An Alipay payment the platform never made, applied on that day (a
+    // forged notice, dated 23:59): the file lists no payment, yet it
+    // declares no kind, so payments are compared and it is missing_remote.
+    create_order(&app, "BILL-AL-H", 1_990);
+    let mut forged = ali_params("2024030522001499990000000001", "BILL-AL-H", "19.90", "TRADE_SUCCESS");
+    for param in forged.iter_mut().filter(|(name, _)| *name == "gmt_payment") {
+        param.1 = "2024-03-05 23:59:00";
+    }
+    ali_notify(&app, &forged);
+    let result = reconcile(&app, Format::Alipay, &file, None);
     assert_eq!(
         list(&result, "missing_remote"),
-        [json!({"kind": "payment", "pay_no": "FORGED-G", "order_no": "BILL-AL-G", "amount_platform": null,
-                "amount_local": 1_990})],
+        [json!({"kind": "payment", "channel": "alipay", "pay_no": "2024030522001499990000000001",
+                "order_no": "BILL-AL-H", "amount_platform": null, "amount_local": 1_990})],
         "{result}"
     );
     assert_eq!(result["matched"], 1, "{result}");
