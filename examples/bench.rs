@@ -95,7 +95,7 @@ const PHASE_KEYS: [&str; 9] =
 #[derive(Clone, Debug)]
 struct Options {
     clients: usize,
-    /// Clients of the second applied phase (section 20's "64 clients").
+    /// Clients of the second applied phase, against L_batch.
     clients_high: usize,
     /// Worker threads of payonce's server and of the trivial one.
     workers: usize,
@@ -619,7 +619,7 @@ fn measure(
     let payonce_requests = orders.count + applied.count + duplicates.count;
     let all_requests = payonce_requests + trivial.count;
 
-    // Section 20's rounds: L_batch and A_batch (as is, CPU kept awake) and
+    // The batching limit's rounds: L_batch and A_batch (as is, CPU kept awake) and
     // payonce at the higher client count, behind its own server with more
     // workers on the same App.
     let mut l_batch = Phase::new("L_batch: minimal schema, 64 per COMMIT");
@@ -907,7 +907,7 @@ fn print_table<'p>(phases: impl Iterator<Item = &'p Phase>) {
     println!("(the batched rows' latencies are per COMMIT of 64 payments)");
 }
 
-/// Section 20's figures: the batched limits beside payonce, per payment.
+/// The batching limit's figures: the batched limits beside payonce, per payment.
 fn print_batching(l_batch: &Phase, a_batch: &Phase, applied: &[&Phase]) {
     println!();
     println!(
