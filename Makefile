@@ -82,7 +82,11 @@ example:
 	$(CARGO) run --locked --example incident_replay
 
 # The benchmark, in one run (docs/performance.md): bare SQLite vs payonce
-# over HTTP vs a trivial handler; group commit on and off at 16 and 64
+# over HTTP vs a trivial handler, and the apply SQL batched 64 per COMMIT on
+# the minimal and on payonce's schema (L_batch, A_batch) beside payonce at
+# 16 and 64 clients with its writer's CPU per payment (BENCH_ARGS reach this
+# first program only: --statement-profile, --schema-costs, --only PHASES);
+# group commit on and off at 16 and 64
 # clients against the apply SQL on a minimal schema and pgbench -M prepared;
 # then 1, 2 and 4 payonce serve on SQLite and on PostgreSQL, with the outbox
 # lock's cost; then webhook latency from commit to a local receiver; then

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
-use support::{fresh_postgres_database, process_cpu_seconds, Measured};
+use support::{fresh_postgres_database, process_cpu_seconds, Measured, MINIMAL_SCHEMA};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -45,28 +45,6 @@ const AMOUNT: i64 = 9900;
 const COUPON: &str = "NEW10";
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 const WORKERS: usize = 64;
-
-/// The tables, columns and unique keys the apply SQL touches; nothing else.
-const MINIMAL_SCHEMA: &str = "
-CREATE TABLE orders (id INTEGER PRIMARY KEY, order_no TEXT NOT NULL, user_id TEXT NOT NULL, amount INTEGER NOT NULL,
-    currency TEXT NOT NULL, status TEXT NOT NULL, pay_no TEXT, created_at TEXT NOT NULL, expires_at TEXT NOT NULL,
-    paid_at TEXT);
-CREATE UNIQUE INDEX uk_order_no ON orders (order_no);
-CREATE TABLE pay_callback_log (id INTEGER PRIMARY KEY, pay_no TEXT NOT NULL, channel TEXT NOT NULL,
-    order_id INTEGER NOT NULL, amount INTEGER NOT NULL, status TEXT NOT NULL, outcome TEXT NOT NULL,
-    state TEXT NOT NULL, source TEXT NOT NULL, raw_body BLOB NOT NULL, paid_at TEXT, received_at TEXT NOT NULL,
-    decided_at TEXT, applied_at TEXT, rewards_due TEXT);
-CREATE UNIQUE INDEX uk_pay_no ON pay_callback_log (pay_no);
-CREATE TABLE user_coupon (id INTEGER PRIMARY KEY, user_id TEXT NOT NULL, order_id INTEGER NOT NULL,
-    coupon_template_id TEXT NOT NULL, status TEXT NOT NULL, created_at TEXT NOT NULL);
-CREATE UNIQUE INDEX uk_order_tpl ON user_coupon (order_id, coupon_template_id);
-CREATE TABLE point_log (id INTEGER PRIMARY KEY, user_id TEXT NOT NULL, order_id INTEGER NOT NULL,
-    point_type TEXT NOT NULL, points INTEGER NOT NULL, created_at TEXT NOT NULL, refund_no TEXT);
-CREATE UNIQUE INDEX uk_order_type ON point_log (order_id, point_type, coalesce(refund_no, ''));
-CREATE TABLE outbox_event (seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL, type TEXT NOT NULL,
-    order_no TEXT NOT NULL, data TEXT NOT NULL, created_at TEXT NOT NULL);
-CREATE UNIQUE INDEX uk_event_id ON outbox_event (event_id);
-";
 
 struct Options {
     payments: usize,
