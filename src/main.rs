@@ -28,6 +28,7 @@ Usage:
                     (asks the platforms about the order; exit 0, 1 if a platform could not answer)
   payonce sign      [--callback-secret S | --dev] < BODY
   payonce help
+  payonce --version
 
 Run `payonce COMMAND --help` for a command's options.
 ";
@@ -211,7 +212,11 @@ fn run() -> Result<ExitCode, String> {
             print!("{USAGE}");
             Ok(ExitCode::SUCCESS)
         }
-        Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+        Some("--version") | Some("-V") | Some("version") => {
+            println!("payonce {}", env!("CARGO_PKG_VERSION"));
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(other) => Err(format!("unknown command {other:?}; see `payonce help`")),
     }
 }
 
@@ -274,19 +279,40 @@ fn parse_settings(
             }
             Long(name) => {
                 let Some(setting) = config::setting_named(name) else {
-                    return Err(format!("{}\n\n{usage}", Long(name).unexpected()));
+                    return Err(one_line(Long(name).unexpected()));
                 };
+                let secret = SECRET_FLAGS.iter().find(|(flag, _)| *flag == name);
                 let value = if setting.takes_value { string_value(&mut parser)? } else { String::new() };
+                if let Some((flag, env)) = secret {
+                    eprintln!(
+                        "payonce: warning: --{flag} on the command line is visible to every user of this host \
+                         (ps, /proc); give it as {env} instead"
+                    );
+                }
                 setting.apply(&mut settings, &value)?;
             }
             Value(value) if accept_positional => {
                 positional.push(value.into_string().map_err(|v| format!("{v:?} is not UTF-8"))?)
             }
-            other => return Err(format!("{}\n\n{usage}", other.unexpected())),
+            other => return Err(one_line(other.unexpected())),
         }
     }
     Ok((settings, positional))
 }
+
+/// A refused argument as one line, pointing at the help rather than
+/// burying the line under it.
+fn one_line(refused: lexopt::Error) -> String {
+    format!("{refused}; see --help")
+}
+
+/// The flags whose values are secrets: visible to every user of the host
+/// in `ps` and /proc when given on the command line.
+const SECRET_FLAGS: &[(&str, &str)] = &[
+    ("callback-secret", "PAYONCE_CALLBACK_SECRET"),
+    ("api-token", "PAYONCE_API_TOKEN"),
+    ("wechatpay-apiv3-key", "PAYONCE_WECHATPAY_APIV3_KEY"),
+];
 
 fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
     parser.value().map_err(|e| e.to_string())?.into_string().map_err(|v| format!("{v:?} is not UTF-8"))
@@ -311,9 +337,10 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
             "payonce: warning: no API token configured: /v1 is open to anyone who can reach {listen} (loopback only)"
         );
     }
-    // The database first: a refused start (a bad file) exits before the port is taken.
-    let app = App::open_with(&args.db, Clock::System, config, &args.store).map_err(|e| e.message)?;
+    // The port first: a start that cannot listen (a port in use) exits
+    // before the database is opened, so it leaves no new file behind.
     let server = Server::bind_with(&args.listen, args.limits.clone()).map_err(|e| e.message)?;
+    let app = App::open_with(&args.db, Clock::System, config, &args.store).map_err(|e| e.message)?;
     let addr = server.local_addr();
     let shutdown = Arc::new(AtomicBool::new(false));
     handle_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
@@ -369,7 +396,7 @@ fn sign(mut parser: lexopt::Parser) -> Result<ExitCode, String> {
                 print!("{SIGN_USAGE}");
                 return Ok(ExitCode::SUCCESS);
             }
-            other => return Err(format!("{}\n\n{SIGN_USAGE}", other.unexpected())),
+            other => return Err(one_line(other.unexpected())),
         }
     }
     let secret = secret
@@ -410,7 +437,7 @@ fn parse_offline(mut parser: lexopt::Parser, usage: &str, allowed: &[&str]) -> R
             return Ok(None);
         }
         if !allowed.contains(&name) {
-            return Err(format!("{}\n\n{usage}", arg.unexpected()));
+            return Err(one_line(arg.unexpected()));
         }
         match name {
             "db" => args.db = Some(string_value(&mut parser)?),
@@ -420,7 +447,7 @@ fn parse_offline(mut parser: lexopt::Parser, usage: &str, allowed: &[&str]) -> R
             "to" => args.to = Some(string_value(&mut parser)?),
             "repair" => args.repair = true,
             "force" => args.force = true,
-            _ => return Err(format!("{}\n\n{usage}", arg.unexpected())),
+            _ => return Err(one_line(arg.unexpected())),
         }
     }
     Ok(Some(args))

@@ -217,6 +217,25 @@ pub fn is_postgres_url(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://")
 }
 
+/// A `--db` naming another database by URL (`mysql://…`, `sqlite://…`) is
+/// refused rather than taken as a SQLite file of that name: a file named
+/// `mysql:` in the working directory would silently hold the ledger.
+/// SQLite's own `file:` URIs (`file:/NAME?vfs=memdb`) have no `//` and stay.
+fn refuse_other_schemes(db: &str) -> Result<(), Error> {
+    let Some((scheme, _)) = db.split_once("://") else {
+        return Ok(());
+    };
+    let looks_like_a_scheme =
+        !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-' || b == b'.');
+    if looks_like_a_scheme && !is_postgres_url(db) {
+        return Err(Error::invalid(format!(
+            "--db {scheme}://…: payonce stores its ledger in SQLite (a file path) or PostgreSQL \
+             (postgres:// or postgresql://), not {scheme}"
+        )));
+    }
+    Ok(())
+}
+
 /// `db` as payonce prints it: a PostgreSQL URL without its password.
 pub fn shown_db(db: &str) -> String {
     if is_postgres_url(db) {
@@ -276,6 +295,7 @@ impl Store {
     /// `":memory:"`, or a PostgreSQL database for a `postgres://` URL; the
     /// schema is applied or migrated before this returns.
     pub fn open(db: &str, options: &StoreOptions) -> Result<Store, Error> {
+        refuse_other_schemes(db)?;
         if is_postgres_url(db) {
             return Ok(Store::on(Engine::Postgres(postgres::PostgresEngine::open(db, options)?), false));
         }

@@ -10,6 +10,7 @@ mod prepay;
 mod api_http;
 mod auth;
 mod channels;
+mod cli;
 mod crash;
 mod edge;
 mod event_feed;

@@ -1,0 +1,101 @@
+//! What the command line answers before it serves anything: its version, a
+//! refused flag in one line, a `--db` of another database refused by name, a
+//! start that cannot listen leaving no database file behind, and a secret
+//! given as a flag warned about.
+
+use crate::util::{payonce_cli, TempDir};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+
+#[test]
+fn version_is_the_packages() {
+    for flag in ["--version", "-V", "version"] {
+        let (code, out, err) = payonce_cli(&[flag]);
+        assert_eq!(code, Some(0), "{flag}: {err}");
+        assert_eq!(out, format!("payonce {}\n", env!("CARGO_PKG_VERSION")), "{flag}");
+    }
+}
+
+#[test]
+fn a_refused_flag_or_command_is_one_line_pointing_at_the_help() {
+    for (args, names) in [
+        (&["serve", "--no-such-flag"][..], "--no-such-flag"),
+        (&["inspect", "--no-such-flag"][..], "--no-such-flag"),
+        (&["sign", "--no-such-flag"][..], "--no-such-flag"),
+        (&["frobnicate"][..], "frobnicate"),
+    ] {
+        let (code, out, err) = payonce_cli(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: nothing on stdout: {out}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: one line: {err}");
+        assert!(lines[0].contains(names) && lines[0].contains("help"), "{args:?}: {err}");
+    }
+}
+
+/// `payonce serve ARGS` run in `dir` until it exits: (exit code, stderr).
+fn serve_in(dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_payonce"))
+        .arg("serve")
+        .args(args)
+        .current_dir(dir)
+        .env_remove("PAYONCE_CALLBACK_SECRET")
+        .env_remove("PAYONCE_DB")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run payonce serve");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read the directory")
+        .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_db_of_another_database_is_refused_by_name_and_makes_no_file() {
+    let dir = TempDir::new("cli-db-scheme");
+    for db in ["mysql://shop:pw@db.example/pay", "sqlite:///var/lib/payonce.db", "redis://localhost"] {
+        let (code, err) = serve_in(dir.path("").as_path(), &["--dev", "--listen", "127.0.0.1:0", "--db", db]);
+        let scheme = db.split("://").next().unwrap_or_default();
+        assert_eq!(code, Some(2), "{db}: {err}");
+        assert!(err.contains(&format!("not {scheme}")) && err.contains("postgres://"), "{db}: {err}");
+        assert!(!err.contains("pw"), "{db}: the URL's password is not repeated: {err}");
+    }
+    assert_eq!(entries(dir.path("").as_path()), Vec::<String>::new(), "no file named after a URL");
+}
+
+#[test]
+fn a_start_that_cannot_listen_leaves_no_database_file() {
+    let dir = TempDir::new("cli-busy-port");
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let addr = taken.local_addr().expect("its address").to_string();
+    let (code, err) = serve_in(dir.path("").as_path(), &["--dev", "--listen", &addr, "--db", "ledger.db"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot listen"), "{err}");
+    assert_eq!(entries(dir.path("").as_path()), Vec::<String>::new(), "no ledger.db, -wal or -shm left behind");
+}
+
+#[test]
+fn a_secret_given_as_a_flag_is_warned_about_naming_its_variable() {
+    let dir = TempDir::new("cli-secret-flag");
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let addr = taken.local_addr().expect("its address").to_string();
+    for (flag, value, env) in [
+        ("--callback-secret", "s3cret-of-the-generic-channel", "PAYONCE_CALLBACK_SECRET"),
+        ("--api-token", "ops:t0ken-value", "PAYONCE_API_TOKEN"),
+    ] {
+        // The port is taken, so the start ends right after the warnings.
+        let (code, err) = serve_in(dir.path("").as_path(), &["--dev", "--listen", &addr, flag, value]);
+        assert_eq!(code, Some(2), "{flag}: {err}");
+        let warning = err.lines().find(|l| l.contains(flag)).unwrap_or_else(|| panic!("{flag}: no warning: {err}"));
+        assert!(warning.contains("warning") && warning.contains(env), "{flag}: {warning}");
+        assert!(!err.contains(value), "{flag}: the secret itself is never printed: {err}");
+    }
+    let (_, err) = serve_in(dir.path("").as_path(), &["--dev", "--listen", &addr]);
+    assert!(!err.contains("visible to every user"), "no secret flag, no warning: {err}");
+}
