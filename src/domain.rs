@@ -141,6 +141,13 @@ pub enum RefundOutcome {
 }
 
 impl RefundOutcome {
+    pub const ALL: [RefundOutcome; 4] = [
+        RefundOutcome::Applied,
+        RefundOutcome::RefundFailed,
+        RefundOutcome::Duplicate,
+        RefundOutcome::UnexpectedRefund,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             RefundOutcome::Applied => "applied",
@@ -1041,3 +1048,16 @@ pub fn payment_refund_no(pay_no: &str, attempt: usize) -> String {
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("U-{}{suffix}", &hex[..40])
 }
+
+/// Every kind of inspection finding (`GET /v1/inspections`), as `/metrics`
+/// labels them from the start.
+pub const FINDING_KINDS: [&str; 8] = [
+    "duplicate_coupon",
+    "duplicate_points",
+    "paid_without_rewards",
+    "applied_callback_order_not_paid",
+    "refund_required",
+    "unexpected_refund",
+    "received_not_applied",
+    "close_unconfirmed",
+];

@@ -2,6 +2,7 @@
 //! prefixed `payonce_`). Gauges that live in the database (mode, records
 //! waiting) are read at scrape time by the caller.
 
+use crate::domain::{PaymentOutcome, RefundOutcome, FINDING_KINDS};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -11,6 +12,10 @@ use std::time::Duration;
 
 /// Upper bounds of the latency histogram, in seconds.
 pub const LATENCY_BUCKETS_S: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+/// Where a repeat is answered without its work: a callback's `duplicate`,
+/// and an Idempotency-Key's stored answer.
+pub const DUPLICATE_LAYERS: [&str; 2] = ["callback", "idempotency_key"];
 
 #[derive(Default)]
 pub struct Metrics {
@@ -70,7 +75,7 @@ impl Metrics {
     }
 
     /// A repeat that did no work: a `duplicate` callback or a replayed
-    /// Idempotency-Key (`layer` says which).
+    /// Idempotency-Key (`layer` says which, one of [`DUPLICATE_LAYERS`]).
     pub fn observe_duplicate(&self, layer: &'static str) {
         *self.duplicates_suppressed.lock().entry(layer).or_default() += 1;
     }
@@ -128,20 +133,41 @@ impl Metrics {
     }
 
     /// What the work decided: callback outcomes, suppressed repeats, inspection findings.
+    /// Every label value payonce knows is there from the first scrape, at 0:
+    /// Prometheus' `increase()` over a series that appears with its first
+    /// event reads 0, and an alert on the first `duplicate_coupon` would
+    /// never fire.
     fn render_outcomes(&self, out: &mut String) {
         header(out, "payonce_callback_outcomes_total", "counter", "Callback answers by kind and outcome.");
+        let mut outcomes = self.callback_outcomes.lock();
+        let payments = PaymentOutcome::ALL.iter().map(|o| o.as_str()).chain(["duplicate"]).map(|o| ("payment", o));
+        let refunds = RefundOutcome::ALL.iter().map(|o| ("refund", o.as_str()));
+        for (kind, outcome) in payments.chain(refunds) {
+            outcomes.entry((kind.to_owned(), outcome.to_owned())).or_default();
+        }
+        drop(outcomes);
         for ((kind, outcome), n) in self.callback_outcomes.lock().iter() {
             sample(out, "payonce_callback_outcomes_total", &[("kind", kind), ("outcome", outcome)], n);
         }
         header(out, "payonce_duplicates_suppressed_total", "counter", "Repeats answered without doing the work again.");
+        for layer in DUPLICATE_LAYERS {
+            self.duplicates_suppressed.lock().entry(layer).or_default();
+        }
         for (layer, n) in self.duplicates_suppressed.lock().iter() {
             sample(out, "payonce_duplicates_suppressed_total", &[("layer", layer)], n);
         }
         header(out, "payonce_inspection_findings_total", "counter", "Inspection findings by kind, over all runs.");
+        for kind in FINDING_KINDS {
+            self.inspection_findings.lock().entry(kind.to_owned()).or_default();
+        }
         for (kind, n) in self.inspection_findings.lock().iter() {
             sample(out, "payonce_inspection_findings_total", &[("kind", kind)], n);
         }
         header(out, "payonce_inspection_last_findings", "gauge", "Findings of the last inspection run, by kind.");
+        // A kind the last run did not find had 0 findings in it.
+        for kind in FINDING_KINDS {
+            self.inspection_last.lock().entry(kind.to_owned()).or_default();
+        }
         for (kind, n) in self.inspection_last.lock().iter() {
             sample(out, "payonce_inspection_last_findings", &[("kind", kind)], n);
         }

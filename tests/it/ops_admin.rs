@@ -1322,6 +1322,62 @@ fn scrape(server: &Server) -> (Exposition, String) {
     (exposition, text)
 }
 
+/// A fresh payonce's first scrape already holds every counter whose label
+/// values payonce knows, at 0, so Prometheus' `increase()` sees the first
+/// event after a (re)start and an alert on the first finding of a kind fires.
+#[test]
+fn a_fresh_payonce_exports_every_known_counter_at_zero() {
+    let server = Server::start(&REWARDS);
+    let (m, text) = scrape(&server);
+    let zero = |family: &str, labels: &[(&str, &str)]| {
+        let found: Vec<f64> = m
+            .family(family)
+            .iter()
+            .filter(|s| labels.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
+            .map(|s| s.value)
+            .collect();
+        assert_eq!(found, [0.0], "{family} {labels:?} at 0 from the start:\n{text}");
+    };
+    for outcome in ["recorded", "payment_failed", "paid_after_close", "already_paid", "amount_mismatch", "applied"] {
+        zero("payonce_callback_outcomes_total", &[("kind", "payment"), ("outcome", outcome)]);
+    }
+    zero("payonce_callback_outcomes_total", &[("kind", "payment"), ("outcome", "duplicate")]);
+    for outcome in ["applied", "refund_failed", "duplicate", "unexpected_refund"] {
+        zero("payonce_callback_outcomes_total", &[("kind", "refund"), ("outcome", outcome)]);
+    }
+    for layer in ["callback", "idempotency_key"] {
+        zero("payonce_duplicates_suppressed_total", &[("layer", layer)]);
+    }
+    // The kinds the API describes, every one of them.
+    let openapi = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.yaml")).expect("openapi");
+    let kinds: Vec<&str> = openapi
+        .split("- duplicate_coupon")
+        .nth(1)
+        .map(|rest| rest.split("order_no:").next().unwrap_or_default())
+        .into_iter()
+        .flat_map(|list| list.lines())
+        .filter_map(|line| line.trim().strip_prefix("- "))
+        .chain(["duplicate_coupon"])
+        .collect();
+    assert_eq!(kinds.len(), 8, "the inspection's kinds in docs/openapi.yaml: {kinds:?}");
+    for kind in &kinds {
+        zero("payonce_inspection_findings_total", &[("kind", kind)]);
+        zero("payonce_inspection_last_findings", &[("kind", kind)]);
+    }
+    // One event moves one series and leaves the others at 0.
+    create_http(&server, "MZ-1", 1000);
+    let paid = Pay { pay_no: "MZP-1", order_no: "MZ-1", amount: 1000, status: "SUCCESS" }.send(&server);
+    assert_eq!(paid.json()["outcome"], "applied");
+    let (m, text) = scrape(&server);
+    let value = |outcome: &str| {
+        m.family("payonce_callback_outcomes_total")
+            .iter()
+            .find(|s| s.labels.get("kind").map(String::as_str) == Some("payment") && s.labels["outcome"] == outcome)
+            .map(|s| s.value)
+    };
+    assert_eq!((value("applied"), value("duplicate")), (Some(1.0), Some(0.0)), "{text}");
+}
+
 #[test]
 fn metrics_are_strict_prometheus_text_with_every_promised_series() {
     let server = Server::start(&REWARDS);
