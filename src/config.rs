@@ -60,6 +60,8 @@ pub struct Settings {
     wechatpay_appids: Vec<String>,
     prepay_reuse_s: i64,
     refund_unwanted: RefundUnwanted,
+    /// `--log-format`: `main` sets it before anything logs.
+    pub log_format: crate::log::LogFormat,
 }
 
 /// One setting: its flag without `--`, whether it takes a value, and what
@@ -190,6 +192,10 @@ pub const SETTINGS: &[Setting] = &[
     }),
     setting("close-give-up-s", |s, v| int_into(&mut s.close_give_up_s, "close-give-up-s", v, 1, 365 * 86_400)),
     setting("platform-timeout-ms", |s, v| timeout(&mut s.platform_timeout_ms, "platform-timeout-ms", v)),
+    setting("log-format", |s, v| {
+        s.log_format = crate::log::LogFormat::parse(v).ok_or_else(|| format!("--log-format {v:?}: logfmt or json"))?;
+        Ok(())
+    }),
     setting("refund-unwanted", |s, v| {
         s.refund_unwanted =
             RefundUnwanted::parse(v).ok_or_else(|| format!("--refund-unwanted {v:?}: auto or manual"))?;
@@ -313,6 +319,7 @@ impl Settings {
             wechatpay_appids: Vec::new(),
             prepay_reuse_s: crate::platforms::PREPAY_REUSE_S_DEFAULT,
             refund_unwanted: RefundUnwanted::Manual,
+            log_format: crate::log::LogFormat::Logfmt,
         })
     }
 

@@ -184,6 +184,8 @@ HTTP edge limits (each holds without a reverse proxy; docs/deployment.md):
                                   [default: 128]
   --workers N                     worker threads that run requests [default: 16]
   --shutdown-grace-ms N           how long shutdown waits for requests in flight [default: 10000]
+  --log-format logfmt|json        stderr's log lines: logfmt, or one JSON object per line
+                                  (every value a string) [default: logfmt]
   -h, --help                      this help
 ";
 
@@ -319,6 +321,7 @@ fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
 }
 
 fn serve(args: Settings) -> Result<ExitCode, String> {
+    payonce::log::set_format(args.log_format);
     let Checked { config, warnings } = args.check()?;
     for warning in &warnings {
         eprintln!("payonce: {warning}");

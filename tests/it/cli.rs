@@ -99,3 +99,44 @@ fn a_secret_given_as_a_flag_is_warned_about_naming_its_variable() {
     let (_, err) = serve_in(dir.path("").as_path(), &["--dev", "--listen", &addr]);
     assert!(!err.contains("visible to every user"), "no secret flag, no warning: {err}");
 }
+
+#[test]
+fn log_format_json_writes_one_object_per_line() {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_payonce"))
+        .args(["serve", "--db", ":memory:", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .env("PAYONCE_CALLBACK_SECRET", "a-secret-of-the-generic-channel")
+        .env_remove("PAYONCE_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn payonce serve");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    stdout.read_line(&mut first).expect("the listening line");
+    let addr: std::net::SocketAddr = first
+        .trim()
+        .strip_prefix("listening on http://")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("first line: {first}"));
+    let body = br#"{"order_no":"LOG-1","user_id":"u","amount":100}"#;
+    let created = crate::util::request(addr, "POST", "/v1/orders", &[("Content-Type", "application/json")], body);
+    assert_eq!(created.status, 201);
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let mut stderr = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut stderr).expect("read stderr");
+    assert_eq!(child.wait().expect("exit").code(), Some(0), "{stderr}");
+    let logs: Vec<serde_json::Value> = stderr
+        .lines()
+        // `payonce: …` lines are the start's and stop's words, not log events.
+        .filter(|line| !line.starts_with("payonce: "))
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not one JSON object: {line}: {e}")))
+        .collect();
+    assert!(logs.iter().all(|l| l["ts"].is_string() && l["level"].is_string() && l["msg"].is_string()), "{stderr}");
+    let request = logs
+        .iter()
+        .find(|l| l["msg"] == "request" && l["route"] == "/v1/orders")
+        .unwrap_or_else(|| panic!("the request's line: {stderr}"));
+    assert_eq!((&request["method"], &request["status"]), (&serde_json::json!("POST"), &serde_json::json!("201")));
+}
