@@ -36,8 +36,8 @@ logging each call on stderr, one line each: platform, HTTP method, path
 
   payonce simulate platforms --public-base-url http://127.0.0.1:8080
   payonce serve --dev --db dev.db [the flags it printed]
-  curl -X POST localhost:8080/v1/orders -d '{\"order_no\":\"ORD_1001\",\"user_id\":\"u1\",\"amount\":9900,\"currency\":\"CNY\"}'
-  curl -X POST localhost:8080/v1/orders/ORD_1001/pay -d '{\"channel\":\"wechatpay\",\"method\":\"native\"}'
+  curl -X POST localhost:8080/v1/orders -H 'Content-Type: application/json' -d '{\"order_no\":\"ORD_1001\",\"user_id\":\"u1\",\"amount\":9900,\"currency\":\"CNY\"}'
+  curl -X POST localhost:8080/v1/orders/ORD_1001/pay -H 'Content-Type: application/json' -d '{\"channel\":\"wechatpay\",\"method\":\"native\"}'
   pay ORD_1001                                            # typed here: the buyer pays
   curl -X POST localhost:8080/v1/orders/ORD_1001/sync    # PAID: a payment with source `query`
 
