@@ -418,3 +418,17 @@ pub fn reply_outcome(reply: &Reply) -> &'static str {
         Reply::Ignored => "ignored",
     }
 }
+
+/// An identifier a platform's request named (a serial, an app_id), fit for a
+/// log line and an answer: at most 64 characters of `[A-Za-z0-9_.-]`, the
+/// rest replaced by `?`, `(none)` when empty.
+pub(crate) fn printable(named: &str) -> String {
+    if named.is_empty() {
+        return "(none)".to_owned();
+    }
+    named
+        .chars()
+        .take(64)
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') { c } else { '?' })
+        .collect()
+}

@@ -2128,8 +2128,14 @@ fn wechatpay_serials_match_in_any_case() {
     create_order(&app, "WXCASE0099", 9900);
     let body = || wx_body("TRANSACTION.SUCCESS", &wx_transaction("WXCASE0099", "4200000001202311150099", json!(9900)));
     let before = ledgers(&app);
-    let unknown = wx_sign(&keys().wx_b, &SERIAL_B.replace('A', "B").to_ascii_lowercase(), T0_S, body());
-    assert_wx_fail(&wx_post(&app, "/v1/callbacks/wechatpay", &unknown), Some(401), "an unknown serial");
+    let unknown_serial = SERIAL_B.replace('A', "B").to_ascii_lowercase();
+    let unknown = wx_sign(&keys().wx_b, &unknown_serial, T0_S, body());
+    let refused = wx_post(&app, "/v1/callbacks/wechatpay", &unknown);
+    assert_wx_fail(&refused, Some(401), "an unknown serial");
+    // The answer (and the log line) name the serial that arrived: the
+    // operator's way to a key given under the wrong serial.
+    let message = body_json(&refused)["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains(&unknown_serial), "the unknown serial is named: {message}");
     let crossed = wx_sign(&keys().wx_a, &SERIAL_B.to_ascii_lowercase(), T0_S, body());
     assert_wx_fail(&wx_post(&app, "/v1/callbacks/wechatpay", &crossed), Some(401), "serial b, key a");
     assert_eq!(ledgers(&app), before);

@@ -108,7 +108,12 @@ impl Alipay {
             return Err(unauthorized("the RSA2 sign does not verify"));
         }
         if form.get("app_id") != Some(&self.config.app_id) {
-            return Err(unauthorized("app_id is not this merchant's"));
+            let named = crate::platforms::printable(form.get("app_id").map(String::as_str).unwrap_or(""));
+            crate::log::warn(
+                "an Alipay notification names another app_id",
+                &[("app_id", &named), ("configured", &self.config.app_id)],
+            );
+            return Err(unauthorized(&format!("app_id {named} is not this merchant's")));
         }
         Ok(form)
     }

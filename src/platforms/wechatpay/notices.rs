@@ -78,7 +78,18 @@ pub fn verify_signed(
         // their case carries nothing, and SDKs differ in it.
         .find(|(s, _)| s.eq_ignore_ascii_case(&serial))
         .map(|(_, k)| k)
-        .ok_or_else(|| unauthorized("Wechatpay-Serial names no configured platform key"))?;
+        .ok_or_else(|| {
+            // The operator's first question: which key did WeChat Pay sign
+            // with, and which does payonce have? (A key given under the
+            // wrong serial starts fine and refuses every notification.)
+            let named = crate::platforms::printable(&serial);
+            let configured: Vec<&str> = platform_keys.iter().map(|(s, _)| s.as_str()).collect();
+            crate::log::warn(
+                "a WeChat Pay notification names a key payonce does not have",
+                &[("serial", &named), ("configured", &configured.join(","))],
+            );
+            unauthorized(&format!("Wechatpay-Serial {named} names no configured platform key"))
+        })?;
     if expiries.iter().any(|(s, not_after)| s.eq_ignore_ascii_case(&serial) && now_ms > *not_after) {
         return Err(unauthorized("the platform certificate Wechatpay-Serial names has expired"));
     }
