@@ -326,6 +326,9 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
     for warning in &warnings {
         eprintln!("payonce: {warning}");
     }
+    for line in config.platforms.registry.describe() {
+        eprintln!("payonce: {line}");
+    }
     let listen_addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(args.listen.as_str())
         .map_err(|e| format!("--listen {:?}: expected ADDR:PORT ({e})", args.listen))?
         .collect();

@@ -78,6 +78,11 @@ pub trait Notices: Send + Sync {
     fn paid_time_field(&self) -> &'static str {
         "paid_at"
     }
+    /// What it verifies notices with, for the line `serve` prints at start
+    /// (key identifiers and expiries, never a secret).
+    fn describe(&self) -> String {
+        String::new()
+    }
 }
 
 /// A refund to submit: `amount` (in the currency's minor unit) of the
@@ -291,6 +296,23 @@ impl Registry {
     /// The notices of the channel `name`, when they are on.
     pub fn notices(&self, name: &str) -> Option<&dyn Notices> {
         self.notices.iter().find(|n| n.name() == name).map(|n| n.as_ref())
+    }
+
+    /// One line per channel and per platform payonce calls, as `serve`
+    /// prints them at start: the keys a notice must be signed with (a key
+    /// given under the wrong serial is seen here, not at the first refused
+    /// notification), and where the calls go.
+    pub fn describe(&self) -> Vec<String> {
+        let notices = self.notices.iter().map(|n| {
+            let keys = n.describe();
+            if keys.is_empty() {
+                format!("channel {}: on", n.name())
+            } else {
+                format!("channel {}: {keys}", n.name())
+            }
+        });
+        let calls = self.calls.iter().map(|c| format!("calls to {}: {}", c.name(), c.endpoint()));
+        notices.chain(calls).collect()
     }
 
     /// The calls to the channel `name`, when they are on.

@@ -140,3 +140,31 @@ fn log_format_json_writes_one_object_per_line() {
         .unwrap_or_else(|| panic!("the request's line: {stderr}"));
     assert_eq!((&request["method"], &request["status"]), (&serde_json::json!("POST"), &serde_json::json!("201")));
 }
+
+#[test]
+fn the_start_names_each_channels_keys() {
+    let dir = TempDir::new("cli-keys-named");
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let addr = taken.local_addr().expect("its address").to_string();
+    let key = format!(
+        "PUB_KEY_ID_TEST_A={}/tests/fixtures/TEST_ONLY_wechatpay_platform_a_public.pem",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_payonce"))
+        .args(["serve", "--listen", &addr, "--wechatpay-public-key", &key])
+        .current_dir(dir.path(""))
+        .env("PAYONCE_CALLBACK_SECRET", "one-secret,another-secret")
+        .env("PAYONCE_WECHATPAY_APIV3_KEY", "TESTONLYapiv3key0123456789abcdef")
+        .env_remove("PAYONCE_DB")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run payonce serve");
+    // The port is taken: the start stops right after naming what it loaded.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let line = |prefix: &str| err.lines().find(|l| l.starts_with(prefix)).map(str::to_owned);
+    assert_eq!(line("payonce: channel generic"), Some("payonce: channel generic: 2 HMAC secret(s)".into()), "{err}");
+    let wechat = line("payonce: channel wechatpay").unwrap_or_else(|| panic!("no wechatpay line: {err}"));
+    assert!(wechat.contains("PUB_KEY_ID_TEST_A (no expiry)"), "{wechat}");
+    assert!(!err.contains("one-secret") && !err.contains("TESTONLYapiv3key"), "no secret is printed: {err}");
+}

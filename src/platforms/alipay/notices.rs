@@ -124,6 +124,10 @@ impl Notices for Alipay {
         NAME
     }
 
+    fn describe(&self) -> String {
+        format!("app_id {}, Alipay public key", self.config.app_id)
+    }
+
     fn parse(&self, _now_ms: i64, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
         let form = self.verified_form(req)?;
         let get = |name: &str| form.get(name).map(String::as_str).filter(|v| !v.is_empty());

@@ -27,6 +27,10 @@ impl Notices for Generic {
         NAME
     }
 
+    fn describe(&self) -> String {
+        format!("{} HMAC secret(s)", self.secrets.len())
+    }
+
     fn parse(&self, now_ms: i64, req: &Request, refund_route: bool) -> Result<Notice, Error> {
         verify(&self.secrets, now_ms, req)?;
         wire::check_json_media_type(req)?;

@@ -159,6 +159,23 @@ impl Notices for Wechatpay {
         NAME
     }
 
+    /// `platform keys SERIAL (expires …), PUB_KEY_ID_… (no expiry)`.
+    fn describe(&self) -> String {
+        let keys: Vec<String> = self
+            .config
+            .platform_keys
+            .iter()
+            .map(|(serial, _)| {
+                let expiry = self.config.expiries.iter().find(|(s, _)| s.eq_ignore_ascii_case(serial));
+                match expiry {
+                    Some((_, not_after)) => format!("{serial} (expires {})", crate::clock::format_ms(*not_after)),
+                    None => format!("{serial} (no expiry)"),
+                }
+            })
+            .collect();
+        format!("platform keys {}", keys.join(", "))
+    }
+
     fn parse(&self, now_ms: i64, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
         self.verify(now_ms, req)?;
         let envelope: Value = serde_json::from_slice(&req.body)
