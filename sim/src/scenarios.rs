@@ -1404,8 +1404,17 @@ pub fn simulate(
             println!("  {note}");
         }
     }
+    // The verdict last, where a reader (and a CI log's tail) looks first.
+    let skipped = rows.iter().filter(|r| r.skipped).count();
+    let violated = rows.iter().filter(|r| !r.violations.is_empty()).count();
+    let ok = rows.len() - skipped - violated;
+    println!(
+        "\n{} scenario runs: {ok} ok, {violated} with violations, {skipped} skipped ({} violations in all)",
+        rows.len(),
+        rows.iter().map(|r| r.violations.len()).sum::<usize>()
+    );
     let _ = std::io::stdout().flush();
-    Ok(if rows.iter().all(|r| r.violations.is_empty()) { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if violated == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 #[cfg(test)]

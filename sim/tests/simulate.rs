@@ -149,6 +149,11 @@ fn every_scenario_is_ok_against_an_in_process_payonce() {
     assert!(run.ok(), "{run:?}");
     // Progress as it goes: a line on stderr per scenario.
     assert_eq!(run.stderr.matches(" done in ").count(), 9, "{run:?}");
+    // The verdict is the last line.
+    let last = run.stdout.lines().last().unwrap_or_default();
+    // The generic channel has no platform API: the five scenarios that
+    // need one are skipped on it.
+    assert_eq!(last, "14 scenario runs: 9 ok, 0 with violations, 5 skipped (0 violations in all)", "{run:?}");
 }
 
 /// Fresh key pairs for WeChat Pay and Alipay, the in-process payonce
@@ -406,6 +411,8 @@ fn a_server_that_applies_every_delivery_is_a_violation() {
         let run = simulate(&args);
         assert_eq!(run.code, Some(1), "{channel}: {run:?}");
         assert!(run.stdout.contains("VIOLATION in concurrent"), "{channel}: {run:?}");
+        let last = run.stdout.lines().last().unwrap_or_default();
+        assert!(last.starts_with("1 scenario runs: 0 ok, 1 with violations, 0 skipped"), "{channel}: {last}");
     }
 }
 
