@@ -12,6 +12,7 @@ mod auth;
 mod channels;
 mod cli;
 mod crash;
+mod docs_run;
 mod edge;
 mod event_feed;
 mod expiry;
