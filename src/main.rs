@@ -302,6 +302,21 @@ fn parse_settings(
     Ok((settings, positional))
 }
 
+/// The SQLite files opening `db` would create: none when it is not a file
+/// path (`:memory:`, a `file:` URI, a PostgreSQL URL) or the file exists.
+fn files_a_start_would_create(db: &str) -> Vec<std::path::PathBuf> {
+    if db == ":memory:" || db.starts_with("file:") || db.contains("://") || std::path::Path::new(db).exists() {
+        return Vec::new();
+    }
+    ["", "-wal", "-shm", "-journal"].iter().map(|suffix| std::path::PathBuf::from(format!("{db}{suffix}"))).collect()
+}
+
+fn remove_files(paths: &[std::path::PathBuf]) {
+    for path in paths {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// A refused argument as one line, pointing at the help rather than
 /// burying the line under it.
 fn one_line(refused: lexopt::Error) -> String {
@@ -343,10 +358,22 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
             "payonce: warning: no API token configured: /v1 is open to anyone who can reach {listen} (loopback only)"
         );
     }
-    // The port first: a start that cannot listen (a port in use) exits
-    // before the database is opened, so it leaves no new file behind.
-    let server = Server::bind_with(&args.listen, args.limits.clone()).map_err(|e| e.message)?;
-    let app = App::open_with(&args.db, Clock::System, config, &args.store).map_err(|e| e.message)?;
+    // The database first: a refused start (a bad file) exits before the port
+    // is taken. A start that then cannot listen removes the files the open
+    // created, so a failed start leaves no new file behind.
+    let new_files = files_a_start_would_create(&args.db);
+    let app = App::open_with(&args.db, Clock::System, config, &args.store).map_err(|e| {
+        remove_files(&new_files);
+        e.message
+    })?;
+    let server = match Server::bind_with(&args.listen, args.limits.clone()) {
+        Ok(server) => server,
+        Err(e) => {
+            drop(app);
+            remove_files(&new_files);
+            return Err(e.message);
+        }
+    };
     let addr = server.local_addr();
     let shutdown = Arc::new(AtomicBool::new(false));
     handle_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
