@@ -561,7 +561,7 @@ try {
     second.child.kill();
   }
 
-  // Money payonce did not want, returned once (PRODUCT.md section 17): a third payonce whose WeChat Pay
+  // Money payonce did not want, returned once (docs/platforms.md, "Money payonce did not want"): a third payonce whose WeChat Pay
   // is this test. Two orders paid through generic and then again through WeChat Pay, one paid twice
   // through generic.
   await new Promise((resolvePromise) => wechatServer.listen(0, '127.0.0.1', resolvePromise));

@@ -1,4 +1,4 @@
-//! Money payonce did not want, returned once (PRODUCT.md section 17): a
+//! Money payonce did not want, returned once (docs/platforms.md, "Money payonce did not want"): a
 //! payment decided `already_paid`, `paid_after_close` or `amount_mismatch`
 //! is refunded at the platform that took it, by that platform's own trade
 //! number (WeChat Pay `transaction_id`, Alipay `trade_no`), for its whole
@@ -73,7 +73,7 @@ fn sha256_hex(text: &str) -> String {
     Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The refund_no section 17 gives a payment's `attempt`-th refund (1 = the first).
+/// The refund_no docs/platforms.md gives a payment's `attempt`-th refund (1 = the first).
 fn expected_refund_no(pay_no: &str, attempt: u32) -> String {
     let suffix = if attempt == 1 { String::new() } else { format!("-{attempt}") };
     let plain = format!("U-{pay_no}{suffix}");
