@@ -573,8 +573,7 @@ fn resolve_close(
     caller: &str,
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
-    let body = json_object(req, &["reason"])?;
-    let reason = required_str(&body, "reason")?;
+    let reason = reason_body(req)?;
     Ok(answered(&app.platform_calls().resolve_close(order_no, &reason, caller, slot)?))
 }
 
@@ -750,6 +749,11 @@ fn inspections(app: &App) -> Result<Response, Error> {
     Ok(Response::json(200, &render::inspection(&app.operations().inspect()?)))
 }
 
+/// `{"reason"}` of resolve-close and of a payment's refund.
+fn reason_body(req: &Request) -> Result<String, Error> {
+    required_str(&json_object(req, &["reason"])?, "reason")
+}
+
 /// `{"resolution","reason"}` of both resolve endpoints.
 fn resolution_body(req: &Request) -> Result<(String, String), Error> {
     let body = json_object(req, &["resolution", "reason"])?;
@@ -775,8 +779,7 @@ fn refund_payment(
     caller: &str,
     slot: Option<&IdempotencySlot>,
 ) -> Result<Response, Error> {
-    let body = json_object(req, &["reason"])?;
-    let reason = required_str(&body, "reason")?;
+    let reason = reason_body(req)?;
     Ok(answered(&app.refunds().refund_payment(pay_no, &reason, caller, slot)?))
 }
 

@@ -145,32 +145,38 @@ impl Metrics {
         for (kind, outcome) in payments.chain(refunds) {
             outcomes.entry((kind.to_owned(), outcome.to_owned())).or_default();
         }
-        drop(outcomes);
-        for ((kind, outcome), n) in self.callback_outcomes.lock().iter() {
+        for ((kind, outcome), n) in outcomes.iter() {
             sample(out, "payonce_callback_outcomes_total", &[("kind", kind), ("outcome", outcome)], n);
         }
+        drop(outcomes);
         header(out, "payonce_duplicates_suppressed_total", "counter", "Repeats answered without doing the work again.");
+        let mut duplicates = self.duplicates_suppressed.lock();
         for layer in DUPLICATE_LAYERS {
-            self.duplicates_suppressed.lock().entry(layer).or_default();
+            duplicates.entry(layer).or_default();
         }
-        for (layer, n) in self.duplicates_suppressed.lock().iter() {
+        for (layer, n) in duplicates.iter() {
             sample(out, "payonce_duplicates_suppressed_total", &[("layer", layer)], n);
         }
+        drop(duplicates);
         header(out, "payonce_inspection_findings_total", "counter", "Inspection findings by kind, over all runs.");
+        let mut findings = self.inspection_findings.lock();
         for kind in FINDING_KINDS {
-            self.inspection_findings.lock().entry(kind.to_owned()).or_default();
+            findings.entry(kind.to_owned()).or_default();
         }
-        for (kind, n) in self.inspection_findings.lock().iter() {
+        for (kind, n) in findings.iter() {
             sample(out, "payonce_inspection_findings_total", &[("kind", kind)], n);
         }
+        drop(findings);
         header(out, "payonce_inspection_last_findings", "gauge", "Findings of the last inspection run, by kind.");
         // A kind the last run did not find had 0 findings in it.
+        let mut last = self.inspection_last.lock();
         for kind in FINDING_KINDS {
-            self.inspection_last.lock().entry(kind.to_owned()).or_default();
+            last.entry(kind.to_owned()).or_default();
         }
-        for (kind, n) in self.inspection_last.lock().iter() {
+        for (kind, n) in last.iter() {
             sample(out, "payonce_inspection_last_findings", &[("kind", kind)], n);
         }
+        drop(last);
     }
 
     /// The mode, the waiting records, the key locks, the storage check and group commit.

@@ -225,20 +225,25 @@ impl<'a> PlatformCalls<'a> {
     fn work_refund(&self, call: &Claimed<PlatformCallRow>) -> Result<(), Error> {
         let row = &call.row;
         let refund_no = row.refund_no.clone().unwrap_or_default();
-        let Some(asked) = self.unsettled_refund(&refund_no)? else {
+        // The refund, its order and, for a payment's refund, that payment,
+        // read together: a payment's refund returns that payment, whole, in
+        // the currency it came in, named by the platform's number for it.
+        let read = self.core.store().read(|tx| {
+            let Some(asked) = tx.refund_by_no(&refund_no)?.filter(|r| r.status == RefundStatus::Requested) else {
+                return Ok(None);
+            };
+            let order = tx.order_by_id(asked.order_id)?;
+            let payment = match asked.pay_no.as_deref() {
+                Some(pay_no) => Some(
+                    tx.callback_by_pay_no(pay_no)?
+                        .ok_or_else(|| Error::internal(format!("refund {refund_no:?} names no payment {pay_no:?}")))?,
+                ),
+                None => None,
+            };
+            Ok(Some((asked, order, payment)))
+        })?;
+        let Some((asked, order, payment)) = read else {
             return self.record_attempt(call, DONE, "settled already".into(), None, "");
-        };
-        let order = self.core.orders().order(&row.order_no)?.order;
-        // A payment's refund returns that payment, whole, in the currency it
-        // came in: named by the platform's number for it, its amount the total.
-        let payment = match asked.pay_no.as_deref() {
-            Some(pay_no) => Some(
-                self.core
-                    .store()
-                    .read(|tx| tx.callback_by_pay_no(pay_no))?
-                    .ok_or_else(|| Error::internal(format!("refund {refund_no:?} names no payment {pay_no:?}")))?,
-            ),
-            None => None,
         };
         let now_ms = self.core.clock().now_ms();
         let platforms = &self.core.config().platforms;

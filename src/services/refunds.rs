@@ -160,7 +160,7 @@ impl<'a> Refunds<'a> {
                 .callback_by_pay_no(pay_no)?
                 .ok_or_else(|| Error::new(ErrorKind::PaymentNotFound, format!("no payment with pay_no {pay_no:?}")))?;
             let order = tx.order_by_id(payment.order_id)?;
-            let refunds = tx.refunds_of_payment(order.id, pay_no)?;
+            let mut refunds = tx.refunds_of_payment(order.id, pay_no)?;
             let standing = refunds.iter().rev().find(|r| r.status != RefundStatus::Failed).cloned();
             let refund = match standing {
                 Some(refund) => refund,
@@ -182,20 +182,18 @@ impl<'a> Refunds<'a> {
                         ));
                     }
                     let asked = AskedPaymentRefund { payment: &payment, order_no: &order.order_no, reason, actor };
-                    start_payment_refund(tx, &asked, refunds.len() + 1, &now)?.map_err(|taken| {
+                    let refund = start_payment_refund(tx, &asked, refunds.len() + 1, &now)?.map_err(|taken| {
                         Error::new(
                             ErrorKind::RefundNoConflict,
                             format!("refund_no {taken:?}, this payment's refund number, is another refund's"),
                         )
-                    })?
+                    })?;
+                    // A new refund changes nothing of the payment row itself.
+                    refunds.push(refund.clone());
+                    refund
                 }
             };
-            Ok(PaymentRefund {
-                payment: tx.callback_by_id(payment.id)?,
-                refunds: tx.refunds_of_payment(order.id, pay_no)?,
-                order_no: order.order_no,
-                refund,
-            })
+            Ok(PaymentRefund { payment, refunds, order_no: order.order_no, refund })
         })
     }
 
@@ -286,18 +284,12 @@ impl<'a> Refunds<'a> {
             if let Some(pay_no) = refund.pay_no.as_deref() {
                 return settle_payment_refund(tx, &order, cb, &refund, pay_no, &now);
             }
-            let (settle_to, outcome) = match (refund.status, cb.status) {
-                (RefundStatus::Requested, PlatformStatus::Success) => (RefundStatus::Succeeded, RefundOutcome::Applied),
-                (RefundStatus::Requested, PlatformStatus::Failed) => {
-                    (RefundStatus::Failed, RefundOutcome::RefundFailed)
-                }
-                (RefundStatus::Succeeded, PlatformStatus::Success) | (RefundStatus::Failed, PlatformStatus::Failed) => {
-                    return Ok(RefundOutcome::Duplicate)
-                }
-                (settled, _) => return unexpected_refund(tx, &order, cb, Some(settled), &now),
+            let (settle_to, outcome) = match settling(tx, &order, cb, &refund, &now)? {
+                Ok(settling) => settling,
+                Err(answered) => return Ok(answered),
             };
             if settle_to == RefundStatus::Succeeded {
-                if let Some(stated) = mismatched_amount(cb, &order, &refund) {
+                if let Some(stated) = mismatched_amount(cb, order.refunded_amount, &refund) {
                     return amount_mismatch(tx, &order, cb, &refund, stated, &now);
                 }
             }
@@ -527,17 +519,13 @@ fn settle_payment_refund(
     pay_no: &str,
     now: &str,
 ) -> Result<RefundOutcome, Error> {
-    let (settle_to, outcome) = match (refund.status, cb.status) {
-        (RefundStatus::Requested, PlatformStatus::Success) => (RefundStatus::Succeeded, RefundOutcome::Applied),
-        (RefundStatus::Requested, PlatformStatus::Failed) => (RefundStatus::Failed, RefundOutcome::RefundFailed),
-        (RefundStatus::Succeeded, PlatformStatus::Success) | (RefundStatus::Failed, PlatformStatus::Failed) => {
-            return Ok(RefundOutcome::Duplicate)
-        }
-        (settled, _) => return unexpected_refund(tx, order, cb, Some(settled), now),
+    let (settle_to, outcome) = match settling(tx, order, cb, refund, now)? {
+        Ok(settling) => settling,
+        Err(answered) => return Ok(answered),
     };
-    // The payment's trade is refunded by this refund alone: Alipay's running
-    // refund_fee is this refund's amount.
-    let stated = cb.amount.or(cb.refunded_total).filter(|stated| *stated != refund.amount);
+    // The payment's trade is refunded by this refund alone: nothing was
+    // refunded of it before (Alipay's running refund_fee is this refund's amount).
+    let stated = mismatched_amount(cb, 0, refund);
     if let (RefundStatus::Succeeded, Some(stated)) = (settle_to, stated) {
         return amount_mismatch(tx, order, cb, refund, stated, now);
     }
@@ -600,12 +588,34 @@ fn replay(
 
 /// The amount a result states when it disagrees with the refund: WeChat's
 /// `amount.refund` or the generic `amount` against the refund's; Alipay's
-/// running `refund_fee` against the order's refunded amount plus this one.
-fn mismatched_amount(cb: &RefundCallback, order: &Order, refund: &RefundRecord) -> Option<i64> {
+/// running `refund_fee` against what its trade had refunded before
+/// (`refunded_before`) plus this one.
+fn mismatched_amount(cb: &RefundCallback, refunded_before: i64, refund: &RefundRecord) -> Option<i64> {
     if let Some(stated) = cb.amount.filter(|stated| *stated != refund.amount) {
         return Some(stated);
     }
-    cb.refunded_total.filter(|total| *total != order.refunded_amount + refund.amount)
+    cb.refunded_total.filter(|total| *total != refunded_before + refund.amount)
+}
+
+/// What a result does to `refund`, by the one table of a refund's
+/// transitions: `Ok((to, outcome))` settles it (REQUESTED → SUCCEEDED |
+/// FAILED); `Err(answer)` leaves it as it is, the same result again being a
+/// `duplicate` and a contradicting one recorded as an `unexpected_refund`.
+fn settling(
+    tx: &WriteTx,
+    order: &Order,
+    cb: &RefundCallback,
+    refund: &RefundRecord,
+    now: &str,
+) -> Result<Result<(RefundStatus, RefundOutcome), RefundOutcome>, Error> {
+    Ok(match (refund.status, cb.status) {
+        (RefundStatus::Requested, PlatformStatus::Success) => Ok((RefundStatus::Succeeded, RefundOutcome::Applied)),
+        (RefundStatus::Requested, PlatformStatus::Failed) => Ok((RefundStatus::Failed, RefundOutcome::RefundFailed)),
+        (RefundStatus::Succeeded, PlatformStatus::Success) | (RefundStatus::Failed, PlatformStatus::Failed) => {
+            Err(RefundOutcome::Duplicate)
+        }
+        (settled, _) => Err(unexpected_refund(tx, order, cb, Some(settled), now)?),
+    })
 }
 
 /// A success whose amount disagrees: recorded for an operator (the
