@@ -297,7 +297,8 @@ CREATE TABLE user_coupon (
     created_at         TEXT    NOT NULL
 );
 CREATE UNIQUE INDEX uk_order_tpl ON user_coupon (order_id, coupon_template_id);
-CREATE INDEX ix_user_coupon_user ON user_coupon (user_id, id);
+-- No index by user_id: a coupon's user is its order's, and a user's coupons
+-- are found through ix_orders_user and uk_order_tpl (migration 13).
 
 -- Compensation freezes, never deletes; a coupon is issued ACTIVE.
 CREATE TRIGGER user_coupon_issued_active BEFORE INSERT ON user_coupon
@@ -336,13 +337,16 @@ CREATE TABLE point_log (
 -- One ORDER_PAID per order, one reversal per refund, and one without a
 -- refund (compensation's reverse_points).
 CREATE UNIQUE INDEX uk_order_type ON point_log (order_id, point_type, coalesce(refund_no, ''));
-CREATE INDEX ix_point_log_user ON point_log (user_id, id);
+-- No index by user_id, as for user_coupon (migration 13).
 
--- An entry whose key is taken is no entry (ON CONFLICT DO NOTHING skips it
--- after this trigger ran), so only a new one is weighed.
+-- Only an entry that takes points away can take the order below zero, so
+-- only such an entry sums the order's points. An entry whose key is taken is
+-- no entry (ON CONFLICT DO NOTHING skips it after this trigger ran), so only
+-- a new one is weighed.
 CREATE TRIGGER point_log_never_below_zero
 BEFORE INSERT ON point_log
-WHEN (SELECT coalesce(sum(points), 0) FROM point_log WHERE order_id = NEW.order_id) + NEW.points < 0
+WHEN NEW.points < 0
+ AND (SELECT coalesce(sum(points), 0) FROM point_log WHERE order_id = NEW.order_id) + NEW.points < 0
  AND NOT EXISTS (SELECT 1 FROM point_log WHERE order_id = NEW.order_id AND point_type = NEW.point_type
                  AND coalesce(refund_no, '') = coalesce(NEW.refund_no, ''))
 BEGIN

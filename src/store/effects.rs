@@ -49,8 +49,11 @@ impl ReadTx<'_> {
         self.all(coupons_where!("c.order_id = ?1"), params![order_id], coupon_from_row)
     }
 
+    /// Found through the user's orders (`ix_orders_user`, then
+    /// `uk_order_tpl` by order): a coupon's user is its order's, so it needs
+    /// no user_id index of its own to keep up on every payment.
     pub fn coupons_of_user(&self, user_id: &str) -> Result<Vec<CouponRow>, Error> {
-        self.all(coupons_where!("c.user_id = ?1"), params![user_id], coupon_from_row)
+        self.all(coupons_where!("o.user_id = ?1 AND c.user_id = ?1"), params![user_id], coupon_from_row)
     }
 
     /// One coupon of an order, with its status (at most one: uk_order_tpl).
@@ -66,8 +69,10 @@ impl ReadTx<'_> {
         self.all(points_where!("p.order_id = ?1"), params![order_id], point_from_row)
     }
 
+    /// Found through the user's orders (`ix_orders_user`, then
+    /// `uk_order_type` by order), as [`ReadTx::coupons_of_user`].
     pub fn points_of_user(&self, user_id: &str) -> Result<Vec<PointRow>, Error> {
-        self.all(points_where!("p.user_id = ?1"), params![user_id], point_from_row)
+        self.all(points_where!("o.user_id = ?1 AND p.user_id = ?1"), params![user_id], point_from_row)
     }
 
     /// One points entry of an order by type (at most one: uk_order_type).

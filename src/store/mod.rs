@@ -48,7 +48,7 @@ pub use webhooks::{REPLAY_EVENTS_MAX, WEBHOOK_DELIVERIES};
 
 use crate::error::{Error, ErrorKind};
 use crate::keylock::KeyGuard;
-pub use crate::store::sqlite::{Synchronous, WalRescue};
+pub use crate::store::sqlite::{prepare_sqlite_library, Synchronous, WalRescue};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
@@ -61,7 +61,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -116,6 +116,11 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration { version: 11, name: "refund_amounts", sql: include_str!("../../migrations/0011_refund_amounts.sql") },
     Migration { version: 12, name: "payment_refunds", sql: include_str!("../../migrations/0012_payment_refunds.sql") },
+    Migration {
+        version: 13,
+        name: "cheaper_payment_writes",
+        sql: include_str!("../../migrations/0013_cheaper_payment_writes.sql"),
+    },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -166,6 +171,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         version: 12,
         name: "payment_refunds",
         sql: include_str!("../../migrations/postgres/0012_payment_refunds.sql"),
+    },
+    Migration {
+        version: 13,
+        name: "cheaper_payment_writes",
+        sql: include_str!("../../migrations/postgres/0013_cheaper_payment_writes.sql"),
     },
 ];
 
