@@ -88,9 +88,29 @@ impl std::fmt::Display for WalRescue {
 
 static MEMDB_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Turns SQLite's memory statistics off for the whole process, before its
+/// first connection (SQLite accepts the setting only before it initializes;
+/// later it answers SQLITE_MISUSE and the statistics stay on, which is
+/// harmless). With them on, every allocation SQLite makes takes one global
+/// mutex to count it, and the writer allocates several times per page an
+/// operation changes (the savepoint's sub-journal): about 2 µs of a
+/// payment's writer time (docs/performance.md, "Near the batching limit").
+/// payonce reads none of these statistics; `sqlite3_memory_used` reads 0.
+pub fn prepare_sqlite_library() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sqlite3_config with SQLITE_CONFIG_MEMSTATUS takes one int;
+        // called once, before this process opens a connection (when another
+        // part of the process opened one first, SQLite refuses it unchanged).
+        let _refused_when_initialized =
+            unsafe { rusqlite::ffi::sqlite3_config(rusqlite::ffi::SQLITE_CONFIG_MEMSTATUS, 0 as std::os::raw::c_int) };
+    });
+}
+
 impl SqliteEngine {
     /// Opens `path`, or a fresh shared in-memory database for `":memory:"`.
     pub fn open(path: &str, options: &StoreOptions) -> Result<SqliteEngine, Error> {
+        prepare_sqlite_library();
         let is_memory = path == ":memory:";
         let (target, flags) = if is_memory {
             let n = MEMDB_COUNTER.fetch_add(1, Ordering::Relaxed);

@@ -341,8 +341,11 @@ impl Batch<'_> {
 
     /// Rolls back what did not commit, gives the connection back, finishes
     /// every ticket of the batch with `outcome`, releases leadership, and
-    /// wakes the batch's callers and, if operations are still queued, the
-    /// oldest one's thread, to lead the next batch.
+    /// wakes, if operations are still queued, the oldest one's thread, to
+    /// lead the next batch, and then the batch's callers. The next leader
+    /// first: waking a batch's callers takes a system call each, and the
+    /// next batch, which is the writer's serial path, should not wait for
+    /// them.
     fn end(&mut self, outcome: Result<(), Error>) {
         let committer = self.committer;
         if let Some(conn) = &self.conn {
@@ -364,10 +367,10 @@ impl Batch<'_> {
         state.leading = false;
         let next_leader = state.queue.front().map(|slot| slot.thread.clone());
         drop(state);
-        for (_, thread) in self.members.drain(..) {
+        if let Some(thread) = next_leader {
             thread.unpark();
         }
-        if let Some(thread) = next_leader {
+        for (_, thread) in self.members.drain(..) {
             thread.unpark();
         }
     }
