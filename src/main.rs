@@ -24,6 +24,7 @@ Usage:
   payonce inspect   --db PATH|URL         (findings as JSON on stdout; exit 0 clean, 1 findings)
   payonce reconcile --db PATH|URL --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
   payonce backup    --db PATH --to FILE [--force]   (an online, consistent, atomic copy; SQLite)
+  payonce copy-db   --from FILE.db --to postgres://...   (a SQLite ledger into an empty PostgreSQL database)
   payonce sync      --db PATH|URL [the platform settings of serve] ORDER_NO
                     (asks the platforms about the order; exit 0, 1 if a platform could not answer)
   payonce sign      [--callback-secret S | --dev] < BODY
@@ -64,6 +65,19 @@ and only then renamed to FILE: a kill or a full disk leaves no FILE or a
 complete, checked one (remove a leftover *.partial by hand). FILE must not
 exist unless --force, which replaces it atomically; it may never name the
 live database or its -wal, -shm or -journal.
+";
+
+const COPY_DB_USAGE: &str = "\
+Usage: payonce copy-db --from FILE.db --to postgres://USER@HOST/DB
+
+Copies a SQLite ledger into an empty PostgreSQL database: every row of every
+table with its id, state, timestamps and the outbox's seqs, in one
+transaction, each table checked by its row count and a SHA-256 of its rows
+read back; the identities continue after the copied ids. Stop payonce (or
+take a `payonce backup` and copy that) first: rows written after the copy's
+snapshot stay behind. FILE.db is only read; one at an older schema version
+is migrated on a temporary copy. Refused: a target that holds any row, a
+source newer than this payonce. docs/postgres.md, 'Moving from SQLite'.
 ";
 
 const SYNC_USAGE: &str = "\
@@ -210,6 +224,7 @@ fn run() -> Result<ExitCode, String> {
         Some("reconcile") => reconcile(lexopt::Parser::from_args(args)),
         Some("sync") => sync(lexopt::Parser::from_args(args)),
         Some("backup") => backup(lexopt::Parser::from_args(args)),
+        Some("copy-db") => copy_db(lexopt::Parser::from_args(args)),
         None | Some("help") | Some("-h") | Some("--help") => {
             print!("{USAGE}");
             Ok(ExitCode::SUCCESS)
@@ -454,6 +469,7 @@ struct OfflineArgs {
     repair: bool,
     to: Option<String>,
     force: bool,
+    from: Option<String>,
 }
 
 fn parse_offline(mut parser: lexopt::Parser, usage: &str, allowed: &[&str]) -> Result<Option<OfflineArgs>, String> {
@@ -478,6 +494,7 @@ fn parse_offline(mut parser: lexopt::Parser, usage: &str, allowed: &[&str]) -> R
             "format" => args.format = Some(string_value(&mut parser)?),
             "date" => args.date = Some(string_value(&mut parser)?),
             "to" => args.to = Some(string_value(&mut parser)?),
+            "from" => args.from = Some(string_value(&mut parser)?),
             "repair" => args.repair = true,
             "force" => args.force = true,
             _ => return Err(one_line(arg.unexpected())),
@@ -550,6 +567,37 @@ fn backup(parser: lexopt::Parser) -> Result<ExitCode, String> {
     let app = App::open_existing(&db, Clock::System).map_err(|e| e.message)?;
     app.operations().backup(std::path::Path::new(&to), args.force).map_err(|e| e.message)?;
     eprintln!("payonce: backup of {db} written to {to} (integrity_check ok)");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn copy_db(parser: lexopt::Parser) -> Result<ExitCode, String> {
+    let Some(args) = parse_offline(parser, COPY_DB_USAGE, &["from", "to"])? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let from = args.from.ok_or("copy-db needs --from FILE.db (a SQLite ledger)")?;
+    let to = args.to.ok_or("copy-db needs --to postgres://... (an empty PostgreSQL database)")?;
+    if !payonce::store::is_postgres_url(&to) {
+        return Err(format!("copy-db --to takes a postgres:// or postgresql:// URL, not {to:?}"));
+    }
+    if payonce::store::is_postgres_url(&from) {
+        return Err(format!("copy-db --from takes a SQLite file, not {}", payonce::store::shown_db(&from)));
+    }
+    let shown = payonce::store::shown_db(&to);
+    eprintln!("payonce: copying {from} into {shown}");
+    let report = payonce::store::copy_sqlite_to_postgres(
+        std::path::Path::new(&from),
+        &to,
+        &payonce::store::StoreOptions::default(),
+        &mut |table| eprintln!("  {:<18} {:>10} rows  sha256 {}", table.table, table.rows, table.checksum),
+    )
+    .map_err(|e| e.message)?;
+    let rows: u64 = report.tables.iter().map(|t| t.rows).sum();
+    println!(
+        "copied {rows} rows in {} tables into {shown} (schema version {}); counts and checksums equal; {} triggers enabled",
+        report.tables.len(),
+        report.schema_version,
+        report.triggers_enabled
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -28,6 +28,8 @@
 //! captured, so a rolled-back attempt leaves nothing behind. What a body
 //! learns, it returns.
 
+mod copy;
+pub use copy::{copy_sqlite_to_postgres, CopyReport, TableCopied, COPIED_TABLES};
 mod effects;
 use sqlite::group_commit;
 mod idempotency;

@@ -253,6 +253,13 @@ impl PostgresEngine {
         Ok(engine)
     }
 
+    /// `work` on a pooled connection's client itself, outside payonce's
+    /// write path: `payonce copy-db` (store/copy.rs) loads rows with COPY.
+    pub(super) fn with_raw_client<T>(&self, work: &mut dyn FnMut(&mut Client) -> Result<T, Error>) -> Result<T, Error> {
+        let mut conn = self.connection()?;
+        work(&mut conn.client)
+    }
+
     /// A pooled connection, waiting at most [`POOL_WAIT_MS`] for one.
     fn connection(&self) -> Result<r2d2::PooledConnection<Manager>, Error> {
         self.pool.get().map_err(|e| {

@@ -628,7 +628,7 @@ const SCHEMA_V1: &str = include_str!("../fixtures/schema_v1.sql");
 const V1_ROWS: &str = include_str!("../fixtures/v1_rows.sql");
 
 /// A v1 database as a v1 payonce left it: v1's schema, user_version 1, rows.
-fn v1_database(path: &std::path::Path) {
+pub(crate) fn v1_database(path: &std::path::Path) {
     let conn = Connection::open(path).expect("create the v1 file");
     conn.execute_batch("PRAGMA foreign_keys = ON; PRAGMA journal_mode = WAL;").expect("v1 pragmas");
     conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA_V1}; PRAGMA user_version = 1; COMMIT;")).expect("v1 schema");
