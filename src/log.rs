@@ -17,7 +17,7 @@ pub enum Level {
 }
 
 impl Level {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Level::Error => "error",
             Level::Warn => "warn",
@@ -64,6 +64,19 @@ impl LogFormat {
 
 static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 
+/// Where lines go instead of stderr: `(level, msg, the whole line)`.
+pub type Sink = Box<dyn Fn(Level, &str, &str) + Send + Sync>;
+
+static SINK: OnceLock<Sink> = OnceLock::new();
+
+/// Sends every line from now on to `sink` instead of stderr; the first call
+/// wins. For a program that embeds payonce and reports its log its own way
+/// (the simulator counts its in-process payonce's warnings and prints each
+/// kind once).
+pub fn set_sink(sink: Sink) {
+    let _ = SINK.set(sink);
+}
+
 /// Sets the format of every line from now on; the first call wins (`serve`
 /// makes it before it logs anything).
 pub fn set_format(format: LogFormat) {
@@ -80,6 +93,10 @@ pub fn event(level: Level, msg: &str, fields: &[(&str, &dyn std::fmt::Display)])
         LogFormat::Logfmt => logfmt_line(&ts, level, msg, fields),
         LogFormat::Json => json_line(&ts, level, msg, fields),
     };
+    if let Some(sink) = SINK.get() {
+        sink(level, msg, &line);
+        return;
+    }
     // One write call per line keeps lines whole between threads.
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }

@@ -64,6 +64,7 @@
 mod client;
 mod judge;
 mod local;
+mod payonce_log;
 mod platform;
 // The platforms' merchant APIs (docs/platforms.md), served by
 // `payonce-sim platforms` and played against payonce by the scenarios that
@@ -232,6 +233,9 @@ Options:
                           answer before the gateway gives up [default: 0: it gives
                           up at once, so that answer is always lost; with MS > 0
                           a fast payonce may answer in time]
+  -v, --verbose           the whole table: each scenario's deliveries and its
+                          expected and observed effects in full (by default the
+                          table fits 100 columns)
   -h, --help              this help
 
 Platform keys (needed with --target for the channels selected):
@@ -269,6 +273,7 @@ struct Options {
     time_factor: f64,
     full_schedules: bool,
     replay_timeout_ms: u64,
+    verbose: bool,
     wechatpay_private_key: Option<String>,
     wechatpay_serial: Option<String>,
     wechatpay_apiv3_key: Option<String>,
@@ -303,6 +308,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
         time_factor: 1000.0,
         full_schedules: false,
         replay_timeout_ms: 0,
+        verbose: false,
         wechatpay_private_key: None,
         wechatpay_serial: None,
         wechatpay_apiv3_key: env("PAYONCE_WECHATPAY_APIV3_KEY"),
@@ -356,6 +362,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
                 };
             }
             Long("full-schedules") => opts.full_schedules = true,
+            Short('v') | Long("verbose") => opts.verbose = true,
             Long("replay-timeout-ms") => {
                 opts.replay_timeout_ms = int_value(&mut parser, "--replay-timeout-ms", 0, 60_000)?
             }
@@ -449,6 +456,8 @@ fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
             (Target::parse(url, token)?, None, RewardRule::Unknown)
         }
         None => {
+            // Its warnings each shown once, their repeats counted after the table.
+            payonce_log::aggregate();
             let local = LocalServer::start(&keys)?;
             let rewards = Rewards { coupon_templates: vec![SIM_COUPON.into()], points_per_yuan: SIM_POINTS_PER_YUAN };
             (Target::local(local.addr), Some(local), RewardRule::Known(rewards))
@@ -470,10 +479,14 @@ fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
         time_factor: opts.time_factor,
         full_schedules: opts.full_schedules,
         replay_timeout_ms: opts.replay_timeout_ms,
+        verbose: opts.verbose,
         progress,
     };
     let result = scenarios::simulate(&sim, &opts.channels, &opts.scenarios, &rewards, local.is_some());
     drop(local);
+    if let Some(repeats) = payonce_log::repeats() {
+        eprintln!("{repeats}");
+    }
     result
 }
 

@@ -6,7 +6,7 @@ use crate::client::{Conn, Reply, ReplyExt, Req, Target};
 use crate::judge::{OrderExpect, OrderSeen, RewardRule, SeenPayment, SeenRefund};
 use crate::platform::{Keys, PaymentNotice, Platform, RefundNotice};
 use crate::progress::Progress;
-use crate::table::render_table;
+use crate::table::{render_narrow_table, render_table};
 use crate::workers::{scoped_workers, Failure};
 use crate::{now_s, s};
 use parking_lot::Mutex;
@@ -228,6 +228,8 @@ pub struct Sim {
     /// Every retry of the platforms' schedules, not only the first hour's.
     pub full_schedules: bool,
     pub replay_timeout_ms: u64,
+    /// The whole table (`--verbose`), not the one that fits 100 columns.
+    pub verbose: bool,
     pub progress: Progress,
 }
 
@@ -434,6 +436,7 @@ impl Sim {
             time_factor: self.time_factor,
             full_schedules: self.full_schedules,
             replay_timeout_ms: self.replay_timeout_ms,
+            verbose: self.verbose,
             progress: Progress::new(self.progress.bar),
         }
     }
@@ -1327,7 +1330,7 @@ pub fn simulate(
     }
     let first_seq = sim.last_event_seq(&mut conn)?;
     let names: Vec<&str> = channels.iter().map(|c| c.name()).collect();
-    println!(
+    let heading = format!(
         "payonce simulate: run {} against {}{}, {} channel{}, {} orders per scenario{}, time factor {}, {}",
         sim.run_id,
         sim.target.url,
@@ -1343,6 +1346,7 @@ pub fn simulate(
             "retry schedules' first hour (--full-schedules: 24 h)"
         }
     );
+    print!("{}", crate::table::wrap(&heading, crate::table::NARROW_WIDTH, "", "  "));
     let against_target: Vec<&str> =
         scenarios.iter().filter(|s| s.calls_platforms() && !in_process).map(|s| s.name()).collect();
     if !against_target.is_empty() {
@@ -1392,16 +1396,26 @@ pub fn simulate(
         };
         rows.push(build_row(run, &seen, rewards));
     }
-    print!("{}", render_table(&rows));
+    print!("{}", if sim.verbose { render_table(&rows) } else { render_narrow_table(&rows) });
     let notes: Vec<&String> = runs.iter().flat_map(|r| &r.notes).collect();
     if !notes.is_empty() {
-        println!(
-            "\nBefore and after (the same buyers; before: for unwanted_money the same payonce with \
-             --refund-unwanted manual, for the others a payonce without platform settings, which closes expired \
-             orders itself, and the merchant's own code making each payment at the platform):"
+        print!(
+            "\n{}",
+            crate::table::wrap(
+                "Before and after (the same buyers; before: for unwanted_money the same payonce with \
+                 --refund-unwanted manual, for the others a payonce without platform settings, which closes \
+                 expired orders itself, and the merchant's own code making each payment at the platform):",
+                crate::table::NARROW_WIDTH,
+                "",
+                ""
+            )
         );
         for note in notes {
-            println!("  {note}");
+            if sim.verbose {
+                println!("  {note}");
+            } else {
+                print!("{}", crate::table::wrap(note, crate::table::NARROW_WIDTH, "  ", "    "));
+            }
         }
     }
     // The verdict last, where a reader (and a CI log's tail) looks first.

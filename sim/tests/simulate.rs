@@ -70,7 +70,10 @@ const ALL_CHANNELS: [&str; 6] = ["--channel", "all", "--orders", "2", "--time-fa
 /// In process, four orders each: close_race pays at each of its four
 /// moments once per platform (between payonce's query and its close, the
 /// same with the notification meanwhile, after the close, at random).
-const ALL_CHANNELS_IN_PROCESS: [&str; 6] = ["--channel", "all", "--orders", "4", "--time-factor", "200000"];
+/// With `--verbose`: the whole table and the before/after lines unwrapped,
+/// which these tests read.
+const ALL_CHANNELS_IN_PROCESS: [&str; 7] =
+    ["--channel", "all", "--orders", "4", "--time-factor", "200000", "--verbose"];
 /// The scenarios that talk to the platforms' merchant APIs (docs/platforms.md).
 const PLATFORM_SCENARIOS: [&str; 5] =
     ["lost_notification", "close_race", "platform_down", "refund_submitted", "unwanted_money"];
@@ -154,6 +157,14 @@ fn every_scenario_is_ok_against_an_in_process_payonce() {
     // The generic channel has no platform API: the five scenarios that
     // need one are skipped on it.
     assert_eq!(last, "14 scenario runs: 9 ok, 0 with violations, 5 skipped (0 violations in all)", "{run:?}");
+    // Without --verbose the output fits 100 columns, each row's verdict in it.
+    for line in run.stdout.lines() {
+        assert!(line.chars().count() <= 100, "{} columns: {line}", line.chars().count());
+    }
+    let row = run.stdout.lines().find(|l| l.starts_with("concurrent ")).unwrap_or_default();
+    assert_eq!(row.split_whitespace().nth(2), Some("ok"), "scenario, deliveries, verdict: {row}");
+    // payonce's own repeated warnings, if any, are counted, not repeated.
+    assert!(run.stderr.lines().filter(|l| l.contains("level=warn")).count() <= 5, "{}", run.stderr);
 }
 
 /// Fresh key pairs for WeChat Pay and Alipay, the in-process payonce
@@ -337,7 +348,7 @@ fn retry_schedules_play_their_first_hour_unless_full() {
         assert!(run.ok(), "{run:?}");
         run.stdout.lines().find(|l| l.starts_with("retry_schedule")).unwrap_or_default().to_owned()
     };
-    let args = ["--scenario", "retry_schedule", "--orders", "2", "--time-factor", "200000"];
+    let args = ["--scenario", "retry_schedule", "--orders", "2", "--time-factor", "200000", "--verbose"];
     let short = table_row(&simulate(&args));
     assert!(short.contains("11: 2 applied, 9 duplicate"), "{short}");
     let mut full_args = args.to_vec();

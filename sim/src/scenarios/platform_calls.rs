@@ -484,6 +484,7 @@ fn sim_on(sim: &Sim, server: &LocalServer) -> Sim {
         time_factor: sim.time_factor,
         full_schedules: sim.full_schedules,
         replay_timeout_ms: sim.replay_timeout_ms,
+        verbose: sim.verbose,
         progress: Progress::new(false),
     }
 }
