@@ -203,7 +203,14 @@ impl r2d2::ManageConnection for Manager {
         if conn.generation < self.generation.load(Ordering::SeqCst) {
             return Err(PoolError::Stale);
         }
-        conn.client.simple_query("").map(drop).map_err(PoolError::Postgres)
+        conn.client.simple_query("").map(drop).map_err(|e| {
+            // This one is gone, and so, most likely, is every other opened
+            // with it: drop them without a round trip each (on a cut link
+            // every round trip waits out the TCP timeouts).
+            self.generation.fetch_max(conn.generation + 1, Ordering::SeqCst);
+            self.reachable.store(false, Ordering::SeqCst);
+            PoolError::Postgres(e)
+        })
     }
 
     fn has_broken(&self, conn: &mut PgConnection) -> bool {
