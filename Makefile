@@ -66,7 +66,9 @@ webhook-venv:
 	bash scripts/webhook-venv
 
 # The tests too slow for `make test` (each is #[ignore]d with the reason):
-# the backup SIGKILLed at 20 seeded moments on a 50 MiB database.
+# the backup SIGKILLed at 20 seeded moments on a 50 MiB database; the
+# PostgreSQL failover in network namespaces (root; docs/postgres.md,
+# "Failover"), which prints its seed and counts.
 test-slow:
 	$(CARGO) test --locked --test it -- --ignored --nocapture
 

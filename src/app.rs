@@ -173,7 +173,7 @@ impl App {
     /// `reconcile`), with the reward settings `serve` recorded in it, so a
     /// repair applies the same rewards. Never creates a file.
     pub fn open_existing(db: &str, clock: Clock) -> Result<App, Error> {
-        if db != ":memory:" && !crate::store::is_postgres_url(db) && !std::path::Path::new(db).exists() {
+        if db != ":memory:" && !crate::store::is_postgres(db) && !std::path::Path::new(db).exists() {
             return Err(Error::invalid(format!("no database at {db:?}")));
         }
         let store = Store::open(db, &StoreOptions::default())?;

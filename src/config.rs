@@ -128,6 +128,12 @@ pub const SETTINGS: &[Setting] = &[
         unsigned(&mut s.store.group_commit_wait_us, "group-commit-wait-us", v, 0, 1_000_000)
     }),
     setting("db-busy-timeout-ms", |s, v| unsigned(&mut s.store.busy_timeout_ms, "db-busy-timeout-ms", v, 1, 600_000)),
+    setting("db-connect-timeout-ms", |s, v| {
+        unsigned(&mut s.store.connect_timeout_ms, "db-connect-timeout-ms", v, 1, 600_000)
+    }),
+    setting("db-statement-timeout-ms", |s, v| {
+        unsigned(&mut s.store.statement_timeout_ms, "db-statement-timeout-ms", v, 1, 86_400_000)
+    }),
     setting("sweep-interval-s", |s, v| unsigned(&mut s.sweep_interval_s, "sweep-interval-s", v, 1, 86_400)),
     setting("max-connections", |s, v| {
         s.limits.max_connections = usize::try_from(positive("max-connections", v, 1_000_000)?).unwrap_or(usize::MAX);

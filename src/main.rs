@@ -111,8 +111,11 @@ finishing requests in flight (bounded); SIGHUP, SIGUSR1 and SIGUSR2 are
 logged and ignored.
 
 Options:
-  --db PATH|:memory:|URL    SQLite file, a shared in-memory SQLite database, or a
-                            postgres:// (postgresql://) URL; env PAYONCE_DB [default: payonce.db]
+  --db PATH|:memory:|URL    SQLite file, a shared in-memory SQLite database, or PostgreSQL: a
+                            postgres:// (postgresql://) URL, several hosts allowed
+                            (h1:5432,h2:5432 with target_session_attrs=read-write), or
+                            libpq's key-value form (host=h1,h2 dbname=...); env PAYONCE_DB
+                            [default: payonce.db]
   --listen ADDR:PORT        address to bind; port 0 picks a free one [default: 127.0.0.1:8080]
   --callback-secret S,...   HMAC secrets of the generic channel, comma-separated (two during
                             rotation); env PAYONCE_CALLBACK_SECRET. Required unless --dev.
@@ -133,6 +136,12 @@ Options:
   --db-busy-timeout-ms N    how long a write waits for another process's lock (SQLite's
                             busy handler, PostgreSQL's lock_timeout) before 503
                             database_busy [default: 5000]
+  --db-connect-timeout-ms N PostgreSQL: one attempt to connect to one host, and the longest
+                            wait for a pooled connection [default: 5000]
+  --db-statement-timeout-ms N
+                            PostgreSQL: the server's statement_timeout, and how long a call
+                            waits on a host that stopped answering (TCP keepalives,
+                            TCP_USER_TIMEOUT) before 503 database_unavailable [default: 10000]
   --inspect-interval-s N    how often the inspection runs [default: 300]
   --wechatpay-apiv3-key KEY WeChat Pay APIv3 key (32 bytes); env PAYONCE_WECHATPAY_APIV3_KEY.
                             With --wechatpay-public-key, turns the wechatpay channel on.
@@ -557,7 +566,7 @@ fn backup(parser: lexopt::Parser) -> Result<ExitCode, String> {
         return Ok(ExitCode::SUCCESS);
     };
     let db = args.db.or_else(db_from_env).ok_or("backup needs --db PATH (or PAYONCE_DB)")?;
-    if payonce::store::is_postgres_url(&db) {
+    if payonce::store::is_postgres(&db) {
         return Err(format!(
             "backup copies a SQLite file; {} is PostgreSQL: back it up with pg_dump (or the server's point-in-time recovery), see docs/postgres.md",
             payonce::store::shown_db(&db)

@@ -123,6 +123,10 @@ fn copy_into(
     progress: &mut dyn FnMut(&TableCopied),
 ) -> Result<CopyReport, Error> {
     let mut tx = client.transaction().map_err(pg_error)?;
+    // A large table's COPY takes longer than a request's statement may
+    // (--db-statement-timeout-ms); the TCP timeouts still bound a lost host.
+    tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0")
+        .map_err(pg_error)?;
     // One snapshot of the source for every table.
     source.execute_batch("BEGIN").map_err(Error::from)?;
     check_tables_match(source)?;

@@ -187,6 +187,13 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
 pub const BUSY_TIMEOUT_MS: u64 = 5_000;
 /// How long a request waits for a pooled connection.
 pub const POOL_WAIT_MS: u64 = 10_000;
+/// PostgreSQL: how long one attempt to connect to one host may take
+/// (`--db-connect-timeout-ms`).
+pub const CONNECT_TIMEOUT_MS: u64 = 5_000;
+/// PostgreSQL: the server's `statement_timeout` on payonce's connections,
+/// which also bounds how long a call waits on a host that stopped answering
+/// (TCP keepalives, `TCP_USER_TIMEOUT`; `--db-statement-timeout-ms`).
+pub const STATEMENT_TIMEOUT_MS: u64 = 10_000;
 /// One connection per HTTP worker (16) plus the background workers and a
 /// metrics scrape, so a background task never waits behind a full pool.
 pub const POOL_SIZE_DEFAULT: u32 = 20;
@@ -198,6 +205,10 @@ pub const WRITE_ATTEMPTS_MAX: u32 = 5;
 pub struct StoreOptions {
     pub pool_size: u32,
     pub busy_timeout_ms: u64,
+    /// PostgreSQL only: [`CONNECT_TIMEOUT_MS`].
+    pub connect_timeout_ms: u64,
+    /// PostgreSQL only: [`STATEMENT_TIMEOUT_MS`].
+    pub statement_timeout_ms: u64,
     /// SQLite only; PostgreSQL's durability is the server's configuration.
     pub synchronous: Synchronous,
     /// SQLite only: queue this process's writers on one mutex so SQLite's
@@ -216,6 +227,8 @@ impl Default for StoreOptions {
         StoreOptions {
             pool_size: POOL_SIZE_DEFAULT,
             busy_timeout_ms: BUSY_TIMEOUT_MS,
+            connect_timeout_ms: CONNECT_TIMEOUT_MS,
+            statement_timeout_ms: STATEMENT_TIMEOUT_MS,
             synchronous: Synchronous::Full,
             writer_queue: true,
             group_commit_max: group_commit::GROUP_COMMIT_MAX_DEFAULT,
@@ -224,9 +237,13 @@ impl Default for StoreOptions {
     }
 }
 
-/// Which engine a `--db` value names.
-pub fn is_postgres_url(db: &str) -> bool {
-    db.starts_with("postgres://") || db.starts_with("postgresql://")
+/// Which engine a `--db` value names: PostgreSQL for a `postgres://` or
+/// `postgresql://` URL (one host or libpq's `h1:5432,h2:5432`) and for
+/// libpq's key-value form (`host=h1,h2 port=5432,5432 dbname=payonce ...`),
+/// recognised by its first word: a libpq connection keyword followed by `=`
+/// (docs/postgres.md, "The database URL"); SQLite for anything else.
+pub fn is_postgres(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://") || postgres::is_key_value(db)
 }
 
 /// A `--db` naming another database by URL (`mysql://…`, `sqlite://…`) is
@@ -239,7 +256,7 @@ fn refuse_other_schemes(db: &str) -> Result<(), Error> {
     };
     let looks_like_a_scheme =
         !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-' || b == b'.');
-    if looks_like_a_scheme && !is_postgres_url(db) {
+    if looks_like_a_scheme && !is_postgres(db) {
         return Err(Error::invalid(format!(
             "--db {scheme}://…: payonce stores its ledger in SQLite (a file path) or PostgreSQL \
              (postgres:// or postgresql://), not {scheme}"
@@ -248,10 +265,11 @@ fn refuse_other_schemes(db: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// `db` as payonce prints it: a PostgreSQL URL without its password.
+/// `db` as payonce prints it: a PostgreSQL URL or key-value string
+/// without its password.
 pub fn shown_db(db: &str) -> String {
-    if is_postgres_url(db) {
-        postgres::redact_url(db)
+    if is_postgres(db) {
+        postgres::redact(db)
     } else {
         db.to_owned()
     }
@@ -304,11 +322,12 @@ enum Engine {
 
 impl Store {
     /// Opens a SQLite file, a fresh shared in-memory SQLite database for
-    /// `":memory:"`, or a PostgreSQL database for a `postgres://` URL; the
+    /// `":memory:"`, or a PostgreSQL database for a `postgres://` URL or a
+    /// libpq key-value string ([`is_postgres`]); the
     /// schema is applied or migrated before this returns.
     pub fn open(db: &str, options: &StoreOptions) -> Result<Store, Error> {
         refuse_other_schemes(db)?;
-        if is_postgres_url(db) {
+        if is_postgres(db) {
             return Ok(Store::on(Engine::Postgres(postgres::PostgresEngine::open(db, options)?), false));
         }
         let engine = sqlite::SqliteEngine::open(db, options)?;

@@ -20,8 +20,8 @@
 //!   an advisory lock and versioned in `payonce_schema_version`.
 
 use super::{
-    params, Cell, Conn, Param, ReadTx, Row, StoreOptions, POOL_WAIT_MS, POSTGRES_MIGRATIONS,
-    POSTGRES_SCHEMA_VERSION_FIRST, SCHEMA_POSTGRES_SQL, SCHEMA_VERSION, WRITE_ATTEMPTS_MAX,
+    params, Cell, Conn, Param, ReadTx, Row, StoreOptions, POSTGRES_MIGRATIONS, POSTGRES_SCHEMA_VERSION_FIRST,
+    SCHEMA_POSTGRES_SQL, SCHEMA_VERSION, WRITE_ATTEMPTS_MAX,
 };
 use crate::error::{Error, ErrorKind};
 use crate::test_hooks::EnvHook;
@@ -32,7 +32,7 @@ use postgres::{Client, IsolationLevel, NoTls, Statement, Transaction};
 use r2d2_postgres::PostgresConnectionManager;
 use std::cell::{Cell as Flag, RefCell};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,6 +67,8 @@ pub struct PostgresEngine {
     pool: r2d2::Pool<Manager>,
     /// [`Manager::reachable`], read when the pool times out.
     reachable: Arc<AtomicBool>,
+    /// [`Manager::generation`], raised when a connection is found gone.
+    generation: Arc<AtomicU64>,
     storage_ok: Arc<AtomicBool>,
     hooks: Hooks,
     /// Test hook: this many coming write attempts end, after their body ran,
@@ -82,6 +84,8 @@ pub(super) struct PgConnection {
     /// server went away: the pool drops it instead of handing it out again
     /// (the client may not have seen its socket close yet).
     broken: Flag<bool>,
+    /// [`Manager::generation`] when it was opened.
+    generation: u64,
 }
 
 struct Manager {
@@ -92,6 +96,37 @@ struct Manager {
     /// that times out while the server refuses connections is
     /// `database_unavailable`, one that is merely full is `database_busy`.
     reachable: Arc<AtomicBool>,
+    /// Raised past a connection's own generation when that connection is
+    /// found gone (the server restarted, failed over, or is cut off): the
+    /// pool then drops every connection opened before, without a round
+    /// trip on each (one on a cut-off host waits out the TCP timeouts).
+    generation: Arc<AtomicU64>,
+}
+
+/// Why the pool could not hand out a connection.
+#[derive(Debug)]
+enum PoolError {
+    Postgres(postgres::Error),
+    /// Opened before a connection of the same pool was found gone.
+    Stale,
+}
+
+impl std::fmt::Display for PoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolError::Postgres(e) => e.fmt(f),
+            PoolError::Stale => f.write_str("connection opened before the database connection was lost"),
+        }
+    }
+}
+
+impl std::error::Error for PoolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PoolError::Postgres(e) => e.source(),
+            PoolError::Stale => None,
+        }
+    }
 }
 
 /// Plain TCP, or TLS when the URL says `sslmode=require`.
@@ -151,23 +186,176 @@ fn tls_connector(shown: &str) -> Result<tokio_postgres_rustls::MakeRustlsConnect
 
 impl r2d2::ManageConnection for Manager {
     type Connection = PgConnection;
-    type Error = postgres::Error;
+    type Error = PoolError;
 
-    fn connect(&self) -> Result<PgConnection, postgres::Error> {
+    fn connect(&self) -> Result<PgConnection, PoolError> {
+        let generation = self.generation.load(Ordering::SeqCst);
         let connected = self.inner.connect().and_then(|mut client| {
             client.batch_execute(&self.session)?;
             Ok(client)
         });
         self.reachable.store(connected.is_ok(), Ordering::SeqCst);
-        Ok(PgConnection { client: connected?, statements: HashMap::new(), broken: Flag::new(false) })
+        let client = connected.map_err(PoolError::Postgres)?;
+        Ok(PgConnection { client, statements: HashMap::new(), broken: Flag::new(false), generation })
     }
 
-    fn is_valid(&self, conn: &mut PgConnection) -> Result<(), postgres::Error> {
-        conn.client.simple_query("").map(drop)
+    fn is_valid(&self, conn: &mut PgConnection) -> Result<(), PoolError> {
+        if conn.generation < self.generation.load(Ordering::SeqCst) {
+            return Err(PoolError::Stale);
+        }
+        conn.client.simple_query("").map(drop).map_err(|e| {
+            // This one is gone, and so, most likely, is every other opened
+            // with it: drop them without a round trip each (on a cut link
+            // every round trip waits out the TCP timeouts).
+            self.generation.fetch_max(conn.generation + 1, Ordering::SeqCst);
+            self.reachable.store(false, Ordering::SeqCst);
+            PoolError::Postgres(e)
+        })
     }
 
     fn has_broken(&self, conn: &mut PgConnection) -> bool {
         conn.broken.get() || conn.client.is_closed()
+    }
+}
+
+/// libpq's connection keywords: a `--db` whose first word is one of them
+/// followed by `=` is the key-value form ([`is_key_value`]).
+const KEYWORDS: &[&str] = &[
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "require_auth",
+    "channel_binding",
+    "connect_timeout",
+    "client_encoding",
+    "options",
+    "application_name",
+    "fallback_application_name",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "replication",
+    "gssencmode",
+    "sslmode",
+    "sslnegotiation",
+    "sslcompression",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "sslcertmode",
+    "sslrootcert",
+    "sslcrl",
+    "sslcrldir",
+    "sslsni",
+    "requirepeer",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "krbsrvname",
+    "gsslib",
+    "gssdelegation",
+    "service",
+    "target_session_attrs",
+    "load_balance_hosts",
+];
+
+/// Keywords whose value is never printed.
+fn is_secret(keyword: &str) -> bool {
+    keyword == "password" || keyword == "sslpassword"
+}
+
+/// Whether `db` is libpq's key-value form (`host=h1,h2 port=5432,5432
+/// dbname=payonce user=payonce target_session_attrs=read-write`): its first
+/// word is a libpq connection keyword followed by `=` (spaces around the
+/// `=` allowed, as libpq allows them). A SQLite file whose name starts
+/// that way is still reachable as `./host=...`.
+pub fn is_key_value(db: &str) -> bool {
+    let rest = db.trim_start();
+    let key_end = rest.find(|c: char| c == '=' || c.is_whitespace()).unwrap_or(rest.len());
+    let (key, after) = rest.split_at(key_end);
+    KEYWORDS.contains(&key) && after.trim_start().starts_with('=')
+}
+
+/// `db` (a URL or the key-value form) with every password replaced, for
+/// messages and logs: a password given to payonce is never printed.
+pub fn redact(db: &str) -> String {
+    if is_key_value(db) {
+        redact_key_value(db)
+    } else {
+        redact_url(db)
+    }
+}
+
+/// The key-value form with the value of every `password` and
+/// `sslpassword` replaced by `***`, the rest as written. Values are read
+/// as libpq reads them: a single-quoted value with `\'` and `\\` escapes,
+/// else up to the next unescaped space. An unterminated quote hides
+/// everything after a secret's `=`.
+fn redact_key_value(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    let mut rest = text;
+    loop {
+        // Leading spaces, the keyword, the spaces and `=` after it.
+        let word_start = rest.len() - rest.trim_start().len();
+        let key_len =
+            rest[word_start..].find(|c: char| c == '=' || c.is_whitespace()).unwrap_or(rest.len() - word_start);
+        let key = &rest[word_start..word_start + key_len];
+        let after_key = &rest[word_start + key_len..];
+        let eq = after_key.len() - after_key.trim_start().len();
+        if !after_key[eq..].starts_with('=') {
+            shown.push_str(rest);
+            return shown;
+        }
+        let after_eq = &after_key[eq + 1..];
+        let value_start = after_eq.len() - after_eq.trim_start().len();
+        let head = word_start + key_len + eq + 1 + value_start;
+        let value = &rest[head..];
+        let value_len = if let Some(quoted) = value.strip_prefix('\'') {
+            let mut escaped = false;
+            let mut end = None;
+            for (i, c) in quoted.char_indices() {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '\'' => {
+                        end = Some(i + 2);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            match end {
+                Some(end) => end,
+                None if is_secret(key) => {
+                    shown.push_str(&rest[..head]);
+                    shown.push_str("***");
+                    return shown;
+                }
+                None => value.len(),
+            }
+        } else {
+            let mut escaped = false;
+            value
+                .char_indices()
+                .find(|&(_, c)| {
+                    let ends = !escaped && c.is_whitespace();
+                    escaped = !escaped && c == '\\';
+                    ends
+                })
+                .map_or(value.len(), |(i, _)| i)
+        };
+        shown.push_str(&rest[..head]);
+        shown.push_str(if is_secret(key) { "***" } else { &value[..value_len] });
+        rest = &value[value_len..];
+        if rest.trim().is_empty() {
+            shown.push_str(rest);
+            return shown;
+        }
     }
 }
 
@@ -192,7 +380,10 @@ pub fn redact_url(url: &str) -> String {
         Some((path, query)) => {
             let query: Vec<String> = query
                 .split('&')
-                .map(|kv| if kv.starts_with("password=") { "password=***".to_owned() } else { kv.to_owned() })
+                .map(|kv| match kv.split_once('=') {
+                    Some((key, _)) if is_secret(key) => format!("{key}=***"),
+                    _ => kv.to_owned(),
+                })
                 .collect();
             format!("{path}?{}", query.join("&"))
         }
@@ -219,17 +410,29 @@ fn postgres_sql(sql: &str) -> String {
 
 impl PostgresEngine {
     pub(super) fn open(url: &str, options: &StoreOptions) -> Result<PostgresEngine, Error> {
-        let shown = redact_url(url);
-        let config: postgres::Config =
+        let shown = redact(url);
+        let mut config: postgres::Config =
             url.parse().map_err(|e| Error::internal(format!("cannot parse the database URL {shown}: {e}")))?;
+        bound_calls(&mut config, options);
         // lock_timeout bounds the advisory locks as busy_timeout bounds
         // SQLite's writer lock: past it the request is 503 database_busy.
+        // statement_timeout bounds every statement on the server's side;
+        // idle_in_transaction_session_timeout ends a transaction whose
+        // client vanished mid-way (a cut link), so its advisory locks do
+        // not outlive it until the server's own keepalives notice.
         let session = format!(
-            "SET application_name = 'payonce'; SET lock_timeout = '{}ms'; SET TIME ZONE 'UTC'",
-            options.busy_timeout_ms
+            "SET application_name = 'payonce'; SET lock_timeout = '{}ms'; SET statement_timeout = '{}ms'; \
+             SET idle_in_transaction_session_timeout = '{}ms'; SET TIME ZONE 'UTC'",
+            options.busy_timeout_ms, options.statement_timeout_ms, options.statement_timeout_ms
         );
         let reachable = Arc::new(AtomicBool::new(true));
-        let manager = Manager { inner: Connector::new(config, &shown)?, session, reachable: Arc::clone(&reachable) };
+        let generation = Arc::new(AtomicU64::new(0));
+        let manager = Manager {
+            inner: Connector::new(config, &shown)?,
+            session,
+            reachable: Arc::clone(&reachable),
+            generation: Arc::clone(&generation),
+        };
         // One connection first, directly: an unreachable server or a refused
         // login fails here at once with its cause (the pool would retry for
         // POOL_WAIT_MS and report a timeout).
@@ -239,12 +442,15 @@ impl PostgresEngine {
         let pool = r2d2::Pool::builder()
             .max_size(options.pool_size)
             .min_idle(Some(1))
-            .connection_timeout(Duration::from_millis(POOL_WAIT_MS))
+            // A request waits for a pooled connection (which includes opening
+            // one, host after host) at most the connect timeout.
+            .connection_timeout(Duration::from_millis(options.connect_timeout_ms))
             .build(manager)
             .map_err(|e| Error::internal(format!("cannot open database {shown}: {e}")))?;
         let engine = PostgresEngine {
             pool,
             reachable,
+            generation,
             storage_ok: Arc::new(AtomicBool::new(true)),
             hooks: Hooks::from_env(),
             serialization_failures: std::sync::atomic::AtomicU32::new(0),
@@ -260,7 +466,7 @@ impl PostgresEngine {
         work(&mut conn.client)
     }
 
-    /// A pooled connection, waiting at most [`POOL_WAIT_MS`] for one.
+    /// A pooled connection, waiting at most the connect timeout for one.
     fn connection(&self) -> Result<r2d2::PooledConnection<Manager>, Error> {
         self.pool.get().map_err(|e| {
             if self.reachable.load(Ordering::SeqCst) {
@@ -277,6 +483,9 @@ impl PostgresEngine {
     fn apply_schema(&self) -> Result<(), Error> {
         let mut conn = self.connection()?;
         let mut tx = conn.client.transaction().map_err(plain_error)?;
+        // A migration of a large table may take longer than a request's
+        // statement; the TCP timeouts still bound a host that vanished.
+        tx.batch_execute("SET LOCAL statement_timeout = 0").map_err(plain_error)?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(SCHEMA_LOCK)]).map_err(plain_error)?;
         let exists: bool =
             tx.query_one("SELECT to_regclass('payonce_schema_version') IS NOT NULL", &[]).map_err(plain_error)?.get(0);
@@ -331,12 +540,13 @@ impl PostgresEngine {
         let keys: Vec<i64> = held.iter().map(|k| lock_key(k)).collect();
         for attempt in 1..=WRITE_ATTEMPTS_MAX {
             let mut conn = self.connection()?;
-            let PgConnection { client, statements, broken } = &mut *conn;
+            let PgConnection { client, statements, broken, generation } = &mut *conn;
+            let forget = |e: Error| self.forget_if_gone(broken, *generation, e);
             let tx = client
                 .build_transaction()
                 .isolation_level(IsolationLevel::ReadCommitted)
                 .start()
-                .map_err(|e| forget_if_gone(broken, plain_error(e)))?;
+                .map_err(|e| forget(plain_error(e)))?;
             let pg = PgTx::new(tx, statements, &self.hooks);
             let result = keys
                 .iter()
@@ -347,7 +557,7 @@ impl PostgresEngine {
             // COMMIT whose answer was lost is an error too: nothing is
             // acknowledged that is not known to have committed, and the
             // client's retry finds it by its business key.
-            let result = result.and_then(|value| pg.commit().map(|()| value)).map_err(|e| forget_if_gone(broken, e));
+            let result = result.and_then(|value| pg.commit().map(|()| value)).map_err(forget);
             match result {
                 Err(_) if pg.conflict.get() && attempt < WRITE_ATTEMPTS_MAX => {
                     crate::log::info(
@@ -387,15 +597,31 @@ impl PostgresEngine {
 
     pub(super) fn read<T>(&self, work: &mut dyn FnMut(&dyn Conn) -> Result<T, Error>) -> Result<T, Error> {
         let mut conn = self.connection()?;
-        let PgConnection { client, statements, broken } = &mut *conn;
+        let PgConnection { client, statements, broken, generation } = &mut *conn;
+        let forget = |e: Error| self.forget_if_gone(broken, *generation, e);
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
             .read_only(true)
             .start()
-            .map_err(|e| forget_if_gone(broken, plain_error(e)))?;
+            .map_err(|e| forget(plain_error(e)))?;
         let pg = PgTx::new(tx, statements, &self.hooks);
-        work(&pg).and_then(|value| pg.commit().map(|()| value)).map_err(|e| forget_if_gone(broken, e))
+        work(&pg).and_then(|value| pg.commit().map(|()| value)).map_err(forget)
+    }
+
+    /// When `err` says the connection or the server is gone: marks the
+    /// connection for the pool to drop, makes every connection opened
+    /// before it stale (the pool drops them at their next checkout without
+    /// a round trip), and counts the server unreachable until a new
+    /// connection succeeds (a pool that times out meanwhile is
+    /// `database_unavailable`).
+    fn forget_if_gone(&self, broken: &Flag<bool>, generation: u64, err: Error) -> Error {
+        if err.kind == ErrorKind::DatabaseUnavailable {
+            broken.set(true);
+            self.generation.fetch_max(generation + 1, Ordering::SeqCst);
+            self.reachable.store(false, Ordering::SeqCst);
+        }
+        err
     }
 
     pub(super) fn storage_flag(&self) -> Arc<AtomicBool> {
@@ -642,12 +868,38 @@ fn gone(code: &SqlState, severity: Option<Severity>) -> bool {
         || matches!(severity, Some(Severity::Fatal | Severity::Panic))
 }
 
-/// Marks the connection for the pool to drop when `err` says it is gone.
-fn forget_if_gone(broken: &Flag<bool>, err: Error) -> Error {
-    if err.kind == ErrorKind::DatabaseUnavailable {
-        broken.set(true);
+/// The connect timeout, TCP keepalives and `TCP_USER_TIMEOUT` from
+/// `options`, where the URL does not set them itself: a connection attempt
+/// to a host that does not answer ends after the connect timeout (then the
+/// next host is tried), and a call on a connection whose host vanished
+/// (a cut link, a dead machine) fails within about the statement timeout
+/// instead of waiting for the kernel's default of minutes to hours. A
+/// server that answers but runs long is bounded by `statement_timeout`.
+fn bound_calls(config: &mut postgres::Config, options: &StoreOptions) {
+    let statement = Duration::from_millis(options.statement_timeout_ms);
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_millis(options.connect_timeout_ms));
     }
-    err
+    // Data sent and not acknowledged for this long closes the socket; on
+    // Linux it also ends keepalive probing that gets no answer. Always the
+    // flag's: the crate reads a URL's `tcp_user_timeout` in seconds where
+    // libpq reads milliseconds, so one written for libpq would be 1000
+    // times too long.
+    config.tcp_user_timeout(statement);
+    // The crate's default is the kernel's two hours: a connection waiting
+    // for an answer from a host that is gone probes after half the
+    // statement timeout (at least a second, the kernel's unit), then every
+    // second.
+    if config.get_keepalives() && config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        config.keepalives_idle((statement / 2).max(Duration::from_secs(1)));
+        if config.get_keepalives_interval().is_none() {
+            config.keepalives_interval(Duration::from_secs(1));
+        }
+        if config.get_keepalives_retries().is_none() {
+            let retries = (statement / 2).as_secs().clamp(1, 10);
+            config.keepalives_retries(u32::try_from(retries).unwrap_or(1));
+        }
+    }
 }
 
 /// An error outside a write body's conflicts (which [`PgTx::error`] sorts
@@ -688,6 +940,70 @@ mod tests {
             "postgres://db/pay?user=payonce&password=***&sslmode=disable"
         );
         assert_eq!(redact_url("postgres://u:p%40ss@h/d"), "postgres://u:***@h/d");
+    }
+
+    #[test]
+    fn passwords_never_appear_in_a_shown_key_value_string_or_multi_host_url() {
+        assert_eq!(
+            redact("postgres://payonce:s3cret@h1:5432,h2:5432/pay?target_session_attrs=read-write"),
+            "postgres://payonce:***@h1:5432,h2:5432/pay?target_session_attrs=read-write"
+        );
+        assert_eq!(
+            redact("postgres://h1,h2/pay?user=u&sslpassword=k3y&password=s3cret"),
+            "postgres://h1,h2/pay?user=u&sslpassword=***&password=***"
+        );
+        assert_eq!(
+            redact("host=h1,h2 port=5432,5432 dbname=pay user=payonce password=s3cret target_session_attrs=read-write"),
+            "host=h1,h2 port=5432,5432 dbname=pay user=payonce password=*** target_session_attrs=read-write"
+        );
+        assert_eq!(redact("password = 's3 \\'cret' host=h"), "password = *** host=h");
+        assert_eq!(redact("host=h password=s3\\ cret dbname=d"), "host=h password=*** dbname=d");
+        assert_eq!(redact("host=h sslpassword='k3y'"), "host=h sslpassword=***");
+        // An unterminated quote: everything after the secret's `=` is hidden.
+        assert_eq!(redact("host=h password='s3cret dbname=d"), "host=h password=***");
+        assert_eq!(redact("host=h  dbname=d "), "host=h  dbname=d ");
+        assert_eq!(redact("host=h garbage"), "host=h garbage");
+        for text in ["host=h password=s3cret", "password='s3cret", "host=h password =s3cret", "password=\\s3cret"] {
+            assert!(!redact(text).contains("s3cret"), "{text}");
+        }
+    }
+
+    #[test]
+    fn the_key_value_form_is_told_from_a_file_name() {
+        for db in [
+            "host=h1,h2 port=5432,5432 dbname=payonce user=payonce target_session_attrs=read-write",
+            "dbname=payonce",
+            "  user = payonce host=/run/postgresql",
+            "service=payonce",
+        ] {
+            assert!(is_key_value(db), "{db}");
+        }
+        for db in ["payonce.db", "./host=h1", "data/host=x.db", "colour=blue", ":memory:", "", "host", "host h=1"] {
+            assert!(!is_key_value(db), "{db}");
+        }
+    }
+
+    #[test]
+    fn the_timeouts_bound_connects_and_calls() {
+        let options =
+            StoreOptions { connect_timeout_ms: 1_500, statement_timeout_ms: 4_000, ..StoreOptions::default() };
+        let mut config: postgres::Config = "host=h1,h2 dbname=d target_session_attrs=read-write".parse().unwrap();
+        bound_calls(&mut config, &options);
+        assert_eq!(config.get_hosts().len(), 2);
+        assert_eq!(config.get_target_session_attrs(), postgres::config::TargetSessionAttrs::ReadWrite);
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_millis(1_500)));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_millis(4_000)));
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(2));
+        assert_eq!(config.get_keepalives_interval(), Some(Duration::from_secs(1)));
+        assert_eq!(config.get_keepalives_retries(), Some(2));
+
+        let mut config: postgres::Config =
+            "postgres://u@h1,h2/d?connect_timeout=9&tcp_user_timeout=7000&keepalives_idle=30".parse().unwrap();
+        bound_calls(&mut config, &options);
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(9)));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_millis(4_000)));
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(30));
     }
 
     #[test]

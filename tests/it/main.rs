@@ -17,6 +17,7 @@ mod docs_run;
 mod edge;
 mod event_feed;
 mod expiry;
+mod failover;
 mod group_commit;
 mod hostile;
 mod http_pool;

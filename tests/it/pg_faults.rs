@@ -1,7 +1,8 @@
 //! PostgreSQL going away under a callback storm (docs/postgres.md, "When
-//! the database goes away"): an operator's fast restart, terminated
-//! backends, every connection slot taken by another client, and the server
-//! SIGKILLed and restarted. Each test runs a cluster of its own (it is
+//! the database goes away"): an operator's fast restart, an immediate
+//! restart (`pg_ctl restart -m immediate`: no checkpoint, crash recovery),
+//! terminated backends, every connection slot taken by another client, and
+//! the server SIGKILLed and restarted. Each test runs a cluster of its own (it is
 //! restarted and killed, so never the shared one of `pg.rs`), one `payonce
 //! serve` on it, and a few clients that create fresh orders and pay each
 //! with a signed generic callback, re-sending anything not acknowledged.
@@ -29,9 +30,9 @@ use std::time::{Duration, Instant};
 
 /// Client threads of the storm, each with one request in flight at a time.
 const CLIENTS: usize = 6;
-const COUPONS: [&str; 2] = ["NEW10", "VIP5"];
+pub(crate) const COUPONS: [&str; 2] = ["NEW10", "VIP5"];
 /// Every order's amount, in fen; with one point per yuan it earns 10 points.
-const AMOUNT: i64 = 1_000;
+pub(crate) const AMOUNT: i64 = 1_000;
 /// The storm runs this long before the fault.
 const BEFORE_FAULT: Duration = Duration::from_millis(800);
 /// After the fault the storm must acknowledge this many more payments ...
@@ -99,10 +100,28 @@ impl Cluster {
         format!("{}{name}", self.url.trim_end_matches("postgres"))
     }
 
-    /// `scripts/pg-cluster restart|crash`, returning how long it took.
-    fn run(&self, mode: &str) -> Duration {
+    /// The same database in libpq's key-value form, with two hosts: first
+    /// a port where nothing listens (refused at once), then the server.
+    /// payonce connects to whichever accepts writes.
+    fn key_value(&self, name: &str) -> String {
+        let port = self.url.rsplit(':').next().and_then(|p| p.split('/').next()).expect("the cluster's port");
+        let dead = crate::pg::free_port().unwrap_or_else(|e| panic!("{e}"));
+        format!(
+            "host=127.0.0.1,127.0.0.1 port={dead},{port} dbname={name} user=payonce_test \
+             target_session_attrs=read-write"
+        )
+    }
+
+    /// `scripts/pg-cluster restart|crash [options]`, returning how long it took.
+    fn run(&self, mode: &str, options: &[&str]) -> Duration {
         let started = Instant::now();
-        let out = Command::new(script()).arg(mode).arg(&self.dir).stdin(Stdio::null()).output().expect("pg-cluster");
+        let out = Command::new(script())
+            .arg(mode)
+            .arg(&self.dir)
+            .args(options)
+            .stdin(Stdio::null())
+            .output()
+            .expect("pg-cluster");
         assert!(out.status.success(), "pg-cluster {mode}: {}", String::from_utf8_lossy(&out.stderr));
         started.elapsed()
     }
@@ -213,14 +232,34 @@ fn client(c: usize, addr: SocketAddr, tally: &Tally, stop: &AtomicBool, deadline
 /// Starts the storm on `cluster`, runs `fault` mid-storm, waits for the
 /// storm to recover, and checks the answers and the database.
 fn storm_through(label: &str, cluster: &Cluster, fault: impl FnOnce()) {
+    storm_on(label, cluster, false, fault);
+}
+
+/// [`storm_through`], payonce given the database in libpq's key-value form
+/// with two hosts when `key_value`.
+fn storm_on(label: &str, cluster: &Cluster, key_value: bool, fault: impl FnOnce()) {
     let started = Instant::now();
     let url = cluster.database("payonce");
+    let db = if key_value { cluster.key_value("payonce") } else { url.clone() };
     let logs = TempDir::new("pg-faults");
     let log = logs.path("serve.stderr.log");
     let file = std::fs::File::create(&log).expect("create the server's log");
     let points = "1".to_owned();
-    let flags = ["--coupon", COUPONS[0], "--coupon", COUPONS[1], "--points-per-yuan", &points];
-    let mut server = crate::util::Server::start_logged_env(Path::new(&url), &flags, Stdio::from(file), &[]);
+    // Short database timeouts: a call on a connection the fault broke ends
+    // soon, whichever way the server went.
+    let flags = [
+        "--coupon",
+        COUPONS[0],
+        "--coupon",
+        COUPONS[1],
+        "--points-per-yuan",
+        &points,
+        "--db-connect-timeout-ms",
+        "2000",
+        "--db-statement-timeout-ms",
+        "4000",
+    ];
+    let mut server = crate::util::Server::start_logged_env(Path::new(&db), &flags, Stdio::from(file), &[]);
     server.set_stderr_log(log);
     let addr = server.addr;
 
@@ -276,7 +315,7 @@ fn storm_through(label: &str, cluster: &Cluster, fault: impl FnOnce()) {
 /// Every acknowledged payment is there once with its effects, and nothing
 /// else is: each order a client sent was paid (clients stop only between
 /// orders), so the database holds exactly the acknowledged payments.
-fn check_database(label: &str, url: &str, paid: &BTreeMap<String, String>) {
+pub(crate) fn check_database(label: &str, url: &str, paid: &BTreeMap<String, String>) {
     let mut db = Client::connect(url, NoTls).unwrap_or_else(|e| panic!("{label}: connect {url}: {e}"));
     let mut per_order = |sql: &str| -> BTreeMap<String, i64> {
         let rows = db.query(sql, &[]).unwrap_or_else(|e| panic!("{label}: {sql}: {e}"));
@@ -331,7 +370,19 @@ fn terminate_payonce_backends(admin: &mut Client) -> u64 {
 fn a_fast_restart_answers_503_never_500() {
     let Some(cluster) = Cluster::start(&[]) else { return };
     storm_through("pg_ctl restart -m fast", &cluster, || {
-        cluster.run("restart");
+        cluster.run("restart", &[]);
+    });
+}
+
+#[test]
+fn an_immediate_restart_answers_503_never_500() {
+    // --durable: an immediate shutdown skips the checkpoint, so only WAL
+    // flushed at each commit brings the acknowledged payments back.
+    let Some(cluster) = Cluster::start(&["--durable"]) else { return };
+    // On the key-value form with a refusing first host: payonce follows it
+    // to the server after the restart as at the start.
+    storm_on("pg_ctl restart -m immediate", &cluster, true, || {
+        cluster.run("restart", &["--immediate"]);
     });
 }
 
@@ -381,6 +432,6 @@ fn a_killed_and_restarted_server_answers_503_never_500() {
     // acknowledged would die with its processes, and payonce with it.
     let Some(cluster) = Cluster::start(&["--durable"]) else { return };
     storm_through("postmaster SIGKILL and restart", &cluster, || {
-        cluster.run("crash");
+        cluster.run("crash", &[]);
     });
 }

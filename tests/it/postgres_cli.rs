@@ -44,6 +44,43 @@ fn serve_refuses_an_unreachable_postgres_at_once_without_the_password() {
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused at once, not after the pool's wait");
 }
 
+/// libpq's key-value form and the multi-host URL are PostgreSQL, never a
+/// SQLite file of that name: payonce tries each host (both refuse here),
+/// answers exit 2 naming them, prints no password and creates no file.
+#[test]
+fn the_key_value_form_and_several_hosts_are_postgres_never_a_file() {
+    let dir = crate::util::TempDir::new("pg-kv");
+    for db in [
+        "host=127.0.0.1,127.0.0.1 port=1,2 dbname=payonce user=payonce password='S3cret Passw0rd' \
+         target_session_attrs=read-write",
+        "postgres://payonce:S3cretPassw0rd@127.0.0.1:1,127.0.0.1:2/payonce?target_session_attrs=read-write",
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_payonce"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--dev", "--db-connect-timeout-ms", "500"])
+            .env("PAYONCE_DB", db)
+            .current_dir(dir.path(""))
+            .output()
+            .expect("run payonce serve");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{db}: {stderr}");
+        assert!(!stderr.contains("S3cret"), "{db}: {stderr}");
+        assert!(stderr.contains("cannot connect to ") && stderr.contains("***"), "{db}: {stderr}");
+        let files: Vec<_> = std::fs::read_dir(dir.path("")).expect("read the directory").collect();
+        assert!(files.is_empty(), "{db}: a file was created: {files:?}");
+    }
+}
+
+#[test]
+fn the_database_timeouts_are_checked_settings() {
+    for flag in ["--db-connect-timeout-ms", "--db-statement-timeout-ms"] {
+        for bad in ["0", "-1", "soon"] {
+            let (code, _, stderr) = payonce_cli(&["serve", "--dev", "--db", ":memory:", flag, bad]);
+            assert_eq!(code, Some(2), "{flag} {bad}: {stderr}");
+            assert!(stderr.contains(flag), "{flag} {bad}: the refusal names the flag: {stderr}");
+        }
+    }
+}
+
 for_each_engine! {
     /// `payonce inspect` and `reconcile` read the same database `serve` wrote, on either engine.
     fn offline_commands_work_on_the_database(db) {
