@@ -7,7 +7,7 @@ use crate::domain::IdempotencySlot;
 use crate::domain::{DeliveryStatus, OrderStatus};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::ScrapeGauges;
-use crate::ops::{Compensation, CompensationAction, Mode};
+use crate::ops::{Compensation, CompensationAction, Mode, StatsWindow};
 use crate::platforms::{reply_outcome, Notice, Notices as Channel, Reply};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::render;
@@ -181,6 +181,7 @@ static ROUTE_TABLE: &[Route] = &[
     protected("PUT", "/v1/admin/mode", |c| put_mode(c.app, c.req, c.caller, c.slot)),
     protected("POST", "/v1/admin/drain", |c| drain(c.app, c.req, c.slot)),
     protected("GET", "/v1/inspections", |c| inspections(c.app)),
+    protected("GET", "/v1/admin/stats", |c| stats(c.app, c.req)),
     protected("POST", "/v1/admin/payments/{pay_no}/resolve", |c| {
         resolve_payment(c.app, c.req, c.param(0), c.caller, c.slot)
     }),
@@ -743,6 +744,17 @@ fn replay_webhooks(app: &App, req: &Request, caller: &str, slot: Option<&Idempot
     let after_seq = required_i64(&body, "after_seq")?;
     let until_seq = optional_i64(&body, "until_seq")?;
     Ok(answered(&app.webhooks().replay_webhooks(&endpoint, after_seq, until_seq, caller, slot)?))
+}
+
+/// `?window=1h|24h`, required.
+fn stats(app: &App, req: &Request) -> Result<Response, Error> {
+    let query = parse_query(&req.query)?;
+    let given = query.iter().filter(|(name, _)| name == "window").count();
+    let window = query_value(&query, "window")
+        .filter(|_| given == 1)
+        .and_then(StatsWindow::parse)
+        .ok_or_else(|| Error::invalid("window must be given once, as 1h or 24h"))?;
+    Ok(Response::json(200, &render::stats(&app.operations().stats(window)?)))
 }
 
 fn inspections(app: &App) -> Result<Response, Error> {

@@ -125,6 +125,32 @@ pub fn mode(mode: Mode) -> Value {
 
 /// The inspection's answer: `{"ok":bool,"findings":[{"kind","order_no","detail"}]}`
 /// (the API and `payonce inspect` print the same).
+/// `GET /v1/admin/stats` (docs/operations.md, "Counts over time"): every
+/// known outcome, status and finding kind is present, 0 when none.
+pub fn stats(stats: &crate::ops::Stats) -> Value {
+    let counts = |pairs: &[(&str, i64)]| -> Value {
+        Value::Object(pairs.iter().map(|(key, n)| ((*key).to_owned(), json!(n))).collect())
+    };
+    let buckets: Vec<Value> = stats
+        .buckets
+        .iter()
+        .map(|b| {
+            json!({"start": b.start, "payments": counts(&b.payments), "refunds": counts(&b.refunds),
+                   "webhook_deliveries": counts(&b.webhook_deliveries)})
+        })
+        .collect();
+    json!({
+        "window": stats.window.as_str(),
+        "bucket_s": stats.window.bucket_s(),
+        "buckets": buckets,
+        "now": {
+            "webhook_pending": stats.now.webhook_pending,
+            "webhook_oldest_pending_s": stats.now.webhook_oldest_pending_s,
+            "findings": counts(&stats.now.findings),
+        },
+    })
+}
+
 pub fn inspection(findings: &[Finding]) -> Value {
     let list: Vec<Value> = findings
         .iter()

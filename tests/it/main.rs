@@ -39,6 +39,7 @@ mod registry;
 mod reruns;
 mod schema;
 mod simulate;
+mod stats;
 mod storm;
 mod unwanted_money;
 mod webhooks;
