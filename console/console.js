@@ -86,8 +86,22 @@ function build(el, attrs, children) {
   return el;
 }
 
+/** `el`'s children become `nodes`, leaving out the absent ones (replaceChildren would write "null"). */
+function fill(el, ...nodes) {
+  el.replaceChildren(...nodes.flat(Infinity).filter((node) => node !== null && node !== undefined && node !== false));
+}
+
+/** Bumped by each route(): a view still loading for an earlier address must not paint over the newer one. */
+let viewSeq = 0;
+
 function show(...nodes) {
-  main.replaceChildren(...nodes.flat());
+  fill(main, ...nodes);
+}
+
+/** A show() for the view starting now: it paints only while no later view has started. */
+function scopedShow() {
+  const mine = viewSeq;
+  return (...nodes) => { if (mine === viewSeq) fill(main, ...nodes); };
 }
 
 /** A table of `rows` with `columns` = [[heading, row => cell], ...]; an empty cell is a dash. */
@@ -492,6 +506,7 @@ function barList(id, counts, labelOf) {
 }
 
 async function overviewView(params) {
+  const show = scopedShow();
   const windowName = params.get('window') === '1h' ? '1h' : '24h';
   const picker = h('div', { class: 'tabs', role: 'tablist' }, ['1h', '24h'].map((w) => h('a', {
     href: '#/overview?window=' + w, class: w === windowName ? 'current' : null, 'data-window': w, role: 'tab',
@@ -602,6 +617,7 @@ function flagBadges(flags) {
 }
 
 async function ordersView(params) {
+  const show = scopedShow();
   const userId = params.get('user_id') || '';
   const status = params.get('status') || '';
   const attention = params.get('attention') || '';
@@ -690,9 +706,11 @@ function auditSentence(row) {
   return STRINGS.en[key] !== undefined ? t(key, { reason }) : t('audit.other', { action: row.action, reason });
 }
 
-/** The order's webhook deliveries, when the detail carries them. */
-function deliveriesOf(order) {
-  return order.webhook_deliveries || order.deliveries || [];
+/** The order's webhook deliveries: from its detail when it carries them, else from the deliveries list. */
+async function deliveriesOf(order) {
+  if (Array.isArray(order.webhook_deliveries)) return order.webhook_deliveries;
+  const { deliveries } = await allDeliveries();
+  return deliveries.filter((d) => d.order_no === order.order_no);
 }
 
 function paymentDecision(order, p) {
@@ -706,7 +724,7 @@ function paymentResolution(order, p) {
 }
 
 /** Every dated thing of the order, in time order, each as { at, kind, code, text, extra }. */
-function timelineOf(order) {
+function timelineOf(order, deliveries) {
   const items = [];
   const add = (at, kind, code, text, extra, attrs) => { if (at) items.push({ at, kind, code, text, extra, attrs }); };
   const m = (amount) => money(amount, order.currency);
@@ -725,7 +743,8 @@ function timelineOf(order) {
       }
     }
   }
-  if (order.paid_at) add(order.paid_at, 'paid', 'order.paid', t('tl.paid', { pay_no: order.pay_no }));
+  // paid_at is the platform's own payment time (often whole seconds, before payonce heard of it): the
+  // applied payment's line tells the payment; only the close is a line of its own.
   if (order.closed_at) add(order.closed_at, 'closed', 'order.closed', t('tl.closed'));
   for (const r of order.refunds || []) {
     add(r.requested_at, 'refund', 'refund.REQUESTED', t('tl.order.refund.requested', { refund_no: r.refund_no, amount: m(r.amount), reason: reasonText(r.reason) }));
@@ -734,7 +753,7 @@ function timelineOf(order) {
   for (const c of order.coupons || []) add(c.created_at, 'reward', 'coupon', t('tl.coupon', { id: c.coupon_template_id, status: c.status }));
   for (const p of order.points || []) add(p.created_at, 'reward', 'points', t('tl.points', { points: p.points, type: p.point_type }));
   for (const e of order.events || []) add(e.created_at, 'event', e.type, t('tl.event', { what: word('event.', e.type), seq: e.seq }));
-  for (const d of deliveriesOf(order)) {
+  for (const d of deliveries) {
     const answer = d.last_status !== null && d.last_status !== undefined ? `HTTP ${d.last_status}` : (d.last_error || t('tl.delivery.noanswer'));
     add(d.last_attempt_at || d.created_at || d.next_attempt_at, 'webhook', 'delivery.' + d.status, t('tl.delivery', {
       event: d.event_type || d.event_id, endpoint: d.endpoint, status: word('delivery.', d.status), attempts: d.attempts,
@@ -775,6 +794,7 @@ function paymentActions(order, p) {
 }
 
 async function orderView(orderNo) {
+  const show = scopedShow();
   let order;
   try {
     order = await api('GET', '/v1/orders/' + encodeURIComponent(orderNo));
@@ -782,7 +802,13 @@ async function orderView(orderNo) {
     return show(h('h1', {}, t('order.title', { no: orderNo })), errorText(err));
   }
   const left = order.amount - order.refunded_amount - order.refunding_amount;
-  const items = timelineOf(order);
+  let deliveries = [];
+  try {
+    deliveries = await deliveriesOf(order);
+  } catch (err) {
+    deliveries = [];
+  }
+  const items = timelineOf(order, deliveries);
   const summary = h('section', { class: 'card summary' },
     h('p', { class: 'headline' },
       h('strong', { class: 'money', id: 'order-amount' }, money(order.amount, order.currency)), ' ',
@@ -1005,6 +1031,7 @@ function refundRequiredActions(finding, after) {
 }
 
 async function findingsView() {
+  const show = scopedShow();
   let inspection;
   try {
     inspection = await api('GET', '/v1/inspections');
@@ -1038,6 +1065,7 @@ async function findingsView() {
 // ---- mode ----
 
 async function modeView() {
+  const show = scopedShow();
   let mode;
   let waiting = 0;
   try {
@@ -1105,6 +1133,7 @@ function reconciliationTable(result) {
 }
 
 function reconcileView() {
+  const show = scopedShow();
   const file = h('input', { type: 'file', name: 'statement', required: true });
   const format = h('select', { name: 'format' }, ['generic', 'wechatpay', 'alipay'].map((f) => h('option', { value: f }, word('channel.', f))));
   const date = h('input', { name: 'date', placeholder: 'YYYY-MM-DD' });
@@ -1122,7 +1151,7 @@ function reconcileView() {
       const text = await file.files[0].text();
       const answer = await api('POST', query(false), { body: text });
       const missing = (answer.missing_local || []).length;
-      result.replaceChildren(...reconciliationTable(answer),
+      fill(result, ...reconciliationTable(answer),
         missing ? h('p', {}, h('button', {
           type: 'button',
           id: 'repair',
@@ -1133,7 +1162,7 @@ function reconcileView() {
             submitLabel: t('recon.repair.submit'),
             danger: true,
             send: (values, key) => api('POST', query(true), { key, body: text }),
-            done: (repaired) => result.replaceChildren(...reconciliationTable(repaired),
+            done: (repaired) => fill(result, ...reconciliationTable(repaired),
               h('h2', {}, t('recon.repaired')),
               table([
                 [t('col.payment'), (r) => r.pay_no],
@@ -1143,7 +1172,7 @@ function reconcileView() {
           }),
         }, t('recon.repair'))) : null);
     } catch (err) {
-      result.replaceChildren(errorText(err));
+      fill(result, errorText(err));
     }
   };
   show(h('h1', {}, t('recon.title')),
@@ -1273,6 +1302,7 @@ function enableAction(e, params) {
 }
 
 async function webhooksView(params) {
+  const show = scopedShow();
   const status = params.get('status') || '';
   const after = params.get('after');
   const query = new URLSearchParams({ limit: '50' });
@@ -1360,6 +1390,9 @@ async function route() {
     const view = link.getAttribute('data-view');
     link.classList.toggle('current', path === '/' + view || (view === 'orders' && path.startsWith('/order/')));
   }
+  viewSeq += 1;
+  // The last view's content goes at once: what is on the page is always what this address loaded.
+  fill(main, h('p', { class: 'empty', id: 'loading', 'aria-busy': 'true' }, '…'));
   refreshStatus();
   if (path.startsWith('/order/')) return orderView(decodeURIComponent(path.slice('/order/'.length)));
   switch (path) {
