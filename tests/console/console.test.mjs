@@ -291,6 +291,8 @@ assert.equal((await genericCallback('/v1/callbacks/generic/refund', { refund_no:
 
 // ---- the browser ----
 
+// Only this run's pictures: the directory is the CI artifact.
+rmSync(SHOTS, { recursive: true, force: true });
 mkdirSync(SHOTS, { recursive: true });
 const browser = await chromium.launch({
   executablePath: CHROMIUM,
@@ -433,6 +435,15 @@ try {
   await page.locator('#health', { hasText: 'healthy' }).waitFor();
   covered('sign in + header', 'silent before the token is accepted (a wrong one shows no count), sessionStorage, no cookie');
 
+  // Every word in both languages.
+  const strings = await page.evaluate(() => window.PAYONCE_STRINGS);
+  assert.deepEqual(Object.keys(strings).sort(), ['en', 'zh-CN']);
+  assert.deepEqual(Object.keys(strings['zh-CN']).sort(), Object.keys(strings.en).sort(), 'the same sentences in zh-CN and en');
+  for (const [name, text] of Object.entries(strings.en)) {
+    const vars = (x) => (x.match(/\{\w+\}/g) || []).sort().join();
+    assert.equal(vars(strings['zh-CN'][name]), vars(text), `${name} takes the same values in both languages`);
+  }
+
   // The overview: the charts are the stats API's counts.
   await assertChartsMatch('24h');
   const hour = await assertChartsMatch('1h');
@@ -545,6 +556,8 @@ try {
   assert.equal(part.refunding_amount, 300);
   assert.equal(part.refunds.length, 1, JSON.stringify(part.refunds));
   await assertNoInjection();
+  await page.goto(BASE + '/console#/orders?attention=refunding');
+  await page.locator('#orders tbody tr', { hasText: 'ORD-PART' }).locator('[data-flag=refunding]').waitFor();
   covered('order', 'refund part in money: one refund of ¥3.00, the probe in its reason shown as text');
 
   // Record-only, with its confirmation.
