@@ -56,6 +56,36 @@ pub fn serve(app: &App, req: &Request) -> Response {
     response
 }
 
+/// Serves one request on the `--metrics-listen` listener: `GET /metrics`
+/// without a token (whoever can reach that address may scrape), 405 for
+/// another method on it, 404 for every other path. Counted and logged as
+/// [`serve`] does.
+pub fn serve_metrics(app: &App, req: &Request) -> Response {
+    let started = std::time::Instant::now();
+    let answer = catch_unwind(AssertUnwindSafe(|| match (req.method.as_str(), req.path.as_str()) {
+        ("GET", METRICS_PATH) => metrics(app),
+        (_, METRICS_PATH) => Ok(Response::error(&Error::new(
+            ErrorKind::MethodNotAllowed,
+            format!("{} is not allowed on {METRICS_PATH}; allowed: GET", req.method),
+        ))
+        .with_header("Allow", "GET")),
+        _ => Err(Error::new(ErrorKind::NotFound, format!("this listener serves only GET {METRICS_PATH}"))),
+    }));
+    let response = match answer {
+        Ok(Ok(response)) => response,
+        Ok(Err(err)) => Response::error(&err),
+        Err(_) => {
+            crate::log::error("handler panicked", &[("method", &req.method), ("path", &req.path)]);
+            Response::error(&Error::internal("the request failed inside payonce"))
+        }
+    };
+    observe(app, req, &response, started.elapsed());
+    response
+}
+
+/// The path of the Prometheus exposition.
+pub const METRICS_PATH: &str = "/metrics";
+
 /// The answer to a request the HTTP edge refuses itself (413 before reading,
 /// 408, ambiguous framing, shutting down), in the protocol of the route:
 /// a payment channel answers in its platform's own. Runs on the edge's
@@ -159,7 +189,9 @@ const fn protected_unkeyed(
 
 static ROUTE_TABLE: &[Route] = &[
     open("GET", "/healthz", |c| healthz(c.app)),
-    open("GET", "/metrics", |c| metrics(c.app)),
+    // Behind the API token when tokens are configured; `--metrics-listen`
+    // serves it without one on a listener of its own ([`serve_metrics`]).
+    protected_unkeyed("GET", "/metrics", |c| metrics(c.app)),
     open("GET", "/console", |_| Ok(crate::console::page())),
     open("GET", "/console/console.js", |_| Ok(crate::console::script())),
     open("GET", "/console/console.css", |_| Ok(crate::console::stylesheet())),

@@ -885,6 +885,12 @@ pub struct PlatformCallSummary {
     /// attempt, or when none came (timeout, refused connection).
     pub http_status: Option<i64>,
     pub created_at: String,
+    /// The refund it is about (`refund`, `refund_query`), else `None`.
+    pub refund_no: Option<String>,
+    /// When it last changed: its last attempt's end, or its creation.
+    pub updated_at: String,
+    /// Pending only: when its next attempt may start.
+    pub next_attempt_at: Option<String>,
 }
 
 /// Where a `platform_call` row stands (its `status` column).

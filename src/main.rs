@@ -100,6 +100,10 @@ Options:
   --db PATH|:memory:|URL    SQLite file, a shared in-memory SQLite database, or a
                             postgres:// (postgresql://) URL; env PAYONCE_DB [default: payonce.db]
   --listen ADDR:PORT        address to bind; port 0 picks a free one [default: 127.0.0.1:8080]
+  --metrics-listen ADDR:PORT
+                            also serve GET /metrics, without a token, on this address (for
+                            Prometheus on a loopback or private port); /metrics on --listen
+                            then still needs the token when tokens are configured
   --callback-secret S,...   HMAC secrets of the generic channel, comma-separated (two during
                             rotation); env PAYONCE_CALLBACK_SECRET. Required unless --dev.
   --dev                     development mode: a fixed, printed callback secret
@@ -335,6 +339,9 @@ fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
     parser.value().map_err(|e| e.to_string())?.into_string().map_err(|v| format!("{v:?} is not UTF-8"))
 }
 
+/// Workers of the `--metrics-listen` listener: a scrape is one read.
+const METRICS_WORKERS: usize = 1;
+
 fn serve(args: Settings) -> Result<ExitCode, String> {
     payonce::log::set_format(args.log_format);
     let Checked { config, warnings } = args.check()?;
@@ -374,9 +381,24 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
             return Err(e.message);
         }
     };
+    // The metrics listener, when asked for: bound before the start is
+    // announced, so an unusable address stops the start like --listen's.
+    let metrics_server = match args.metrics_listen.as_deref().map(|m| (m, Server::bind_with(m, args.limits.clone()))) {
+        None => None,
+        Some((_, Ok(metrics_server))) => Some(metrics_server),
+        Some((listen, Err(e))) => {
+            drop(server);
+            drop(app);
+            remove_files(&new_files);
+            return Err(format!("--metrics-listen {listen:?}: {}", e.message));
+        }
+    };
     let addr = server.local_addr();
     let shutdown = Arc::new(AtomicBool::new(false));
     handle_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
+    if let Some(metrics_server) = &metrics_server {
+        eprintln!("payonce: metrics on http://{}/metrics (no token)", metrics_server.local_addr());
+    }
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
     if args.dev {
@@ -401,7 +423,22 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
                 .map_err(|e| format!("cannot start the platform calls: {e}"))?,
         )
     };
+    let metrics_thread = match metrics_server {
+        None => None,
+        Some(metrics_server) => {
+            let (app, shutdown) = (Arc::clone(&app), Arc::clone(&shutdown));
+            Some(
+                std::thread::Builder::new()
+                    .name("payonce-metrics".into())
+                    .spawn(move || metrics_server.serve_metrics(app, shutdown, METRICS_WORKERS))
+                    .map_err(|e| format!("cannot start the metrics listener: {e}"))?,
+            )
+        }
+    };
     let finished = server.serve(app, shutdown, args.workers);
+    if let Some(metrics_thread) = metrics_thread {
+        let _ = metrics_thread.join();
+    }
     let _ = sweeper.join();
     let _ = inspector.join();
     let _ = storage_watch.join();

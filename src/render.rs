@@ -441,6 +441,7 @@ impl OrderDetail {
             map.insert("events".into(), self.events.iter().map(event).collect());
             map.insert("audit".into(), self.audit.iter().map(audit_entry).collect());
             map.insert("platform_calls".into(), self.platform_calls.iter().map(platform_call).collect());
+            map.insert("webhook_deliveries".into(), self.webhook_deliveries.iter().map(delivery).collect());
             map.insert("refunds".into(), self.refunds.iter().map(|r| refund(r, &self.order.order_no)).collect());
         }
         value
@@ -450,7 +451,8 @@ impl OrderDetail {
 /// A `platform_call` row of an order: never its request or answer.
 fn platform_call(call: &PlatformCallSummary) -> Value {
     json!({"channel": call.channel, "kind": call.kind.as_str(), "status": call.status.as_str(),
-           "attempts": call.attempts, "http_status": call.http_status, "created_at": call.created_at})
+           "attempts": call.attempts, "http_status": call.http_status, "created_at": call.created_at,
+           "refund_no": call.refund_no, "updated_at": call.updated_at, "next_attempt_at": call.next_attempt_at})
 }
 
 // ---- answers ----

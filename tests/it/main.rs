@@ -22,6 +22,7 @@ mod http_pool;
 mod idempotency;
 mod incident;
 mod ledger;
+mod metrics_access;
 mod nul_bytes;
 mod openapi;
 mod ops_admin;
