@@ -706,12 +706,7 @@ function auditSentence(row) {
   return STRINGS.en[key] !== undefined ? t(key, { reason }) : t('audit.other', { action: row.action, reason });
 }
 
-/** The order's webhook deliveries: from its detail when it carries them, else from the deliveries list. */
-async function deliveriesOf(order) {
-  if (Array.isArray(order.webhook_deliveries)) return order.webhook_deliveries;
-  const { deliveries } = await allDeliveries();
-  return deliveries.filter((d) => d.order_no === order.order_no);
-}
+
 
 function paymentDecision(order, p) {
   return word('outcome.', p.outcome);
@@ -761,7 +756,7 @@ function timelineOf(order, deliveries) {
     }), retryButton(d, () => orderView(order.order_no)), { 'data-delivery': d.id });
   }
   for (const c of order.platform_calls || []) {
-    add(c.created_at, 'call', `${c.channel}.${c.kind}.${c.status}`, t('tl.call', {
+    add(c.created_at, 'call', [c.channel, c.kind, c.status, c.refund_no].filter(Boolean).join(' · '), t('tl.call', {
       channel: word('channel.', c.channel), kind: word('call.kind.', c.kind), status: word('call.status.', c.status), attempts: c.attempts,
       http: c.http_status !== null && c.http_status !== undefined ? t('tl.call.http', { status: c.http_status }) : '',
     }));
@@ -802,13 +797,7 @@ async function orderView(orderNo) {
     return show(h('h1', {}, t('order.title', { no: orderNo })), errorText(err));
   }
   const left = order.amount - order.refunded_amount - order.refunding_amount;
-  let deliveries = [];
-  try {
-    deliveries = await deliveriesOf(order);
-  } catch (err) {
-    deliveries = [];
-  }
-  const items = timelineOf(order, deliveries);
+  const items = timelineOf(order, order.webhook_deliveries || []);
   const summary = h('section', { class: 'card summary' },
     h('p', { class: 'headline' },
       h('strong', { class: 'money', id: 'order-amount' }, money(order.amount, order.currency)), ' ',

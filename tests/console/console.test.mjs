@@ -517,7 +517,9 @@ try {
   assert.ok(paid[1].text.includes('needs a decision'), paid[1].text);
   assert.deepEqual(story.map((s) => s.at), story.map((s) => s.at).slice().sort(), 'in time order');
   assert.ok(story.some((s) => s.kind === 'event' && s.text.includes('order paid')), 'the order.paid event in words');
-  assert.ok(story.some((s) => s.kind === 'webhook'), 'its webhook deliveries');
+  const deliveryLines = story.filter((s) => s.kind === 'webhook');
+  assert.equal(deliveryLines.length, (await order('ORD-TWICE')).webhook_deliveries.length, 'each of its webhook deliveries');
+  assert.ok(deliveryLines.length > 0 && deliveryLines.every((d) => d.text.includes('attempt')), JSON.stringify(deliveryLines));
   await page.locator(`#timeline li[data-pay-no="ALI-T1"] button[data-resolve="ALI-T1"]`).waitFor();
   await assertReadable();
   await shot('04-order-timeline');
