@@ -437,6 +437,16 @@ function notice(id, text) {
 
 const OUTCOME_ORDER = ['applied', 'recorded', 'already_paid', 'paid_after_close', 'amount_mismatch', 'payment_failed'];
 
+/** The colour of a series by what it means (console.css series-N): green is good, red is money or a message lost. */
+const SERIES_COLOUR = {
+  applied: 0, recorded: 4, already_paid: 1, paid_after_close: 3, amount_mismatch: 2, payment_failed: 5,
+  delivered: 0, failed: 1, SUCCEEDED: 0, REQUESTED: 4, FAILED: 1,
+};
+
+function seriesClass(part, index) {
+  return 'series-' + (SERIES_COLOUR[part] !== undefined ? SERIES_COLOUR[part] : index % 6);
+}
+
 function ordered(keys, order) {
   return [...new Set([...order.filter((k) => keys.includes(k)), ...keys.sort()])];
 }
@@ -463,7 +473,7 @@ function stackedChart(id, stats, series, value, labelOf) {
       const barHeight = Math.max(1, n * scale);
       y -= barHeight;
       bars.push(s('rect', {
-        class: `bar series-${index}`, x: (pad.left + i * slot + slot * 0.1).toFixed(2), y: y.toFixed(2),
+        class: `bar ${seriesClass(part, index)}`, x: (pad.left + i * slot + slot * 0.1).toFixed(2), y: y.toFixed(2),
         width: Math.max(1, slot * 0.8).toFixed(2), height: barHeight.toFixed(2),
         'data-start': bucket.start, 'data-series': part, 'data-count': n,
       }, s('title', {}, `${labelOf(part)}: ${n} — ${new Date(bucket.start).toISOString()}`)));
@@ -478,7 +488,7 @@ function stackedChart(id, stats, series, value, labelOf) {
     }, clock(buckets[i].start)))
     : [];
   const legend = h('ul', { class: 'legend', 'aria-label': t('ov.legend') }, series.map((part, index) => h('li', {},
-    h('span', { class: `swatch series-${index}` }), labelOf(part), ' ',
+    h('span', { class: `swatch ${seriesClass(part, index)}` }), labelOf(part), ' ',
     h('strong', { 'data-total': part }, buckets.reduce((total, b) => total + value(b, part), 0)))));
   return h('figure', { class: 'chart', id },
     s('svg', { viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': id, preserveAspectRatio: 'none' }, axis, bars, ticks),
@@ -797,11 +807,20 @@ async function orderView(orderNo) {
     return show(h('h1', {}, t('order.title', { no: orderNo })), errorText(err));
   }
   const left = order.amount - order.refunded_amount - order.refunding_amount;
+  // Its marks as the orders list shows them: the inspection, its refunds in flight, its dead letters.
+  const sources = { findings: new Map(), dead: new Set(), refunding: new Set() };
+  try {
+    const inspection = await api('GET', '/v1/inspections');
+    for (const f of inspection.findings) if (f.order_no === order.order_no) sources.findings.set(f.order_no, [f]);
+  } catch (err) {
+    // Without the inspection the page still tells the order; the finding mark is left out.
+  }
+  for (const d of order.webhook_deliveries || []) if (d.status === 'failed') sources.dead.add(order.order_no);
   const items = timelineOf(order, order.webhook_deliveries || []);
   const summary = h('section', { class: 'card summary' },
     h('p', { class: 'headline' },
       h('strong', { class: 'money', id: 'order-amount' }, money(order.amount, order.currency)), ' ',
-      statusCell(order.status), ' ', flagBadges(flagsOf(order, { findings: new Map(), dead: new Set(), refunding: new Set() }))),
+      statusCell(order.status), ' ', flagBadges(flagsOf(order, sources))),
     h('dl', { class: 'fields' },
       h('dt', {}, t('col.user')), h('dd', {}, order.user_id),
       h('dt', {}, t('col.channel')), h('dd', {}, channelCell(order) || t('dash')),

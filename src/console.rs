@@ -62,6 +62,11 @@ mod tests {
             assert!(!CONSOLE_JS.contains(needle), "console.js uses {needle:?}");
         }
         assert!(!CONSOLE_CSS.contains("@import") && !CONSOLE_CSS.contains("url("), "console.css loads nothing");
+        // A style attribute is inline style: the charts and every element are styled by class.
+        for needle in ["'style'", "\"style\"", ".style.", "cssText"] {
+            assert!(!CONSOLE_JS.contains(needle), "console.js sets an inline style through {needle:?}");
+        }
+        assert!(CONSOLE_JS.contains("PAYONCE_STRINGS = {"), "the script starts with the words of both languages");
         assert!(CONTENT_SECURITY_POLICY.contains("script-src 'self'"));
         assert!(!CONTENT_SECURITY_POLICY.contains("unsafe"));
     }

@@ -505,6 +505,8 @@ try {
   await page.goto(BASE + '/console#/order/ORD-TWICE');
   await page.locator('#timeline').waitFor();
   assert.equal(await page.locator('#order-amount').textContent(), '¥258.00');
+  const marks = (await page.locator('.summary [data-flags]').getAttribute('data-flags')).split(' ');
+  assert.ok(['finding', 'extra', 'dead'].every((f) => marks.includes(f)), `the order page marks it too: ${marks}`);
   const story = await page.locator('#timeline > li').evaluateAll((items) => items.map((li) => ({
     kind: li.getAttribute('data-kind'), pay: li.getAttribute('data-pay-no'), text: li.querySelector('.tl-text').textContent,
     at: li.querySelector('time').getAttribute('datetime'),
