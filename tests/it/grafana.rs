@@ -148,8 +148,10 @@ fn every_dashboard_expression_names_only_exported_metrics_and_labels() {
     assert!(exported["payonce_http_requests_total"].contains("route"), "{exported:?}");
 
     let exprs = dashboard_exprs();
-    let wrong: Vec<String> =
-        exprs.iter().flat_map(|(title, expr)| problems(expr, &exported).into_iter().map(move |p| format!("{title}: {p}"))).collect();
+    let wrong: Vec<String> = exprs
+        .iter()
+        .flat_map(|(title, expr)| problems(expr, &exported).into_iter().map(move |p| format!("{title}: {p}")))
+        .collect();
     assert!(wrong.is_empty(), "deploy/grafana-dashboard.json:\n{}", wrong.join("\n"));
 
     // What the dashboard is for: each of these is on it.
