@@ -697,6 +697,7 @@ fn metrics(app: &App) -> Result<Response, Error> {
         group_commit: app.operations().group_commit_totals().unwrap_or((0, 0)),
         webhook_pending,
         webhook_oldest_pending_s,
+        platform_calls_pending: app.platform_calls().pending()?,
     };
     Ok(Response {
         status: 200,

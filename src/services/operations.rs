@@ -246,9 +246,10 @@ impl<'a> Operations<'a> {
         let end_ms = first_ms + bucket_ms * window.buckets() as i64;
         let (from, to) = (crate::clock::format_ms(first_ms), crate::clock::format_ms(end_ms));
         let received_before = crate::clock::format_ms(now_ms - RECEIVED_STALE_MS);
-        let (counts, (pending, oldest), findings) = self.core.store().read(|tx| {
-            Ok((tx.stats_counts(&from, &to)?, tx.webhook_pending()?, tx.inspect(&received_before)?))
-        })?;
+        let (counts, (pending, oldest), findings) = self
+            .core
+            .store()
+            .read(|tx| Ok((tx.stats_counts(&from, &to)?, tx.webhook_pending()?, tx.inspect(&received_before)?)))?;
         let zeros = |keys: &[&'static str]| keys.iter().map(|k| (*k, 0)).collect::<Vec<_>>();
         let outcomes: Vec<&'static str> = PaymentOutcome::ALL.iter().map(|o| o.as_str()).collect();
         let statuses: Vec<&'static str> = RefundStatus::ALL.iter().map(|s| s.as_str()).collect();
@@ -264,9 +265,8 @@ impl<'a> Operations<'a> {
         for count in counts {
             let minute_ms = crate::clock::parse_rfc3339_ms(&format!("{}:00.000Z", count.minute))
                 .ok_or_else(|| Error::internal(format!("unparseable stored minute {:?}", count.minute)))?;
-            let Some(bucket) = usize::try_from((minute_ms - first_ms).div_euclid(bucket_ms))
-                .ok()
-                .and_then(|i| buckets.get_mut(i))
+            let Some(bucket) =
+                usize::try_from((minute_ms - first_ms).div_euclid(bucket_ms)).ok().and_then(|i| buckets.get_mut(i))
             else {
                 continue;
             };

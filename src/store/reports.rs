@@ -6,8 +6,8 @@
 
 use super::{params, ReadTx, Row, WriteTx};
 use crate::domain::{
-    AuditDetail, AuditRow, Finding, FindingDetail, JsonText, PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX,
-    POINT_TYPE_ORDER_PAID, StatsCount, StatsSeries,
+    AuditDetail, AuditRow, Finding, FindingDetail, JsonText, StatsCount, StatsSeries, PLATFORM_TIME_AFTER_MS_MAX,
+    PLATFORM_TIME_BEFORE_MS_MAX, POINT_TYPE_ORDER_PAID,
 };
 use crate::error::Error;
 use serde_json::Value;

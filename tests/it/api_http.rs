@@ -65,7 +65,8 @@ fn ms(value: &Value) -> i64 {
 fn assert_order(order: &Value) {
     let mut expected = set(&ORDER_KEYS);
     // The detail view adds its eight lists.
-    for extra in ["payments", "coupons", "points", "events", "audit", "platform_calls", "refunds", "webhook_deliveries"] {
+    for extra in ["payments", "coupons", "points", "events", "audit", "platform_calls", "refunds", "webhook_deliveries"]
+    {
         if order.get(extra).is_some() {
             expected.insert(extra.to_owned());
         }

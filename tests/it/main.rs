@@ -16,6 +16,7 @@ mod docs_run;
 mod edge;
 mod event_feed;
 mod expiry;
+mod grafana;
 mod group_commit;
 mod hostile;
 mod http_pool;
