@@ -7,7 +7,7 @@ use crate::domain::IdempotencySlot;
 use crate::domain::{DeliveryStatus, OrderStatus};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::ScrapeGauges;
-use crate::ops::{Compensation, CompensationAction, Mode};
+use crate::ops::{Compensation, CompensationAction, Mode, StatsWindow};
 use crate::platforms::{reply_outcome, Notice, Notices as Channel, Reply};
 use crate::recon::{Format, STATEMENT_BYTES_MAX};
 use crate::render;
@@ -55,6 +55,36 @@ pub fn serve(app: &App, req: &Request) -> Response {
     observe(app, req, &response, started.elapsed());
     response
 }
+
+/// Serves one request on the `--metrics-listen` listener: `GET /metrics`
+/// without a token (whoever can reach that address may scrape), 405 for
+/// another method on it, 404 for every other path. Counted and logged as
+/// [`serve`] does.
+pub fn serve_metrics(app: &App, req: &Request) -> Response {
+    let started = std::time::Instant::now();
+    let answer = catch_unwind(AssertUnwindSafe(|| match (req.method.as_str(), req.path.as_str()) {
+        ("GET", METRICS_PATH) => metrics(app),
+        (_, METRICS_PATH) => Ok(Response::error(&Error::new(
+            ErrorKind::MethodNotAllowed,
+            format!("{} is not allowed on {METRICS_PATH}; allowed: GET", req.method),
+        ))
+        .with_header("Allow", "GET")),
+        _ => Err(Error::new(ErrorKind::NotFound, format!("this listener serves only GET {METRICS_PATH}"))),
+    }));
+    let response = match answer {
+        Ok(Ok(response)) => response,
+        Ok(Err(err)) => Response::error(&err),
+        Err(_) => {
+            crate::log::error("handler panicked", &[("method", &req.method), ("path", &req.path)]);
+            Response::error(&Error::internal("the request failed inside payonce"))
+        }
+    };
+    observe(app, req, &response, started.elapsed());
+    response
+}
+
+/// The path of the Prometheus exposition.
+pub const METRICS_PATH: &str = "/metrics";
 
 /// The answer to a request the HTTP edge refuses itself (413 before reading,
 /// 408, ambiguous framing, shutting down), in the protocol of the route:
@@ -159,7 +189,9 @@ const fn protected_unkeyed(
 
 static ROUTE_TABLE: &[Route] = &[
     open("GET", "/healthz", |c| healthz(c.app)),
-    open("GET", "/metrics", |c| metrics(c.app)),
+    // Behind the API token when tokens are configured; `--metrics-listen`
+    // serves it without one on a listener of its own ([`serve_metrics`]).
+    protected_unkeyed("GET", "/metrics", |c| metrics(c.app)),
     open("GET", "/console", |_| Ok(crate::console::page())),
     open("GET", "/console/console.js", |_| Ok(crate::console::script())),
     open("GET", "/console/console.css", |_| Ok(crate::console::stylesheet())),
@@ -181,6 +213,7 @@ static ROUTE_TABLE: &[Route] = &[
     protected("PUT", "/v1/admin/mode", |c| put_mode(c.app, c.req, c.caller, c.slot)),
     protected("POST", "/v1/admin/drain", |c| drain(c.app, c.req, c.slot)),
     protected("GET", "/v1/inspections", |c| inspections(c.app)),
+    protected("GET", "/v1/admin/stats", |c| stats(c.app, c.req)),
     protected("POST", "/v1/admin/payments/{pay_no}/resolve", |c| {
         resolve_payment(c.app, c.req, c.param(0), c.caller, c.slot)
     }),
@@ -664,6 +697,7 @@ fn metrics(app: &App) -> Result<Response, Error> {
         group_commit: app.operations().group_commit_totals().unwrap_or((0, 0)),
         webhook_pending,
         webhook_oldest_pending_s,
+        platform_calls_pending: app.platform_calls().pending()?,
     };
     Ok(Response {
         status: 200,
@@ -743,6 +777,17 @@ fn replay_webhooks(app: &App, req: &Request, caller: &str, slot: Option<&Idempot
     let after_seq = required_i64(&body, "after_seq")?;
     let until_seq = optional_i64(&body, "until_seq")?;
     Ok(answered(&app.webhooks().replay_webhooks(&endpoint, after_seq, until_seq, caller, slot)?))
+}
+
+/// `?window=1h|24h`, required.
+fn stats(app: &App, req: &Request) -> Result<Response, Error> {
+    let query = parse_query(&req.query)?;
+    let given = query.iter().filter(|(name, _)| name == "window").count();
+    let window = query_value(&query, "window")
+        .filter(|_| given == 1)
+        .and_then(StatsWindow::parse)
+        .ok_or_else(|| Error::invalid("window must be given once, as 1h or 24h"))?;
+    Ok(Response::json(200, &render::stats(&app.operations().stats(window)?)))
 }
 
 fn inspections(app: &App) -> Result<Response, Error> {

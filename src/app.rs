@@ -142,6 +142,8 @@ pub struct OrderDetail {
     pub audit: Vec<AuditRow>,
     /// What was asked of the platforms about it, oldest first.
     pub platform_calls: Vec<PlatformCallSummary>,
+    /// The webhook deliveries of its events, by event then endpoint.
+    pub webhook_deliveries: Vec<crate::domain::DeliveryRow>,
     /// Its own refunds (not its payments'), oldest first.
     pub refunds: Vec<crate::domain::RefundRecord>,
     /// The refunds of its refund-required payments, oldest first.

@@ -28,6 +28,8 @@ const TIMEOUT_MS_MAX: u64 = 86_400_000;
 pub struct Settings {
     pub db: String,
     pub listen: String,
+    /// `--metrics-listen`: a listener of its own for `GET /metrics`, without a token.
+    pub metrics_listen: Option<String>,
     callback_secret: Option<String>,
     pub dev: bool,
     coupons: Vec<String>,
@@ -92,6 +94,7 @@ const fn switch(name: &'static str, set: fn(&mut Settings, &str) -> Result<(), S
 pub const SETTINGS: &[Setting] = &[
     setting("db", |s, v| text(&mut s.db, v)),
     setting("listen", |s, v| text(&mut s.listen, v)),
+    setting("metrics-listen", |s, v| some(&mut s.metrics_listen, v)),
     setting("callback-secret", |s, v| some(&mut s.callback_secret, v)),
     switch("dev", |s, _| {
         s.dev = true;
@@ -293,6 +296,7 @@ impl Settings {
         Ok(Settings {
             db: db_from_env().unwrap_or_else(|| "payonce.db".into()),
             listen: "127.0.0.1:8080".into(),
+            metrics_listen: None,
             callback_secret: env("PAYONCE_CALLBACK_SECRET"),
             dev: false,
             coupons: Vec::new(),

@@ -1,5 +1,6 @@
-//! The operator console (docs/console.md): three static files,
-//! embedded in the binary, served at `/console`. The page reads and writes
+//! The operator console (docs/console.md): four static files (the page,
+//! its stylesheet, and its script made of console/i18n.js and
+//! console/console.js), embedded in the binary, served at `/console`. The page reads and writes
 //! only through the public `/v1` API with the operator's token; this module
 //! only hands out the files, with headers that forbid everything the page
 //! does not need (no inline script, no eval, no framing, nothing fetched
@@ -8,7 +9,8 @@
 use crate::wire::Response;
 
 const INDEX_HTML: &str = include_str!("../console/index.html");
-const CONSOLE_JS: &str = include_str!("../console/console.js");
+/// The words of both languages (console/i18n.js) come first in the one script.
+const CONSOLE_JS: &str = concat!(include_str!("../console/i18n.js"), include_str!("../console/console.js"));
 const CONSOLE_CSS: &str = include_str!("../console/console.css");
 
 /// Scripts and styles from this origin's files only; API calls to this
@@ -60,6 +62,11 @@ mod tests {
             assert!(!CONSOLE_JS.contains(needle), "console.js uses {needle:?}");
         }
         assert!(!CONSOLE_CSS.contains("@import") && !CONSOLE_CSS.contains("url("), "console.css loads nothing");
+        // A style attribute is inline style: the charts and every element are styled by class.
+        for needle in ["'style'", "\"style\"", ".style.", "cssText"] {
+            assert!(!CONSOLE_JS.contains(needle), "console.js sets an inline style through {needle:?}");
+        }
+        assert!(CONSOLE_JS.contains("PAYONCE_STRINGS = {"), "the script starts with the words of both languages");
         assert!(CONTENT_SECURITY_POLICY.contains("script-src 'self'"));
         assert!(!CONTENT_SECURITY_POLICY.contains("unsafe"));
     }

@@ -166,6 +166,8 @@ pub enum RefundStatus {
 }
 
 impl RefundStatus {
+    pub const ALL: [RefundStatus; 3] = [RefundStatus::Requested, RefundStatus::Succeeded, RefundStatus::Failed];
+
     pub fn as_str(self) -> &'static str {
         match self {
             RefundStatus::Requested => "REQUESTED",
@@ -883,6 +885,12 @@ pub struct PlatformCallSummary {
     /// attempt, or when none came (timeout, refused connection).
     pub http_status: Option<i64>,
     pub created_at: String,
+    /// The refund it is about (`refund`, `refund_query`), else `None`.
+    pub refund_no: Option<String>,
+    /// When it last changed: its last attempt's end, or its creation.
+    pub updated_at: String,
+    /// Pending only: when its next attempt may start.
+    pub next_attempt_at: Option<String>,
 }
 
 /// Where a `platform_call` row stands (its `status` column).
@@ -1061,3 +1069,25 @@ pub const FINDING_KINDS: [&str; 8] = [
     "received_not_applied",
     "close_unconfirmed",
 ];
+
+/// Which counts a [`StatsCount`] adds to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsSeries {
+    /// Payments by outcome, at `decided_at` (waiting records as `recorded` at `received_at`).
+    Payments,
+    /// Refunds by status, at `settled_at` (REQUESTED at `requested_at`).
+    Refunds,
+    /// Webhook deliveries by final status (`delivered`, `failed`), at their last attempt.
+    WebhookDeliveries,
+}
+
+/// One row of the store's stats query: `n` rows of `series` with this
+/// `key` (an outcome, a status) in the minute starting at `minute`
+/// (`YYYY-MM-DDTHH:MM`, UTC).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatsCount {
+    pub series: StatsSeries,
+    pub key: String,
+    pub minute: String,
+    pub n: i64,
+}

@@ -146,6 +146,21 @@ impl Handler for ApiHandler {
     }
 }
 
+/// The `--metrics-listen` listener: `GET /metrics` only, no token.
+struct MetricsHandler(Arc<App>);
+
+impl Handler for MetricsHandler {
+    fn body_bytes_max(&self, _path: &str) -> usize {
+        api::BODY_BYTES_MAX
+    }
+    fn handle(&self, request: &Request) -> Response {
+        api::serve_metrics(&self.0, request)
+    }
+    fn refuse(&self, _request: &Request, err: &Error) -> Response {
+        Response::error(err)
+    }
+}
+
 /// A plain function on the same stack (the benchmark's trivial handler).
 struct FnHandler<F>(F);
 
@@ -217,6 +232,12 @@ impl Server {
     /// every one finished in time.
     pub fn serve(self, app: Arc<App>, shutdown: Arc<AtomicBool>, workers: usize) -> bool {
         self.serve_with(Arc::new(ApiHandler(app)), shutdown, workers)
+    }
+
+    /// Serves `GET /metrics` only, without a token (`--metrics-listen`),
+    /// on `workers` workers of its own, until `shutdown` is set.
+    pub fn serve_metrics(self, app: Arc<App>, shutdown: Arc<AtomicBool>, workers: usize) -> bool {
+        self.serve_with(Arc::new(MetricsHandler(app)), shutdown, workers)
     }
 
     /// Serves every request with `handler` on the same stack and worker

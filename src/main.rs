@@ -117,6 +117,10 @@ Options:
                             libpq's key-value form (host=h1,h2 dbname=...); env PAYONCE_DB
                             [default: payonce.db]
   --listen ADDR:PORT        address to bind; port 0 picks a free one [default: 127.0.0.1:8080]
+  --metrics-listen ADDR:PORT
+                            also serve GET /metrics, without a token, on this address (for
+                            Prometheus on a loopback or private port); /metrics on --listen
+                            then still needs the token when tokens are configured
   --callback-secret S,...   HMAC secrets of the generic channel, comma-separated (two during
                             rotation); env PAYONCE_CALLBACK_SECRET. Required unless --dev.
   --dev                     development mode: a fixed, printed callback secret
@@ -359,6 +363,9 @@ fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
     parser.value().map_err(|e| e.to_string())?.into_string().map_err(|v| format!("{v:?} is not UTF-8"))
 }
 
+/// Workers of the `--metrics-listen` listener: a scrape is one read.
+const METRICS_WORKERS: usize = 1;
+
 fn serve(args: Settings) -> Result<ExitCode, String> {
     payonce::log::set_format(args.log_format);
     let Checked { config, warnings } = args.check()?;
@@ -398,9 +405,24 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
             return Err(e.message);
         }
     };
+    // The metrics listener, when asked for: bound before the start is
+    // announced, so an unusable address stops the start like --listen's.
+    let metrics_server = match args.metrics_listen.as_deref().map(|m| (m, Server::bind_with(m, args.limits.clone()))) {
+        None => None,
+        Some((_, Ok(metrics_server))) => Some(metrics_server),
+        Some((listen, Err(e))) => {
+            drop(server);
+            drop(app);
+            remove_files(&new_files);
+            return Err(format!("--metrics-listen {listen:?}: {}", e.message));
+        }
+    };
     let addr = server.local_addr();
     let shutdown = Arc::new(AtomicBool::new(false));
     handle_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
+    if let Some(metrics_server) = &metrics_server {
+        eprintln!("payonce: metrics on http://{}/metrics (no token)", metrics_server.local_addr());
+    }
     println!("listening on http://{addr}");
     let _ = std::io::stdout().flush();
     if args.dev {
@@ -425,7 +447,22 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
                 .map_err(|e| format!("cannot start the platform calls: {e}"))?,
         )
     };
+    let metrics_thread = match metrics_server {
+        None => None,
+        Some(metrics_server) => {
+            let (app, shutdown) = (Arc::clone(&app), Arc::clone(&shutdown));
+            Some(
+                std::thread::Builder::new()
+                    .name("payonce-metrics".into())
+                    .spawn(move || metrics_server.serve_metrics(app, shutdown, METRICS_WORKERS))
+                    .map_err(|e| format!("cannot start the metrics listener: {e}"))?,
+            )
+        }
+    };
     let finished = server.serve(app, shutdown, args.workers);
+    if let Some(metrics_thread) = metrics_thread {
+        let _ = metrics_thread.join();
+    }
     let _ = sweeper.join();
     let _ = inspector.join();
     let _ = storage_watch.join();
@@ -585,10 +622,12 @@ fn copy_db(parser: lexopt::Parser) -> Result<ExitCode, String> {
     };
     let from = args.from.ok_or("copy-db needs --from FILE.db (a SQLite ledger)")?;
     let to = args.to.ok_or("copy-db needs --to postgres://... (an empty PostgreSQL database)")?;
-    if !payonce::store::is_postgres_url(&to) {
-        return Err(format!("copy-db --to takes a postgres:// or postgresql:// URL, not {to:?}"));
+    if !payonce::store::is_postgres(&to) {
+        return Err(format!(
+            "copy-db --to takes a PostgreSQL database (a postgres:// or postgresql:// URL, or libpq key-value settings), not {to:?}"
+        ));
     }
-    if payonce::store::is_postgres_url(&from) {
+    if payonce::store::is_postgres(&from) {
         return Err(format!("copy-db --from takes a SQLite file, not {}", payonce::store::shown_db(&from)));
     }
     let shown = payonce::store::shown_db(&to);

@@ -2,7 +2,7 @@
 //! prefixed `payonce_`). Gauges that live in the database (mode, records
 //! waiting) are read at scrape time by the caller.
 
-use crate::domain::{PaymentOutcome, RefundOutcome, FINDING_KINDS};
+use crate::domain::{PaymentOutcome, PlatformCallKind, RefundOutcome, FINDING_KINDS};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -12,6 +12,10 @@ use std::time::Duration;
 
 /// Upper bounds of the latency histogram, in seconds.
 pub const LATENCY_BUCKETS_S: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+/// How a platform call's attempt ended, as `payonce_platform_calls_total`
+/// labels it: due again (`retried`), or settled in its final status.
+pub const PLATFORM_CALL_RESULTS: [&str; 4] = ["done", "retried", "failed", "given_up"];
 
 /// Where a repeat is answered without its work: a callback's `duplicate`,
 /// and an Idempotency-Key's stored answer.
@@ -28,6 +32,7 @@ pub struct Metrics {
     inspection_findings: Mutex<BTreeMap<String, u64>>,
     inspection_last: Mutex<BTreeMap<String, u64>>,
     webhook_results: Mutex<BTreeMap<&'static str, u64>>,
+    platform_calls: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     /// The store's flag: false once a database path names another file
     /// than the one open (`None`: nothing watched, e.g. `:memory:`).
     storage_ok: Option<Arc<AtomicBool>>,
@@ -43,6 +48,8 @@ pub struct ScrapeGauges {
     /// Webhook deliveries pending, and the age of the oldest in seconds.
     pub webhook_pending: i64,
     pub webhook_oldest_pending_s: f64,
+    /// Platform calls pending in the database (all processes).
+    pub platform_calls_pending: i64,
 }
 
 impl Metrics {
@@ -84,6 +91,12 @@ impl Metrics {
     /// `failed` (a dead letter) or `disabled` (410 Gone).
     pub fn observe_webhook(&self, result: &'static str) {
         *self.webhook_results.lock().entry(result).or_default() += 1;
+    }
+
+    /// A platform call's attempt recorded: its kind and how it ended (one
+    /// of [`PLATFORM_CALL_RESULTS`]).
+    pub fn observe_platform_call(&self, kind: PlatformCallKind, result: &'static str) {
+        *self.platform_calls.lock().entry((kind.as_str(), result)).or_default() += 1;
     }
 
     /// One inspection run's findings by kind (counted, and kept as the last run).
@@ -244,6 +257,28 @@ impl Metrics {
             "gauge",
             "Age of the oldest pending webhook delivery since it was queued; 0 when none is pending.",
             gauges.webhook_oldest_pending_s,
+        );
+        header(
+            out,
+            "payonce_platform_calls_total",
+            "counter",
+            "Platform call attempts of this process by kind and result: done, retried, failed, given_up.",
+        );
+        {
+            let calls = self.platform_calls.lock();
+            for kind in PlatformCallKind::ALL {
+                for result in PLATFORM_CALL_RESULTS {
+                    let n = calls.get(&(kind.as_str(), result)).copied().unwrap_or(0);
+                    sample(out, "payonce_platform_calls_total", &[("kind", kind.as_str()), ("result", result)], n);
+                }
+            }
+        }
+        single(
+            out,
+            "payonce_platform_calls_pending",
+            "gauge",
+            "Platform calls pending in the database (all processes): due, or with an attempt in flight.",
+            gauges.platform_calls_pending,
         );
     }
 }

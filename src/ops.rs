@@ -206,3 +206,80 @@ pub const BACKUP_PARTIAL_SUFFIX: &str = ".partial";
 
 /// Statement rows compared per read transaction.
 pub const COMPARE_BATCH_ROWS: usize = 512;
+
+/// The window of `GET /v1/admin/stats`: the last hour in 1-minute buckets
+/// or the last day in 15-minute buckets (docs/operations.md, "Counts over
+/// time").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsWindow {
+    Hour,
+    Day,
+}
+
+impl StatsWindow {
+    pub const ALL: [StatsWindow; 2] = [StatsWindow::Hour, StatsWindow::Day];
+
+    pub fn parse(text: &str) -> Option<StatsWindow> {
+        StatsWindow::ALL.into_iter().find(|w| w.as_str() == text)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatsWindow::Hour => "1h",
+            StatsWindow::Day => "24h",
+        }
+    }
+
+    /// The length of one bucket, in seconds.
+    pub fn bucket_s(self) -> i64 {
+        match self {
+            StatsWindow::Hour => 60,
+            StatsWindow::Day => 15 * 60,
+        }
+    }
+
+    /// How many buckets the window holds (the newest one holds now).
+    pub fn buckets(self) -> usize {
+        match self {
+            StatsWindow::Hour => 60,
+            StatsWindow::Day => 96,
+        }
+    }
+
+    /// The start of the first bucket, in Unix ms, for a window ending in
+    /// the bucket that holds `now_ms`: buckets are aligned to their size in
+    /// UTC.
+    pub fn first_start_ms(self, now_ms: i64) -> i64 {
+        let bucket_ms = self.bucket_s() * 1000;
+        let newest = now_ms.div_euclid(bucket_ms) * bucket_ms;
+        newest - (self.buckets() as i64 - 1) * bucket_ms
+    }
+}
+
+/// One bucket of `GET /v1/admin/stats`: every known key, 0 when none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatsBucket {
+    /// RFC 3339 UTC.
+    pub start: String,
+    pub payments: Vec<(&'static str, i64)>,
+    pub refunds: Vec<(&'static str, i64)>,
+    pub webhook_deliveries: Vec<(&'static str, i64)>,
+}
+
+/// The state at the moment of the answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatsNow {
+    pub webhook_pending: i64,
+    /// Whole seconds since the oldest pending delivery was queued; `None` with none pending.
+    pub webhook_oldest_pending_s: Option<i64>,
+    /// The inspection's findings by kind, every kind (0 when none).
+    pub findings: Vec<(&'static str, i64)>,
+}
+
+/// `GET /v1/admin/stats?window=`: counts from the database, oldest bucket first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stats {
+    pub window: StatsWindow,
+    pub buckets: Vec<StatsBucket>,
+    pub now: StatsNow,
+}

@@ -125,6 +125,32 @@ pub fn mode(mode: Mode) -> Value {
 
 /// The inspection's answer: `{"ok":bool,"findings":[{"kind","order_no","detail"}]}`
 /// (the API and `payonce inspect` print the same).
+/// `GET /v1/admin/stats` (docs/operations.md, "Counts over time"): every
+/// known outcome, status and finding kind is present, 0 when none.
+pub fn stats(stats: &crate::ops::Stats) -> Value {
+    let counts = |pairs: &[(&str, i64)]| -> Value {
+        Value::Object(pairs.iter().map(|(key, n)| ((*key).to_owned(), json!(n))).collect())
+    };
+    let buckets: Vec<Value> = stats
+        .buckets
+        .iter()
+        .map(|b| {
+            json!({"start": b.start, "payments": counts(&b.payments), "refunds": counts(&b.refunds),
+                   "webhook_deliveries": counts(&b.webhook_deliveries)})
+        })
+        .collect();
+    json!({
+        "window": stats.window.as_str(),
+        "bucket_s": stats.window.bucket_s(),
+        "buckets": buckets,
+        "now": {
+            "webhook_pending": stats.now.webhook_pending,
+            "webhook_oldest_pending_s": stats.now.webhook_oldest_pending_s,
+            "findings": counts(&stats.now.findings),
+        },
+    })
+}
+
 pub fn inspection(findings: &[Finding]) -> Value {
     let list: Vec<Value> = findings
         .iter()
@@ -415,6 +441,7 @@ impl OrderDetail {
             map.insert("events".into(), self.events.iter().map(event).collect());
             map.insert("audit".into(), self.audit.iter().map(audit_entry).collect());
             map.insert("platform_calls".into(), self.platform_calls.iter().map(platform_call).collect());
+            map.insert("webhook_deliveries".into(), self.webhook_deliveries.iter().map(delivery).collect());
             map.insert("refunds".into(), self.refunds.iter().map(|r| refund(r, &self.order.order_no)).collect());
         }
         value
@@ -424,7 +451,8 @@ impl OrderDetail {
 /// A `platform_call` row of an order: never its request or answer.
 fn platform_call(call: &PlatformCallSummary) -> Value {
     json!({"channel": call.channel, "kind": call.kind.as_str(), "status": call.status.as_str(),
-           "attempts": call.attempts, "http_status": call.http_status, "created_at": call.created_at})
+           "attempts": call.attempts, "http_status": call.http_status, "created_at": call.created_at,
+           "refund_no": call.refund_no, "updated_at": call.updated_at, "next_attempt_at": call.next_attempt_at})
 }
 
 // ---- answers ----

@@ -229,6 +229,72 @@ impl<'a> Operations<'a> {
         Ok(findings)
     }
 
+    // ---- counts over time ----
+
+    /// `GET /v1/admin/stats`: the window's counts from the database, per
+    /// bucket, oldest first, every known key present (0 when none), and the
+    /// state now: the webhook backlog and the open findings by kind. One
+    /// read snapshot, so the buckets and `now` agree; the inspection is the
+    /// same queries as [`Operations::inspect`], not counted in `/metrics`
+    /// (a console polling this must not inflate the findings counter).
+    pub fn stats(&self, window: crate::ops::StatsWindow) -> Result<crate::ops::Stats, Error> {
+        use crate::domain::{DeliveryStatus, RefundStatus, StatsSeries, FINDING_KINDS};
+        use crate::ops::{Stats, StatsBucket, StatsNow};
+        let now_ms = self.core.clock().now_ms();
+        let bucket_ms = window.bucket_s() * 1000;
+        let first_ms = window.first_start_ms(now_ms);
+        let end_ms = first_ms + bucket_ms * window.buckets() as i64;
+        let (from, to) = (crate::clock::format_ms(first_ms), crate::clock::format_ms(end_ms));
+        let received_before = crate::clock::format_ms(now_ms - RECEIVED_STALE_MS);
+        let (counts, (pending, oldest), findings) = self
+            .core
+            .store()
+            .read(|tx| Ok((tx.stats_counts(&from, &to)?, tx.webhook_pending()?, tx.inspect(&received_before)?)))?;
+        let zeros = |keys: &[&'static str]| keys.iter().map(|k| (*k, 0)).collect::<Vec<_>>();
+        let outcomes: Vec<&'static str> = PaymentOutcome::ALL.iter().map(|o| o.as_str()).collect();
+        let statuses: Vec<&'static str> = RefundStatus::ALL.iter().map(|s| s.as_str()).collect();
+        let deliveries = [DeliveryStatus::Delivered.as_str(), DeliveryStatus::Failed.as_str()];
+        let mut buckets: Vec<StatsBucket> = (0..window.buckets())
+            .map(|i| StatsBucket {
+                start: crate::clock::format_ms(first_ms + bucket_ms * i as i64),
+                payments: zeros(&outcomes),
+                refunds: zeros(&statuses),
+                webhook_deliveries: zeros(&deliveries),
+            })
+            .collect();
+        for count in counts {
+            let minute_ms = crate::clock::parse_rfc3339_ms(&format!("{}:00.000Z", count.minute))
+                .ok_or_else(|| Error::internal(format!("unparseable stored minute {:?}", count.minute)))?;
+            let Some(bucket) =
+                usize::try_from((minute_ms - first_ms).div_euclid(bucket_ms)).ok().and_then(|i| buckets.get_mut(i))
+            else {
+                continue;
+            };
+            let series = match count.series {
+                StatsSeries::Payments => &mut bucket.payments,
+                StatsSeries::Refunds => &mut bucket.refunds,
+                StatsSeries::WebhookDeliveries => &mut bucket.webhook_deliveries,
+            };
+            match series.iter_mut().find(|(key, _)| *key == count.key) {
+                Some((_, n)) => *n += count.n,
+                None => return Err(Error::internal(format!("unknown stored value {:?}", count.key))),
+            }
+        }
+        let mut by_kind = zeros(&FINDING_KINDS);
+        for finding in &findings {
+            match by_kind.iter_mut().find(|(kind, _)| *kind == finding.kind) {
+                Some((_, n)) => *n += 1,
+                None => by_kind.push((finding.kind, 1)),
+            }
+        }
+        let oldest_s = oldest
+            .as_deref()
+            .and_then(crate::clock::parse_rfc3339_ms)
+            .map(|queued| now_ms.saturating_sub(queued).max(0) / 1000);
+        let now = StatsNow { webhook_pending: pending, webhook_oldest_pending_s: oldest_s, findings: by_kind };
+        Ok(Stats { window, buckets, now })
+    }
+
     // ---- compensation: freeze and reverse, never delete ----
 
     /// Idempotent by (order, action, target): the effect and its one audit

@@ -82,6 +82,7 @@ impl<'a> Orders<'a> {
                 events: tx.events_of_order(order_no)?,
                 audit: tx.audit_of_order(order_no)?,
                 platform_calls: tx.platform_calls_of_order(order_no)?,
+                webhook_deliveries: tx.webhook_deliveries_of_order(order_no)?,
                 refunds: tx.refunds_of_order(order.id)?,
                 payment_refunds: tx.payment_refunds_of_order(order.id)?,
                 order,

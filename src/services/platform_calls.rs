@@ -484,8 +484,19 @@ impl<'a> PlatformCalls<'a> {
                 "a platform call moved on during its call; its result is not recorded",
                 &[("order_no", &row.order_no), ("channel", &row.channel)],
             );
+            return Ok(());
         }
+        let result = match &attempt.settle {
+            Settle::Retry { .. } => "retried",
+            Settle::Final(status) => status.as_str(),
+        };
+        self.core.metrics().observe_platform_call(row.kind, result);
         Ok(())
+    }
+
+    /// Platform calls pending in the database, every process's (a gauge of `/metrics`).
+    pub fn pending(&self) -> Result<i64, Error> {
+        self.core.store().read(|tx| tx.platform_calls_pending())
     }
 
     /// PENDING → CLOSED once every configured platform's close row is done,

@@ -16,7 +16,7 @@
 
 use super::Core;
 use crate::clock::{format_ms, parse_rfc3339_ms};
-use crate::domain::{IdempotencySlot, Order, OrderStatus, PlatformCallStatus};
+use crate::domain::{IdempotencySlot, Order, OrderStatus, PlatformCallKind, PlatformCallStatus};
 use crate::error::{Error, ErrorKind};
 use crate::keylock::LockKey;
 use crate::platform_ops::{Paying, PaymentOffer};
@@ -384,7 +384,9 @@ impl<'a> Prepays<'a> {
             answer: &answer,
             now: &self.core.clock().now_text(),
         };
-        if !self.core.store().write(&[], |tx| tx.finish_prepay(id, attempt, &end))? {
+        if self.core.store().write(&[], |tx| tx.finish_prepay(id, attempt, &end))? {
+            self.core.metrics().observe_platform_call(PlatformCallKind::Prepay, status.as_str());
+        } else {
             // This call outlived its lease and another took the row: the
             // platform answered both about the one trade of this out_trade_no.
             crate::log::warn("prepay finished after its lease", &[("channel", &channel), ("order_no", &order_no)]);

@@ -46,6 +46,7 @@ mod postgres;
 mod reports;
 mod sqlite;
 mod webhooks;
+pub use reports::STATS_STATEMENTS;
 pub use webhooks::{REPLAY_EVENTS_MAX, WEBHOOK_DELIVERIES};
 
 use crate::error::{Error, ErrorKind};

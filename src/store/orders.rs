@@ -102,7 +102,7 @@ impl ReadTx<'_> {
     /// `ix_platform_call_order`); their requests and answers stay out.
     pub fn platform_calls_of_order(&self, order_no: &str) -> Result<Vec<PlatformCallSummary>, Error> {
         self.all(
-            "SELECT channel, kind, status, attempts, http_status, created_at
+            "SELECT channel, kind, status, attempts, http_status, created_at, refund_no, updated_at, next_attempt_at
              FROM platform_call WHERE order_no = ?1 ORDER BY id",
             params![order_no],
             |r| {
@@ -115,6 +115,9 @@ impl ReadTx<'_> {
                     attempts: r.int(3)?,
                     http_status: r.opt_int(4)?,
                     created_at: r.text(5)?,
+                    refund_no: r.opt_text(6)?,
+                    updated_at: r.text(7)?,
+                    next_attempt_at: r.opt_text(8)?,
                 })
             },
         )

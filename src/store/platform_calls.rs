@@ -65,6 +65,12 @@ fn call_from_row(r: &Row) -> Result<PlatformCallRow, Error> {
 }
 
 impl ReadTx<'_> {
+    /// Calls pending, every process's (`/metrics`): the partial index
+    /// `ix_platform_call_due` holds exactly those.
+    pub fn platform_calls_pending(&self) -> Result<i64, Error> {
+        self.one("SELECT count(*) FROM platform_call WHERE status = 'pending'", params![], |r| r.int(0))
+    }
+
     /// PENDING orders past `expires_at` with no close queued yet, oldest first.
     pub fn expired_pending_orders_unqueued(&self, now: &str, limit: usize) -> Result<Vec<String>, Error> {
         self.all(

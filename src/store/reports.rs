@@ -6,8 +6,8 @@
 
 use super::{params, ReadTx, Row, WriteTx};
 use crate::domain::{
-    AuditDetail, AuditRow, Finding, FindingDetail, JsonText, PLATFORM_TIME_AFTER_MS_MAX, PLATFORM_TIME_BEFORE_MS_MAX,
-    POINT_TYPE_ORDER_PAID,
+    AuditDetail, AuditRow, Finding, FindingDetail, JsonText, StatsCount, StatsSeries, PLATFORM_TIME_AFTER_MS_MAX,
+    PLATFORM_TIME_BEFORE_MS_MAX, POINT_TYPE_ORDER_PAID,
 };
 use crate::error::Error;
 use serde_json::Value;
@@ -467,6 +467,74 @@ impl PlacedPayments {
             let (_, pay_no, order_no) = Self::texts(&self.text, entry);
             (pay_no, order_no, entry.4)
         })
+    }
+}
+
+/// The statements of `GET /v1/admin/stats`, each counting one series per
+/// (key, minute) in [?1, ?2) (RFC 3339 text compares in time order), in
+/// SQL both engines accept: `substr` of the stored text is the minute, and
+/// the buckets are summed from the minutes in `services/operations.rs`.
+/// Which index each reads (`tests/it/stats.rs` checks SQLite's plans):
+///
+/// - decided payments: `ix_pay_callback_log_decided (outcome, decided_at)`,
+///   covering, one range per outcome;
+/// - payments waiting in record-only mode: the same index, on `recorded`
+///   only (only the waiting records);
+/// - refunds still REQUESTED: the partial indexes of refunds in flight
+///   (`uk_refund_requested`, `uk_refund_payment_in_flight`);
+/// - settled refunds (at `settled_at`) and finished webhook deliveries (at
+///   `last_attempt_at`): no index holds those columns, so these two read
+///   their table (`refund` is small beside the payments; a migration may
+///   add `refund (settled_at)` and `webhook_delivery (last_attempt_at)
+///   WHERE status IN ('delivered', 'failed')`, docs/operations.md).
+pub const STATS_STATEMENTS: [&str; 6] = [
+    STATS_PAYMENTS_DECIDED,
+    STATS_PAYMENTS_WAITING,
+    STATS_REFUNDS_SETTLED,
+    STATS_ORDER_REFUNDS_REQUESTED,
+    STATS_PAYMENT_REFUNDS_REQUESTED,
+    STATS_DELIVERIES_FINISHED,
+];
+
+const STATS_PAYMENTS_DECIDED: &str = "SELECT outcome, substr(decided_at, 1, 16), count(*) FROM pay_callback_log
+     WHERE outcome IN ('payment_failed', 'paid_after_close', 'already_paid', 'amount_mismatch', 'applied')
+       AND decided_at >= ?1 AND decided_at < ?2
+     GROUP BY 1, 2";
+const STATS_PAYMENTS_WAITING: &str = "SELECT outcome, substr(received_at, 1, 16), count(*) FROM pay_callback_log
+     WHERE outcome = 'recorded' AND state = 'received' AND received_at >= ?1 AND received_at < ?2
+     GROUP BY 1, 2";
+const STATS_REFUNDS_SETTLED: &str = "SELECT status, substr(settled_at, 1, 16), count(*) FROM refund
+     WHERE settled_at >= ?1 AND settled_at < ?2
+     GROUP BY 1, 2";
+const STATS_ORDER_REFUNDS_REQUESTED: &str = "SELECT status, substr(requested_at, 1, 16), count(*) FROM refund
+     WHERE status = 'REQUESTED' AND pay_no IS NULL AND requested_at >= ?1 AND requested_at < ?2
+     GROUP BY 1, 2";
+const STATS_PAYMENT_REFUNDS_REQUESTED: &str = "SELECT status, substr(requested_at, 1, 16), count(*) FROM refund
+     WHERE status = 'REQUESTED' AND pay_no IS NOT NULL AND requested_at >= ?1 AND requested_at < ?2
+     GROUP BY 1, 2";
+const STATS_DELIVERIES_FINISHED: &str = "SELECT status, substr(last_attempt_at, 1, 16), count(*) FROM webhook_delivery
+     WHERE status IN ('delivered', 'failed') AND last_attempt_at >= ?1 AND last_attempt_at < ?2
+     GROUP BY 1, 2";
+
+impl ReadTx<'_> {
+    /// The counts of `GET /v1/admin/stats` per series, key and minute in
+    /// [from, to) ([`STATS_STATEMENTS`]).
+    pub fn stats_counts(&self, from: &str, to: &str) -> Result<Vec<StatsCount>, Error> {
+        let statements = [
+            (StatsSeries::Payments, STATS_PAYMENTS_DECIDED),
+            (StatsSeries::Payments, STATS_PAYMENTS_WAITING),
+            (StatsSeries::Refunds, STATS_REFUNDS_SETTLED),
+            (StatsSeries::Refunds, STATS_ORDER_REFUNDS_REQUESTED),
+            (StatsSeries::Refunds, STATS_PAYMENT_REFUNDS_REQUESTED),
+            (StatsSeries::WebhookDeliveries, STATS_DELIVERIES_FINISHED),
+        ];
+        let mut counts = Vec::new();
+        for (series, sql) in statements {
+            for r in self.rows(sql, params![from, to])? {
+                counts.push(StatsCount { series, key: r.text(0)?, minute: r.text(1)?, n: r.int(2)? });
+            }
+        }
+        Ok(counts)
     }
 }
 

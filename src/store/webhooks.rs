@@ -79,6 +79,23 @@ impl ReadTx<'_> {
         self.optional(select_deliveries!("WHERE d.id = ?1"), params![id], delivery_from_row)
     }
 
+    /// Every delivery of an order's events, to every endpoint, by event then
+    /// endpoint: the order's events by `ix_outbox_event_order`, each
+    /// probed at each endpoint by `uk_endpoint_event` (no index holds
+    /// `webhook_delivery.order_no` beyond the pending rows).
+    pub fn webhook_deliveries_of_order(&self, order_no: &str) -> Result<Vec<DeliveryRow>, Error> {
+        self.all(
+            select_deliveries!(
+                ", outbox_event e
+                 WHERE e.order_no = ?1 AND d.endpoint IN (SELECT endpoint FROM webhook_endpoint)
+                   AND d.event_id = e.event_id
+                 ORDER BY e.seq, d.endpoint"
+            ),
+            params![order_no],
+            delivery_from_row,
+        )
+    }
+
     /// One page of deliveries by id, after `after`, of one status or all.
     pub fn webhook_deliveries(
         &self,

@@ -162,7 +162,7 @@ set -e
 CASES=$({ grep -A1 '^Test cases:' "$WORK/schemathesis.txt" || true; } | tail -1 | sed 's/^ *//')
 echo
 echo "fuzz-api: schemathesis test cases: ${CASES:-unknown}"
-curl -sS "$BASE/metrics" >"$WORK/metrics"
+curl -sS -H "Authorization: Bearer $TOKEN" "$BASE/metrics" >"$WORK/metrics"
 echo "fuzz-api: payonce answers by status:"
 awk -F'status="' '/^payonce_http_requests_total/ { split($2, a, "\""); n = $0; sub(/.* /, "", n); s[a[1]] += n }
     END { for (k in s) printf "  %s %d\n", k, s[k] }' "$WORK/metrics" | sort

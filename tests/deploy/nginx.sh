@@ -118,7 +118,7 @@ signed_callback() { # PATH JSON -> body; status in $WORK/status
 }
 # Requests payonce has answered, from its own metrics (all routes, all statuses).
 payonce_requests() {
-    curl -sS "$DIRECT/metrics" | awk '/^payonce_http_requests_total/ && !/route="\/metrics"/ { n += $NF } END { print n + 0 }'
+    curl -sS -H "Authorization: Bearer $TOKEN" "$DIRECT/metrics" | awk '/^payonce_http_requests_total/ && !/route="\/metrics"/ { n += $NF } END { print n + 0 }'
 }
 healthy() { # WHAT
     local status
@@ -186,7 +186,7 @@ done
 after=$(payonce_requests)
 # The last probe is normalised by nginx into /v1/callbacks/generic/resolve and
 # forwarded as that path: payonce answers its own 404, but no admin route runs.
-resolved=$(curl -sS "$DIRECT/metrics" | awk '/^payonce_http_requests_total/ && /route="\/v1\/admin/ { n += $NF } END { print n + 0 }')
+resolved=$(curl -sS -H "Authorization: Bearer $TOKEN" "$DIRECT/metrics" | awk '/^payonce_http_requests_total/ && /route="\/v1\/admin/ { n += $NF } END { print n + 0 }')
 if [ "$resolved" = 0 ]; then
     pass "no admin route ran in payonce ($((after - before)) of those requests reached payonce, as /v1/callbacks/ paths)"
 else

@@ -64,8 +64,9 @@ fn ms(value: &Value) -> i64 {
 /// The order object: exactly the documented keys, times in the documented form.
 fn assert_order(order: &Value) {
     let mut expected = set(&ORDER_KEYS);
-    // The detail view adds its seven lists.
-    for extra in ["payments", "coupons", "points", "events", "audit", "platform_calls", "refunds"] {
+    // The detail view adds its eight lists.
+    for extra in ["payments", "coupons", "points", "events", "audit", "platform_calls", "refunds", "webhook_deliveries"]
+    {
         if order.get(extra).is_some() {
             expected.insert(extra.to_owned());
         }

@@ -98,7 +98,9 @@ fn targets(who: &str) -> (Vec<Target>, Vec<String>) {
     for route in payonce::api::routes() {
         let (method, template) = (route.method, route.template);
         // The contract's rule, checked against the table's own flag.
-        let is_protected = template.starts_with("/v1/") && !template.starts_with("/v1/callbacks/");
+        // `/metrics` too (docs/settings.md, `--metrics-listen`).
+        let is_protected =
+            (template.starts_with("/v1/") && !template.starts_with("/v1/callbacks/")) || template == "/metrics";
         assert_eq!(route.needs_token, is_protected, "{method} {template}");
         if !is_protected {
             open.push(format!("{method} {template}"));
@@ -114,6 +116,9 @@ fn targets(who: &str) -> (Vec<Target>, Vec<String>) {
         // Any parameter a later route adds.
         while let (Some(open_at), Some(close_at)) = (path.find('{'), path.find('}')) {
             path.replace_range(open_at..=close_at, "x-auth");
+        }
+        if template == "/v1/admin/stats" {
+            path.push_str("?window=1h");
         }
         let (body, ok_status) = match (method, template) {
             ("POST", "/v1/orders") => (

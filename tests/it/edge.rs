@@ -558,7 +558,8 @@ fn a_client_that_never_reads_its_answers_loses_the_connection() {
         );
     }
     let requests = 4000;
-    let pipeline = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(requests);
+    let pipeline =
+        format!("GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n").repeat(requests);
     let mut writer = stream.try_clone().expect("clone");
     let writing = std::thread::spawn(move || {
         let _ = writer.write_all(pipeline.as_bytes());

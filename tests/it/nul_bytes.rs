@@ -57,6 +57,7 @@ const CASES: &[Case] = &[
     with_body("PUT", "/v1/admin/mode", || json!({"mode": "normal"})),
     case("POST", "/v1/admin/drain", &[]),
     case("GET", "/v1/inspections", &[]),
+    case("GET", "/v1/admin/stats", &["window"]),
     with_body("POST", "/v1/admin/payments/{pay_no}/resolve", || json!({"resolution": "refund", "reason": "why"})),
     with_body("POST", "/v1/admin/payments/{pay_no}/refund", || json!({"reason": "why"})),
     with_body("POST", "/v1/admin/refunds/{refund_no}/resolve", || json!({"resolution": "succeeded", "reason": "why"})),

@@ -263,10 +263,17 @@ fn sigkill_between_the_platform_close_and_the_local_close_closes_once() {
     for close in closes {
         assert_eq!(close["status"], "done", "{close}");
         assert!(close["attempts"].as_i64().is_some_and(|n| n >= 1), "{close}");
+        // When it last changed, and nothing due any more.
+        assert_eq!((close["refund_no"].clone(), close["next_attempt_at"].clone()), (Value::Null, Value::Null));
+        let (created, updated) =
+            (close["created_at"].as_str().unwrap_or(""), close["updated_at"].as_str().unwrap_or(""));
+        assert!(!created.is_empty() && updated >= created, "a finished call's last change: {close}");
     }
     for call in &calls {
         let keys: Vec<&String> = call.as_object().map(|o| o.keys().collect()).unwrap_or_default();
-        assert_eq!(keys, ["channel", "kind", "status", "attempts", "http_status", "created_at"], "{call}");
+        let expected =
+            ["channel", "kind", "status", "attempts", "http_status", "created_at", "refund_no", "updated_at"];
+        assert_eq!(keys, [&expected[..], &["next_attempt_at"]].concat(), "never the request or the answer: {call}");
     }
 }
 

@@ -192,6 +192,7 @@ fn everything(app: &App) -> Value {
         "deliveries": get(app, "/v1/webhooks/deliveries?limit=1000"),
         "mode": get(app, "/v1/admin/mode"),
         "inspections": get(app, "/v1/inspections"),
+        "stats": get(app, "/v1/admin/stats?window=24h"),
         "coupons": get(app, &format!("/v1/users/{USER}/coupons")),
         "points": get(app, &format!("/v1/users/{USER}/points")),
     }))

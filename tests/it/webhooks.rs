@@ -116,6 +116,13 @@ fn every_delivery_verifies_with_the_standard_webhooks_library() {
         assert_eq!(d["last_status"], 200);
         assert_eq!(d["next_attempt_at"], Value::Null);
     }
+    // Each order's detail lists its own deliveries, as the listing has them.
+    for order_no in ["V-0", "V-1", "V-2"] {
+        let detail = server.get(&format!("/v1/orders/{order_no}")).json();
+        let own: Vec<Value> = listed.iter().filter(|d| d["order_no"] == order_no).cloned().collect();
+        assert_eq!(own.len(), if order_no == "V-0" { 2 } else { 1 }, "{order_no}: paid (and V-0 refunding)");
+        assert_eq!(detail["webhook_deliveries"], Value::Array(own), "{order_no}");
+    }
     assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"delivered\"}"), 4.0);
     assert_eq!(metric(&server, "payonce_webhook_pending "), 0.0);
     assert_eq!(metric(&server, "payonce_webhook_oldest_pending_seconds "), 0.0);
@@ -386,6 +393,16 @@ for_each_engine! {
         assert_eq!(failed["last_status"], 500);
         assert!(failed["last_error"].as_str().unwrap_or_default().contains("HTTP 500"), "{failed}");
         assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"failed\"}"), 1.0);
+        // The order's detail lists its delivery as the listing does, and the
+        // database's counts have the dead letter (every process's, any restart).
+        let detail = server.get("/v1/orders/D-1").json();
+        assert_eq!(detail["webhook_deliveries"], json!([failed.clone()]), "{detail}");
+        let stats = server.get("/v1/admin/stats?window=1h").json();
+        let finished = |status: &str| -> i64 {
+            let buckets = stats["buckets"].as_array().cloned().unwrap_or_default();
+            buckets.iter().filter_map(|b| b["webhook_deliveries"][status].as_i64()).sum()
+        };
+        assert_eq!((finished("failed"), finished("delivered")), (1, 0), "{stats}");
 
         // Retrying a dead letter queues it again with the same webhook-id.
         receiver.behave("/down", json!({"status": 200}));
