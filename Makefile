@@ -18,7 +18,7 @@ WEBHOOK_SKIP_BANNER = if [ -z "$$PAYONCE_WEBHOOK_PYTHON" ] && ! target/webhook-v
 	echo "==================================================================================="; \
 	fi
 
-.PHONY: deb test-deb webhook-venv test-console build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
+.PHONY: deb test-deb test-clients webhook-venv test-console build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
 
 # The service and the simulator (`payonce simulate` runs payonce-sim from
 # the payonce binary's directory), release builds.
@@ -48,6 +48,15 @@ deb:
 # directories exist.
 test-deb: deb
 	bash tests/deploy/deb.sh
+
+# Clients generated from docs/openapi.yaml with default options: TypeScript
+# by openapi-typescript (npm, pinned in tests/clients/package-lock.json),
+# type-checked with tsc and run against a live `payonce serve --dev`; Python
+# by openapi-python-client (PyPI, pinned, in target/clients-venv), which
+# creates an order with the minimal documented body and reads it back.
+test-clients:
+	$(CARGO) build --locked --bin payonce
+	bash tests/clients/clients.sh
 
 # Serve on 127.0.0.1:8080 with payonce.db in dev mode (a fixed, printed
 # callback secret) and print what to try next.
