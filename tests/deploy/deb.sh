@@ -240,7 +240,11 @@ EOF
 if [ -n "$SYSTEMD" ]; then
     echo "    systemd is PID 1: systemctl start payonce"
     systemctl daemon-reload
-    systemctl start payonce.service
+    if systemctl start payonce.service; then
+        pass "systemctl start payonce"
+    else
+        fail "systemctl start payonce: $(systemctl status --no-pager payonce.service 2>&1 | tail -5)"
+    fi
     PID=$(systemctl show -p MainPID --value payonce.service)
 else
     echo "    ================================================================================"
