@@ -64,7 +64,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../schema.sql");
 pub const SCHEMA_POSTGRES_SQL: &str = include_str!("../../schema.postgres.sql");
 /// The schema version once `SCHEMA_SQL` is applied (or the last migration):
 /// `PRAGMA user_version` on SQLite, `payonce_schema_version` on PostgreSQL.
-pub const SCHEMA_VERSION: i64 = 13;
+pub const SCHEMA_VERSION: i64 = 14;
 
 /// One numbered schema change: run on a database at `version - 1`, it leaves
 /// the database at `version`.
@@ -124,6 +124,7 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "cheaper_payment_writes",
         sql: include_str!("../../migrations/0013_cheaper_payment_writes.sql"),
     },
+    Migration { version: 14, name: "stats_indexes", sql: include_str!("../../migrations/0014_stats_indexes.sql") },
 ];
 
 /// The oldest schema version a PostgreSQL database can have: PostgreSQL
@@ -179,6 +180,11 @@ pub const POSTGRES_MIGRATIONS: &[Migration] = &[
         version: 13,
         name: "cheaper_payment_writes",
         sql: include_str!("../../migrations/postgres/0013_cheaper_payment_writes.sql"),
+    },
+    Migration {
+        version: 14,
+        name: "stats_indexes",
+        sql: include_str!("../../migrations/postgres/0014_stats_indexes.sql"),
     },
 ];
 
