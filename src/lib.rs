@@ -39,6 +39,7 @@ pub mod ops;
 pub mod outgoing;
 pub mod platform_ops;
 pub mod platforms;
+pub mod recent;
 pub mod recon;
 pub mod relay;
 pub mod render;
@@ -88,6 +89,7 @@ mod layering {
             "signature",
             "webhook",
             "keylock",
+            "recent",
             "metrics",
             "log",
             "error",

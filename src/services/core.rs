@@ -10,6 +10,7 @@ use crate::domain::JsonText;
 use crate::error::{Error, ErrorKind};
 use crate::keylock::{KeyGuard, KeyedLocks, LockKey};
 use crate::metrics::Metrics;
+use crate::recent::{RecentKeys, RECENT_KEYS_DEFAULT};
 use crate::store::{Store, WriteTx};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -20,6 +21,10 @@ pub(crate) struct Core {
     clock: Clock,
     config: Config,
     metrics: Metrics,
+    /// The pay_nos this process recorded or answered lately: a re-delivery
+    /// of one is answered from a read snapshot, any other delivery goes
+    /// straight to the writer (`Payments::deliver_payment_from`).
+    recent_pay_nos: RecentKeys,
     /// Test hook ([`Core::fail_writes_after_work`]): while positive, each API
     /// write fails with a 500 after its work and stored response are written
     /// but before commit (and counts down).
@@ -29,7 +34,19 @@ pub(crate) struct Core {
 impl Core {
     pub(crate) fn new(store: Store, clock: Clock, config: Config) -> Core {
         let metrics = Metrics::with_storage_flag(store.storage_flag());
-        Core { store, locks: KeyedLocks::new(), clock, config, metrics, fail_writes_after_work: AtomicU32::new(0) }
+        Core {
+            store,
+            locks: KeyedLocks::new(),
+            clock,
+            config,
+            metrics,
+            recent_pay_nos: RecentKeys::new(RECENT_KEYS_DEFAULT),
+            fail_writes_after_work: AtomicU32::new(0),
+        }
+    }
+
+    pub(crate) fn recent_pay_nos(&self) -> &RecentKeys {
+        &self.recent_pay_nos
     }
 
     pub(crate) fn store(&self) -> &Store {

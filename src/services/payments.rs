@@ -97,17 +97,28 @@ impl<'a> Payments<'a> {
         // pay_callback_log_outcome_final), except payment_failed, which a
         // SUCCESS may supersede; that case, and everything else, takes the
         // write path (whose storage checks come before and after its commit).
-        // Nothing is written on this path.
-        if let Some(original) = self.settled_outcome(cb)? {
-            // Not even a duplicate is acknowledged once the files are lost:
-            // the record it vouches for may live only in a deleted -wal, and
-            // a platform that hears 2xx stops retrying.
-            self.core.store().check_storage()?;
-            return Ok(PaymentReply { outcome: PaymentReplyOutcome::Duplicate { original } });
+        // Nothing is written on this path. Only a pay_no this process saw
+        // lately is looked up first: a first delivery would find nothing and
+        // pay for a read it does not need, and a pay_no it does not remember
+        // (another process's, or from before a restart) is answered alike by
+        // the writer, which reads the record under uk_pay_no itself.
+        let recent = self.core.recent_pay_nos();
+        if recent.contains(&cb.pay_no) {
+            if let Some(original) = self.settled_outcome(cb)? {
+                // Not even a duplicate is acknowledged once the files are
+                // lost: the record it vouches for may live only in a deleted
+                // -wal, and a platform that hears 2xx stops retrying.
+                self.core.store().check_storage()?;
+                return Ok(PaymentReply { outcome: PaymentReplyOutcome::Duplicate { original } });
+            }
         }
         let now = self.core.clock().now_text();
         // 2. BEGIN IMMEDIATE ... 7. COMMIT, inside `write`.
-        self.core.store().write(&[&pay_key], |tx| self.record_and_decide(tx, cb, source, &now))
+        let reply = self.core.store().write(&[&pay_key], |tx| self.record_and_decide(tx, cb, source, &now))?;
+        // Remembered while the key is held: the next delivery of this pay_no,
+        // waiting for the key, takes the read path.
+        recent.insert(&cb.pay_no);
+        Ok(reply)
         // 8. `_pay_key` drops here, after the commit.
     }
 

@@ -301,3 +301,43 @@ fn the_commit_wait_lets_a_later_operation_join_the_batch() {
     // setting before it committed, and only then did either write return.
     assert!(started.elapsed() >= Duration::from_millis(520), "the leader waited after the second write");
 }
+
+/// A re-delivery of a pay_no this process recorded is answered from a read
+/// snapshot, without a batch; one it does not remember (recorded by another
+/// process on the file, or before a restart) goes through the writer, whose
+/// transaction finds the record and answers the same duplicate, writing
+/// nothing (src/recent.rs).
+#[test]
+fn a_remembered_redelivery_skips_the_writer_and_a_forgotten_one_is_the_same_duplicate() {
+    let dir = TempDir::new("group-commit-recent");
+    let db = dir.path("payonce.db").display().to_string();
+    let open = || App::open(&db, Clock::manual(1_700_000_000_000), Config::default()).expect("open");
+    let (a, b) = (open(), open());
+    a.orders()
+        .create_order(&payonce::CreateOrder {
+            order_no: "R-1".into(),
+            user_id: "u1".into(),
+            amount: 100,
+            currency: "CNY".into(),
+            expires_in_s: None,
+        })
+        .expect("create");
+    let pay = Pay { pay_no: "RP-1", order_no: "R-1", amount: 100, status: "SUCCESS" };
+    assert_eq!(pay.deliver(&a).outcome_str(), "applied");
+    let before_a = totals(a.store());
+    assert_eq!(pay.deliver(&a).outcome_str(), "duplicate");
+    assert_eq!(totals(a.store()), before_a, "remembered: answered from a read, no batch");
+    let footprint = |app: &App| app.orders().order("R-1").expect("order");
+    let seen_before = footprint(&a);
+    let before_b = totals(b.store());
+    assert_eq!(pay.deliver(&b).outcome_str(), "duplicate", "the other process answers the same");
+    assert_eq!(totals(b.store()).0, before_b.0 + 1, "not remembered there: one trip through its writer");
+    assert_eq!(pay.deliver(&b).outcome_str(), "duplicate");
+    assert_eq!(totals(b.store()).0, before_b.0 + 1, "remembered now: no second trip");
+    let seen_after = footprint(&a);
+    assert_eq!(
+        (seen_after.payments.len(), seen_after.coupons.len(), seen_after.points.len(), seen_after.events.len()),
+        (seen_before.payments.len(), seen_before.coupons.len(), seen_before.points.len(), seen_before.events.len()),
+        "nothing written by either duplicate"
+    );
+}
