@@ -124,9 +124,19 @@ fn seed_sqlite(db: &Path) -> Vec<Value> {
         assert!(Instant::now() < deadline, "no failed webhook delivery: {deliveries}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let snapshot = SNAPSHOT_READS.iter().map(|path| ok(&server.get(path), path)).collect();
+    let snapshot = SNAPSHOT_READS.iter().map(|path| settled(ok(&server.get(path), path))).collect();
     drop(server);
     snapshot
+}
+
+/// An answer without its webhook deliveries, which the relay moves on (an
+/// attempt, a retry) until the server stops; their rows are compared by the
+/// copy's own checksum.
+fn settled(mut answer: Value) -> Value {
+    if let Some(object) = answer.as_object_mut() {
+        object.remove("webhook_deliveries");
+    }
+    answer
 }
 
 /// Every table of the SQLite file, as JSON rows in key order.
@@ -217,7 +227,7 @@ fn a_sqlite_ledger_is_copied_whole_and_served_on_postgresql() {
     let a = Server::start_logged(target, &flags, std::process::Stdio::inherit());
     let b = Server::start_logged(target, &flags, std::process::Stdio::inherit());
     for (path, was) in SNAPSHOT_READS.iter().zip(&before) {
-        assert_eq!(&ok(&b.get(path), path), was, "{path} answers on PostgreSQL as it did on SQLite");
+        assert_eq!(&settled(ok(&b.get(path), path)), was, "{path} answers on PostgreSQL as it did on SQLite");
     }
     let detail = a.get("/v1/orders/C-3").json();
     assert_eq!(detail["status"], "REFUNDING", "{detail}");
