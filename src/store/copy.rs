@@ -111,8 +111,52 @@ pub fn copy_sqlite_to_postgres(
     let source_path = migrated.as_ref().map_or(from, |dir| dir.file.as_path());
     let source = open_read_only(source_path)?;
 
-    let target = PostgresEngine::open(to, options)?;
+    // Nothing is written to a target that is refused: it is looked at
+    // before the schema is applied.
+    let target = PostgresEngine::connect(to, options)?;
+    target.with_raw_client(&mut |client| refuse_a_used_target(client))?;
+    target.apply_schema()?;
     target.with_raw_client(&mut |client| copy_into(&source, client, progress))
+}
+
+/// The target's current schema holds no relation at all, or exactly
+/// payonce's tables at this version (a payonce that started on it once,
+/// whose rows the copy counts in its transaction). Anything else, another
+/// application's tables or an older payonce schema, is refused as is.
+fn refuse_a_used_target(client: &mut postgres::Client) -> Result<(), Error> {
+    let rows = client
+        .query(
+            "SELECT c.relname::text FROM pg_class c
+             WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
+             ORDER BY 1",
+            &[],
+        )
+        .map_err(pg_error)?;
+    let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    let mut payonce: Vec<&str> = COPIED_TABLES.to_vec();
+    payonce.push("payonce_schema_version");
+    payonce.sort_unstable();
+    if names.iter().map(String::as_str).eq(payonce.iter().copied()) {
+        let version: i64 = client
+            .query_one("SELECT coalesce(max(version), 0) FROM payonce_schema_version", &[])
+            .map_err(pg_error)?
+            .get(0);
+        if version == SCHEMA_VERSION {
+            return Ok(());
+        }
+        return Err(Error::invalid(format!(
+            "the target database holds a payonce schema at version {version}, not {SCHEMA_VERSION}: copy-db fills only an empty database"
+        )));
+    }
+    let shown: Vec<&str> = names.iter().take(5).map(String::as_str).collect();
+    Err(Error::invalid(format!(
+        "the target database is not empty ({} tables, e.g. {}): copy-db fills only an empty database",
+        names.len(),
+        shown.join(", ")
+    )))
 }
 
 /// The copy itself, on the target's connection: one transaction, then the

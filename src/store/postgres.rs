@@ -410,6 +410,14 @@ fn postgres_sql(sql: &str) -> String {
 
 impl PostgresEngine {
     pub(super) fn open(url: &str, options: &StoreOptions) -> Result<PostgresEngine, Error> {
+        let engine = PostgresEngine::connect(url, options)?;
+        engine.apply_schema().map_err(|e| Error::new(e.kind, format!("database {}: {}", redact(url), e.message)))?;
+        Ok(engine)
+    }
+
+    /// The pool on `url` without touching the schema: `payonce copy-db`
+    /// (store/copy.rs) looks at the target before it writes anything.
+    pub(super) fn connect(url: &str, options: &StoreOptions) -> Result<PostgresEngine, Error> {
         let shown = redact(url);
         let mut config: postgres::Config =
             url.parse().map_err(|e| Error::internal(format!("cannot parse the database URL {shown}: {e}")))?;
@@ -455,7 +463,6 @@ impl PostgresEngine {
             hooks: Hooks::from_env(),
             serialization_failures: std::sync::atomic::AtomicU32::new(0),
         };
-        engine.apply_schema().map_err(|e| Error::new(e.kind, format!("database {shown}: {}", e.message)))?;
         Ok(engine)
     }
 
@@ -480,7 +487,7 @@ impl PostgresEngine {
     /// Brings the database to [`SCHEMA_VERSION`] in one transaction under a
     /// transaction-scoped advisory lock, so processes starting together
     /// never both apply it: the second waits, then reads the version.
-    fn apply_schema(&self) -> Result<(), Error> {
+    pub(super) fn apply_schema(&self) -> Result<(), Error> {
         let mut conn = self.connection()?;
         let mut tx = conn.client.transaction().map_err(plain_error)?;
         // A migration of a large table may take longer than a request's

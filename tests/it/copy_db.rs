@@ -289,6 +289,18 @@ fn copy_db_refuses_a_target_with_rows_a_newer_source_and_other_urls() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("not empty") && err.contains("orders has 1 rows"), "{err}");
 
+    // A database holding another application's table is refused, and left
+    // exactly as it was: no payonce table appears in it.
+    let Some(other) = crate::pg::fresh_database("copydbother") else { return };
+    let mut pg = postgres::Client::connect(&other, postgres::NoTls).expect("connect");
+    pg.batch_execute("CREATE TABLE invoices (id BIGINT PRIMARY KEY)").expect("another app's table");
+    let (code, _, err) = payonce_cli(&["copy-db", "--from", &from, "--to", &other]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not empty") && err.contains("invoices"), "{err}");
+    let tables: i64 =
+        pg.query_one("SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()", &[]).expect("tables").get(0);
+    assert_eq!(tables, 1, "nothing written to a refused target");
+
     // A source from a newer payonce.
     let newer = dir.path("newer.db");
     // The file and its WAL, where the schema and the rows still are.
