@@ -867,12 +867,30 @@ fn connection_gone(err: &postgres::Error) -> bool {
 /// cannot_connect_now ...), 53300 too_many_connections, and any FATAL or
 /// PANIC error, after which the server closes the session whatever its
 /// code. `severity` is the unlocalized one (PostgreSQL 9.6+).
+/// Not 57014 query_canceled at ERROR severity: a statement that ran past
+/// `statement_timeout` (or was cancelled) leaves its session healthy, so
+/// the pool keeps it and the others ([`canceled_error`]).
 fn gone(code: &SqlState, severity: Option<Severity>) -> bool {
     let class = code.code().get(..2);
+    let fatal = matches!(severity, Some(Severity::Fatal | Severity::Panic));
     class == Some("08")
-        || class == Some("57")
+        || (class == Some("57") && (*code != SqlState::QUERY_CANCELED || fatal))
         || *code == SqlState::TOO_MANY_CONNECTIONS
-        || matches!(severity, Some(Severity::Fatal | Severity::Panic))
+        || fatal
+}
+
+/// A statement the server cancelled, on a connection that stays usable:
+/// one that ran past `--db-statement-timeout-ms`, or an operator's
+/// `pg_cancel_backend`. 503 `database_busy` with `Retry-After`: nothing of
+/// the transaction committed, and a retry with the same business key is safe.
+fn canceled_error(err: &postgres::Error) -> Option<Error> {
+    let db = err.as_db_error()?;
+    (*db.code() == SqlState::QUERY_CANCELED && !gone(db.code(), db.parsed_severity())).then(|| {
+        Error::new(
+            ErrorKind::DatabaseBusy,
+            format!("the database cancelled a statement ({}); retry shortly", db.message()),
+        )
+    })
 }
 
 /// The connect timeout, TCP keepalives and `TCP_USER_TIMEOUT` from
@@ -913,6 +931,9 @@ fn bound_calls(config: &mut postgres::Config, options: &StoreOptions) {
 /// first): a connection or server gone is `database_unavailable`, anything
 /// else the server refused is payonce's own fault.
 fn plain_error(err: postgres::Error) -> Error {
+    if let Some(canceled) = canceled_error(&err) {
+        return canceled;
+    }
     if connection_gone(&err) {
         return Error::new(
             ErrorKind::DatabaseUnavailable,
@@ -1019,6 +1040,13 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_statement_leaves_its_connection_unless_the_session_ends() {
+        assert!(!gone(&SqlState::QUERY_CANCELED, Some(Severity::Error)), "statement_timeout: the session lives");
+        assert!(!gone(&SqlState::QUERY_CANCELED, None));
+        assert!(gone(&SqlState::QUERY_CANCELED, Some(Severity::Fatal)), "a FATAL ends the session whatever its code");
+    }
+
+    #[test]
     fn a_connection_or_server_gone_is_told_from_a_refused_statement() {
         use Severity::{Error as Refused, Fatal};
         for code in [
@@ -1027,7 +1055,6 @@ mod tests {
             SqlState::CANNOT_CONNECT_NOW,
             SqlState::DATABASE_DROPPED,
             SqlState::IDLE_SESSION_TIMEOUT,
-            SqlState::QUERY_CANCELED,
             SqlState::CONNECTION_EXCEPTION,
             SqlState::CONNECTION_FAILURE,
             SqlState::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,

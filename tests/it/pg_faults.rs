@@ -435,3 +435,40 @@ fn a_killed_and_restarted_server_answers_503_never_500() {
         cluster.run("crash", &[]);
     });
 }
+
+/// A statement past `--db-statement-timeout-ms` (here held behind another
+/// session's table lock) answers 503 `database_busy` with `Retry-After`,
+/// and its connection stays in the pool: the session is healthy, so
+/// nothing reconnects (the same backends answer after the lock is gone).
+#[test]
+fn a_statement_past_its_timeout_is_busy_and_keeps_the_pool() {
+    let Some(url) = crate::pg::fresh_database("stmt_timeout") else { return };
+    let server =
+        crate::util::Server::start_logged(Path::new(&url), &["--db-statement-timeout-ms", "300"], Stdio::inherit());
+    let created = server.post_json("/v1/orders", &json!({"order_no": "T-1", "user_id": "u1", "amount": 100}));
+    assert_eq!(created.status, 201, "{}", created.text());
+    let mut admin = Client::connect(&url, NoTls).expect("connect");
+    let backends = |admin: &mut Client| -> Vec<i32> {
+        admin
+            .query("SELECT pid FROM pg_stat_activity WHERE application_name = 'payonce' ORDER BY pid", &[])
+            .expect("pg_stat_activity")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    let before = backends(&mut admin);
+    assert!(!before.is_empty(), "payonce holds connections");
+    let mut holder = Client::connect(&url, NoTls).expect("connect");
+    let mut lock = holder.transaction().expect("begin");
+    lock.batch_execute("LOCK TABLE orders IN ACCESS EXCLUSIVE MODE").expect("lock");
+    let started = Instant::now();
+    let held = server.get("/v1/orders/T-1");
+    assert_eq!((held.status, held.error_code().as_str()), (503, "database_busy"), "{}", held.text());
+    assert!(held.header("retry-after").is_some(), "{:?}", held.headers);
+    assert!(started.elapsed() < Duration::from_secs(4), "bounded by the statement timeout, not the lock's");
+    lock.rollback().expect("release");
+    let read = server.get("/v1/orders/T-1");
+    assert_eq!(read.status, 200, "{}", read.text());
+    let after = backends(&mut admin);
+    assert!(before.iter().any(|pid| after.contains(pid)), "the pool kept its connections: {before:?} then {after:?}");
+}
