@@ -101,9 +101,10 @@ webhook-venv:
 # The tests too slow for `make test` (each is #[ignore]d with the reason):
 # the backup SIGKILLed at 20 seeded moments on a 50 MiB database; the
 # PostgreSQL failover in network namespaces (root; docs/postgres.md,
-# "Failover"), which prints its seed and counts.
+# "Failover"), which prints its seed and counts. One at a time: the
+# failover test bounds each request, and the backup test holds a core.
 test-slow:
-	$(CARGO) test --locked --test it -- --ignored --nocapture
+	$(CARGO) test --locked --test it -- --ignored --nocapture --test-threads=1
 
 fmt:
 	$(CARGO) fmt --all

@@ -123,8 +123,6 @@ pub fn mode(mode: Mode) -> Value {
     json!({"mode": mode.as_str()})
 }
 
-/// The inspection's answer: `{"ok":bool,"findings":[{"kind","order_no","detail"}]}`
-/// (the API and `payonce inspect` print the same).
 /// `GET /v1/admin/stats` (docs/operations.md, "Counts over time"): every
 /// known outcome, status and finding kind is present, 0 when none.
 pub fn stats(stats: &crate::ops::Stats) -> Value {
@@ -151,6 +149,8 @@ pub fn stats(stats: &crate::ops::Stats) -> Value {
     })
 }
 
+/// The inspection's answer: `{"ok":bool,"findings":[{"kind","order_no","detail"}]}`
+/// (the API and `payonce inspect` print the same).
 pub fn inspection(findings: &[Finding]) -> Value {
     let list: Vec<Value> = findings
         .iter()

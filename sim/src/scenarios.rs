@@ -1350,11 +1350,12 @@ pub fn simulate(
     let against_target: Vec<&str> =
         scenarios.iter().filter(|s| s.calls_platforms() && !in_process).map(|s| s.name()).collect();
     if !against_target.is_empty() {
-        println!(
+        let skipped = format!(
             "payonce simulate: skipped against --target: {} (they need a payonce configured with the simulated \
              platforms' keys and URLs, on a clock the simulator sets; run without --target to play them)",
             against_target.join(", ")
         );
+        print!("{}", crate::table::wrap(&skipped, crate::table::NARROW_WIDTH, "", "  "));
     }
     let _ = std::io::stdout().flush();
     // One simulator per channel; each pays two_channels' second payment

@@ -483,10 +483,8 @@ impl PlacedPayments {
 /// - refunds still REQUESTED: the partial indexes of refunds in flight
 ///   (`uk_refund_requested`, `uk_refund_payment_in_flight`);
 /// - settled refunds (at `settled_at`) and finished webhook deliveries (at
-///   `last_attempt_at`): no index holds those columns, so these two read
-///   their table (`refund` is small beside the payments; a migration may
-///   add `refund (settled_at)` and `webhook_delivery (last_attempt_at)
-///   WHERE status IN ('delivered', 'failed')`, docs/operations.md).
+///   `last_attempt_at`): `ix_refund_settled_at` and
+///   `ix_webhook_delivery_finished` (migration 14).
 pub const STATS_STATEMENTS: [&str; 6] = [
     STATS_PAYMENTS_DECIDED,
     STATS_PAYMENTS_WAITING,

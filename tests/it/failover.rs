@@ -662,7 +662,18 @@ fn a_primary_killed_and_a_standby_promoted_lose_nothing() {
         violations.iter().take(10).cloned().collect::<Vec<_>>().join("\n"),
         logs()
     );
-    assert!(report.first_write.is_some(), "nothing was written on the new primary\n{}", logs());
+    let first_write =
+        report.first_write.unwrap_or_else(|| panic!("nothing was written on the new primary\n{}", logs()));
+    // Within the connect timeout of the new primary accepting writes (when
+    // `pg_ctl promote` returned), with two seconds for a client's request in
+    // flight and its retry.
+    let write_bound = Duration::from_millis(CONNECT_TIMEOUT_MS) + Duration::from_secs(2);
+    assert!(
+        first_write.saturating_sub(report.promote_took) <= write_bound,
+        "first write {first_write:?} after promote began, which took {:?}: past {write_bound:?}\n{}",
+        report.promote_took,
+        logs()
+    );
     assert!(
         report.paid_recovered >= report.paid_at_promoted + PAYMENTS_AFTER_FAULT_MIN,
         "the storm did not recover after the promotion\n{}",
@@ -676,7 +687,6 @@ fn a_primary_killed_and_a_standby_promoted_lose_nothing() {
     assert!(tally.unavailable_during_cut.load(Ordering::SeqCst) > 0, "no request answered 503 during the cut");
     // payonce was never restarted: the same two processes, still serving.
     for (child, pid) in lab.payonce.iter_mut().zip(&pids) {
-        assert_eq!(child.id(), *pid);
         assert!(child.try_wait().expect("try_wait").is_none(), "payonce {pid} exited\n{}", logs());
     }
     check_database("failover", &lab.socket_url("s", "payonce"), &paid);
