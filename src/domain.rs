@@ -64,7 +64,7 @@ impl OrderStatus {
     }
 }
 
-/// What a payment callback did, decided in the spec's order of precedence.
+/// What a payment callback did, decided in the order of precedence of docs/channels.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PaymentOutcome {
     /// Waiting in record-only mode; decided later.

@@ -49,7 +49,7 @@ impl Response {
         }
     }
 
-    /// The contract's answer to `err`: [`status_of`] its kind, the body
+    /// The API's answer to `err`: [`status_of`] its kind, the body
     /// [`error_body`], the code as the logged outcome, and `Retry-After`
     /// when the kind asks for it.
     pub fn error(err: &Error) -> Response {
@@ -106,7 +106,7 @@ pub fn status_of(kind: ErrorKind) -> u16 {
     }
 }
 
-/// The snake_case code of the contract's error body (and of the request
+/// The snake_case code of the API's error body (and of the request
 /// log's outcome).
 pub fn code_of(kind: ErrorKind) -> &'static str {
     use ErrorKind::*;
@@ -152,13 +152,13 @@ pub fn code_of(kind: ErrorKind) -> &'static str {
     }
 }
 
-/// `{"code":..,"message":..}`, the object inside the contract's error body
+/// `{"code":..,"message":..}`, the object inside the API's error body
 /// (a failed repair of a reconciliation lists it as it is).
 pub fn error_object(err: &Error) -> Value {
     json!({"code": code_of(err.kind), "message": err.message})
 }
 
-/// The contract's error body: `{"error":{"code":..,"message":..}}`.
+/// The API's error body (docs/openapi.yaml): `{"error":{"code":..,"message":..}}`.
 pub fn error_body(err: &Error) -> Value {
     json!({"error": error_object(err)})
 }

@@ -107,7 +107,7 @@ pub type Reply = Response;
 pub trait ReplyExt {
     /// The body as JSON; `Null` when it is not JSON.
     fn json(&self) -> Value;
-    /// The contract's error code, `-` when there is none.
+    /// The API's error code, `-` when there is none.
     fn error_code(&self) -> String;
     /// `HTTP 409 invalid_transition`, for answers no scenario expects.
     fn summary(&self) -> String;

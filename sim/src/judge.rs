@@ -1,5 +1,5 @@
 //! The verdict on one order: every way what payonce answered and shows
-//! breaks what the contract prescribes.
+//! breaks what payonce's docs prescribe (docs/, docs/openapi.yaml).
 
 use payonce::domain::Rewards;
 use std::collections::BTreeMap;
@@ -379,7 +379,7 @@ pub fn counted(items: &[(String, usize)]) -> String {
     items.iter().map(|(k, n)| format!("{n} {k}")).collect::<Vec<_>>().join(", ")
 }
 
-/// The points a payment of `amount` fen earns, from the contract:
+/// The points a payment of `amount` fen earns, as docs/platforms.md has it:
 /// floor(amount × points_per_yuan / 100). Computed here, not with the
 /// service's own arithmetic, so the judge is a second opinion.
 pub fn points_due(rules: &Rewards, amount: i64) -> i64 {
@@ -389,7 +389,7 @@ pub fn points_due(rules: &Rewards, amount: i64) -> i64 {
 
 /// The points entries with which refunds of `refunds` fen (in the order
 /// they succeed) take back `points` earned by an order of `amount` fen, as
-/// the contract has them: each floor(points × refund / amount), and the one
+/// docs/platforms.md has them: each floor(points × refund / amount), and the one
 /// that leaves nothing to refund whatever is still unreversed, so an order
 /// refunded in full reverses exactly what it earned. Negative, as
 /// `point_log` holds them; computed here, not with the service's code.

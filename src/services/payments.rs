@@ -212,7 +212,7 @@ impl<'a> Payments<'a> {
         Ok(PaymentReply { outcome: PaymentReplyOutcome::Decided(outcome) })
     }
 
-    /// Decides a recorded payment in the spec's order of precedence. The
+    /// Decides a recorded payment in the order of precedence of docs/channels.md. The
     /// CAS's affected-row count decides `applied`; only when it changed
     /// nothing is the order read to say why.
     pub(crate) fn decide_payment(

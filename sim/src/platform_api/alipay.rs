@@ -47,7 +47,7 @@ const CLOCK_SKEW_S: i64 = 15 * 60;
 const BUYER_LOGON_ID: &str = "159****5620";
 const BUYER_USER_ID: &str = "2088000000000000";
 
-/// Up to 64 of `[A-Za-z0-9_]` (the contract's rule).
+/// Up to 64 of `[A-Za-z0-9_]` (payonce's rule, docs/platforms.md).
 pub(super) fn valid_out_trade_no(no: &str) -> bool {
     (1..=64).contains(&no.len()) && no.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }

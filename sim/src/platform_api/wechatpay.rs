@@ -74,7 +74,7 @@ fn time_expire_ms(text: &str) -> Option<i64> {
     Some(beijing_unix(local, b'T')? * 1000)
 }
 
-/// A 6-32 character out_trade_no of `[A-Za-z0-9_*|-]` (the contract's rule).
+/// A 6-32 character out_trade_no of `[A-Za-z0-9_*|-]` (payonce's rule, docs/platforms.md).
 pub(super) fn valid_out_trade_no(no: &str) -> bool {
     (6..=32).contains(&no.len()) && no.bytes().all(|b| b.is_ascii_alphanumeric() || b"_*|-".contains(&b))
 }
