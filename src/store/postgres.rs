@@ -873,10 +873,10 @@ fn connection_gone(err: &postgres::Error) -> bool {
 fn gone(code: &SqlState, severity: Option<Severity>) -> bool {
     let class = code.code().get(..2);
     let fatal = matches!(severity, Some(Severity::Fatal | Severity::Panic));
-    class == Some("08")
-        || (class == Some("57") && (*code != SqlState::QUERY_CANCELED || fatal))
+    fatal
+        || class == Some("08")
+        || (class == Some("57") && *code != SqlState::QUERY_CANCELED)
         || *code == SqlState::TOO_MANY_CONNECTIONS
-        || fatal
 }
 
 /// A statement the server cancelled, on a connection that stays usable:
