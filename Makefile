@@ -18,12 +18,45 @@ WEBHOOK_SKIP_BANNER = if [ -z "$$PAYONCE_WEBHOOK_PYTHON" ] && ! target/webhook-v
 	echo "==================================================================================="; \
 	fi
 
-.PHONY: webhook-venv test-console build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
+.PHONY: deb test-deb test-clients webhook-venv test-console build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
 
 # The service and the simulator (`payonce simulate` runs payonce-sim from
 # the payonce binary's directory), release builds.
 build:
 	$(CARGO) build --release --locked --workspace --bins
+
+# The Debian package target/debian/payonce_VERSION-1_ARCH.deb (README,
+# "Install on Debian/Ubuntu"): /usr/bin/payonce, deploy/payonce.service, the
+# payonce user, /etc/payonce/payonce.env and /var/lib/payonce. Built by
+# cargo-deb from crates.io, pinned, installed once into target/tools/
+# (Cargo.toml, [package.metadata.deb], says why there).
+CARGO_DEB_VERSION = 3.8.0
+CARGO_DEB_ROOT = target/tools/cargo-deb
+deb:
+	@if ! $(CARGO_DEB_ROOT)/bin/cargo-deb --version 2>/dev/null | grep -qx 'cargo-deb $(CARGO_DEB_VERSION)'; then \
+		echo "make deb: installing cargo-deb $(CARGO_DEB_VERSION) into $(CARGO_DEB_ROOT) (a few minutes, once)"; \
+		$(CARGO) install --locked --quiet cargo-deb --version $(CARGO_DEB_VERSION) --root $(CARGO_DEB_ROOT); \
+	fi
+	$(CARGO) build --release --locked --bin payonce
+	PATH="$(CURDIR)/$(CARGO_DEB_ROOT)/bin:$$PATH" $(CARGO) deb --no-build --locked
+
+# The package on this machine, as root: dpkg -i, the unit started (under
+# systemd, or its ExecStart run by hand as the payonce user when systemd is
+# not PID 1, said loudly), /healthz, dpkg -r (binary and unit gone, the
+# ledger kept), purge (config gone, the ledger still kept), and the machine
+# put back as it was. Refuses to run where payonce is installed or its
+# directories exist.
+test-deb: deb
+	bash tests/deploy/deb.sh
+
+# Clients generated from docs/openapi.yaml with default options: TypeScript
+# by openapi-typescript (npm, pinned in tests/clients/package-lock.json),
+# type-checked with tsc and run against a live `payonce serve --dev`; Python
+# by openapi-python-client (PyPI, pinned, in target/clients-venv), which
+# creates an order with the minimal documented body and reads it back.
+test-clients:
+	$(CARGO) build --locked --bin payonce
+	bash tests/clients/clients.sh
 
 # Serve on 127.0.0.1:8080 with payonce.db in dev mode (a fixed, printed
 # callback secret) and print what to try next.
