@@ -304,3 +304,59 @@ fn serve_starts_from_the_file_and_a_flag_wins() {
     assert_ne!(port, Some(taken.local_addr().expect("its address").port()), "{first}");
     assert!(err.contains("channel generic: 1 HMAC secret"), "{err}");
 }
+
+/// `text` with `/etc/payonce/` pointed at `dir` and, with `uncomment`,
+/// every commented-out `key = value` line of it made a line of the file.
+fn shipped(text: &str, dir: &Path, uncomment: bool) -> String {
+    let text = text.replace("/etc/payonce/", &format!("{}/", dir.display()));
+    text.lines()
+        .map(|line| match line.strip_prefix('#') {
+            Some(rest) if uncomment && rest.contains(" = ") && !rest.starts_with(' ') => rest,
+            _ => line,
+        })
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+/// The first ```toml block of README.md.
+fn readme_toml() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let block = readme.split("```toml\n").nth(1).expect("a toml block in the README");
+    block.split("\n```").next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn the_shipped_file_and_the_readmes_are_read_whole() {
+    let dir = TempDir::new("config-shipped");
+    let d = &dir.0;
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/payonce.toml.example"))
+        .expect("deploy/payonce.toml.example");
+    for (name, text) in [
+        ("as-shipped.toml", shipped(&example, d, false)),
+        ("everything.toml", shipped(&example, d, true)),
+        ("readme.toml", shipped(&readme_toml(), d, false)),
+    ] {
+        assert!(text.contains("callback-secret-file"), "{name}: {text}");
+        write_mode(&d.join(name), &text, 0o640);
+        // Every key known and typed: the refusal is the first secret file's,
+        // which is read after the whole file was applied.
+        let missing = format!("--callback-secret-file \"{}/callback-secret\": cannot read", d.display());
+        refused_in_one_line(d, &["--config", name], &[&missing]);
+    }
+}
+
+#[test]
+fn every_setting_is_in_the_help_and_in_docs_settings() {
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/settings.md")).expect("docs/settings.md");
+    let out = Command::new(env!("CARGO_BIN_EXE_payonce")).args(["serve", "--help"]).output().expect("serve --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    for name in SETTINGS.iter().map(|s| s.name).chain(["config"]) {
+        let flag = format!("--{name} ");
+        assert!(help.contains(&flag) || help.contains(&format!("--{name}\n")), "serve --help lacks --{name}");
+        assert!(
+            docs.contains(&format!("`--{name} ")) || docs.contains(&format!("`--{name}`")),
+            "docs/settings.md lacks `--{name}`"
+        );
+    }
+}
