@@ -16,9 +16,9 @@ use crate::platforms::{alipay, wechatpay, Parts, PlatformSettings, Registry};
 use crate::store::StoreOptions;
 use crate::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, parse_waits, WebhookConfig};
 use std::path::Path;
+use std::time::Duration;
 
 mod file;
-use std::time::Duration;
 
 /// `--refund-unwanted auto|manual`, as [`Config::refund_unwanted`] holds it.
 pub use crate::domain::RefundUnwanted;
@@ -606,7 +606,7 @@ impl Settings {
                 Ok(vec![DEV_CALLBACK_SECRET.as_bytes().to_vec()])
             }
             _ => {
-                Err("serve needs --callback-secret (or PAYONCE_CALLBACK_SECRET); use --dev for local development"
+                Err("serve needs --callback-secret-file (or --callback-secret, PAYONCE_CALLBACK_SECRET); use --dev for local development"
                     .into())
             }
         }
