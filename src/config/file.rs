@@ -48,7 +48,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 fn parse(text: &str) -> Result<Vec<Entry>, (usize, String)> {
     let table = DeTable::parse(text).map_err(|e| {
         let line = e.span().map_or(1, |span| line_of(text, span.start));
-        (line, format!("not TOML: {}", e.message().trim()))
+        (line, format!("not TOML: {}", e.message().split_whitespace().collect::<Vec<_>>().join(" ")))
     })?;
     let mut keys: Vec<(&Spanned<_>, &Spanned<DeValue<'_>>)> = table.get_ref().iter().collect();
     keys.sort_by_key(|(key, _)| key.span().start);
