@@ -27,7 +27,7 @@ build:
 
 # The Debian package target/debian/payonce_VERSION-1_ARCH.deb (README,
 # "Install on Debian/Ubuntu"): /usr/bin/payonce, deploy/payonce.service, the
-# payonce user, /etc/payonce/payonce.env and /var/lib/payonce. Built by
+# payonce user, /etc/payonce/payonce.toml and /var/lib/payonce. Built by
 # cargo-deb from crates.io, pinned, installed once into target/tools/
 # (Cargo.toml, [package.metadata.deb], says why there).
 CARGO_DEB_VERSION = 3.8.0

@@ -1,9 +1,11 @@
 //! `payonce serve`'s settings: one table of every setting (its flag, whether
 //! it takes a value, where the value goes and how it is checked), the
-//! defaults and environment variables under them, and [`Settings::check`],
-//! which reads each key file once and builds the checked [`Config`] with the
-//! rest of what `serve` wires. `main.rs` only feeds the table from the
-//! command line (docs/settings.md lists every setting).
+//! defaults and environment variables under them, the `--config` TOML file
+//! read through the same table ([`Settings::assemble`]: flag > file >
+//! environment > default), the secrets read from their `*-file` settings,
+//! and [`Settings::check`], which reads each key file once and builds the
+//! checked [`Config`] with the rest of what `serve` wires. `main.rs` only
+//! lexes the command line (docs/settings.md lists every setting).
 
 use crate::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
 use crate::background::{INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT};
@@ -13,7 +15,10 @@ use crate::platform_ops::Platforms;
 use crate::platforms::{alipay, wechatpay, Parts, PlatformSettings, Registry};
 use crate::store::StoreOptions;
 use crate::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, parse_waits, WebhookConfig};
+use std::path::Path;
 use std::time::Duration;
+
+mod file;
 
 /// `--refund-unwanted auto|manual`, as [`Config::refund_unwanted`] holds it.
 pub use crate::domain::RefundUnwanted;
@@ -24,7 +29,10 @@ pub const DEV_CALLBACK_SECRET: &str = "payonce-dev-secret";
 /// The longest timeout a setting takes: one day.
 const TIMEOUT_MS_MAX: u64 = 86_400_000;
 
-/// Every setting as given, before the files it names are read.
+/// Every setting as given, before the key files it names are read (the
+/// secret files are read by [`Settings::assemble`]). `Debug` prints secrets:
+/// it is for tests comparing two ways of giving the same settings.
+#[derive(Debug)]
 pub struct Settings {
     pub db: String,
     pub listen: String,
@@ -64,13 +72,19 @@ pub struct Settings {
     refund_unwanted: RefundUnwanted,
     /// `--log-format`: `main` sets it before anything logs.
     pub log_format: crate::log::LogFormat,
+    /// The secrets given as values (flag or config key), by setting name.
+    secret_values: Vec<&'static str>,
+    /// The `*-file` settings given: (the secret's setting name, the path).
+    secret_files: Vec<(&'static str, String)>,
 }
 
-/// One setting: its flag without `--`, whether it takes a value, and what
-/// it does with the value (`""` for a switch).
+/// One setting: its flag without `--` (also its key in the `--config`
+/// file), whether it takes a value, whether it may be given several times
+/// (a list in the file), and what it does with the value (`""` for a switch).
 pub struct Setting {
     pub name: &'static str,
     pub takes_value: bool,
+    pub repeatable: bool,
     set: fn(&mut Settings, &str) -> Result<(), String>,
 }
 
@@ -83,11 +97,16 @@ impl Setting {
 }
 
 const fn setting(name: &'static str, set: fn(&mut Settings, &str) -> Result<(), String>) -> Setting {
-    Setting { name, takes_value: true, set }
+    Setting { name, takes_value: true, repeatable: false, set }
+}
+
+/// A setting given once per value (`--coupon A --coupon B`; `coupon = ["A", "B"]`).
+const fn list(name: &'static str, set: fn(&mut Settings, &str) -> Result<(), String>) -> Setting {
+    Setting { name, takes_value: true, repeatable: true, set }
 }
 
 const fn switch(name: &'static str, set: fn(&mut Settings, &str) -> Result<(), String>) -> Setting {
-    Setting { name, takes_value: false, set }
+    Setting { name, takes_value: false, repeatable: false, set }
 }
 
 /// Every setting of `serve` (and of `sync`, which takes the same).
@@ -95,14 +114,16 @@ pub const SETTINGS: &[Setting] = &[
     setting("db", |s, v| text(&mut s.db, v)),
     setting("listen", |s, v| text(&mut s.listen, v)),
     setting("metrics-listen", |s, v| some(&mut s.metrics_listen, v)),
-    setting("callback-secret", |s, v| some(&mut s.callback_secret, v)),
+    setting("callback-secret", |s, v| secret(s, "callback-secret", v)),
+    setting("callback-secret-file", |s, v| secret_file(s, "callback-secret", v)),
     switch("dev", |s, _| {
         s.dev = true;
         Ok(())
     }),
-    setting("api-token", |s, v| some(&mut s.api_tokens, v)),
+    setting("api-token", |s, v| secret(s, "api-token", v)),
+    setting("api-token-file", |s, v| secret_file(s, "api-token", v)),
     setting("idempotency-ttl-s", |s, v| int_into(&mut s.idempotency_ttl_s, "idempotency-ttl-s", v, 1, 365 * 86_400)),
-    setting("coupon", |s, v| {
+    list("coupon", |s, v| {
         if !is_identifier(v) {
             return Err(format!("--coupon {v:?}: 1-64 characters of [A-Za-z0-9_.-]"));
         }
@@ -111,8 +132,11 @@ pub const SETTINGS: &[Setting] = &[
     }),
     setting("points-per-yuan", |s, v| int_into(&mut s.points_per_yuan, "points-per-yuan", v, 0, 1_000_000)),
     setting("order-ttl-s", |s, v| int_into(&mut s.order_ttl_s, "order-ttl-s", v, 1, 86_400)),
-    setting("wechatpay-apiv3-key", |s, v| some(&mut s.wechatpay_apiv3_key, v)),
-    setting("wechatpay-public-key", |s, v| {
+    setting("wechatpay-apiv3-key", |s, v| secret(s, "wechatpay-apiv3-key", v)),
+    setting("wechatpay-apiv3-key-file", |s, v| secret_file(s, "wechatpay-apiv3-key", v)),
+    // No `--webhook-secret`: its value is PAYONCE_WEBHOOK_SECRET or this file.
+    setting("webhook-secret-file", |s, v| secret_file(s, "webhook-secret", v)),
+    list("wechatpay-public-key", |s, v| {
         s.wechatpay_public_keys.push(v.to_owned());
         Ok(())
     }),
@@ -156,7 +180,7 @@ pub const SETTINGS: &[Setting] = &[
         s.workers = usize::try_from(positive("workers", v, 1024)?).unwrap_or(usize::MAX);
         Ok(())
     }),
-    setting("webhook-url", |s, v| {
+    list("webhook-url", |s, v| {
         let endpoint = parse_endpoint(v)?;
         if !s.webhooks.endpoints.contains(&endpoint) {
             s.webhooks.endpoints.push(endpoint);
@@ -210,7 +234,7 @@ pub const SETTINGS: &[Setting] = &[
             RefundUnwanted::parse(v).ok_or_else(|| format!("--refund-unwanted {v:?}: auto or manual"))?;
         Ok(())
     }),
-    setting("wechatpay-appid", |s, v| {
+    list("wechatpay-appid", |s, v| {
         // WeChat's appids are `wx` and 16 hex digits; payonce checks only
         // that it can send one, and WeChat Pay refuses an appid not bound
         // to the mchid (APPID_MCHID_NOT_MATCH, answered as platform_refused).
@@ -235,6 +259,105 @@ pub fn setting_named(name: &str) -> Option<&'static Setting> {
 fn text(into: &mut String, value: &str) -> Result<(), String> {
     value.clone_into(into);
     Ok(())
+}
+
+/// A secret given as a value: where it goes, and that it was given so a
+/// `*-file` form of the same secret is refused beside it.
+fn secret(s: &mut Settings, name: &'static str, value: &str) -> Result<(), String> {
+    if let Some(known) = SECRETS.iter().find(|x| x.name == name) {
+        *(known.field)(s) = Some(value.to_owned());
+    }
+    if !s.secret_values.contains(&name) {
+        s.secret_values.push(name);
+    }
+    Ok(())
+}
+
+/// A secret's `*-file` setting: the path, read by [`Settings::assemble`]
+/// once every source is applied (a later one replaces an earlier one).
+fn secret_file(s: &mut Settings, name: &'static str, path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err(format!("--{name}-file: expected a file name"));
+    }
+    s.secret_files.retain(|(n, _)| *n != name);
+    s.secret_files.push((name, path.to_owned()));
+    Ok(())
+}
+
+/// A secret payonce takes from a value, its environment variable or a file.
+struct Secret {
+    name: &'static str,
+    /// Several entries (comma-separated in the value; one per line or
+    /// comma-separated in the file), or one.
+    list: bool,
+    field: fn(&mut Settings) -> &mut Option<String>,
+}
+
+const SECRETS: &[Secret] = &[
+    Secret { name: "callback-secret", list: true, field: |s| &mut s.callback_secret },
+    Secret { name: "api-token", list: true, field: |s| &mut s.api_tokens },
+    Secret { name: "wechatpay-apiv3-key", list: false, field: |s| &mut s.wechatpay_apiv3_key },
+    Secret { name: "webhook-secret", list: true, field: |s| &mut s.webhook_secret },
+];
+
+/// The secrets given as values, by setting name: the `--config` file that
+/// holds one is checked like a secret file.
+fn is_secret_value(name: &str) -> bool {
+    SECRETS.iter().any(|s| s.name == name)
+}
+
+/// Refuses a file of secrets that every user of the host may read or
+/// write; warns when its group may read it and that group is not this
+/// process's own (the deploy layout is 0640 root:payonce, payonce's group).
+fn check_secret_mode(
+    flag: &str,
+    path: &str,
+    metadata: &std::fs::Metadata,
+    warnings: &mut Vec<String>,
+) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let mode = metadata.mode() & 0o777;
+        if mode & 0o007 != 0 {
+            return Err(format!(
+                "--{flag} {path:?}: every user of this host may read or write it (mode {mode:04o}); \
+                 `chmod o-rwx` it (0600, or 0640 with payonce's group)"
+            ));
+        }
+        let own_group = std::fs::metadata("/proc/self").map(|m| m.gid()).ok();
+        if mode & 0o070 != 0 && own_group != Some(metadata.gid()) {
+            warnings.push(format!(
+                "--{flag} {path:?}: its group (gid {}) may read it (mode {mode:04o}) and is not payonce's own; \
+                 `chmod g-rwx` it unless that group is meant to",
+                metadata.gid()
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (flag, path, metadata, warnings);
+    Ok(())
+}
+
+/// A secret's file: its text with trailing newlines trimmed; several lines
+/// (blank ones skipped) become the comma-separated list the value takes.
+/// Refused when missing, unreadable, empty, of several lines for a single
+/// secret, or open to every user of the host.
+fn read_secret_file(secret: &Secret, path: &str, warnings: &mut Vec<String>) -> Result<String, String> {
+    let flag = format!("{}-file", secret.name);
+    let metadata = std::fs::metadata(path).map_err(|e| format!("--{flag} {path:?}: cannot read it: {e}"))?;
+    if !metadata.is_file() {
+        return Err(format!("--{flag} {path:?}: not a file"));
+    }
+    check_secret_mode(&flag, path, &metadata, warnings)?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--{flag} {path:?}: cannot read it: {e}"))?;
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    match lines.as_slice() {
+        [] => Err(format!("--{flag} {path:?}: the file is empty")),
+        [one] => Ok((*one).to_owned()),
+        _ if secret.list => Ok(lines.join(",")),
+        _ => Err(format!("--{flag} {path:?}: expected one line, found {}", lines.len())),
+    }
 }
 
 fn some(into: &mut Option<String>, value: &str) -> Result<(), String> {
@@ -293,8 +416,15 @@ impl Settings {
     /// The defaults, with the secrets and the database taken from the
     /// environment where set (a flag given later wins).
     pub fn from_env() -> Result<Settings, String> {
+        Settings::defaults_with(&env)
+    }
+
+    /// The defaults, with the secrets and the database from `env` (the
+    /// process's environment, or a test's).
+    pub fn defaults_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, String> {
+        let env = |name: &str| env(name).filter(|v| !v.trim().is_empty());
         Ok(Settings {
-            db: db_from_env().unwrap_or_else(|| "payonce.db".into()),
+            db: env("PAYONCE_DB").unwrap_or_else(|| "payonce.db".into()),
             listen: "127.0.0.1:8080".into(),
             metrics_listen: None,
             callback_secret: env("PAYONCE_CALLBACK_SECRET"),
@@ -330,7 +460,59 @@ impl Settings {
             prepay_reuse_s: crate::platforms::PREPAY_REUSE_S_DEFAULT,
             refund_unwanted: RefundUnwanted::Manual,
             log_format: crate::log::LogFormat::Logfmt,
+            secret_values: Vec::new(),
+            secret_files: Vec::new(),
         })
+    }
+
+    /// Every source of the settings, in order: the defaults, the
+    /// environment (`env`), the `--config` file, the command line (each
+    /// setting once per value, as given). A setting named on the command
+    /// line replaces the file's value, a repeatable one its whole list. Then
+    /// the secrets given as files are read. Returns the settings and the
+    /// warnings to print before anything else.
+    pub fn assemble(
+        env: &dyn Fn(&str) -> Option<String>,
+        config_file: Option<&Path>,
+        command_line: &[(&'static Setting, String)],
+    ) -> Result<(Settings, Vec<String>), String> {
+        let mut settings = Settings::defaults_with(env)?;
+        let mut warnings = Vec::new();
+        if let Some(path) = config_file {
+            let on_command_line = |name: &str| command_line.iter().any(|(s, _)| s.name == name);
+            for entry in file::read(path, &mut warnings)? {
+                if on_command_line(entry.setting.name) {
+                    continue;
+                }
+                for value in &entry.values {
+                    entry
+                        .setting
+                        .apply(&mut settings, value)
+                        .map_err(|e| format!("{} line {}: {}: {e}", path.display(), entry.line, entry.setting.name))?;
+                }
+            }
+        }
+        for (setting, value) in command_line {
+            setting.apply(&mut settings, value)?;
+        }
+        settings.read_secret_files(&mut warnings)?;
+        Ok((settings, warnings))
+    }
+
+    /// Replaces each secret given as a file by the file's text, refusing a
+    /// secret given both ways.
+    fn read_secret_files(&mut self, warnings: &mut Vec<String>) -> Result<(), String> {
+        for (name, path) in std::mem::take(&mut self.secret_files) {
+            let Some(secret) = SECRETS.iter().find(|s| s.name == name) else { continue };
+            if self.secret_values.contains(&name) {
+                return Err(format!(
+                    "--{name} and --{name}-file are both given (flag or config key); give the secret once"
+                ));
+            }
+            let text = read_secret_file(secret, &path, warnings)?;
+            *(secret.field)(self) = Some(text);
+        }
+        Ok(())
     }
 
     /// The checked configuration: every key file read once (by the
@@ -424,7 +606,7 @@ impl Settings {
                 Ok(vec![DEV_CALLBACK_SECRET.as_bytes().to_vec()])
             }
             _ => {
-                Err("serve needs --callback-secret (or PAYONCE_CALLBACK_SECRET); use --dev for local development"
+                Err("serve needs --callback-secret-file (or --callback-secret, PAYONCE_CALLBACK_SECRET); use --dev for local development"
                     .into())
             }
         }

@@ -81,7 +81,7 @@ source newer than this payonce. docs/postgres.md, 'Moving from SQLite'.
 ";
 
 const SYNC_USAGE: &str = "\
-Usage: payonce sync --db PATH|URL [the platform settings of serve] ORDER_NO
+Usage: payonce sync --db PATH|URL [--config FILE] [the platform settings of serve] ORDER_NO
 
 Asks every platform whose outgoing settings are given (--wechatpay-mchid,
 --wechatpay-merchant-serial, --wechatpay-merchant-key and --wechatpay-public-key;
@@ -111,6 +111,9 @@ finishing requests in flight (bounded); SIGHUP, SIGUSR1 and SIGUSR2 are
 logged and ignored.
 
 Options:
+  --config FILE             a TOML file of these settings, keys named as the flags without --
+                            (lists for repeatable ones, true for --dev); a flag given here wins
+                            over the file, the file over the environment (docs/settings.md)
   --db PATH|:memory:|URL    SQLite file, a shared in-memory SQLite database, or PostgreSQL: a
                             postgres:// (postgresql://) URL, several hosts allowed
                             (h1:5432,h2:5432 with target_session_attrs=read-write), or
@@ -123,9 +126,12 @@ Options:
                             then still needs the token when tokens are configured
   --callback-secret S,...   HMAC secrets of the generic channel, comma-separated (two during
                             rotation); env PAYONCE_CALLBACK_SECRET. Required unless --dev.
+  --callback-secret-file FILE
+                            the same from a file (one secret a line, or comma-separated)
   --dev                     development mode: a fixed, printed callback secret
   --api-token T,...         bearer tokens for /v1 except callbacks, each `name:token` or a bare
                             token; env PAYONCE_API_TOKEN. Unset = no auth, loopback only.
+  --api-token-file FILE     the same from a file (one token a line, or comma-separated)
   --idempotency-ttl-s N     how long Idempotency-Key results are kept [default: 86400]
   --coupon TEMPLATE         coupon template issued on payment (repeatable)
   --points-per-yuan N       points = floor(amount x N / 100); no entry when 0 [default: 0]
@@ -149,6 +155,8 @@ Options:
   --inspect-interval-s N    how often the inspection runs [default: 300]
   --wechatpay-apiv3-key KEY WeChat Pay APIv3 key (32 bytes); env PAYONCE_WECHATPAY_APIV3_KEY.
                             With --wechatpay-public-key, turns the wechatpay channel on.
+  --wechatpay-apiv3-key-file FILE
+                            the same from a file (one line)
   --wechatpay-public-key SERIAL=FILE
                             a WeChat Pay platform public key or certificate (PEM) and its serial
                             or PUB_KEY_ID_...; repeatable (two during rotation)
@@ -160,6 +168,7 @@ Webhooks to the merchant's app (Standard Webhooks; docs/webhooks.md):
   --webhook-url URL               an endpoint that receives every event after it was first
                                   configured (repeatable); http:// or https://. Secrets in env
                                   PAYONCE_WEBHOOK_SECRET: comma-separated whsec_<base64>, all sign
+  --webhook-secret-file FILE      those secrets from a file (one a line, or comma-separated)
   --webhook-timeout-ms N          one attempt's whole call [default: 15000]
   --webhook-retry-s LIST          the waits before each retry, seconds, each jittered +-20%;
                                   after the last, the delivery fails (dead letter)
@@ -291,15 +300,17 @@ fn parse_serve(parser: lexopt::Parser) -> Result<Settings, String> {
 }
 
 /// `serve`'s settings from the command line, through the one table of
-/// `payonce::config`; `payonce sync` takes the same plus its ORDER_NO
-/// (the positional arguments, returned beside the settings).
+/// `payonce::config`, over the `--config` file and the environment;
+/// `payonce sync` takes the same plus its ORDER_NO (the positional
+/// arguments, returned beside the settings). Warnings go to stderr here.
 fn parse_settings(
     mut parser: lexopt::Parser,
     accept_positional: bool,
     usage: &str,
 ) -> Result<(Settings, Vec<String>), String> {
     use lexopt::prelude::*;
-    let mut settings = Settings::from_env()?;
+    let mut command_line = Vec::new();
+    let mut config_file = None;
     let mut positional = Vec::new();
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
         match arg {
@@ -307,6 +318,7 @@ fn parse_settings(
                 print!("{usage}");
                 std::process::exit(0);
             }
+            Long("config") => config_file = Some(std::path::PathBuf::from(parser.value().map_err(|e| e.to_string())?)),
             Long(name) => {
                 let Some(setting) = config::setting_named(name) else {
                     return Err(one_line(Long(name).unexpected()));
@@ -316,16 +328,21 @@ fn parse_settings(
                 if let Some((flag, env)) = secret {
                     eprintln!(
                         "payonce: warning: --{flag} on the command line is visible to every user of this host \
-                         (ps, /proc); give it as {env} instead"
+                         (ps, /proc); give it as --{flag}-file FILE (or {env}) instead"
                     );
                 }
-                setting.apply(&mut settings, &value)?;
+                command_line.push((setting, value));
             }
             Value(value) if accept_positional => {
                 positional.push(value.into_string().map_err(|v| format!("{v:?} is not UTF-8"))?)
             }
             other => return Err(one_line(other.unexpected())),
         }
+    }
+    let env = |name: &str| std::env::var(name).ok();
+    let (settings, warnings) = Settings::assemble(&env, config_file.as_deref(), &command_line)?;
+    for warning in warnings {
+        eprintln!("payonce: warning: {warning}");
     }
     Ok((settings, positional))
 }

@@ -90,13 +90,13 @@ pub fn parse_secrets(text: &str) -> Result<Vec<Vec<u8>>, String> {
                 .and_then(|b64| base64::engine::general_purpose::STANDARD.decode(b64).ok())
                 .filter(|key| !key.is_empty());
             key.ok_or_else(|| {
-                "PAYONCE_WEBHOOK_SECRET: each secret is `whsec_` followed by base64 (e.g. from `openssl rand -base64 32`)"
+                "PAYONCE_WEBHOOK_SECRET (or --webhook-secret-file): each secret is `whsec_` followed by base64 (e.g. from `openssl rand -base64 32`)"
                     .to_owned()
             })
         })
         .collect::<Result<_, _>>()?;
     if secrets.is_empty() {
-        return Err("--webhook-url needs PAYONCE_WEBHOOK_SECRET (comma-separated whsec_<base64>)".into());
+        return Err("--webhook-url needs --webhook-secret-file or PAYONCE_WEBHOOK_SECRET (whsec_<base64>, comma-separated or one a line in the file)".into());
     }
     Ok(secrets)
 }

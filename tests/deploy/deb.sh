@@ -2,12 +2,15 @@
 # `make test-deb`: the Debian package of `make deb` on this machine, as root.
 #
 #   1. dpkg -i: /usr/bin/payonce, the unit (byte for byte deploy/payonce.service),
-#      the payonce system user, /etc/payonce/payonce.env (a conffile, 0640
-#      root:payonce, byte for byte deploy/payonce.env.example), /var/lib/payonce
-#      (0750 payonce); the unit neither enabled nor running;
-#   2. as shipped, the unit's command refuses to start (no callback secret);
-#   3. configured as an operator would (secret, token, a free loopback port in
-#      /etc/payonce/payonce.env), the unit is started: by systemd when systemd
+#      the payonce system user, /etc/payonce/payonce.toml (a conffile, 0640
+#      root:payonce, byte for byte deploy/payonce.toml.example, no secret in
+#      it), /var/lib/payonce (0750 payonce); the unit neither enabled nor
+#      running, its ExecStart `serve --config /etc/payonce/payonce.toml`;
+#   2. as shipped, the unit's command refuses to start (no callback secret's
+#      file);
+#   3. configured as an operator would (the secret and a token in files
+#      0640 root:payonce beside the config, the token's key and a free
+#      loopback port in the config), the unit is started: by systemd when systemd
 #      is PID 1, otherwise its ExecStart is run by hand exactly as systemd
 #      would (User=, Group=, Environment=, EnvironmentFile=, ${VAR}
 #      expansion, WorkingDirectory=, UMask=, LimitNOFILE=), and the output
@@ -15,8 +18,8 @@
 #      back, the process runs as payonce and the ledger is /var/lib/payonce/payonce.db;
 #   4. dpkg -r: the unit stopped (by prerm under systemd; by this script,
 #      said loudly, without it), binary and unit gone, config and ledger kept;
-#   5. dpkg --purge: /etc/payonce gone, no unit mask left, the ledger still
-#      kept (and the purge says so);
+#   5. dpkg --purge: /etc/payonce gone with the secret files, no unit mask
+#      left, the ledger still kept (and the purge says so);
 #   6. on exit, whatever happened: the machine as it was before (package
 #      purged, /var/lib/payonce, /etc/payonce and a payonce user or group this
 #      test created removed).
@@ -53,7 +56,7 @@ HAD_USER=; getent passwd payonce >/dev/null && HAD_USER=1
 HAD_GROUP=; getent group payonce >/dev/null && HAD_GROUP=1
 
 UNIT=/usr/lib/systemd/system/payonce.service
-ENVFILE=/etc/payonce/payonce.env
+CONFIG=/etc/payonce/payonce.toml
 SYSTEMD=
 if [ -d /run/systemd/system ] && [ "$(cat /proc/1/comm 2>/dev/null)" = systemd ]; then
     SYSTEMD=1
@@ -190,7 +193,7 @@ grep -q 'systemctl enable --now payonce' "$WORK/dpkg-i.log" &&
 check "/usr/bin/payonce, 0755 root" stat_is /usr/bin/payonce "755 root:root"
 check "/usr/bin/payonce runs (payonce help)" sh -c '/usr/bin/payonce help 2>&1 | grep -q "payonce serve"'
 check "$UNIT is deploy/payonce.service, byte for byte" cmp -s "$UNIT" deploy/payonce.service
-check "ExecStart is /usr/bin/payonce serve" sh -c "grep -q '^ExecStart=/usr/bin/payonce serve ' $UNIT"
+check "ExecStart is /usr/bin/payonce serve --config $CONFIG" sh -c "grep -qx 'ExecStart=/usr/bin/payonce serve --config $CONFIG' $UNIT"
 pw=$(getent passwd payonce || true)
 uid=$(echo "$pw" | cut -d: -f3)
 if [ -n "$pw" ] && [ "$uid" -lt 1000 ] && [ "$(echo "$pw" | cut -d: -f7)" = /usr/sbin/nologin ]; then
@@ -198,14 +201,14 @@ if [ -n "$pw" ] && [ "$uid" -lt 1000 ] && [ "$(echo "$pw" | cut -d: -f7)" = /usr
 else
     fail "payonce system user: '$pw'"
 fi
-check "$ENVFILE is a conffile" sh -c "dpkg-query -W -f='\${Conffiles}' payonce | grep -q ' $ENVFILE '"
-check "$ENVFILE: 0640 root:payonce" stat_is "$ENVFILE" "640 root:payonce"
+check "$CONFIG is a conffile" sh -c "dpkg-query -W -f='\${Conffiles}' payonce | grep -q ' $CONFIG '"
+check "$CONFIG: 0640 root:payonce" stat_is "$CONFIG" "640 root:payonce"
 check "/etc/payonce: 0750 root:payonce" stat_is /etc/payonce "750 root:payonce"
-check "$ENVFILE is deploy/payonce.env.example, byte for byte" cmp -s "$ENVFILE" deploy/payonce.env.example
-if grep -Eq '^[[:space:]]*PAYONCE_(CALLBACK_SECRET|API_TOKEN|WEBHOOK_SECRET|WECHATPAY_APIV3_KEY)=' "$ENVFILE"; then
-    fail "$ENVFILE sets a secret: $(grep -E '^[[:space:]]*PAYONCE_' "$ENVFILE" | cut -d= -f1)"
+check "$CONFIG is deploy/payonce.toml.example, byte for byte" cmp -s "$CONFIG" deploy/payonce.toml.example
+if grep -Eq '^[[:space:]]*(callback-secret|api-token|wechatpay-apiv3-key)[[:space:]]*=' "$CONFIG"; then
+    fail "$CONFIG holds a secret's value: $(grep -E '^[[:space:]]*(callback-secret|api-token|wechatpay-apiv3-key)[[:space:]]*=' "$CONFIG" | cut -d= -f1)"
 else
-    pass "$ENVFILE sets no secret"
+    pass "$CONFIG holds no secret's value (only *-file keys)"
 fi
 check "/var/lib/payonce: 0750 payonce:payonce" stat_is /var/lib/payonce "750 payonce:payonce"
 if [ -e /etc/systemd/system/multi-user.target.wants/payonce.service ]; then
@@ -221,7 +224,7 @@ fi
 echo "2. as shipped, the unit's command refuses to start"
 rc=0
 run_unit_by_hand --foreground || rc=$?
-if [ "$rc" -ne 0 ] && grep -q 'callback-secret' "$WORK/payonce.err"; then
+if [ "$rc" -ne 0 ] && grep -q 'callback-secret-file "/etc/payonce/callback-secret"' "$WORK/payonce.err"; then
     pass "exit $rc: $(head -1 "$WORK/payonce.err")"
 else
     fail "as shipped it did not refuse (exit $rc): $(head -3 "$WORK/payonce.err")"
@@ -232,11 +235,12 @@ echo "3. configured and started"
 PORT=$(free_port)
 SECRET="deb-secret-$RANDOM$RANDOM"
 TOKEN="deb-token-$RANDOM$RANDOM"
-cat >>"$ENVFILE" <<EOF
-PAYONCE_CALLBACK_SECRET=$SECRET
-PAYONCE_API_TOKEN=shop:$TOKEN
-PAYONCE_LISTEN=127.0.0.1:$PORT
-EOF
+(umask 027 && echo "$SECRET" >/etc/payonce/callback-secret && echo "shop:$TOKEN" >/etc/payonce/api-token)
+chgrp payonce /etc/payonce/callback-secret /etc/payonce/api-token
+sed -i -e "s/^listen = .*/listen = \"127.0.0.1:$PORT\"/" "$CONFIG"
+echo 'api-token-file = "/etc/payonce/api-token"' >>"$CONFIG"
+check "the secret files: 0640 root:payonce" sh -c \
+    "[ \"\$(stat -c '%a %U:%G' /etc/payonce/callback-secret /etc/payonce/api-token | sort -u)\" = '640 root:payonce' ]"
 if [ -n "$SYSTEMD" ]; then
     echo "    systemd is PID 1: systemctl start payonce"
     systemctl daemon-reload
@@ -274,7 +278,10 @@ body=$(api GET /v1/orders/DEB-1)
 [ "$(cat "$WORK/status")" = 200 ] && [[ "$body" == *'"DEB-1"'* ]] &&
     pass "GET /v1/orders/DEB-1: 200" || fail "GET /v1/orders/DEB-1: $(cat "$WORK/status") $body"
 body=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/v1/orders/DEB-1" || true)
-[ "$body" = 401 ] && pass "the token from $ENVFILE is required: 401 without it" || fail "without a token: $body"
+[ "$body" = 401 ] && pass "the token of /etc/payonce/api-token is required: 401 without it" || fail "without a token: $body"
+if [ -n "$SYSTEMD" ]; then journalctl -u payonce.service --no-pager >"$WORK/payonce.err" 2>&1 || true; fi
+grep -q 'warning: --.*-file' "$WORK/payonce.err" && fail "a secret file was warned about: $(grep -m1 'warning: --.*-file' "$WORK/payonce.err")" ||
+    pass "the secret files, group payonce, are read without a warning"
 user=$(stat -c %U "/proc/$PID" 2>/dev/null || true)
 [ "$user" = payonce ] && pass "the process ($PID) runs as payonce" || fail "the process runs as '$user'"
 check "the ledger is /var/lib/payonce/payonce.db, owned by payonce" sh -c \
@@ -301,12 +308,14 @@ check "/usr/bin/payonce is gone" test ! -e /usr/bin/payonce
 check "$UNIT is gone" test ! -e "$UNIT"
 check "dpkg: payonce removed, its config files kept" sh -c \
     "[ \"\$(dpkg-query -W -f='\${Status}' payonce)\" = 'deinstall ok config-files' ]"
-check "$ENVFILE kept" test -f "$ENVFILE"
+check "$CONFIG and the secret files kept" test -f "$CONFIG" -a -f /etc/payonce/callback-secret
 check "/var/lib/payonce/payonce.db kept" test -s /var/lib/payonce/payonce.db
 
 echo "5. dpkg --purge"
 dpkg --purge payonce >"$WORK/dpkg-purge.log" 2>&1 && pass "dpkg --purge" || { cat "$WORK/dpkg-purge.log" >&2; fail "dpkg --purge"; }
-check "/etc/payonce is gone" test ! -e /etc/payonce
+check "/etc/payonce is gone, the secret files with it" test ! -e /etc/payonce
+grep -q 'removed the secret /etc/payonce/callback-secret' "$WORK/dpkg-purge.log" &&
+    pass "the purge names the secrets it removed" || fail "the purge is silent about the secret files"
 status=$(dpkg-query -W -f='${Status}' payonce 2>/dev/null || true)
 [ -z "$status" ] || [ "$status" = "unknown ok not-installed" ] && pass "dpkg knows payonce no more" ||
     fail "dpkg status after purge: $status"

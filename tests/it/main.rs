@@ -11,6 +11,7 @@ mod api_http;
 mod auth;
 mod channels;
 mod cli;
+mod config_file;
 mod copy_db;
 mod crash;
 mod docs_run;
