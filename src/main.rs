@@ -419,7 +419,8 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
     };
     let addr = server.local_addr();
     let shutdown = Arc::new(AtomicBool::new(false));
-    handle_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
+    let app = Arc::new(app);
+    handle_signals(&shutdown, Some(Arc::clone(&app))).map_err(|e| format!("cannot handle signals: {e}"))?;
     if let Some(metrics_server) = &metrics_server {
         eprintln!("payonce: metrics on http://{}/metrics (no token)", metrics_server.local_addr());
     }
@@ -428,7 +429,6 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
     if args.dev {
         print_tour(addr);
     }
-    let app = Arc::new(app);
     let sweeper = spawn_sweeper(Arc::clone(&app), Duration::from_secs(args.sweep_interval_s), Arc::clone(&shutdown))
         .map_err(|e| format!("cannot start the expiry sweeper: {e}"))?;
     let inspector =

@@ -24,6 +24,7 @@ mod hostile;
 mod http_pool;
 mod idempotency;
 mod incident;
+mod key_reload;
 mod ledger;
 mod metrics_access;
 mod nul_bytes;

@@ -1,8 +1,11 @@
 //! Alipay's keys: Alipay's public key (`--alipay-public-key FILE`, PEM or
-//! the bare base64 the Alipay console shows), read once and shared by the
-//! notices and the calls, and the app's private key.
+//! the bare base64 the Alipay console shows) and the app's private key,
+//! held once ([`HeldKeys`]) for the notices and the calls; `SIGHUP`
+//! re-reads both files ([`Files`]) and swaps the pair at once.
 
-use crate::platforms::{public_key_from_pem, read_key_file, MerchantKey};
+use super::NAME;
+use crate::platforms::{public_key_from_pem, read_key_file, Held, HeldCertificate, KeyFileFailure, MerchantKey};
+use std::sync::Arc;
 use base64::Engine;
 use rsa::pkcs8::DecodePublicKey;
 use rsa::RsaPublicKey;
@@ -27,4 +30,57 @@ pub(super) fn public_key(file: &str) -> Result<RsaPublicKey, String> {
 /// The app's private key of `--alipay-app-private-key FILE`.
 pub(super) fn app_private_key(file: &str) -> Result<MerchantKey, String> {
     MerchantKey::from_pem(&read_key_file(file)?).map_err(|e| format!("--alipay-app-private-key {file}: {e}"))
+}
+
+/// The keys in use at one moment.
+pub struct Keys {
+    /// What Alipay's notices and answers are verified with.
+    pub public_key: RsaPublicKey,
+    /// What requests are signed with, when the calls are on.
+    pub app_private: Option<Arc<MerchantKey>>,
+}
+
+/// Alipay's keys as a reload replaces them.
+pub type HeldKeys = Held<Keys>;
+
+/// Alipay's key files as the settings named them, and the keys they hold now.
+pub(super) struct Files {
+    pub(super) public_key: String,
+    pub(super) app_private: Option<String>,
+    pub(super) held: HeldKeys,
+    /// One reload at a time.
+    pub(super) reloading: parking_lot::Mutex<()>,
+}
+
+impl crate::platforms::KeyFiles for Files {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn reload(&self) -> Vec<KeyFileFailure> {
+        let _one_at_a_time = self.reloading.lock();
+        let old = self.held.current();
+        let mut failures = Vec::new();
+        let public_key = public_key(&self.public_key).unwrap_or_else(|why| {
+            failures.push(KeyFileFailure { file: self.public_key.clone(), why });
+            old.public_key.clone()
+        });
+        let app_private = match &self.app_private {
+            None => old.app_private.clone(),
+            Some(file) => match app_private_key(file) {
+                Ok(key) => Some(Arc::new(key)),
+                Err(why) => {
+                    failures.push(KeyFileFailure { file: file.clone(), why });
+                    old.app_private.clone()
+                }
+            },
+        };
+        self.held.replace(Keys { public_key, app_private });
+        failures
+    }
+
+    /// Public-key mode holds no certificate.
+    fn certificates(&self) -> Vec<HeldCertificate> {
+        Vec::new()
+    }
 }
