@@ -107,8 +107,9 @@ Usage: payonce serve [options]
 
 Serves the HTTP API. Prints `listening on http://HOST:PORT` first on stdout;
 logs and warnings go to stderr. Exits 0 on SIGINT/SIGTERM/SIGQUIT after
-finishing requests in flight (bounded); SIGHUP, SIGUSR1 and SIGUSR2 are
-logged and ignored.
+finishing requests in flight (bounded); SIGHUP re-reads every key and
+certificate file (a file that fails keeps its old key); SIGUSR1 and SIGUSR2
+are logged and ignored.
 
 Options:
   --db PATH|:memory:|URL    SQLite file, a shared in-memory SQLite database, or PostgreSQL: a

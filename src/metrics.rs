@@ -232,7 +232,12 @@ impl Metrics {
         );
         let storage_ok = self.storage_ok.as_ref().is_none_or(|f| f.load(Ordering::Acquire));
         let _ = writeln!(out, "payonce_storage_ok {}", u8::from(storage_ok));
-        header(out, "payonce_keys_reload_total", "counter", "Key and certificate reloads (SIGHUP) by result: ok, failed (a file kept its old key).");
+        header(
+            out,
+            "payonce_keys_reload_total",
+            "counter",
+            "Key and certificate reloads (SIGHUP) by result: ok, failed (a file kept its old key).",
+        );
         {
             let reloads = self.keys_reloads.lock();
             for result in KEYS_RELOAD_RESULTS {

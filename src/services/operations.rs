@@ -6,16 +6,16 @@
 use super::payments::{DecisionRow, Delivery};
 use super::{refuse_transition, validate_reason, Core};
 use crate::app::{PaymentCallback, SETTING_MODE, SOURCE_RECONCILIATION};
+use crate::domain::KEY_EXPIRING_WITHIN_MS;
 use crate::domain::{is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID};
 use crate::domain::{AuditDetail, Finding, FindingDetail, IdempotencySlot, Refused, StoredResponse};
-use crate::domain::KEY_EXPIRING_WITHIN_MS;
-use crate::platforms::KeyFileFailure;
 use crate::error::{Error, ErrorKind};
 use crate::keylock::{KeyGuard, LockKey};
 use crate::ops::{
     Compensated, Compensation, CompensationAction, CompensationEffect, DiffRow, DiffRows, Drained, Mode,
     Reconciliation, Repaired, Repairing, BACKUP_PARTIAL_SUFFIX, COMPARE_BATCH_ROWS, DRAIN_BATCH_MAX, RECEIVED_STALE_MS,
 };
+use crate::platforms::KeyFileFailure;
 use crate::recon::{self, Format, Listed, LocalMoney, RowKind, Statement, StatementRow, Verdict};
 use crate::store::WalRescue;
 use crate::store::{ReadTx, WriteTx};

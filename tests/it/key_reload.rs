@@ -66,7 +66,10 @@ fn notice(order_no: &str, key: &SigningKey<Sha256>, serial: &str) -> (Vec<(Strin
     let nonce = format!("kr{n:010}");
     let cipher = Aes256Gcm::new_from_slice(APIV3_KEY.as_bytes()).expect("32-byte key");
     let ciphertext = cipher
-        .encrypt(Nonce::from_slice(nonce.as_bytes()), Payload { msg: plain.to_string().as_bytes(), aad: b"transaction" })
+        .encrypt(
+            Nonce::from_slice(nonce.as_bytes()),
+            Payload { msg: plain.to_string().as_bytes(), aad: b"transaction" },
+        )
         .expect("encrypt");
     let body = json!({
         "id": format!("EV-KEYS-{n}"), "create_time": "2026-12-04T06:13:20+08:00",
@@ -268,7 +271,14 @@ fn a_certificate_29_days_from_expiry_is_key_expiring_and_31_days_is_not() {
     let (soon_flag, later_flag) = (format!("SERIAL29D={soon}"), format!("SERIAL31D={later}"));
     let server = Server::start_on(
         &dir.path("payonce.db"),
-        &["--wechatpay-apiv3-key", APIV3_KEY, "--wechatpay-public-key", &soon_flag, "--wechatpay-public-key", &later_flag],
+        &[
+            "--wechatpay-apiv3-key",
+            APIV3_KEY,
+            "--wechatpay-public-key",
+            &soon_flag,
+            "--wechatpay-public-key",
+            &later_flag,
+        ],
     );
     let day_s = 86_400.0;
     for (id, days) in [("SERIAL29D", 29.0), ("SERIAL31D", 31.0)] {
@@ -283,7 +293,8 @@ fn a_certificate_29_days_from_expiry_is_key_expiring_and_31_days_is_not() {
     assert_eq!(expiring.len(), 1, "{inspection}");
     let detail = &expiring[0]["detail"];
     assert_eq!((detail["platform"].as_str(), detail["id"].as_str()), (Some("wechatpay"), Some("SERIAL29D")));
-    let expires_ms = payonce::clock::parse_rfc3339_ms(detail["expires_at"].as_str().expect("expires_at")).expect("a time");
+    let expires_ms =
+        payonce::clock::parse_rfc3339_ms(detail["expires_at"].as_str().expect("expires_at")).expect("a time");
     assert!((expires_ms - (made_ms + 29 * 86_400_000)).abs() < 10_000, "{detail}");
     assert_eq!(expiring[0]["order_no"], "");
     assert_eq!(inspection["ok"], false);

@@ -5,10 +5,10 @@
 
 use super::NAME;
 use crate::platforms::{public_key_from_pem, read_key_file, Held, HeldCertificate, KeyFileFailure, MerchantKey};
-use std::sync::Arc;
 use base64::Engine;
 use rsa::pkcs8::DecodePublicKey;
 use rsa::RsaPublicKey;
+use std::sync::Arc;
 
 /// Alipay's public key as PEM, or as the bare base64 the Alipay console shows.
 pub fn public_key_from_text(text: &str) -> Result<RsaPublicKey, String> {
@@ -82,5 +82,44 @@ impl crate::platforms::KeyFiles for Files {
     /// Public-key mode holds no certificate.
     fn certificates(&self) -> Vec<HeldCertificate> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Files, HeldKeys, Keys};
+    use crate::platforms::{test_keys, KeyFiles};
+    use rsa::pkcs8::{EncodePublicKey, LineEnding};
+
+    #[test]
+    fn a_reload_swaps_both_keys_and_a_failing_file_keeps_its_own() {
+        let dir = std::env::temp_dir().join(format!("payonce-alipay-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (public_file, app_file) = (dir.join("alipay-public.pem"), dir.join("app-private.pem"));
+        let (old, new) = (test_keys::platform(), test_keys::merchant());
+        std::fs::write(&public_file, new.public.to_public_key_pem(LineEnding::LF).expect("pem")).expect("write");
+        std::fs::write(&app_file, new.private_pem).expect("write");
+        let held = HeldKeys::new(Keys { public_key: old.public.clone(), app_private: None });
+        let files = Files {
+            public_key: public_file.display().to_string(),
+            app_private: Some(app_file.display().to_string()),
+            held: held.clone(),
+            reloading: parking_lot::Mutex::new(()),
+        };
+        let before = held.current();
+        assert_eq!(files.reload(), Vec::new());
+        assert_eq!(held.current().public_key, new.public, "swapped");
+        assert!(held.current().app_private.is_some(), "the app key read");
+        assert_eq!(before.public_key, old.public, "a reader that started before keeps its keys");
+
+        std::fs::write(&public_file, "not a key").expect("write");
+        let failures = files.reload();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(failures[0].file, public_file.display().to_string());
+        assert!(!failures[0].why.is_empty());
+        assert_eq!(held.current().public_key, new.public, "the failing file's key stays");
+        assert!(held.current().app_private.is_some(), "the other file reloaded");
+        assert!(files.certificates().is_empty(), "public-key mode holds no certificate");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

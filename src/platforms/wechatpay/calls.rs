@@ -79,11 +79,7 @@ impl WechatpayApi {
     /// expired one counts as no answer.
     pub fn set_certificate_expiries(&mut self, expiries: KeyExpiries) {
         let keys = self.keys.current();
-        self.keys.replace(super::Keys {
-            platform: keys.platform.clone(),
-            expiries,
-            merchant: keys.merchant.clone(),
-        });
+        self.keys.replace(super::Keys { platform: keys.platform.clone(), expiries, merchant: keys.merchant.clone() });
     }
 
     /// The merchant key of `keys`.
@@ -221,7 +217,8 @@ impl WechatpayApi {
     fn jsapi_params(&self, appid: &str, prepay_id: &str, now_ms: i64) -> Result<Map<String, Value>, String> {
         let (timestamp, nonce) = (now_ms.div_euclid(1000).to_string(), nonce());
         let package = format!("prepay_id={prepay_id}");
-        let pay_sign = WechatpayApi::merchant(&self.keys.current())?.sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{package}\n").as_bytes())?;
+        let pay_sign = WechatpayApi::merchant(&self.keys.current())?
+            .sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{package}\n").as_bytes())?;
         Ok(text_map(&[
             ("appId", appid),
             ("timeStamp", &timestamp),
@@ -236,7 +233,8 @@ impl WechatpayApi {
     /// `"{appid}\n{timestamp}\n{noncestr}\n{prepayid}\n"`.
     fn app_params(&self, appid: &str, prepay_id: &str, now_ms: i64) -> Result<Map<String, Value>, String> {
         let (timestamp, nonce) = (now_ms.div_euclid(1000).to_string(), nonce());
-        let sign = WechatpayApi::merchant(&self.keys.current())?.sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{prepay_id}\n").as_bytes())?;
+        let sign = WechatpayApi::merchant(&self.keys.current())?
+            .sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{prepay_id}\n").as_bytes())?;
         Ok(text_map(&[
             ("appid", appid),
             ("partnerid", &self.mchid),
@@ -615,7 +613,13 @@ mod tests {
             Duration::from_secs(1),
         );
         let header = api
-            .authorization("GET", "/v3/pay/transactions/out-trade-no/ORD-1?mchid=1900000001", "", 1_700_000_000_000)
+            .authorization(
+                &api.keys.current(),
+                "GET",
+                "/v3/pay/transactions/out-trade-no/ORD-1?mchid=1900000001",
+                "",
+                1_700_000_000_000,
+            )
             .expect("signed");
         let field = |name: &str| {
             header

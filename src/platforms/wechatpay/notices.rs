@@ -156,8 +156,8 @@ impl Wechatpay {
         let ciphertext = base64::engine::general_purpose::STANDARD
             .decode(text("ciphertext")?)
             .map_err(|_| Error::invalid("resource.ciphertext is not base64"))?;
-        let cipher = Aes256Gcm::new_from_slice(&self.apiv3_key)
-            .map_err(|_| Error::internal("the APIv3 key is not 32 bytes"))?;
+        let cipher =
+            Aes256Gcm::new_from_slice(&self.apiv3_key).map_err(|_| Error::internal("the APIv3 key is not 32 bytes"))?;
         let plain = cipher
             .decrypt(Nonce::from_slice(nonce), Payload { msg: &ciphertext, aad })
             .map_err(|_| Error::invalid("resource does not decrypt with the configured APIv3 key"))?;
