@@ -33,6 +33,9 @@ const SENDERS: usize = 3;
 /// How long the test waits for a reload to show in `/metrics`.
 const WAIT: Duration = Duration::from_secs(30);
 
+/// A notification as sent: its headers and its body.
+type Signed = (Vec<(String, String)>, Vec<u8>);
+
 fn signing_key(pem: &str) -> SigningKey<Sha256> {
     SigningKey::new(rsa::RsaPrivateKey::from_pkcs8_pem(pem).expect("test private key"))
 }
@@ -52,7 +55,7 @@ fn replace_file(path: &Path, content: &str) {
 
 /// A WeChat Pay payment notification of `order_no` (9900 fen), encrypted
 /// with the APIv3 key and signed by `key` under `serial` now: (headers, body).
-fn notice(order_no: &str, key: &SigningKey<Sha256>, serial: &str) -> (Vec<(String, String)>, Vec<u8>) {
+fn notice(order_no: &str, key: &SigningKey<Sha256>, serial: &str) -> Signed {
     static N: AtomicU64 = AtomicU64::new(0);
     let n = N.fetch_add(1, Ordering::SeqCst);
     let plain = json!({
@@ -99,7 +102,7 @@ fn notice(order_no: &str, key: &SigningKey<Sha256>, serial: &str) -> (Vec<(Strin
     (headers, body)
 }
 
-fn send(server_addr: std::net::SocketAddr, (headers, body): &(Vec<(String, String)>, Vec<u8>)) -> util::HttpResponse {
+fn send(server_addr: std::net::SocketAddr, (headers, body): &Signed) -> util::HttpResponse {
     let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     util::request(server_addr, "POST", "/v1/callbacks/wechatpay", &headers, body)
 }
@@ -136,7 +139,7 @@ struct Load {
 impl Load {
     /// Re-deliveries of these pre-signed notices (each a genuine
     /// notification, answered 204 as applied or duplicate).
-    fn start(addr: std::net::SocketAddr, notices: Vec<(Vec<(String, String)>, Vec<u8>)>) -> Load {
+    fn start(addr: std::net::SocketAddr, notices: Vec<Signed>) -> Load {
         let (stop, sent) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
         let statuses: Arc<Mutex<Vec<u16>>> = Arc::default();
         let notices = Arc::new(notices);
