@@ -895,12 +895,14 @@ function findingTitle(kind) {
       applied_callback_order_not_paid: 'Applied payment, order not paid', refund_required: 'Money to return',
       received_not_applied: 'Payment not decided', paid_without_rewards: 'Rewards missing',
       unexpected_refund: 'Refund nobody asked for', close_unconfirmed: 'Close not confirmed',
+      key_expiring: 'Certificate expiring',
     },
     'zh-CN': {
       duplicate_coupon: '优惠券重复发放', duplicate_points: '积分重复发放',
       applied_callback_order_not_paid: '支付已处理但订单未支付', refund_required: '需要退还的钱',
       received_not_applied: '支付未处理', paid_without_rewards: '缺少奖励',
       unexpected_refund: '意外退款', close_unconfirmed: '关单未确认',
+      key_expiring: '证书即将到期',
     },
   };
   return (titles[lang()] || titles.en)[kind] || kind;
@@ -930,6 +932,7 @@ function findingSentence(f) {
     case 'unexpected_refund': return t('finding.unexpected_refund', { refund_no: d.refund_no, status: d.status || t('dash'), deliveries: d.deliveries, first: timeText(d.first_at) });
     case 'close_unconfirmed':
       return t('finding.close_unconfirmed', { platforms: (d.platforms || []).map((c) => word('channel.', c)).join(', '), when: timeText(d.given_up_at) });
+    case 'key_expiring': return t('finding.key_expiring', { platform: word('channel.', d.platform), id: d.id, when: timeText(d.expires_at) });
     default: return t('finding.other', { kind: f.kind });
   }
 }

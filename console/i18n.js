@@ -127,6 +127,7 @@ window.PAYONCE_STRINGS = {
     'finding.paid_without_rewards': 'Payment {pay_no} paid the order but its rewards are missing: {missing}.',
     'finding.unexpected_refund': 'The platform reports refund {refund_no} ({status}) that payonce never requested: {deliveries} notice(s) since {first}.',
     'finding.close_unconfirmed': 'payonce closed the order without {platforms} confirming it (gave up {when}). Check that the buyer did not pay.',
+    'finding.key_expiring': 'The {platform} certificate {id} expires {when}. Install its successor and send payonce SIGHUP (docs/channels.md, "Keys and rotation").',
     'finding.other': 'Finding {kind}.',
     'finding.missing.points': 'points', 'finding.missing.coupons': 'coupons {list}',
     // actions
@@ -308,6 +309,7 @@ window.PAYONCE_STRINGS = {
     'finding.paid_without_rewards': '支付 {pay_no} 已完成订单，但缺少奖励：{missing}。',
     'finding.unexpected_refund': '平台报告退款 {refund_no}（{status}），payonce 从未发起：自 {first} 起共 {deliveries} 次通知。',
     'finding.close_unconfirmed': 'payonce 在{platforms}未确认的情况下关闭了订单（{when}放弃等待）。请确认买家没有付款。',
+    'finding.key_expiring': '{platform}证书 {id} 将于{when}到期。请安装新证书并向 payonce 发送 SIGHUP（docs/channels.md“Keys and rotation”）。',
     'finding.other': '发现 {kind}。',
     'finding.missing.points': '积分', 'finding.missing.coupons': '优惠券 {list}',
     'act.resolve': '处理…', 'act.refund': '退还买家…', 'act.refundpart': '部分退款…', 'act.retry': '重试…',

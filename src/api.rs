@@ -698,6 +698,7 @@ fn metrics(app: &App) -> Result<Response, Error> {
         webhook_pending,
         webhook_oldest_pending_s,
         platform_calls_pending: app.platform_calls().pending()?,
+        key_expires_in_s: app.operations().key_expires_in_s(),
     };
     Ok(Response {
         status: 200,

@@ -10,7 +10,9 @@
 //! - the storage watch: about once a second, checks that the database's
 //!   paths still name the files payonce has open, and once they do not,
 //!   logs an error every few seconds until payonce is restarted;
-//! - the signal logger: SIGHUP, SIGUSR1 and SIGUSR2 are logged, not obeyed.
+//! - the signal handler: SIGINT, SIGTERM and SIGQUIT stop `serve`; SIGHUP
+//!   re-reads every key and certificate file; SIGUSR1 and SIGUSR2 are
+//!   logged, not obeyed.
 
 use crate::app::App;
 use crate::error::Error;
@@ -203,10 +205,12 @@ pub fn spawn_storage_watch(app: Arc<App>, shutdown: Arc<AtomicBool>) -> std::io:
 }
 
 /// SIGINT, SIGTERM and SIGQUIT set `shutdown`: `serve` finishes the
-/// requests in flight and exits 0. SIGHUP, SIGUSR1 and SIGUSR2 would kill
-/// the process at once by default (a terminal closing, a log rotation
-/// script): they are logged and change nothing.
-pub fn handle_signals(shutdown: &Arc<AtomicBool>) -> std::io::Result<()> {
+/// requests in flight and exits 0. SIGHUP re-reads every key and
+/// certificate file of `app` ([`reload_keys`]; without an app it is
+/// logged like the others). SIGUSR1 and SIGUSR2 would kill the process at
+/// once by default (a log rotation script): they are logged and change
+/// nothing.
+pub fn handle_signals(shutdown: &Arc<AtomicBool>, app: Option<Arc<App>>) -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2};
     const STOPPING: [i32; 3] = [SIGINT, SIGTERM, SIGQUIT];
     for signal in STOPPING {
@@ -219,12 +223,30 @@ pub fn handle_signals(shutdown: &Arc<AtomicBool>) -> std::io::Result<()> {
             let name = signal_name(signal);
             if STOPPING.contains(&signal) {
                 log::info("shutting down: finishing requests in flight", &[("signal", &name)]);
+            } else if let (SIGHUP, Some(app)) = (signal, &app) {
+                reload_keys(app);
             } else {
                 log::warn("signal ignored: payonce keeps serving", &[("signal", &name)]);
             }
         }
     })?;
     Ok(())
+}
+
+/// One reload of every platform's key and certificate files (SIGHUP): one
+/// log line per file that failed, naming it and why (its old key stays in
+/// use), or one line saying all loaded.
+pub fn reload_keys(app: &App) {
+    let failures = app.operations().reload_keys();
+    if failures.is_empty() {
+        log::info("keys reloaded: every key and certificate file loaded", &[("signal", &"SIGHUP")]);
+    }
+    for failure in &failures {
+        log::error(
+            "a key file failed to load; its old key stays in use",
+            &[("signal", &"SIGHUP"), ("file", &failure.file), ("why", &failure.why)],
+        );
+    }
 }
 
 fn signal_name(signal: i32) -> String {

@@ -654,7 +654,18 @@ pub enum FindingDetail {
         pay_no: String,
         received_at: String,
     },
+    /// A certificate payonce holds expires within
+    /// [`KEY_EXPIRING_WITHIN_MS`] (or has expired): its platform, its id
+    /// (WeChat Pay's serial) and when.
+    KeyExpiring {
+        platform: String,
+        id: String,
+        expires_at: String,
+    },
 }
+
+/// How far ahead the inspection reports a certificate's expiry (`key_expiring`): 30 days.
+pub const KEY_EXPIRING_WITHIN_MS: i64 = 30 * 24 * 3_600_000;
 
 // ---- payloads stored as JSON text ----
 
@@ -1059,7 +1070,7 @@ pub fn payment_refund_no(pay_no: &str, attempt: usize) -> String {
 
 /// Every kind of inspection finding (`GET /v1/inspections`), as `/metrics`
 /// labels them from the start.
-pub const FINDING_KINDS: [&str; 8] = [
+pub const FINDING_KINDS: [&str; 9] = [
     "duplicate_coupon",
     "duplicate_points",
     "paid_without_rewards",
@@ -1068,6 +1079,7 @@ pub const FINDING_KINDS: [&str; 8] = [
     "unexpected_refund",
     "received_not_applied",
     "close_unconfirmed",
+    "key_expiring",
 ];
 
 /// Which counts a [`StatsCount`] adds to.

@@ -107,8 +107,9 @@ Usage: payonce serve [options]
 
 Serves the HTTP API. Prints `listening on http://HOST:PORT` first on stdout;
 logs and warnings go to stderr. Exits 0 on SIGINT/SIGTERM/SIGQUIT after
-finishing requests in flight (bounded); SIGHUP, SIGUSR1 and SIGUSR2 are
-logged and ignored.
+finishing requests in flight (bounded); SIGHUP re-reads every key and
+certificate file (a file that fails keeps its old key); SIGUSR1 and SIGUSR2
+are logged and ignored.
 
 Options:
   --config FILE             a TOML file of these settings, keys named as the flags without --
@@ -436,7 +437,8 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
     };
     let addr = server.local_addr();
     let shutdown = Arc::new(AtomicBool::new(false));
-    handle_signals(&shutdown).map_err(|e| format!("cannot handle signals: {e}"))?;
+    let app = Arc::new(app);
+    handle_signals(&shutdown, Some(Arc::clone(&app))).map_err(|e| format!("cannot handle signals: {e}"))?;
     if let Some(metrics_server) = &metrics_server {
         eprintln!("payonce: metrics on http://{}/metrics (no token)", metrics_server.local_addr());
     }
@@ -445,7 +447,6 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
     if args.dev {
         print_tour(addr);
     }
-    let app = Arc::new(app);
     let sweeper = spawn_sweeper(Arc::clone(&app), Duration::from_secs(args.sweep_interval_s), Arc::clone(&shutdown))
         .map_err(|e| format!("cannot start the expiry sweeper: {e}"))?;
     let inspector =

@@ -33,6 +33,8 @@ pub struct Metrics {
     inspection_last: Mutex<BTreeMap<String, u64>>,
     webhook_results: Mutex<BTreeMap<&'static str, u64>>,
     platform_calls: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Key reloads (`SIGHUP`) by result: `ok`, `failed`.
+    keys_reloads: Mutex<BTreeMap<&'static str, u64>>,
     /// The store's flag: false once a database path names another file
     /// than the one open (`None`: nothing watched, e.g. `:memory:`).
     storage_ok: Option<Arc<AtomicBool>>,
@@ -50,7 +52,13 @@ pub struct ScrapeGauges {
     pub webhook_oldest_pending_s: f64,
     /// Platform calls pending in the database (all processes).
     pub platform_calls_pending: i64,
+    /// Every certificate payonce holds: (platform, id, seconds until its
+    /// notAfter, negative once past).
+    pub key_expires_in_s: Vec<(&'static str, String, i64)>,
 }
+
+/// How a key reload ended, as `payonce_keys_reload_total` labels it.
+pub const KEYS_RELOAD_RESULTS: [&str; 2] = ["ok", "failed"];
 
 impl Metrics {
     /// Metrics whose `payonce_storage_ok` follows `storage_ok`.
@@ -97,6 +105,11 @@ impl Metrics {
     /// of [`PLATFORM_CALL_RESULTS`]).
     pub fn observe_platform_call(&self, kind: PlatformCallKind, result: &'static str) {
         *self.platform_calls.lock().entry((kind.as_str(), result)).or_default() += 1;
+    }
+
+    /// A key reload: `ok` when every file loaded, `failed` when one kept its old key.
+    pub fn observe_keys_reload(&self, ok: bool) {
+        *self.keys_reloads.lock().entry(if ok { "ok" } else { "failed" }).or_default() += 1;
     }
 
     /// One inspection run's findings by kind (counted, and kept as the last run).
@@ -219,6 +232,28 @@ impl Metrics {
         );
         let storage_ok = self.storage_ok.as_ref().is_none_or(|f| f.load(Ordering::Acquire));
         let _ = writeln!(out, "payonce_storage_ok {}", u8::from(storage_ok));
+        header(
+            out,
+            "payonce_keys_reload_total",
+            "counter",
+            "Key and certificate reloads (SIGHUP) by result: ok, failed (a file kept its old key).",
+        );
+        {
+            let reloads = self.keys_reloads.lock();
+            for result in KEYS_RELOAD_RESULTS {
+                let n = reloads.get(result).copied().unwrap_or(0);
+                sample(out, "payonce_keys_reload_total", &[("result", result)], n);
+            }
+        }
+        header(
+            out,
+            "payonce_key_expires_in_seconds",
+            "gauge",
+            "Seconds until each certificate payonce holds expires (id: WeChat Pay's serial); negative once expired.",
+        );
+        for (platform, id, seconds) in &gauges.key_expires_in_s {
+            sample(out, "payonce_key_expires_in_seconds", &[("platform", platform), ("id", id)], seconds);
+        }
         single(out, "payonce_group_commit_batches_total", "counter", "SQLite write transactions the group committer ended (committed or failed); each carried one or more operations.", gauges.group_commit.0);
         single(
             out,

@@ -194,6 +194,9 @@ pub fn finding_detail(detail: &FindingDetail) -> Value {
         FindingDetail::ReceivedNotApplied { pay_no, received_at } => {
             json!({"pay_no": pay_no, "received_at": received_at})
         }
+        FindingDetail::KeyExpiring { platform, id, expires_at } => {
+            json!({"platform": platform, "id": id, "expires_at": expires_at})
+        }
     }
 }
 

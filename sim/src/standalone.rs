@@ -595,7 +595,7 @@ pub fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
     let stop = Arc::new(AtomicBool::new(false));
     // From the start, so a Ctrl-C while the keys are made still removes the
     // temporary directory.
-    payonce::background::handle_signals(&stop).map_err(|e| format!("cannot handle signals: {e}"))?;
+    payonce::background::handle_signals(&stop, None).map_err(|e| format!("cannot handle signals: {e}"))?;
     // Before the keys, which take a while: a bad --dir fails at once.
     let dir = Dir::new(opts.dir.as_deref())?;
     let result = serve(&opts, &dir, &stop);

@@ -168,25 +168,84 @@ pub trait Calls: Send + Sync {
     fn prepay(&self, request: &PrepayRequest<'_>, now_ms: i64) -> Exchange<PrepayAnswer>;
 }
 
+/// A key file that failed to load on a reload: its path and why. The key
+/// it held before stays in use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyFileFailure {
+    pub file: String,
+    pub why: String,
+}
+
+/// A certificate payonce holds: its platform, its id (WeChat Pay's serial)
+/// and its notAfter, Unix ms.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldCertificate {
+    pub platform: &'static str,
+    pub id: String,
+    pub not_after_ms: i64,
+}
+
+/// A platform's key and certificate files, as its settings named them:
+/// re-read on `SIGHUP` (docs/channels.md, "Keys and rotation").
+pub trait KeyFiles: Send + Sync {
+    /// The platform's name.
+    fn name(&self) -> &'static str;
+    /// Re-reads every file and swaps the keys at once for every later
+    /// request (one in flight finishes with the keys it started with); a
+    /// file that fails keeps the key it held, and is answered here.
+    fn reload(&self) -> Vec<KeyFileFailure>;
+    /// The certificates held now (bare public keys have no expiry).
+    fn certificates(&self) -> Vec<HeldCertificate>;
+}
+
+/// Keys that a reload replaces: every reader takes the current set once
+/// ([`Held::current`]) and keeps it for the whole request or call, so a
+/// swap never mixes two sets inside one verification or signature.
+pub struct Held<K>(Arc<parking_lot::RwLock<Arc<K>>>);
+
+impl<K> Clone for Held<K> {
+    fn clone(&self) -> Held<K> {
+        Held(Arc::clone(&self.0))
+    }
+}
+
+impl<K> Held<K> {
+    pub fn new(keys: K) -> Held<K> {
+        Held(Arc::new(parking_lot::RwLock::new(Arc::new(keys))))
+    }
+
+    /// The keys in use now.
+    pub fn current(&self) -> Arc<K> {
+        Arc::clone(&self.0.read())
+    }
+
+    /// Makes `keys` the ones every later [`Held::current`] answers.
+    pub fn replace(&self, keys: K) {
+        *self.0.write() = Arc::new(keys);
+    }
+}
+
 /// One platform as its settings turned it on: its notices when its incoming
-/// settings are given, its calls when its outgoing ones are.
+/// settings are given, its calls when its outgoing ones are, and the key
+/// files both read.
 #[derive(Clone, Default)]
 pub struct Platform {
     pub notices: Option<Arc<dyn Notices>>,
     pub calls: Option<Arc<dyn Calls>>,
+    pub keys: Option<Arc<dyn KeyFiles>>,
 }
 
 impl Platform {
     pub fn notices(notices: impl Notices + 'static) -> Platform {
-        Platform { notices: Some(Arc::new(notices)), calls: None }
+        Platform { notices: Some(Arc::new(notices)), calls: None, keys: None }
     }
 
     pub fn calls(calls: impl Calls + 'static) -> Platform {
-        Platform { notices: None, calls: Some(Arc::new(calls)) }
+        Platform { notices: None, calls: Some(Arc::new(calls)), keys: None }
     }
 
     pub fn both(notices: impl Notices + 'static, calls: impl Calls + 'static) -> Platform {
-        Platform { notices: Some(Arc::new(notices)), calls: Some(Arc::new(calls)) }
+        Platform { notices: Some(Arc::new(notices)), calls: Some(Arc::new(calls)), keys: None }
     }
 }
 
@@ -255,6 +314,7 @@ pub fn bills(name: &str) -> Option<(&'static str, &'static dyn BillFormat)> {
 pub struct Registry {
     notices: Vec<Arc<dyn Notices>>,
     calls: Vec<Arc<dyn Calls>>,
+    keys: Vec<Arc<dyn KeyFiles>>,
 }
 
 impl Registry {
@@ -278,6 +338,21 @@ impl Registry {
             self.calls.retain(|c| c.name() != calls.name());
             self.calls.push(calls);
         }
+        if let Some(keys) = platform.keys {
+            self.keys.retain(|k| k.name() != keys.name());
+            self.keys.push(keys);
+        }
+    }
+
+    /// Re-reads every platform's key files (`SIGHUP`): the files that
+    /// failed, each still served by the key it held before.
+    pub fn reload_keys(&self) -> Vec<KeyFileFailure> {
+        self.keys.iter().flat_map(|k| k.reload()).collect()
+    }
+
+    /// Every certificate the platforms hold now.
+    pub fn certificates(&self) -> Vec<HeldCertificate> {
+        self.keys.iter().flat_map(|k| k.certificates()).collect()
     }
 
     /// The platforms of [`LINES`] as `settings` turn them on.

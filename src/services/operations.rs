@@ -6,14 +6,16 @@
 use super::payments::{DecisionRow, Delivery};
 use super::{refuse_transition, validate_reason, Core};
 use crate::app::{PaymentCallback, SETTING_MODE, SOURCE_RECONCILIATION};
+use crate::domain::KEY_EXPIRING_WITHIN_MS;
 use crate::domain::{is_identifier, PaymentOutcome, PlatformStatus, POINT_TYPE_ORDER_PAID};
-use crate::domain::{AuditDetail, Finding, IdempotencySlot, Refused, StoredResponse};
+use crate::domain::{AuditDetail, Finding, FindingDetail, IdempotencySlot, Refused, StoredResponse};
 use crate::error::{Error, ErrorKind};
 use crate::keylock::{KeyGuard, LockKey};
 use crate::ops::{
     Compensated, Compensation, CompensationAction, CompensationEffect, DiffRow, DiffRows, Drained, Mode,
     Reconciliation, Repaired, Repairing, BACKUP_PARTIAL_SUFFIX, COMPARE_BATCH_ROWS, DRAIN_BATCH_MAX, RECEIVED_STALE_MS,
 };
+use crate::platforms::KeyFileFailure;
 use crate::recon::{self, Format, Listed, LocalMoney, RowKind, Statement, StatementRow, Verdict};
 use crate::store::WalRescue;
 use crate::store::{ReadTx, WriteTx};
@@ -220,13 +222,58 @@ impl<'a> Operations<'a> {
 
     // ---- inspection ----
 
-    /// Runs every inspection query now; counts the findings in metrics.
+    /// Runs every inspection query now, and looks at the certificates the
+    /// platforms hold; counts the findings in metrics.
     pub fn inspect(&self) -> Result<Vec<Finding>, Error> {
-        let received_before = crate::clock::format_ms(self.core.clock().now_ms() - RECEIVED_STALE_MS);
-        let findings = self.core.store().read(|tx| tx.inspect(&received_before))?;
+        let now_ms = self.core.clock().now_ms();
+        let received_before = crate::clock::format_ms(now_ms - RECEIVED_STALE_MS);
+        let mut findings = self.core.store().read(|tx| tx.inspect(&received_before))?;
+        findings.extend(self.keys_expiring(now_ms));
         let kinds: Vec<&str> = findings.iter().map(|f| f.kind).collect();
         self.core.metrics().observe_inspection(&kinds);
         Ok(findings)
+    }
+
+    /// `key_expiring`: each certificate the platforms hold that expires
+    /// within [`KEY_EXPIRING_WITHIN_MS`] of `now_ms`, or has expired. Not in
+    /// the database: the platforms hold their keys (`platforms::KeyFiles`).
+    fn keys_expiring(&self, now_ms: i64) -> Vec<Finding> {
+        self.core
+            .config()
+            .platforms
+            .registry
+            .certificates()
+            .into_iter()
+            .filter(|cert| cert.not_after_ms - now_ms < KEY_EXPIRING_WITHIN_MS)
+            .map(|cert| Finding {
+                kind: "key_expiring",
+                order_no: String::new(),
+                detail: FindingDetail::KeyExpiring {
+                    platform: cert.platform.to_owned(),
+                    id: cert.id,
+                    expires_at: crate::clock::format_ms(cert.not_after_ms),
+                },
+            })
+            .collect()
+    }
+
+    // ---- keys ----
+
+    /// `SIGHUP`: every platform re-reads its key and certificate files and
+    /// swaps them at once for later requests; a file that fails keeps its
+    /// old key and is answered (file, why). Counted in
+    /// `payonce_keys_reload_total`.
+    pub fn reload_keys(&self) -> Vec<KeyFileFailure> {
+        let failures = self.core.config().platforms.registry.reload_keys();
+        self.core.metrics().observe_keys_reload(failures.is_empty());
+        failures
+    }
+
+    /// Seconds until each held certificate expires, for `/metrics`.
+    pub fn key_expires_in_s(&self) -> Vec<(&'static str, String, i64)> {
+        let now_ms = self.core.clock().now_ms();
+        let certificates = self.core.config().platforms.registry.certificates();
+        certificates.into_iter().map(|c| (c.platform, c.id, (c.not_after_ms - now_ms).div_euclid(1000))).collect()
     }
 
     // ---- counts over time ----
@@ -246,10 +293,11 @@ impl<'a> Operations<'a> {
         let end_ms = first_ms + bucket_ms * window.buckets() as i64;
         let (from, to) = (crate::clock::format_ms(first_ms), crate::clock::format_ms(end_ms));
         let received_before = crate::clock::format_ms(now_ms - RECEIVED_STALE_MS);
-        let (counts, (pending, oldest), findings) = self
+        let (counts, (pending, oldest), mut findings) = self
             .core
             .store()
             .read(|tx| Ok((tx.stats_counts(&from, &to)?, tx.webhook_pending()?, tx.inspect(&received_before)?)))?;
+        findings.extend(self.keys_expiring(now_ms));
         let zeros = |keys: &[&'static str]| keys.iter().map(|k| (*k, 0)).collect::<Vec<_>>();
         let outcomes: Vec<&'static str> = PaymentOutcome::ALL.iter().map(|o| o.as_str()).collect();
         let statuses: Vec<&'static str> = RefundStatus::ALL.iter().map(|s| s.as_str()).collect();

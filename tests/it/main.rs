@@ -25,6 +25,7 @@ mod hostile;
 mod http_pool;
 mod idempotency;
 mod incident;
+mod key_reload;
 mod ledger;
 mod metrics_access;
 mod nul_bytes;

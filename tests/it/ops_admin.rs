@@ -1359,10 +1359,13 @@ fn a_fresh_payonce_exports_every_known_counter_at_zero() {
         .filter_map(|line| line.trim().strip_prefix("- "))
         .chain(["duplicate_coupon"])
         .collect();
-    assert_eq!(kinds.len(), 8, "the inspection's kinds in docs/openapi.yaml: {kinds:?}");
+    assert_eq!(kinds.len(), 9, "the inspection's kinds in docs/openapi.yaml: {kinds:?}");
     for kind in &kinds {
         zero("payonce_inspection_findings_total", &[("kind", kind)]);
         zero("payonce_inspection_last_findings", &[("kind", kind)]);
+    }
+    for result in ["ok", "failed"] {
+        zero("payonce_keys_reload_total", &[("result", result)]);
     }
     // One event moves one series and leaves the others at 0.
     create_http(&server, "MZ-1", 1000);

@@ -194,7 +194,7 @@ for_each_engine! {
         assert_eq!(hour["now"]["webhook_pending"], 1, "{label}");
         assert_eq!(hour["now"]["webhook_oldest_pending_s"], 599, "{label}: 12:50:00 to 12:59:59.999, whole seconds");
         let findings = hour["now"]["findings"].as_object().expect("findings");
-        assert_eq!(findings.len(), 8, "{label}: every kind: {findings:?}");
+        assert_eq!(findings.len(), payonce::domain::FINDING_KINDS.len(), "{label}: every kind: {findings:?}");
         assert_eq!(findings["refund_required"], 1, "{label}: SP-A2");
         assert_eq!(findings["received_not_applied"], 1, "{label}: SP-E waits past 10 minutes in normal mode");
         assert_eq!(findings.values().filter_map(Value::as_i64).sum::<i64>(), 2, "{label}: {findings:?}");

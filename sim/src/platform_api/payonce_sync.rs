@@ -531,9 +531,11 @@ fn an_expired_platform_certificate_is_refused() {
             vec![(serial.clone(), payonce::platforms::wechatpay::public_key_from_pem(certificate).expect("key"))],
             TIMEOUT,
         );
-        api.certificate_expiries = payonce::platforms::wechatpay::certificate_not_after_ms(certificate)
-            .map(|not_after| vec![(serial.clone(), not_after)])
-            .unwrap_or_default();
+        api.set_certificate_expiries(
+            payonce::platforms::wechatpay::certificate_not_after_ms(certificate)
+                .map(|not_after| vec![(serial.clone(), not_after)])
+                .unwrap_or_default(),
+        );
         api
     };
     let now = Clock::System.now_ms();

@@ -21,6 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use sha2::Sha256;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const GATEWAY_DEFAULT: &str = "https://openapi.alipay.com/gateway.do";
@@ -32,9 +33,10 @@ pub fn can_carry(order_no: &str) -> bool {
 
 pub struct AlipayApi {
     pub app_id: String,
-    key: MerchantKey,
+    /// The app key requests are signed with, Alipay's public key answers
+    /// are verified with; a reload replaces them.
+    keys: super::HeldKeys,
     pub gateway: String,
-    alipay_key: RsaPublicKey,
     agent: ureq::Agent,
 }
 
@@ -46,7 +48,13 @@ impl AlipayApi {
         alipay_key: RsaPublicKey,
         timeout: Duration,
     ) -> AlipayApi {
-        AlipayApi { app_id, key, gateway: gateway.to_owned(), alipay_key, agent: agent(timeout) }
+        let keys = super::Keys { public_key: alipay_key, app_private: Some(Arc::new(key)) };
+        AlipayApi::with_keys(app_id, gateway, super::HeldKeys::new(keys), timeout)
+    }
+
+    /// The calls signed and verified with `keys` (shared with the notices).
+    pub(super) fn with_keys(app_id: String, gateway: &str, keys: super::HeldKeys, timeout: Duration) -> AlipayApi {
+        AlipayApi { app_id, keys, gateway: gateway.to_owned(), agent: agent(timeout) }
     }
 
     /// The signed form of one call with `extra` common parameters
@@ -72,7 +80,9 @@ impl AlipayApi {
         ]);
         form.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
         let content = sign_content(&form);
-        form.insert("sign", self.key.sign_base64(content.as_bytes())?);
+        let keys = self.keys.current();
+        let key = keys.app_private.as_deref().ok_or("no --alipay-app-private-key")?;
+        form.insert("sign", key.sign_base64(content.as_bytes())?);
         Ok(form)
     }
 
@@ -116,7 +126,7 @@ impl AlipayApi {
             .ok()
             .and_then(|bytes| Signature::try_from(bytes.as_slice()).ok())
             .ok_or("the answer's sign is not a base64 RSA signature")?;
-        VerifyingKey::<Sha256>::new(self.alipay_key.clone())
+        VerifyingKey::<Sha256>::new(self.keys.current().public_key.clone())
             .verify(signed.as_bytes(), &signature)
             .map_err(|_| "the answer's sign does not verify".to_owned())?;
         let response: Value = serde_json::from_str(signed).map_err(|_| format!("{name} is not JSON"))?;

@@ -8,7 +8,7 @@ mod notices;
 
 pub use bill::Bill;
 pub use calls::{can_carry, AlipayApi, GATEWAY_DEFAULT};
-pub use keys::public_key_from_text;
+pub use keys::{public_key_from_text, HeldKeys, Keys};
 pub use notices::{Alipay, AlipayConfig, FORM_FIELDS_MAX};
 
 use super::{Parts, Platform, PlatformSettings};
@@ -34,8 +34,9 @@ pub struct Settings {
     pub gateway: String,
 }
 
-/// Alipay as its settings turn it on: its public key read once for both
-/// the notices and the calls.
+/// Alipay as its settings turn it on: its public key and the app key read
+/// once, held for both the notices and the calls, and their files kept
+/// for a reload.
 pub fn configure(settings: &PlatformSettings, parts: Parts, _warnings: &mut Vec<String>) -> Result<Platform, String> {
     let own = &settings.alipay;
     let notices_on = parts == Parts::NoticesAndCalls && (own.public_key.is_some() || own.app_id.is_some());
@@ -57,16 +58,22 @@ pub fn configure(settings: &PlatformSettings, parts: Parts, _warnings: &mut Vec<
     }
     let public_key = keys::public_key(own.public_key.as_deref().unwrap_or_default())?;
     let app_id = own.app_id.clone().unwrap_or_default();
-    let notices =
-        notices_on.then(|| Alipay::new(AlipayConfig { public_key: public_key.clone(), app_id: app_id.clone() }));
-    let calls = match &own.app_private_key {
-        Some(file) if calls_on => {
-            Some(AlipayApi::new(app_id, keys::app_private_key(file)?, &own.gateway, public_key, settings.timeout))
-        }
+    let app_private = match &own.app_private_key {
+        Some(file) if calls_on => Some(Arc::new(keys::app_private_key(file)?)),
         _ => None,
     };
+    let held = HeldKeys::new(Keys { public_key, app_private });
+    let files = keys::Files {
+        public_key: own.public_key.clone().unwrap_or_default(),
+        app_private: own.app_private_key.clone().filter(|_| calls_on),
+        held: held.clone(),
+        reloading: parking_lot::Mutex::new(()),
+    };
+    let notices = notices_on.then(|| Alipay::with_keys(app_id.clone(), held.clone()));
+    let calls = calls_on.then(|| AlipayApi::with_keys(app_id, &own.gateway, held.clone(), settings.timeout));
     Ok(Platform {
         notices: notices.map(|n| Arc::new(n) as Arc<dyn super::Notices>),
         calls: calls.map(|c| Arc::new(c) as Arc<dyn super::Calls>),
+        keys: Some(Arc::new(files)),
     })
 }

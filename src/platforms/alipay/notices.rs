@@ -39,7 +39,9 @@ pub struct AlipayConfig {
 }
 
 pub struct Alipay {
-    config: AlipayConfig,
+    app_id: String,
+    /// Alipay's public key (shared with the calls, replaced by a reload).
+    keys: super::HeldKeys,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -49,8 +51,15 @@ enum Charset {
 }
 
 impl Alipay {
+    /// The notices of `config`, with a key of their own.
     pub fn new(config: AlipayConfig) -> Alipay {
-        Alipay { config }
+        let keys = super::Keys { public_key: config.public_key, app_private: None };
+        Alipay { app_id: config.app_id, keys: super::HeldKeys::new(keys) }
+    }
+
+    /// The notices of `app_id`, verified with the public key of `keys`.
+    pub(super) fn with_keys(app_id: String, keys: super::HeldKeys) -> Alipay {
+        Alipay { app_id, keys }
     }
 
     /// The decoded form, verified.
@@ -94,7 +103,7 @@ impl Alipay {
         // deterministic functions of the decoded form, so either verifying
         // is a signature by Alipay's key; the second is built only when the
         // form has an empty value (otherwise the two are the same string).
-        let key = VerifyingKey::<Sha256>::new(self.config.public_key.clone());
+        let key = VerifyingKey::<Sha256>::new(self.keys.current().public_key.clone());
         let verifies = |keep_empty: bool| {
             let content = sign_check_content(&form, keep_empty);
             let signed_bytes = match charset {
@@ -107,11 +116,11 @@ impl Alipay {
         if !(verifies(true) || (has_empty && verifies(false))) {
             return Err(unauthorized("the RSA2 sign does not verify"));
         }
-        if form.get("app_id") != Some(&self.config.app_id) {
+        if form.get("app_id") != Some(&self.app_id) {
             let named = crate::platforms::printable(form.get("app_id").map(String::as_str).unwrap_or(""));
             crate::log::warn(
                 "an Alipay notification names another app_id",
-                &[("app_id", &named), ("configured", &self.config.app_id)],
+                &[("app_id", &named), ("configured", &self.app_id)],
             );
             return Err(unauthorized(&format!("app_id {named} is not this merchant's")));
         }
@@ -125,7 +134,7 @@ impl Notices for Alipay {
     }
 
     fn describe(&self) -> String {
-        format!("app_id {}, Alipay public key", self.config.app_id)
+        format!("app_id {}, Alipay public key", self.app_id)
     }
 
     fn parse(&self, _now_ms: i64, req: &Request, _refund_route: bool) -> Result<Notice, Error> {

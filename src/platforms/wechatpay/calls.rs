@@ -14,6 +14,7 @@ use crate::platforms::{PrepayRequest, RefundRequest};
 use rsa::RsaPublicKey;
 use serde::Serialize;
 use serde_json::{Map, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const API_BASE_DEFAULT: &str = "https://api.mch.weixin.qq.com";
@@ -27,19 +28,18 @@ pub fn can_carry(order_no: &str) -> bool {
 pub struct WechatpayApi {
     pub mchid: String,
     pub merchant_serial: String,
-    key: MerchantKey,
+    /// The merchant key requests are signed with, the platform keys and
+    /// certificates answers are verified with (an answer signed by an
+    /// expired certificate counts as no answer); a reload replaces them.
+    keys: super::HeldKeys,
     /// `--wechatpay-api-base`, without a trailing `/`.
     pub api_base: String,
-    platform_keys: Vec<(String, RsaPublicKey)>,
     agent: ureq::Agent,
     /// `notify_url` of refund requests (`--public-base-url`), if any.
     pub refund_notify_url: Option<String>,
     /// `--wechatpay-appid`, repeated: the official accounts, mini programs
     /// and apps payments are created under; none, no payment is created.
     pub appids: Vec<String>,
-    /// The platform certificates' ends of validity: an answer signed by an
-    /// expired one counts as no answer.
-    pub certificate_expiries: KeyExpiries,
 }
 
 impl WechatpayApi {
@@ -51,25 +51,55 @@ impl WechatpayApi {
         platform_keys: Vec<(String, RsaPublicKey)>,
         timeout: Duration,
     ) -> WechatpayApi {
+        let keys = super::Keys { platform: platform_keys, expiries: Vec::new(), merchant: Some(Arc::new(key)) };
+        WechatpayApi::with_keys(mchid, merchant_serial, api_base, super::HeldKeys::new(keys), timeout)
+    }
+
+    /// The calls signed and verified with `keys` (shared with the notices,
+    /// replaced by a reload).
+    pub(super) fn with_keys(
+        mchid: String,
+        merchant_serial: String,
+        api_base: &str,
+        keys: super::HeldKeys,
+        timeout: Duration,
+    ) -> WechatpayApi {
         WechatpayApi {
             mchid,
             merchant_serial,
-            key,
+            keys,
             api_base: api_base.trim_end_matches('/').to_owned(),
-            platform_keys,
             agent: agent(timeout),
             refund_notify_url: None,
             appids: Vec::new(),
-            certificate_expiries: Vec::new(),
         }
     }
 
+    /// The platform certificates' ends of validity: an answer signed by an
+    /// expired one counts as no answer.
+    pub fn set_certificate_expiries(&mut self, expiries: KeyExpiries) {
+        let keys = self.keys.current();
+        self.keys.replace(super::Keys { platform: keys.platform.clone(), expiries, merchant: keys.merchant.clone() });
+    }
+
+    /// The merchant key of `keys`.
+    fn merchant(keys: &super::Keys) -> Result<&MerchantKey, String> {
+        keys.merchant.as_deref().ok_or_else(|| "no --wechatpay-merchant-key".to_owned())
+    }
+
     /// The `Authorization` header of one request.
-    fn authorization(&self, method: &str, path_and_query: &str, body: &str, now_ms: i64) -> Result<String, String> {
+    fn authorization(
+        &self,
+        keys: &super::Keys,
+        method: &str,
+        path_and_query: &str,
+        body: &str,
+        now_ms: i64,
+    ) -> Result<String, String> {
         let timestamp = now_ms.div_euclid(1000);
         let nonce = nonce();
         let message = format!("{method}\n{path_and_query}\n{timestamp}\n{nonce}\n{body}\n");
-        let signature = self.key.sign_base64(message.as_bytes())?;
+        let signature = WechatpayApi::merchant(keys)?.sign_base64(message.as_bytes())?;
         Ok(format!(
             "WECHATPAY2-SHA256-RSA2048 mchid=\"{}\",nonce_str=\"{nonce}\",signature=\"{signature}\",timestamp=\"{timestamp}\",serial_no=\"{}\"",
             self.mchid, self.merchant_serial
@@ -87,8 +117,11 @@ impl WechatpayApi {
         body: Option<&str>,
         now_ms: i64,
     ) -> Result<(u16, String), (Option<u16>, String, String)> {
-        let authorization =
-            self.authorization(method, path, body.unwrap_or(""), now_ms).map_err(|e| (None, String::new(), e))?;
+        // Signed and its answer verified with the keys in use when it started.
+        let keys = self.keys.current();
+        let authorization = self
+            .authorization(&keys, method, path, body.unwrap_or(""), now_ms)
+            .map_err(|e| (None, String::new(), e))?;
         let url = format!("{}{path}", self.api_base);
         let sent = match body {
             Some(body) => self
@@ -106,7 +139,7 @@ impl WechatpayApi {
         let status = answer.status().as_u16();
         let text = body_text(&mut answer).map_err(|e| (Some(status), String::new(), e))?;
         let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        match verify_signed(&self.platform_keys, &self.certificate_expiries, now_ms, &header, text.as_bytes()) {
+        match verify_signed(&keys.platform, &keys.expiries, now_ms, &header, text.as_bytes()) {
             Ok(()) => Ok((status, text)),
             Err(e) => Err((Some(status), text, format!("the answer does not verify: {}", e.message))),
         }
@@ -184,7 +217,8 @@ impl WechatpayApi {
     fn jsapi_params(&self, appid: &str, prepay_id: &str, now_ms: i64) -> Result<Map<String, Value>, String> {
         let (timestamp, nonce) = (now_ms.div_euclid(1000).to_string(), nonce());
         let package = format!("prepay_id={prepay_id}");
-        let pay_sign = self.key.sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{package}\n").as_bytes())?;
+        let pay_sign = WechatpayApi::merchant(&self.keys.current())?
+            .sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{package}\n").as_bytes())?;
         Ok(text_map(&[
             ("appId", appid),
             ("timeStamp", &timestamp),
@@ -199,7 +233,8 @@ impl WechatpayApi {
     /// `"{appid}\n{timestamp}\n{noncestr}\n{prepayid}\n"`.
     fn app_params(&self, appid: &str, prepay_id: &str, now_ms: i64) -> Result<Map<String, Value>, String> {
         let (timestamp, nonce) = (now_ms.div_euclid(1000).to_string(), nonce());
-        let sign = self.key.sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{prepay_id}\n").as_bytes())?;
+        let sign = WechatpayApi::merchant(&self.keys.current())?
+            .sign_base64(format!("{appid}\n{timestamp}\n{nonce}\n{prepay_id}\n").as_bytes())?;
         Ok(text_map(&[
             ("appid", appid),
             ("partnerid", &self.mchid),
@@ -578,7 +613,13 @@ mod tests {
             Duration::from_secs(1),
         );
         let header = api
-            .authorization("GET", "/v3/pay/transactions/out-trade-no/ORD-1?mchid=1900000001", "", 1_700_000_000_000)
+            .authorization(
+                &api.keys.current(),
+                "GET",
+                "/v3/pay/transactions/out-trade-no/ORD-1?mchid=1900000001",
+                "",
+                1_700_000_000_000,
+            )
             .expect("signed");
         let field = |name: &str| {
             header

@@ -9,7 +9,7 @@ mod notices;
 pub use crate::platforms::public_key_from_pem;
 pub use bill::Bill;
 pub use calls::{can_carry, WechatpayApi, API_BASE_DEFAULT};
-pub use keys::{certificate_not_after_ms, KeyExpiries, PlatformKeys};
+pub use keys::{certificate_not_after_ms, HeldKeys, KeyExpiries, Keys, PlatformKeys};
 pub use notices::{verify_signed, Wechatpay, WechatpayConfig, APIV3_KEY_BYTES, TIMESTAMP_TOLERANCE_S};
 
 use super::{Parts, Platform, PlatformSettings};
@@ -43,26 +43,34 @@ impl Settings {
     }
 }
 
-/// WeChat Pay as its settings turn it on: the platform keys read once for
-/// both the notices and the calls.
+/// WeChat Pay as its settings turn it on: the platform keys and the
+/// merchant key read once, held for both the notices and the calls, and
+/// their files kept for a reload.
 pub fn configure(settings: &PlatformSettings, parts: Parts, warnings: &mut Vec<String>) -> Result<Platform, String> {
     let own = &settings.wechatpay;
-    let keys = keys::platform_keys(&own.public_keys, warnings)?;
+    let (platform, expiries) = keys::platform_keys(&own.public_keys, warnings)?;
     let notices = match parts {
-        Parts::NoticesAndCalls => notices_config(own, &keys)?.map(Wechatpay::new),
+        Parts::NoticesAndCalls => notices_config(own, &platform)?,
         Parts::CallsOnly => None,
     };
-    let calls = if own.outgoing() { Some(api(settings, &keys)?) } else { None };
+    let merchant = if own.outgoing() { Some(Arc::new(merchant_key(own)?)) } else { None };
+    let outgoing = merchant.is_some();
+    if notices.is_none() && !outgoing {
+        return Ok(Platform::default());
+    }
+    let held = HeldKeys::new(Keys { platform, expiries, merchant });
+    let files = keys::Files::new(&own.public_keys, own.merchant_key.clone().filter(|_| outgoing), held.clone())?;
     Ok(Platform {
-        notices: notices.map(|n| Arc::new(n) as Arc<dyn super::Notices>),
-        calls: calls.map(|c| Arc::new(c) as Arc<dyn super::Calls>),
+        notices: notices.map(|n| Arc::new(Wechatpay::with_keys(n, held.clone())) as Arc<dyn super::Notices>),
+        calls: outgoing.then(|| Arc::new(api(settings, held.clone())) as Arc<dyn super::Calls>),
+        keys: Some(Arc::new(files)),
     })
 }
 
 /// The notification channel: the APIv3 key and at least one platform
 /// key. With outgoing calls on, platform keys without an APIv3 key are
 /// valid: they verify the API's answers only.
-fn notices_config(own: &Settings, keys: &(PlatformKeys, KeyExpiries)) -> Result<Option<WechatpayConfig>, String> {
+fn notices_config(own: &Settings, platform: &PlatformKeys) -> Result<Option<WechatpayConfig>, String> {
     if own.apiv3_key.is_none() && (own.public_keys.is_empty() || own.outgoing()) {
         return Ok(None);
     }
@@ -70,14 +78,12 @@ fn notices_config(own: &Settings, keys: &(PlatformKeys, KeyExpiries)) -> Result<
         .apiv3_key
         .as_deref()
         .ok_or("--wechatpay-public-key needs --wechatpay-apiv3-key (or PAYONCE_WECHATPAY_APIV3_KEY)")?;
-    let mut config = WechatpayConfig::new(key, keys.0.clone())?;
-    config.expiries = keys.1.clone();
-    Ok(Some(config))
+    // The keys themselves are held apart (`HeldKeys`), shared with the calls.
+    WechatpayConfig::new(key, platform.clone()).map(Some)
 }
 
-/// The outgoing calls: all their settings are then required.
-fn api(settings: &PlatformSettings, keys: &(PlatformKeys, KeyExpiries)) -> Result<WechatpayApi, String> {
-    let own = &settings.wechatpay;
+/// The outgoing calls' merchant key: all their settings are then required.
+fn merchant_key(own: &Settings) -> Result<crate::platforms::MerchantKey, String> {
     super::require(
         "WeChat Pay's outgoing calls",
         &[
@@ -87,20 +93,23 @@ fn api(settings: &PlatformSettings, keys: &(PlatformKeys, KeyExpiries)) -> Resul
             ("--wechatpay-public-key (to verify the answers)", own.public_keys.is_empty()),
         ],
     )?;
-    let key = keys::merchant_key(own.merchant_key.as_deref().unwrap_or_default())?;
-    let mut api = WechatpayApi::new(
+    keys::merchant_key(own.merchant_key.as_deref().unwrap_or_default())
+}
+
+/// The outgoing calls, signing and verifying with `held`.
+fn api(settings: &PlatformSettings, held: HeldKeys) -> WechatpayApi {
+    let own = &settings.wechatpay;
+    let mut api = WechatpayApi::with_keys(
         own.mchid.clone().unwrap_or_default(),
         own.merchant_serial.clone().unwrap_or_default(),
-        key,
         &own.api_base,
-        keys.0.clone(),
+        held,
         settings.timeout,
     );
-    api.certificate_expiries = keys.1.clone();
     api.appids = own.appids.clone();
     api.refund_notify_url = settings
         .public_base_url
         .as_ref()
         .map(|base| format!("{}/v1/callbacks/{NAME}/refund", base.trim_end_matches('/')));
-    Ok(api)
+    api
 }

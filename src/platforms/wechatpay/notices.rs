@@ -116,17 +116,28 @@ pub fn verify_signed(
 }
 
 pub struct Wechatpay {
-    config: WechatpayConfig,
+    apiv3_key: Vec<u8>,
+    keys: super::HeldKeys,
 }
 
 impl Wechatpay {
+    /// The notices of `config`, with keys of their own.
     pub fn new(config: WechatpayConfig) -> Wechatpay {
-        Wechatpay { config }
+        let keys = super::Keys { platform: config.platform_keys, expiries: config.expiries, merchant: None };
+        Wechatpay { apiv3_key: config.apiv3_key, keys: super::HeldKeys::new(keys) }
     }
 
+    /// The notices of `config`'s APIv3 key, verified with `keys` (shared
+    /// with the calls, replaced by a reload).
+    pub(super) fn with_keys(config: WechatpayConfig, keys: super::HeldKeys) -> Wechatpay {
+        Wechatpay { apiv3_key: config.apiv3_key, keys }
+    }
+
+    /// Verified with the keys in use when it arrived.
     fn verify(&self, now_ms: i64, req: &Request) -> Result<(), Error> {
         let header = |name: &str| req.header(name).map(str::to_owned);
-        verify_signed(&self.config.platform_keys, &self.config.expiries, now_ms, &header, &req.body)
+        let keys = self.keys.current();
+        verify_signed(&keys.platform, &keys.expiries, now_ms, &header, &req.body)
     }
 
     /// The decrypted `resource` of an authentic notification.
@@ -145,8 +156,8 @@ impl Wechatpay {
         let ciphertext = base64::engine::general_purpose::STANDARD
             .decode(text("ciphertext")?)
             .map_err(|_| Error::invalid("resource.ciphertext is not base64"))?;
-        let cipher = Aes256Gcm::new_from_slice(&self.config.apiv3_key)
-            .map_err(|_| Error::internal("the APIv3 key is not 32 bytes"))?;
+        let cipher =
+            Aes256Gcm::new_from_slice(&self.apiv3_key).map_err(|_| Error::internal("the APIv3 key is not 32 bytes"))?;
         let plain = cipher
             .decrypt(Nonce::from_slice(nonce), Payload { msg: &ciphertext, aad })
             .map_err(|_| Error::invalid("resource does not decrypt with the configured APIv3 key"))?;
@@ -161,12 +172,12 @@ impl Notices for Wechatpay {
 
     /// `platform keys SERIAL (expires …), PUB_KEY_ID_… (no expiry)`.
     fn describe(&self) -> String {
-        let keys: Vec<String> = self
-            .config
-            .platform_keys
+        let held = self.keys.current();
+        let keys: Vec<String> = held
+            .platform
             .iter()
             .map(|(serial, _)| {
-                let expiry = self.config.expiries.iter().find(|(s, _)| s.eq_ignore_ascii_case(serial));
+                let expiry = held.expiries.iter().find(|(s, _)| s.eq_ignore_ascii_case(serial));
                 match expiry {
                     Some((_, not_after)) => format!("{serial} (expires {})", crate::clock::format_ms(*not_after)),
                     None => format!("{serial} (no expiry)"),
