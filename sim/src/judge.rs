@@ -643,7 +643,7 @@ pub mod tests {
             assert_eq!(judge(&expect, &rewards, &seen), Vec::<String>::new());
         }
 
-        // Reversals rounded to the nearest (3, 2, 5) are not the contract's.
+        // Reversals rounded to the nearest (3, 2, 5) are not payonce's rule (docs/platforms.md).
         let mut rounded = seen.clone();
         rounded.points.truncate(1);
         rounded.points.extend([-3, -2, -5].map(|p| ("ORDER_PAID_REVERSAL".to_owned(), p)));

@@ -8,7 +8,7 @@
 //! [`crate::standalone`]).
 //!
 //! Like the notifications of [`crate::platform`], this is the independent
-//! oracle of payonce's platform client: written from the contract and the
+//! oracle of payonce's platform client: written from payonce's docs (docs/platforms.md) and the
 //! platforms' documentation, sharing no code with the service. It checks
 //! every request's signature as the platform would (a request it would
 //! refuse is refused here, loudly), signs every answer with the platform's
