@@ -143,10 +143,17 @@ impl SqliteEngine {
         // No test on check-out: a SQLite connection does not go stale the way
         // a socket does (a lost file is `check_storage`'s business), and
         // r2d2_sqlite's test prepared and ran `SELECT 1` on every read.
+        // A file database's pool opens all its connections now, while the
+        // files are the ones just recorded: one opened later, after an
+        // operator deleted `-wal`, would create a new `-wal` under the old
+        // name, read the database without the deleted file's frames and
+        // stop the rescue checkpoint (another file took the name). Nothing
+        // ever closes them (below), so the pool never opens another.
+        let min_idle = if is_memory { 1 } else { options.pool_size };
         let pool = r2d2::Pool::builder()
             .test_on_check_out(false)
             .max_size(options.pool_size)
-            .min_idle(Some(1))
+            .min_idle(Some(min_idle))
             .idle_timeout(None)
             .max_lifetime(None)
             .connection_timeout(Duration::from_millis(POOL_WAIT_MS))
