@@ -25,40 +25,59 @@ pub const NARROW_WIDTH: usize = 100;
 /// skipped), cut with `…` where the line would pass the width. The
 /// violations under it as in [`render_table`]; `--verbose` prints that one.
 pub fn render_narrow_table(rows: &[Row]) -> String {
+    let header = ["scenario", "deliveries", "verdict", "effects observed (--verbose: all)"];
+    render(rows, &header, Some(NARROW_WIDTH), |r| {
+        let count = r.deliveries.split(':').next().unwrap_or_default().trim().to_owned();
+        let summary = if r.skipped { r.expected.clone() } else { r.observed.clone() };
+        vec![r.scenario.clone(), count, verdict_of(r).to_owned(), summary]
+    })
+}
+
+/// The whole table (`--verbose`), and the violations under it.
+pub fn render_table(rows: &[Row]) -> String {
+    let header = ["scenario", "deliveries", "effects expected", "effects observed", "verdict"];
+    render(rows, &header, None, |r| {
+        vec![r.scenario.clone(), r.deliveries.clone(), r.expected.clone(), r.observed.clone(), verdict_of(r).to_owned()]
+    })
+}
+
+/// A table of `header` and one row of `cells_of` per row (a channel column
+/// second when the rows are of more than one channel), each column as wide
+/// as its widest cell; with `fit`, the last column is cut so that a line is
+/// at most `fit` characters. Then the violations under it.
+fn render(rows: &[Row], header: &[&str], fit: Option<usize>, cells_of: impl Fn(&Row) -> Vec<String>) -> String {
     let with_channel = rows.iter().any(|r| r.channel != rows[0].channel);
-    let mut header = vec!["scenario", "deliveries", "verdict", "effects observed (--verbose: all)"];
+    let mut header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
     if with_channel {
-        header.insert(1, "channel");
+        header.insert(1, "channel".to_owned());
     }
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let count = r.deliveries.split(':').next().unwrap_or_default().trim().to_owned();
-            let summary = if r.skipped { r.expected.clone() } else { r.observed.clone() };
-            let mut row = vec![r.scenario.clone(), count, verdict_of(r).to_owned(), summary];
+            let mut row = cells_of(r);
             if with_channel {
                 row.insert(1, r.channel.clone());
             }
             row
         })
         .collect();
-    let last = header.len() - 1;
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row).take(last) {
+        for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let room = NARROW_WIDTH.saturating_sub(widths[..last].iter().map(|w| w + 2).sum::<usize>()).max(8);
+    if let Some(fit) = fit {
+        let last = widths.len() - 1;
+        let room = fit.saturating_sub(widths[..last].iter().map(|w| w + 2).sum::<usize>()).max(8);
+        widths[last] = widths[last].min(room);
+    }
     let line = |row: &[String]| -> String {
-        let mut padded: Vec<String> = row[..last].iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        padded.push(cut(&row[last], room));
+        let padded: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{:<w$}", cut(c, *w))).collect();
         padded.join("  ").trim_end().to_owned() + "\n"
     };
-    let mut out = line(&header.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>());
-    let mut rule: Vec<String> = widths[..last].iter().map(|w| "-".repeat(*w)).collect();
-    rule.push("-".repeat(room.min(cells.iter().map(|r| r[last].chars().count()).max().unwrap_or(0).max(8))));
-    out.push_str(&(rule.join("  ") + "\n"));
+    let mut out = line(&header);
+    out.push_str(&line(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>()));
     for row in &cells {
         out.push_str(&line(row));
     }
@@ -121,48 +140,6 @@ fn violations_under(rows: &[Row], with_channel: bool) -> String {
             out.push_str(&format!("  ... and {} more\n", r.violations.len() - DETAILS_MAX));
         }
     }
-    out
-}
-
-/// The whole table (`--verbose`), and the violations under it.
-pub fn render_table(rows: &[Row]) -> String {
-    let with_channel = rows.iter().any(|r| r.channel != rows[0].channel);
-    let mut header = vec!["scenario", "deliveries", "effects expected", "effects observed", "verdict"];
-    if with_channel {
-        header.insert(1, "channel");
-    }
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            let mut row = vec![
-                r.scenario.clone(),
-                r.deliveries.clone(),
-                r.expected.clone(),
-                r.observed.clone(),
-                verdict_of(r).to_owned(),
-            ];
-            if with_channel {
-                row.insert(1, r.channel.clone());
-            }
-            row
-        })
-        .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |row: &[String]| -> String {
-        let padded: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
-        padded.join("  ").trim_end().to_owned() + "\n"
-    };
-    let mut out = line(&header.iter().map(|h| (*h).to_owned()).collect::<Vec<_>>());
-    out.push_str(&line(&widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>()));
-    for row in &cells {
-        out.push_str(&line(row));
-    }
-    out.push_str(&violations_under(rows, with_channel));
     out
 }
 
