@@ -387,7 +387,8 @@ fn refuse_nul_bytes(route: &Route, req: &Request) -> Result<(), Error> {
 /// configured token; `anonymous` without tokens.
 fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
     use subtle::ConstantTimeEq;
-    if app.config().api_tokens.is_empty() {
+    let tokens = app.config().api_tokens.current();
+    if tokens.is_empty() {
         return Ok(CALLER_ANONYMOUS.to_owned());
     }
     let presented = req
@@ -399,7 +400,7 @@ fn authenticate(app: &App, req: &Request) -> Result<String, Error> {
     // Compare digests, so the comparison is constant-time whatever the lengths.
     let presented_digest = sha256_hex(presented.as_bytes());
     let mut caller = None;
-    for token in &app.config().api_tokens {
+    for token in tokens.iter() {
         let matches = sha256_hex(token.token.as_bytes()).as_bytes().ct_eq(presented_digest.as_bytes());
         if bool::from(matches) && !presented.is_empty() {
             caller = Some(token.caller.clone());

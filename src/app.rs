@@ -38,7 +38,8 @@ pub struct Config {
     /// How long Idempotency-Key results are kept (`--idempotency-ttl-s`).
     pub idempotency_ttl_s: i64,
     /// Bearer tokens for `/v1` except callbacks; empty = no authentication.
-    pub api_tokens: Vec<ApiToken>,
+    /// A reload of `--api-token-file` replaces them (never with none).
+    pub api_tokens: crate::held::Held<Vec<ApiToken>>,
     /// The webhook relay's endpoints, secrets, timeout and schedule.
     pub webhooks: crate::webhook::WebhookConfig,
     /// The platforms that are on (their notices, and the calls payonce may
@@ -46,6 +47,8 @@ pub struct Config {
     pub platforms: crate::platforms::Platforms,
     /// What payonce does with a payment it did not want (`--refund-unwanted`).
     pub refund_unwanted: crate::domain::RefundUnwanted,
+    /// The secrets given as files, which `SIGHUP` reads again.
+    pub secret_files: Vec<crate::held::SecretFile>,
 }
 
 impl Default for Config {
@@ -54,10 +57,11 @@ impl Default for Config {
             rewards: Rewards::default(),
             order_ttl_s: ORDER_TTL_S_DEFAULT,
             idempotency_ttl_s: IDEMPOTENCY_TTL_S_DEFAULT,
-            api_tokens: Vec::new(),
+            api_tokens: crate::held::Held::default(),
             webhooks: crate::webhook::WebhookConfig::default(),
             platforms: crate::platforms::Platforms::default(),
             refund_unwanted: crate::domain::RefundUnwanted::Manual,
+            secret_files: Vec::new(),
         }
     }
 }

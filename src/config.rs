@@ -10,12 +10,14 @@
 use crate::app::{ApiToken, Config, IDEMPOTENCY_TTL_S_DEFAULT, ORDER_TTL_S_DEFAULT};
 use crate::background::{INSPECT_INTERVAL_S_DEFAULT, SWEEP_INTERVAL_S_DEFAULT};
 use crate::domain::{is_identifier, Rewards};
+use crate::held::{Held, ReloadSecret, SecretFile};
 use crate::http::{Limits, WORKERS_DEFAULT};
 use crate::platform_ops::Platforms;
 use crate::platforms::{alipay, wechatpay, Parts, PlatformSettings, Registry};
 use crate::store::StoreOptions;
 use crate::webhook::{parse_endpoint, parse_retry_schedule, parse_secrets, parse_waits, WebhookConfig};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 mod file;
@@ -76,6 +78,8 @@ pub struct Settings {
     secret_values: Vec<&'static str>,
     /// The `*-file` settings given: (the secret's setting name, the path).
     secret_files: Vec<(&'static str, String)>,
+    /// The same, once read: what `SIGHUP` reads again.
+    secret_files_read: Vec<(&'static Secret, String)>,
 }
 
 /// One setting: its flag without `--` (also its key in the `--config`
@@ -285,8 +289,11 @@ fn secret_file(s: &mut Settings, name: &'static str, path: &str) -> Result<(), S
 }
 
 /// A secret payonce takes from a value, its environment variable or a file.
+#[derive(Debug)]
 struct Secret {
     name: &'static str,
+    /// The setting that gives it as a file.
+    file_setting: &'static str,
     /// Several entries (comma-separated in the value; one per line or
     /// comma-separated in the file), or one.
     list: bool,
@@ -294,10 +301,25 @@ struct Secret {
 }
 
 const SECRETS: &[Secret] = &[
-    Secret { name: "callback-secret", list: true, field: |s| &mut s.callback_secret },
-    Secret { name: "api-token", list: true, field: |s| &mut s.api_tokens },
-    Secret { name: "wechatpay-apiv3-key", list: false, field: |s| &mut s.wechatpay_apiv3_key },
-    Secret { name: "webhook-secret", list: true, field: |s| &mut s.webhook_secret },
+    Secret {
+        name: "callback-secret",
+        file_setting: "callback-secret-file",
+        list: true,
+        field: |s| &mut s.callback_secret,
+    },
+    Secret { name: "api-token", file_setting: "api-token-file", list: true, field: |s| &mut s.api_tokens },
+    Secret {
+        name: "wechatpay-apiv3-key",
+        file_setting: "wechatpay-apiv3-key-file",
+        list: false,
+        field: |s| &mut s.wechatpay_apiv3_key,
+    },
+    Secret {
+        name: "webhook-secret",
+        file_setting: "webhook-secret-file",
+        list: true,
+        field: |s| &mut s.webhook_secret,
+    },
 ];
 
 /// The secrets given as values, by setting name: the `--config` file that
@@ -462,6 +484,7 @@ impl Settings {
             log_format: crate::log::LogFormat::Logfmt,
             secret_values: Vec::new(),
             secret_files: Vec::new(),
+            secret_files_read: Vec::new(),
         })
     }
 
@@ -511,8 +534,50 @@ impl Settings {
             }
             let text = read_secret_file(secret, &path, warnings)?;
             *(secret.field)(self) = Some(text);
+            self.secret_files_read.push((secret, path));
         }
         Ok(())
+    }
+
+    /// How `SIGHUP` reads each secret file again: as at start (the same
+    /// checks of the file, the same parsing), replacing what `held` gives
+    /// its readers; a file that fails changes nothing. The APIv3 key is
+    /// read with the WeChat Pay keys' reload.
+    fn secret_file_reloads(&self, held: &HeldSecrets) -> Vec<SecretFile> {
+        let mut reloads = Vec::new();
+        for (secret, path) in &self.secret_files_read {
+            let (secret, file) = (*secret, path.clone());
+            let reload: ReloadSecret = match secret.name {
+                "callback-secret" => {
+                    let held = held.callback.clone();
+                    Arc::new(move |warnings| {
+                        let secrets = split_callback_secrets(&read_secret_file(secret, &file, warnings)?);
+                        if secrets.is_empty() {
+                            return Err(format!("--callback-secret-file {file:?}: no secret in it"));
+                        }
+                        held.replace(secrets);
+                        Ok(())
+                    })
+                }
+                "api-token" => {
+                    let held = held.api_tokens.clone();
+                    Arc::new(move |warnings| {
+                        held.replace(api_tokens(Some(&read_secret_file(secret, &file, warnings)?))?);
+                        Ok(())
+                    })
+                }
+                "webhook-secret" => {
+                    let held = held.webhook.clone();
+                    Arc::new(move |warnings| {
+                        held.replace(parse_secrets(&read_secret_file(secret, &file, warnings)?)?);
+                        Ok(())
+                    })
+                }
+                _ => continue,
+            };
+            reloads.push(SecretFile { setting: secret.file_setting, path: path.clone(), reload });
+        }
+        reloads
     }
 
     /// The checked configuration: every key file read once (by the
@@ -520,30 +585,39 @@ impl Settings {
     /// what `serve` should warn about.
     pub fn check(&self) -> Result<Checked, String> {
         let mut warnings = Vec::new();
-        let callback_secrets = self.callback_secrets(&mut warnings)?;
-        let api_tokens = api_tokens(self.api_tokens.as_deref())?;
-        let registry =
-            Registry::configured(&self.platform_settings(callback_secrets), Parts::NoticesAndCalls, &mut warnings)?;
+        let webhooks = self.webhook_config()?;
+        let held = HeldSecrets {
+            callback: Held::new(self.callback_secrets(&mut warnings)?),
+            api_tokens: Held::new(api_tokens(self.api_tokens.as_deref())?),
+            webhook: webhooks.secrets.clone(),
+        };
+        let registry = Registry::configured(
+            &self.platform_settings(held.callback.clone()),
+            Parts::NoticesAndCalls,
+            &mut warnings,
+        )?;
         let config = Config {
             rewards: Rewards { coupon_templates: self.coupons.clone(), points_per_yuan: self.points_per_yuan },
             order_ttl_s: self.order_ttl_s,
             idempotency_ttl_s: self.idempotency_ttl_s,
-            api_tokens,
-            webhooks: self.webhook_config()?,
+            api_tokens: held.api_tokens.clone(),
+            webhooks,
             platforms: self.platforms_with(registry),
             refund_unwanted: self.refund_unwanted,
+            secret_files: self.secret_file_reloads(&held),
         };
         Ok(Checked { config, warnings })
     }
 
     /// The platforms' outgoing calls alone (`payonce sync`).
     pub fn platforms(&self) -> Result<Platforms, String> {
-        let registry = Registry::configured(&self.platform_settings(Vec::new()), Parts::CallsOnly, &mut Vec::new())?;
+        let registry =
+            Registry::configured(&self.platform_settings(Held::default()), Parts::CallsOnly, &mut Vec::new())?;
         Ok(self.platforms_with(registry))
     }
 
     /// What the platforms' folders read their settings from.
-    fn platform_settings(&self, callback_secrets: Vec<Vec<u8>>) -> PlatformSettings {
+    fn platform_settings(&self, callback_secrets: Held<Vec<Vec<u8>>>) -> PlatformSettings {
         PlatformSettings {
             callback_secrets,
             wechatpay: wechatpay::Settings {
@@ -572,7 +646,7 @@ impl Settings {
         let mut config = self.webhooks.clone();
         match (&self.webhook_secret, config.endpoints.is_empty()) {
             (None, true) => {}
-            (Some(secrets), _) => config.secrets = parse_secrets(secrets)?,
+            (Some(secrets), _) => config.secrets = Held::new(parse_secrets(secrets)?),
             (None, false) => return Err(parse_secrets("").unwrap_err()),
         }
         Ok(config)
@@ -593,9 +667,7 @@ impl Settings {
     }
 
     fn callback_secrets(&self, warnings: &mut Vec<String>) -> Result<Vec<Vec<u8>>, String> {
-        let configured = self.callback_secret.as_deref().map(|s| {
-            s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>()
-        });
+        let configured = self.callback_secret.as_deref().map(split_callback_secrets);
         match configured {
             Some(secrets) if !secrets.is_empty() => Ok(secrets),
             _ if self.dev => {
@@ -611,6 +683,18 @@ impl Settings {
             }
         }
     }
+}
+
+/// The secrets a reload may replace, as their readers hold them.
+struct HeldSecrets {
+    callback: Held<Vec<Vec<u8>>>,
+    api_tokens: Held<Vec<ApiToken>>,
+    webhook: Held<Vec<Vec<u8>>>,
+}
+
+/// `--callback-secret`'s comma-separated secrets.
+fn split_callback_secrets(text: &str) -> Vec<Vec<u8>> {
+    text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(|s| s.as_bytes().to_vec()).collect()
 }
 
 /// What [`Settings::check`] built: the library's configuration, and the

@@ -30,6 +30,7 @@ pub mod console;
 pub mod domain;
 pub mod error;
 pub mod filewatch;
+pub mod held;
 pub mod http;
 pub mod keylock;
 pub mod log;
@@ -94,6 +95,7 @@ mod layering {
             "log",
             "error",
             "filewatch",
+            "held",
             "test_hooks",
         ],
     ];

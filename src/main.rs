@@ -397,7 +397,7 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
         .map_err(|e| format!("--listen {:?}: expected ADDR:PORT ({e})", args.listen))?
         .collect();
     let listen = &args.listen;
-    if config.api_tokens.is_empty() {
+    if config.api_tokens.current().is_empty() {
         if listen_addrs.is_empty() || !listen_addrs.iter().all(|a| a.ip().is_loopback()) {
             return Err(format!(
                 "refusing to serve /v1 without authentication on non-loopback address {listen}: set --api-token or PAYONCE_API_TOKEN"

@@ -70,7 +70,7 @@ impl Relay {
         let delivery = &claimed.delivery.row;
         let body = render::event(&claimed.event).to_string();
         let timestamp_s = self.app.clock().now_ms().div_euclid(1000);
-        let signature = signature_header(&settings.secrets, &delivery.event_id, timestamp_s, body.as_bytes());
+        let signature = signature_header(&settings.secrets.current(), &delivery.event_id, timestamp_s, body.as_bytes());
         let sent = self
             .agent
             .post(&delivery.endpoint)

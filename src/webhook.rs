@@ -31,8 +31,9 @@ pub const ERROR_TEXT_MAX: usize = 200;
 pub struct WebhookConfig {
     /// Each `--webhook-url`, as given: the endpoint's name in the database.
     pub endpoints: Vec<String>,
-    /// The decoded keys of `PAYONCE_WEBHOOK_SECRET`; each signs every attempt.
-    pub secrets: Vec<Vec<u8>>,
+    /// The decoded keys of `PAYONCE_WEBHOOK_SECRET`; each signs every
+    /// attempt. A reload of `--webhook-secret-file` replaces them.
+    pub secrets: crate::held::Held<Vec<Vec<u8>>>,
     pub timeout_ms: u64,
     /// The waits before the 1st, 2nd, ... retry; after the last, a dead letter.
     pub retry_schedule_ms: Vec<u64>,
@@ -44,7 +45,7 @@ impl Default for WebhookConfig {
     fn default() -> WebhookConfig {
         WebhookConfig {
             endpoints: Vec::new(),
-            secrets: Vec::new(),
+            secrets: crate::held::Held::default(),
             timeout_ms: WEBHOOK_TIMEOUT_MS_DEFAULT,
             retry_schedule_ms: parse_retry_schedule(WEBHOOK_RETRY_S_DEFAULT).unwrap_or_default(),
             concurrency: WEBHOOK_CONCURRENCY_DEFAULT,

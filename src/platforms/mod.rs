@@ -198,32 +198,8 @@ pub trait KeyFiles: Send + Sync {
     fn certificates(&self) -> Vec<HeldCertificate>;
 }
 
-/// Keys that a reload replaces: every reader takes the current set once
-/// ([`Held::current`]) and keeps it for the whole request or call, so a
-/// swap never mixes two sets inside one verification or signature.
-pub struct Held<K>(Arc<parking_lot::RwLock<Arc<K>>>);
-
-impl<K> Clone for Held<K> {
-    fn clone(&self) -> Held<K> {
-        Held(Arc::clone(&self.0))
-    }
-}
-
-impl<K> Held<K> {
-    pub fn new(keys: K) -> Held<K> {
-        Held(Arc::new(parking_lot::RwLock::new(Arc::new(keys))))
-    }
-
-    /// The keys in use now.
-    pub fn current(&self) -> Arc<K> {
-        Arc::clone(&self.0.read())
-    }
-
-    /// Makes `keys` the ones every later [`Held::current`] answers.
-    pub fn replace(&self, keys: K) {
-        *self.0.write() = Arc::new(keys);
-    }
-}
+/// Keys that a reload replaces (src/held.rs).
+pub use crate::held::Held;
 
 /// One platform as its settings turned it on: its notices when its incoming
 /// settings are given, its calls when its outgoing ones are, and the key
@@ -254,7 +230,7 @@ impl Platform {
 #[derive(Clone, Debug, Default)]
 pub struct PlatformSettings {
     /// The generic channel's HMAC secrets; none = not configured.
-    pub callback_secrets: Vec<Vec<u8>>,
+    pub callback_secrets: Held<Vec<Vec<u8>>>,
     pub wechatpay: wechatpay::Settings,
     pub alipay: alipay::Settings,
     /// `--platform-timeout-ms`.

@@ -260,11 +260,21 @@ impl<'a> Operations<'a> {
     // ---- keys ----
 
     /// `SIGHUP`: every platform re-reads its key and certificate files and
-    /// swaps them at once for later requests; a file that fails keeps its
-    /// old key and is answered (file, why). Counted in
-    /// `payonce_keys_reload_total`.
+    /// swaps them at once for later requests, and every secret given as a
+    /// file is read again; a file that fails keeps its old key or secret
+    /// and is answered (file, why). Counted in `payonce_keys_reload_total`.
     pub fn reload_keys(&self) -> Vec<KeyFileFailure> {
-        let failures = self.core.config().platforms.registry.reload_keys();
+        let config = self.core.config();
+        let mut failures = config.platforms.registry.reload_keys();
+        for secret in &config.secret_files {
+            let mut warnings = Vec::new();
+            if let Err(why) = (secret.reload)(&mut warnings) {
+                failures.push(KeyFileFailure { file: secret.path.clone(), why });
+            }
+            for warning in &warnings {
+                crate::log::warn("a secret file reloaded with a warning", &[("warning", warning)]);
+            }
+        }
         self.core.metrics().observe_keys_reload(failures.is_empty());
         failures
     }

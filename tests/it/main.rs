@@ -44,6 +44,7 @@ mod reconcile_bills;
 mod registry;
 mod reruns;
 mod schema;
+mod secret_reload;
 mod simulate;
 mod stats;
 mod storm;

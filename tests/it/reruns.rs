@@ -32,7 +32,7 @@ fn open(db: &Db) -> Arc<App> {
         )]),
         webhooks: WebhookConfig {
             endpoints: vec![ENDPOINT.into()],
-            secrets: vec![b"rerun-webhook-secret".to_vec()],
+            secrets: payonce::held::Held::new(vec![b"rerun-webhook-secret".to_vec()]),
             ..WebhookConfig::default()
         },
         ..Config::default()

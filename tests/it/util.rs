@@ -87,14 +87,20 @@ impl Server {
 
     /// [`Server::start_logged`] with extra environment variables (test hooks).
     pub fn start_logged_env(db: &Path, extra: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Server {
+        let mut args = vec!["--callback-secret", SECRET];
+        args.extend(extra);
+        Server::start_without_secret(db, &args, stderr, env)
+    }
+
+    /// `payonce serve --db DB --listen 127.0.0.1:0` and `extra` alone: the
+    /// caller gives the callback secret (or its file).
+    pub fn start_without_secret(db: &Path, extra: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Server {
         let mut args = vec![
             "serve".to_owned(),
             "--db".to_owned(),
             db.display().to_string(),
             "--listen".to_owned(),
             "127.0.0.1:0".to_owned(),
-            "--callback-secret".to_owned(),
-            SECRET.to_owned(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_payonce"))

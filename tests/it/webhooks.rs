@@ -291,7 +291,7 @@ fn a_retry_more_than_five_minutes_after_the_first_attempt_still_verifies() {
         )]),
         webhooks: WebhookConfig {
             endpoints: vec![receiver.url("/later")],
-            secrets: parse_secrets(SECRETS).expect("secrets"),
+            secrets: payonce::held::Held::new(parse_secrets(SECRETS).expect("secrets")),
             timeout_ms: 5_000,
             retry_schedule_ms: vec![600_000],
             ..WebhookConfig::default()

@@ -18,8 +18,8 @@ pub const PAID_TIME_FIELD: &str = "paid_at";
 /// The generic channel when it has a secret (`--callback-secret`, or
 /// `--dev`'s); it makes no calls.
 pub fn configure(settings: &PlatformSettings, parts: Parts, _warnings: &mut Vec<String>) -> Result<Platform, String> {
-    if parts == Parts::CallsOnly || settings.callback_secrets.is_empty() {
+    if parts == Parts::CallsOnly || settings.callback_secrets.current().is_empty() {
         return Ok(Platform::default());
     }
-    Ok(Platform::notices(Generic::new(settings.callback_secrets.clone())))
+    Ok(Platform::notices(Generic::held(settings.callback_secrets.clone())))
 }

@@ -6,18 +6,24 @@ use crate::clock::{format_ms, parse_rfc3339_ms};
 use crate::domain::PlatformStatus;
 use crate::domain::{PaymentCallback, PaymentReply, PaymentReplyOutcome, RefundCallback};
 use crate::error::{Error, ErrorKind};
-use crate::platforms::{Notice, Notices, Reply};
+use crate::platforms::{Held, Notice, Notices, Reply};
 use crate::signature::{self, SignatureError};
 use crate::wire::{self, Request, Response};
 use serde_json::{Map, Value};
 
-/// The generic channel with its HMAC secrets (two during rotation).
+/// The generic channel with its HMAC secrets (two during rotation), which a
+/// reload of `--callback-secret-file` replaces.
 pub struct Generic {
-    secrets: Vec<Vec<u8>>,
+    secrets: Held<Vec<Vec<u8>>>,
 }
 
 impl Generic {
     pub fn new(secrets: Vec<Vec<u8>>) -> Generic {
+        Generic::held(Held::new(secrets))
+    }
+
+    /// The channel verifying with whatever `secrets` holds at each notice.
+    pub fn held(secrets: Held<Vec<Vec<u8>>>) -> Generic {
         Generic { secrets }
     }
 }
@@ -28,11 +34,11 @@ impl Notices for Generic {
     }
 
     fn describe(&self) -> String {
-        format!("{} HMAC secret(s)", self.secrets.len())
+        format!("{} HMAC secret(s)", self.secrets.current().len())
     }
 
     fn parse(&self, now_ms: i64, req: &Request, refund_route: bool) -> Result<Notice, Error> {
-        verify(&self.secrets, now_ms, req)?;
+        verify(&self.secrets.current(), now_ms, req)?;
         wire::check_json_media_type(req)?;
         let body = wire::parse_object(&req.body)?;
         if refund_route {
