@@ -61,6 +61,7 @@
 //!   `payonce-testclient`); [`workers`] and [`progress`]: threads and the
 //!   progress bar; [`local`]: the in-process payonce.
 
+mod alipay_certs;
 mod client;
 mod judge;
 mod local;
