@@ -18,6 +18,8 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SerialNu
 use rsa::pkcs1::EncodeRsaPublicKey;
 use rsa::pkcs8::{EncodePrivateKey, LineEnding};
 use rsa::{RsaPrivateKey, RsaPublicKey};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// How payonce holds Alipay's key (`--key-mode`): a bare public key, or
 /// the three certificates.
@@ -147,20 +149,21 @@ fn public_key_data(key: &RsaPublicKey) -> Result<RsaSubject, String> {
 }
 
 impl AlipayCerts {
-    /// Certificates for Alipay's signing key `alipay` and the merchant's
-    /// app key `app` (its public half), issued now by a fresh root.
-    pub fn make(alipay: &RsaPrivateKey, app: &RsaPublicKey) -> Result<AlipayCerts, String> {
+    /// Certificates for Alipay's key `alipay` and the merchant's app key
+    /// `app` (public halves), issued now by a fresh root that signs with
+    /// `root_key` (ring signs with no RSA key under 2048 bits, and the
+    /// simulator's platform keys are smaller: the merchant's 2048-bit key
+    /// stands in, so no key is made for the root).
+    pub fn make(alipay: &RsaPublicKey, app: &RsaPublicKey, root_key: &RsaPrivateKey) -> Result<AlipayCerts, String> {
         let failed = |e: rcgen::Error| format!("cannot make the Alipay certificates: {e}");
-        // The root signs with Alipay's own key: it is the platform's, and no
-        // RSA key needs to be made for it.
-        let root_key = rsa_key_pair(alipay)?;
+        let root_key = rsa_key_pair(root_key)?;
         let root_serial = new_serial()?;
         let root = params(RSA_ROOT, &root_serial, 3650, true)?.self_signed(&root_key).map_err(failed)?;
         let ecdsa_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(failed)?;
         let ecdsa_root = params(ECDSA_ROOT, &new_serial()?, 3650, true)?.self_signed(&ecdsa_key).map_err(failed)?;
         let alipay_serial = new_serial()?;
         let alipay_cert = params(ALIPAY, &alipay_serial, 365, false)?
-            .signed_by(&public_key_data(&alipay.to_public_key())?, &root, &root_key)
+            .signed_by(&public_key_data(alipay)?, &root, &root_key)
             .map_err(failed)?;
         let app_serial = new_serial()?;
         let app_cert =
@@ -177,6 +180,86 @@ impl AlipayCerts {
                 alipay_cert_sn: sn(RSA_ROOT, &alipay_serial),
             },
         })
+    }
+}
+
+/// Certificate mode for the in-process payonce: the certificates of one
+/// Alipay key, written to files as an operator installs them (and the
+/// merchant's key beside them), so payonce is configured from the same
+/// three settings as `payonce serve --alipay-app-cert ...`.
+pub struct CertSetup {
+    pub certs: AlipayCerts,
+    pub app_cert: String,
+    pub public_cert: String,
+    pub root_cert: String,
+    pub merchant_key: String,
+}
+
+/// The directories [`setup`] wrote, removed by [`remove_files`].
+static DIRS: parking_lot::Mutex<Vec<std::path::PathBuf>> = parking_lot::Mutex::new(Vec::new());
+
+/// The setup of the Alipay key `alipay` with the merchant's key `merchant`
+/// (`pem`, and its public half in the app certificate): made once per key
+/// per run, so the in-process payonce and the simulated Alipay share it.
+pub fn setup(alipay: &RsaPublicKey, merchant_pem: &str, merchant: &RsaPrivateKey) -> Result<Arc<CertSetup>, String> {
+    type Made = Vec<(RsaPublicKey, Arc<CertSetup>)>;
+    static MADE: parking_lot::Mutex<Made> = parking_lot::Mutex::new(Vec::new());
+    let public = alipay.clone();
+    let mut made = MADE.lock();
+    if let Some((_, setup)) = made.iter().find(|(key, _)| *key == public) {
+        return Ok(Arc::clone(setup));
+    }
+    let certs = AlipayCerts::make(alipay, &merchant.to_public_key(), merchant)?;
+    let dir = std::env::temp_dir().join(format!("payonce-sim-alipay-certs-{}-{}", std::process::id(), made.len()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    DIRS.lock().push(dir.clone());
+    let write = |name: &str, text: &str| -> Result<String, String> {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(path.to_string_lossy().into_owned())
+    };
+    let setup = Arc::new(CertSetup {
+        app_cert: write(APP_CERT_FILE, &certs.app_cert_pem)?,
+        public_cert: write(PUBLIC_CERT_FILE, &certs.alipay_cert_pem)?,
+        root_cert: write(ROOT_CERT_FILE, &certs.root_pem)?,
+        merchant_key: write("merchant-key.pem", merchant_pem)?,
+        certs,
+    });
+    made.push((public, Arc::clone(&setup)));
+    Ok(setup)
+}
+
+/// Removes the files [`setup`] wrote (at the end of a run).
+pub fn remove_files() {
+    for dir in DIRS.lock().drain(..) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+impl CertSetup {
+    /// payonce's Alipay in certificate mode, as `payonce serve` builds it
+    /// from `--alipay-app-id`, the three certificate flags and, with
+    /// `calls`, `--alipay-app-private-key` and `--alipay-gateway`.
+    pub fn payonce_alipay(
+        &self,
+        app_id: &str,
+        calls: Option<(&str, Duration)>,
+    ) -> Result<payonce::platforms::Platform, String> {
+        let alipay = payonce::platforms::alipay::Settings {
+            app_id: Some(app_id.to_owned()),
+            app_cert: Some(self.app_cert.clone()),
+            public_cert: Some(self.public_cert.clone()),
+            root_cert: Some(self.root_cert.clone()),
+            app_private_key: calls.map(|_| self.merchant_key.clone()),
+            gateway: calls.map_or_else(String::new, |(gateway, _)| gateway.to_owned()),
+            ..payonce::platforms::alipay::Settings::default()
+        };
+        let settings = payonce::platforms::PlatformSettings {
+            alipay,
+            timeout: calls.map_or(Duration::from_secs(5), |(_, timeout)| timeout),
+            ..payonce::platforms::PlatformSettings::default()
+        };
+        payonce::platforms::alipay::configure(&settings, payonce::platforms::Parts::NoticesAndCalls, &mut Vec::new())
     }
 }
 
@@ -199,9 +282,9 @@ mod tests {
     /// (payonce's is checked against Alipay's SDK by its own tests).
     #[test]
     fn its_sns_are_those_payonce_reads_from_the_certificates() {
-        let alipay = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 2048).expect("a key");
-        let app = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 2048).expect("a key").to_public_key();
-        let certs = AlipayCerts::make(&alipay, &app).expect("certificates");
+        let alipay = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 1024).expect("a key");
+        let app = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, 2048).expect("a key");
+        let certs = AlipayCerts::make(&alipay.to_public_key(), &app.to_public_key(), &app).expect("certificates");
         assert_eq!(read_cert(&certs.app_cert_pem, false).expect("app").sn, certs.sns.app_cert_sn);
         let read = read_cert(&certs.alipay_cert_pem, true).expect("alipay");
         assert_eq!(read.sn, certs.sns.alipay_cert_sn);

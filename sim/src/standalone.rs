@@ -648,7 +648,7 @@ fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, Strin
     })?;
     let certificates = match opts.key_mode {
         KeyMode::PublicKey => None,
-        KeyMode::Certificate => Some(AlipayCerts::make(&keys.alipay, &merchant_public)?),
+        KeyMode::Certificate => Some(AlipayCerts::make(&keys.alipay.to_public_key(), &merchant_public, &keys.merchant)?),
     };
     let alipay = PlatformApi::start_alipay(AlipayApiConfig {
         alipay_key: Some(keys.alipay),
