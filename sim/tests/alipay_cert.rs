@@ -199,20 +199,46 @@ fn certificate_mode_pays_queries_closes_refunds_and_takes_only_the_certificates_
     assert!(alipay.iter().all(|c| c.contains(" verified ") && !c.contains("cert-sn")), "{alipay:?}");
 }
 
+/// The simulator's flags with `flag`'s file replaced by `file`.
+fn flags_with(sim: &Sim, flag: &str, file: &str) -> Vec<(String, String)> {
+    sim.flags
+        .iter()
+        .map(|(name, value)| (name.clone(), if name == flag { file.to_owned() } else { value.clone() }))
+        .collect()
+}
+
+/// payonce holds another Alipay public certificate of the same key (the
+/// fixture's): Alipay's answers name a certificate payonce does not hold;
+/// they still verify with the key it holds, and the rotation is logged once.
+#[test]
+fn an_answer_naming_another_alipay_cert_sn_is_logged_once_and_still_verified() {
+    let Some(exe) = payonce_binary() else { return };
+    let mut sim = cert_mode_sim();
+    let held = fixture("alipay-cert/TEST_ONLY_alipay_public_cert.crt");
+    let flags = flags_with(&sim, "--alipay-public-cert", &held);
+    let dir = TempDir::new("alipay-cert-rotation");
+    let serve = Serve::start_flags(&exe, &dir.0.join("payonce.db"), &flags, &[], &[]);
+    for order_no in ["ORD_CERT_ROT1", "ORD_CERT_ROT2"] {
+        order(&serve, order_no);
+        sim.command(&format!("open alipay {order_no} 990"));
+        sim.command(&format!("pay alipay {order_no}"));
+        let synced = call(&serve, "POST", &format!("/v1/orders/{order_no}/sync"), None);
+        assert_eq!(synced["order"]["status"], "PAID", "verified with the key held: {synced}");
+    }
+    let log = serve.log();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("names another alipay_cert_sn")).collect();
+    assert_eq!(warnings.len(), 1, "once per SN: {log}");
+    assert!(warnings[0].contains("configured=fda53341ce3541f3df35ba3379c1d54e"), "{}", warnings[0]);
+    assert!(warnings[0].contains("verified_with_held_key=yes"), "{}", warnings[0]);
+}
+
 #[test]
 fn a_payonce_with_another_root_file_is_refused_by_the_gateway() {
     let Some(exe) = payonce_binary() else { return };
     let mut sim = cert_mode_sim();
     // The same app certificate and Alipay certificate, another root file.
     let other_root = fixture("alipay-cert/TEST_ONLY_alipay_root_cert.crt");
-    let flags: Vec<(String, String)> = sim
-        .flags
-        .iter()
-        .map(|(flag, value)| {
-            let value = if flag == "--alipay-root-cert" { other_root.clone() } else { value.clone() };
-            (flag.clone(), value)
-        })
-        .collect();
+    let flags = flags_with(&sim, "--alipay-root-cert", &other_root);
     let dir = TempDir::new("alipay-cert-root");
     let serve = Serve::start_flags(&exe, &dir.0.join("payonce.db"), &flags, &[], &[]);
     order(&serve, "ORD_CERT_ROOT");

@@ -139,6 +139,12 @@ impl Serve {
         request(self.addr, method, path, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
+    /// What it logged so far (its stderr).
+    #[allow(dead_code)]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
