@@ -166,8 +166,9 @@ impl AlipayCerts {
             .signed_by(&public_key_data(alipay)?, &root, &root_key)
             .map_err(failed)?;
         let app_serial = new_serial()?;
-        let app_cert =
-            params(APP, &app_serial, 365, false)?.signed_by(&public_key_data(app)?, &root, &root_key).map_err(failed)?;
+        let app_cert = params(APP, &app_serial, 365, false)?
+            .signed_by(&public_key_data(app)?, &root, &root_key)
+            .map_err(failed)?;
         Ok(AlipayCerts {
             app_cert_pem: app_cert.pem(),
             alipay_cert_pem: alipay_cert.pem(),

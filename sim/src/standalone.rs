@@ -5,8 +5,8 @@
 //! serves, driven by a few commands on stdin (a buyer paying, a fault, a
 //! trade opened), logging every call on stderr.
 
-use crate::platform::{private_key_from_file, Platform, SIM_RSA_BITS, WECHATPAY_APPID};
 use crate::alipay_certs::{AlipayCerts, KeyMode, APP_CERT_FILE, PUBLIC_CERT_FILE, ROOT_CERT_FILE};
+use crate::platform::{private_key_from_file, Platform, SIM_RSA_BITS, WECHATPAY_APPID};
 use crate::platform_api::{AlipayApiConfig, Call, Fault, PlatformApi, RefundStatus, Refused, WechatpayApiConfig};
 use rsa::pkcs8::{EncodePrivateKey, LineEnding};
 use rsa::traits::PublicKeyParts;
@@ -319,9 +319,8 @@ struct Keys {
 /// The merchant's key (given, or made) and the two platforms' keys, made
 /// side by side: an unoptimised build takes seconds per 2048-bit key.
 fn make_keys(given: Option<&Path>, alipay_given: Option<&Path>) -> Result<Keys, String> {
-    let alipay_given = alipay_given
-        .map(|path| private_key_from_file("--alipay-private-key", &path.to_string_lossy()))
-        .transpose()?;
+    let alipay_given =
+        alipay_given.map(|path| private_key_from_file("--alipay-private-key", &path.to_string_lossy())).transpose()?;
     let given = match given {
         Some(path) => {
             let key = private_key_from_file("--merchant-key", &path.to_string_lossy())?;
@@ -648,7 +647,9 @@ fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, Strin
     })?;
     let certificates = match opts.key_mode {
         KeyMode::PublicKey => None,
-        KeyMode::Certificate => Some(AlipayCerts::make(&keys.alipay.to_public_key(), &merchant_public, &keys.merchant)?),
+        KeyMode::Certificate => {
+            Some(AlipayCerts::make(&keys.alipay.to_public_key(), &merchant_public, &keys.merchant)?)
+        }
     };
     let alipay = PlatformApi::start_alipay(AlipayApiConfig {
         alipay_key: Some(keys.alipay),
@@ -668,7 +669,9 @@ fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, Strin
     // Alipay's key: its public key, or (certificate mode) the three certificates.
     let path = |p: &Path| shell_word(&p.to_string_lossy());
     let alipay_flags = match &certificates {
-        None => vec![("--alipay-public-key", path(&dir.write(ALIPAY_KEY_FILE, &alipay.platform_public_key_pem()?, false)?))],
+        None => {
+            vec![("--alipay-public-key", path(&dir.write(ALIPAY_KEY_FILE, &alipay.platform_public_key_pem()?, false)?))]
+        }
         Some(certs) => vec![
             ("--alipay-app-cert", path(&dir.write(APP_CERT_FILE, &certs.app_cert_pem, false)?)),
             ("--alipay-public-cert", path(&dir.write(PUBLIC_CERT_FILE, &certs.alipay_cert_pem, false)?)),

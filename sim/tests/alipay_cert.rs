@@ -96,9 +96,15 @@ fn notice(order_no: &str, trade_no: &str, total: &str, key: &SigningKey<Sha256>)
 
 fn post_notice(serve: &Serve, body: &[u8]) -> (u16, String) {
     let headers = [("Content-Type", "application/x-www-form-urlencoded")];
-    let reply =
-        payonce_testclient::request(serve.addr, "POST", "/v1/callbacks/alipay", &headers, body, Duration::from_secs(30))
-            .expect("the notice");
+    let reply = payonce_testclient::request(
+        serve.addr,
+        "POST",
+        "/v1/callbacks/alipay",
+        &headers,
+        body,
+        Duration::from_secs(30),
+    )
+    .expect("the notice");
     (reply.status, String::from_utf8_lossy(&reply.body).into_owned())
 }
 
@@ -184,7 +190,9 @@ fn certificate_mode_pays_queries_closes_refunds_and_takes_only_the_certificates_
     order(&serve, "ORD_CERT_CLOSE");
     precreate(&serve, "ORD_CERT_CLOSE");
     call(&serve, "POST", "/v1/orders/ORD_CERT_CLOSE/close", None);
-    eventually("the trade closed at Alipay", || sim.command("state ORD_CERT_CLOSE") == "wechatpay=none alipay=TRADE_CLOSED");
+    eventually("the trade closed at Alipay", || {
+        sim.command("state ORD_CERT_CLOSE") == "wechatpay=none alipay=TRADE_CLOSED"
+    });
     eventually("the order closed", || status(&serve, "ORD_CERT_CLOSE") == "CLOSED");
 
     // The refund.
@@ -248,5 +256,8 @@ fn a_payonce_with_another_root_file_is_refused_by_the_gateway() {
     let alipay = synced["platforms"].as_array().expect("platforms").iter().find(|p| p["channel"] == "alipay").cloned();
     assert_eq!(alipay.as_ref().map(|p| p["state"].clone()), Some(json!("unknown")), "{synced}");
     let calls = sim.calls();
-    assert!(calls.iter().any(|c| c.contains("alipay.trade.query") && c.ends_with("isv.invalid-root-cert-sn")), "{calls:?}");
+    assert!(
+        calls.iter().any(|c| c.contains("alipay.trade.query") && c.ends_with("isv.invalid-root-cert-sn")),
+        "{calls:?}"
+    );
 }

@@ -51,8 +51,20 @@ fn issued(dir: &TempDir, name: &str, key: &str, days: u32, serial: &str) -> Stri
     openssl(&["req", "-new", "-key", &fixture(key), "-subj", &format!("/C=CN/O=TEST ONLY/CN={name}"), "-out", &csr]);
     let root = dir.path("root.pem").display().to_string();
     openssl(&[
-        "x509", "-req", "-in", &csr, "-CA", &root, "-CAkey", &fixture(CA_KEY), "-days", &days.to_string(),
-        "-set_serial", serial, "-out", &path,
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &root,
+        "-CAkey",
+        &fixture(CA_KEY),
+        "-days",
+        &days.to_string(),
+        "-set_serial",
+        serial,
+        "-out",
+        &path,
     ]);
     path
 }
@@ -126,7 +138,16 @@ fn start(dir: &TempDir, app: &str, public: &str, root: &str) -> Server {
     let log = dir.path("serve.log");
     let mut server = Server::start_logged(
         &dir.path("payonce.db"),
-        &["--alipay-app-id", APP_ID, "--alipay-app-cert", app, "--alipay-public-cert", public, "--alipay-root-cert", root],
+        &[
+            "--alipay-app-id",
+            APP_ID,
+            "--alipay-app-cert",
+            app,
+            "--alipay-public-cert",
+            public,
+            "--alipay-root-cert",
+            root,
+        ],
         Stdio::from(std::fs::File::create(&log).expect("log file")),
     );
     server.set_stderr_log(log);
@@ -170,7 +191,9 @@ fn sighup_swaps_a_new_alipay_public_certificate_and_keeps_the_old_one_for_a_brok
     assert_eq!(send(&server, "ALICERT-A3", &key_a).0, 401, "the replaced certificate's key");
     assert!(metric(&server, &expiry_series(&sn_b)).is_some(), "the new SN");
     assert_eq!(metric(&server, &expiry_series(&sn_a)), None, "the old SN gone");
-    for (order_no, status) in [("ALICERT-A1", "PAID"), ("ALICERT-A2", "PAID"), ("ALICERT-B2", "PAID"), ("ALICERT-A3", "PENDING")] {
+    for (order_no, status) in
+        [("ALICERT-A1", "PAID"), ("ALICERT-A2", "PAID"), ("ALICERT-B2", "PAID"), ("ALICERT-A3", "PENDING")]
+    {
         assert_eq!(server.get(&format!("/v1/orders/{order_no}")).json()["status"], status, "{order_no}");
     }
 }

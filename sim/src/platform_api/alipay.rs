@@ -179,7 +179,8 @@ impl Alipay {
         }
         if let Some(sns) = &self.certificates {
             // Certificate mode: the app's certificate and Alipay's root, by SN.
-            let app_cert_sn = get("app_cert_sn").ok_or_else(|| missing("isv.missing-app-cert-sn", "应用公钥证书序列号"))?;
+            let app_cert_sn =
+                get("app_cert_sn").ok_or_else(|| missing("isv.missing-app-cert-sn", "应用公钥证书序列号"))?;
             if app_cert_sn != sns.app_cert_sn {
                 return Err(invalid("isv.invalid-app-cert-sn", format!("应用公钥证书序列号 {app_cert_sn} 不匹配")));
             }

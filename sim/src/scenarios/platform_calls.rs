@@ -29,6 +29,7 @@
 //! ended, next to the judged pass. That pass is not judged.
 
 use super::{api_label, OrderRun, RefundPlan, Scenario, ScenarioRun, Sim, SimOrder};
+use crate::alipay_certs::KeyMode;
 use crate::client::{Conn, Req, Target};
 use crate::judge::{OrderExpect, OrderSeen};
 use crate::local::{self, LocalServer};
@@ -44,7 +45,6 @@ use parking_lot::Mutex;
 use payonce::app::Config;
 use payonce::domain::PlatformCallKind;
 use payonce::platform_ops::Platforms;
-use crate::alipay_certs::KeyMode;
 use payonce::platforms::alipay::AlipayApi;
 use payonce::platforms::wechatpay::WechatpayApi;
 use payonce::platforms::{
@@ -302,9 +302,8 @@ impl World {
         registry.add(PlatformParts::calls(wechatpay));
         match &self.alipay_certs {
             // Certificate mode: as `payonce serve` builds it from the certificate flags.
-            Some(setup) => registry.add(
-                setup.payonce_alipay(ali.merchant_id(), Some((&ali.endpoint(), timeout(Platform::Alipay))))?,
-            ),
+            Some(setup) => registry
+                .add(setup.payonce_alipay(ali.merchant_id(), Some((&ali.endpoint(), timeout(Platform::Alipay))))?),
             None => registry.add(PlatformParts::calls(AlipayApi::new(
                 ali.merchant_id().to_owned(),
                 key()?,

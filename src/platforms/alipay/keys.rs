@@ -251,7 +251,8 @@ mod tests {
         let certs: CertMode = certs.expect("certificate mode");
         let expected = std::fs::read_to_string(format!("{fixtures}expected_sn.txt")).expect("expected");
         assert!(expected.contains(&format!("alipay_cert_sn={}\n", certs.alipay.sn)), "{expected}");
-        let held = HeldKeys::new(Keys { public_key: public_key.clone(), app_private: None, certs: Some(certs.clone()) });
+        let held =
+            HeldKeys::new(Keys { public_key: public_key.clone(), app_private: None, certs: Some(certs.clone()) });
         let files = Files { source, app_private: None, held: held.clone(), reloading: parking_lot::Mutex::new(()) };
         let ids: Vec<String> = files.certificates().into_iter().map(|c| c.id).collect();
         assert_eq!(ids.len(), 4, "app, Alipay public and the two RSA roots: {ids:?}");
