@@ -19,7 +19,7 @@ payonce: exactly-once orders and payment callbacks on SQLite or PostgreSQL
 Usage:
   payonce serve     [--db PATH|:memory:|URL] [--listen ADDR:PORT] [settings]
   payonce simulate  [--target URL] [--channel generic|wechatpay|alipay|all] [--scenario NAME]... [--orders N]
-                    [--time-factor F] [--full-schedules]
+                    [--time-factor F] [--full-schedules] [--key-mode certificate|public-key]
                     (runs payonce-sim, the payment-platform simulator; exit 0 clean, 1 on any violation)
   payonce inspect   --db PATH|URL         (findings as JSON on stdout; exit 0 clean, 1 findings)
   payonce reconcile --db PATH|URL --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
@@ -164,6 +164,13 @@ Options:
   --alipay-public-key FILE  Alipay public key (PEM or the console's base64); with
                             --alipay-app-id, turns the alipay channel on
   --alipay-app-id ID        the merchant's Alipay app_id
+  --alipay-app-cert FILE    Alipay certificate mode, instead of --alipay-public-key: the
+                            app's public key certificate (appCertPublicKey_*.crt); requests
+                            carry its SN as app_cert_sn
+  --alipay-public-cert FILE the Alipay public key certificate (alipayCertPublicKey_RSA2.crt):
+                            notices and answers are verified with its key
+  --alipay-root-cert FILE   Alipay's root certificates (alipayRootCert.crt): requests carry
+                            alipay_root_cert_sn. The three go together; SIGHUP re-reads them
 
 Webhooks to the merchant's app (Standard Webhooks; docs/webhooks.md):
   --webhook-url URL               an endpoint that receives every event after it was first
@@ -186,7 +193,8 @@ calls are on when any of its outgoing-only settings is given; then all are requi
                                   with --wechatpay-public-key (no APIv3 key needed for that)
   --wechatpay-api-base URL        [default: https://api.mch.weixin.qq.com]
   --alipay-app-private-key FILE   the app's private key (PEM, PKCS#8 or PKCS#1); needs
-                                  --alipay-app-id and --alipay-public-key
+                                  --alipay-app-id and --alipay-public-key (or the three
+                                  certificates)
   --alipay-gateway URL            [default: https://openapi.alipay.com/gateway.do]
   --platform-timeout-ms N         one platform call's whole HTTP exchange [default: 10000]
   --platform-retry-s LIST         waits between attempts of a close at a platform, seconds; the

@@ -3,6 +3,7 @@
 //! signs with. The scenarios that talk to the platforms' APIs start more of
 //! them, each on its own database, clock and platform settings.
 
+use crate::alipay_certs::{self, CertSetup, KeyMode};
 use crate::platform::Keys;
 use crate::s;
 use payonce::app::Config;
@@ -32,6 +33,13 @@ pub struct LocalServer {
     handle: Option<thread::JoinHandle<bool>>,
 }
 
+/// Certificate mode's files for the simulated Alipay's key, with the
+/// merchant's key of the scenarios that call the platforms.
+pub fn alipay_setup(ali: &crate::platform::AlipayKeys) -> Result<Arc<CertSetup>, String> {
+    let (pem, key) = crate::scenarios::merchant_key()?;
+    alipay_certs::setup(&ali.signing_key.as_ref().to_public_key(), &pem, &key)
+}
+
 /// The in-process payonce's settings: the generic secret, the rewards, and
 /// the channels the simulator holds keys for, with their public halves.
 pub fn config(keys: &Keys) -> Result<Config, String> {
@@ -49,7 +57,13 @@ pub fn config(keys: &Keys) -> Result<Config, String> {
     });
     let mut platforms = vec![Platform::notices(Generic::new(vec![keys.generic_secret.clone()]))];
     platforms.extend(wechatpay.map(|config| Platform::notices(Wechatpay::new(config))));
-    platforms.extend(alipay.map(|config| Platform::notices(Alipay::new(config))));
+    match (keys.key_mode, &keys.alipay) {
+        (KeyMode::Certificate, Some(ali)) => {
+            // Certificate mode: the three certificate files, as `payonce serve` reads them.
+            platforms.push(alipay_setup(ali)?.payonce_alipay(&ali.app_id, None)?);
+        }
+        _ => platforms.extend(alipay.map(|config| Platform::notices(Alipay::new(config)))),
+    }
     Ok(Config {
         rewards: Rewards { coupon_templates: vec![SIM_COUPON.into()], points_per_yuan: SIM_POINTS_PER_YUAN },
         platforms: Platforms::with(platforms),

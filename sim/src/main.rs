@@ -61,6 +61,7 @@
 //!   `payonce-testclient`); [`workers`] and [`progress`]: threads and the
 //!   progress bar; [`local`]: the in-process payonce.
 
+mod alipay_certs;
 mod client;
 mod judge;
 mod local;
@@ -233,6 +234,17 @@ Options:
                           answer before the gateway gives up [default: 0: it gives
                           up at once, so that answer is always lost; with MS > 0
                           a fast payonce may answer in time]
+  --key-mode MODE         how the in-process payonce holds the platforms' keys:
+                          public-key, or certificate: the simulated Alipay plays
+                          certificate mode (a root file with an RSA and an ECDSA
+                          root, an Alipay public certificate and the merchant's app
+                          certificate, made for the run; app_cert_sn and
+                          alipay_root_cert_sn checked on every request,
+                          alipay_cert_sn in every answer) and payonce is configured
+                          with the three certificate files, as by --alipay-app-cert,
+                          --alipay-public-cert and --alipay-root-cert. Against
+                          --target it changes nothing: Alipay's notices are the same
+                          in both modes [default: public-key]
   -v, --verbose           the whole table: each scenario's deliveries and its
                           expected and observed effects in full (by default the
                           table fits 100 columns)
@@ -279,6 +291,7 @@ struct Options {
     wechatpay_apiv3_key: Option<String>,
     alipay_private_key: Option<String>,
     alipay_app_id: Option<String>,
+    key_mode: alipay_certs::KeyMode,
 }
 
 fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
@@ -314,6 +327,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
         wechatpay_apiv3_key: env("PAYONCE_WECHATPAY_APIV3_KEY"),
         alipay_private_key: None,
         alipay_app_id: None,
+        key_mode: alipay_certs::KeyMode::PublicKey,
     };
     let mut parser = lexopt::Parser::from_args(args);
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
@@ -371,6 +385,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
             Long("wechatpay-apiv3-key") => opts.wechatpay_apiv3_key = Some(string_value(&mut parser)?),
             Long("alipay-private-key") => opts.alipay_private_key = Some(string_value(&mut parser)?),
             Long("alipay-app-id") => opts.alipay_app_id = Some(string_value(&mut parser)?),
+            Long("key-mode") => opts.key_mode = alipay_certs::KeyMode::parse(&string_value(&mut parser)?)?,
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 return Ok(None);
@@ -459,6 +474,14 @@ fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
             // Its warnings each shown once, their repeats counted after the table.
             payonce_log::aggregate();
             let local = LocalServer::start(&keys)?;
+            if let (alipay_certs::KeyMode::Certificate, Some(ali)) = (keys.key_mode, &keys.alipay) {
+                let sns = &local::alipay_setup(ali)?.certs.sns;
+                eprintln!(
+                    "alipay: certificate mode: payonce holds the app, Alipay public and root certificate files; \
+                     app_cert_sn {}, alipay_root_cert_sn {}, alipay_cert_sn {}",
+                    sns.app_cert_sn, sns.alipay_root_cert_sn, sns.alipay_cert_sn
+                );
+            }
             let rewards = Rewards { coupon_templates: vec![SIM_COUPON.into()], points_per_yuan: SIM_POINTS_PER_YUAN };
             (Target::local(local.addr), Some(local), RewardRule::Known(rewards))
         }
@@ -484,6 +507,7 @@ fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
     };
     let result = scenarios::simulate(&sim, &opts.channels, &opts.scenarios, &rewards, local.is_some());
     drop(local);
+    alipay_certs::remove_files();
     if let Some(repeats) = payonce_log::repeats() {
         eprintln!("{repeats}");
     }

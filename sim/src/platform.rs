@@ -259,6 +259,8 @@ pub struct Keys {
     pub generic_secret: Vec<u8>,
     pub wechatpay: Option<WechatpayKeys>,
     pub alipay: Option<AlipayKeys>,
+    /// How the in-process payonce holds Alipay's key (`--key-mode`).
+    pub key_mode: crate::alipay_certs::KeyMode,
 }
 
 impl Keys {
@@ -298,7 +300,12 @@ impl Keys {
             Some(keys) => keys.clone(),
             None => AlipayKeys { signing_key: SigningKey::new(fresh()?), app_id: s(SIM_ALIPAY_APP_ID) },
         };
-        Ok(Keys { generic_secret: self.generic_secret.clone(), wechatpay: Some(wechatpay), alipay: Some(alipay) })
+        Ok(Keys {
+            generic_secret: self.generic_secret.clone(),
+            wechatpay: Some(wechatpay),
+            alipay: Some(alipay),
+            key_mode: self.key_mode,
+        })
     }
 }
 
@@ -676,7 +683,7 @@ pub fn platform_keys(opts: &Options, in_process: bool) -> Result<Keys, String> {
         // Generic not selected against a target: never signed for.
         None => String::new(),
     };
-    Ok(Keys { generic_secret: generic_secret.into_bytes(), wechatpay, alipay })
+    Ok(Keys { generic_secret: generic_secret.into_bytes(), wechatpay, alipay, key_mode: opts.key_mode })
 }
 
 #[cfg(test)]
@@ -725,6 +732,7 @@ mod tests {
                 apiv3_key: b"0123456789abcdef0123456789abcdef".to_vec(),
             }),
             alipay: Some(AlipayKeys { signing_key: SigningKey::new(key), app_id: SIM_ALIPAY_APP_ID.into() }),
+            key_mode: crate::alipay_certs::KeyMode::PublicKey,
         }
     }
 

@@ -253,6 +253,10 @@ pub struct AlipayApiConfig {
     pub alipay_key: Option<RsaPrivateKey>,
     /// The loopback port to listen on; 0 picks a free one.
     pub port: u16,
+    /// Certificate mode: the SNs every request must carry (`app_cert_sn`,
+    /// `alipay_root_cert_sn`) and every answer names (`alipay_cert_sn`);
+    /// `None`: public-key mode.
+    pub certificates: Option<crate::alipay_certs::CertSns>,
 }
 
 impl AlipayApiConfig {
@@ -264,6 +268,7 @@ impl AlipayApiConfig {
             expected_notify_url: None,
             alipay_key: None,
             port: 0,
+            certificates: None,
         }
     }
 }

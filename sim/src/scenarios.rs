@@ -22,6 +22,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod platform_calls;
+pub(crate) use platform_calls::merchant_key;
 mod row;
 
 /// WeChat Pay's notification retry intervals after the first delivery, in seconds.

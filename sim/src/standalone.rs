@@ -5,6 +5,7 @@
 //! serves, driven by a few commands on stdin (a buyer paying, a fault, a
 //! trade opened), logging every call on stderr.
 
+use crate::alipay_certs::{AlipayCerts, KeyMode, APP_CERT_FILE, PUBLIC_CERT_FILE, ROOT_CERT_FILE};
 use crate::platform::{private_key_from_file, Platform, SIM_RSA_BITS, WECHATPAY_APPID};
 use crate::platform_api::{AlipayApiConfig, Call, Fault, PlatformApi, RefundStatus, Refused, WechatpayApiConfig};
 use rsa::pkcs8::{EncodePrivateKey, LineEnding};
@@ -64,6 +65,19 @@ Options:
                            them before payonce did), open at PLATFORM (wechatpay, the
                            default, or alipay), AMOUNT in fen; with :paid the buyer has
                            paid and the notification was lost (repeatable)
+  --key-mode MODE          how payonce holds Alipay's key: public-key (the flag
+                           --alipay-public-key, DIR/alipay-public.pem) or certificate:
+                           Alipay plays certificate mode, with a root file of an RSA
+                           and an ECDSA root, an Alipay public certificate and the
+                           merchant's app certificate made now (DIR/alipay-root-cert.crt,
+                           alipay-public-cert.crt, alipay-app-cert.crt, printed as
+                           --alipay-root-cert, --alipay-public-cert, --alipay-app-cert);
+                           every request must carry their app_cert_sn and
+                           alipay_root_cert_sn, every answer names alipay_cert_sn
+                           [default: public-key]
+  --alipay-private-key FILE
+                           Alipay's signing key (PKCS#8 PEM), so a test can sign
+                           notifications as Alipay [default: a throwaway key]
   --ignore-stdin           read no commands, only a signal stops it (to run in the
                            background, where stdin is often /dev/null: closed at once)
   -h, --help               this help
@@ -146,6 +160,8 @@ struct Options {
     public_base_url: Option<String>,
     trades: Vec<TradeSpec>,
     ignore_stdin: bool,
+    key_mode: KeyMode,
+    alipay_key: Option<PathBuf>,
 }
 
 fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, String> {
@@ -158,6 +174,8 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
         public_base_url: None,
         trades: Vec::new(),
         ignore_stdin: false,
+        key_mode: KeyMode::PublicKey,
+        alipay_key: None,
     };
     let mut parser = lexopt::Parser::from_args(args);
     let port = |parser: &mut lexopt::Parser, flag: &str| -> Result<u16, String> {
@@ -173,6 +191,8 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
             Long("public-base-url") => opts.public_base_url = Some(parse_base_url(&crate::string_value(&mut parser)?)?),
             Long("trade") => opts.trades.push(parse_trade(&crate::string_value(&mut parser)?)?),
             Long("ignore-stdin") => opts.ignore_stdin = true,
+            Long("key-mode") => opts.key_mode = KeyMode::parse(&crate::string_value(&mut parser)?)?,
+            Long("alipay-private-key") => opts.alipay_key = Some(parser.value().map_err(|e| e.to_string())?.into()),
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 return Ok(None);
@@ -298,7 +318,9 @@ struct Keys {
 
 /// The merchant's key (given, or made) and the two platforms' keys, made
 /// side by side: an unoptimised build takes seconds per 2048-bit key.
-fn make_keys(given: Option<&Path>) -> Result<Keys, String> {
+fn make_keys(given: Option<&Path>, alipay_given: Option<&Path>) -> Result<Keys, String> {
+    let alipay_given =
+        alipay_given.map(|path| private_key_from_file("--alipay-private-key", &path.to_string_lossy())).transpose()?;
     let given = match given {
         Some(path) => {
             let key = private_key_from_file("--merchant-key", &path.to_string_lossy())?;
@@ -320,7 +342,7 @@ fn make_keys(given: Option<&Path>) -> Result<Keys, String> {
     thread::scope(|scope| {
         let merchant = scope.spawn(move || given.map_or_else(|| new_key(MERCHANT_KEY_BITS_MIN), Ok));
         let wechatpay = scope.spawn(|| new_key(SIM_RSA_BITS));
-        let alipay = new_key(SIM_RSA_BITS);
+        let alipay = alipay_given.map_or_else(|| new_key(SIM_RSA_BITS), Ok);
         Ok(Keys { merchant: join(merchant)?, merchant_generated, wechatpay: join(wechatpay)?, alipay: alipay? })
     })
 }
@@ -607,7 +629,7 @@ pub fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
 
 fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, String> {
     let started = Instant::now();
-    let keys = make_keys(opts.merchant_key.as_deref())?;
+    let keys = make_keys(opts.merchant_key.as_deref(), opts.alipay_key.as_deref())?;
     let keys_s = started.elapsed().as_secs_f64();
     if stop.load(Ordering::SeqCst) {
         eprintln!("payonce-sim platforms: stopping (a signal)");
@@ -623,10 +645,17 @@ fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, Strin
         expected_notify_url: notify_url(Platform::Wechatpay),
         ..WechatpayApiConfig::new(MERCHANT_SERIAL, merchant_public.clone())
     })?;
+    let certificates = match opts.key_mode {
+        KeyMode::PublicKey => None,
+        KeyMode::Certificate => {
+            Some(AlipayCerts::make(&keys.alipay.to_public_key(), &merchant_public, &keys.merchant)?)
+        }
+    };
     let alipay = PlatformApi::start_alipay(AlipayApiConfig {
         alipay_key: Some(keys.alipay),
         port: opts.alipay_port,
         expected_notify_url: notify_url(Platform::Alipay),
+        certificates: certificates.as_ref().map(|c| c.sns.clone()),
         ..AlipayApiConfig::new(merchant_public)
     })?;
     let merchant_file = match &opts.merchant_key {
@@ -637,7 +666,18 @@ fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, Strin
         }
     };
     let wechatpay_file = dir.write(WECHATPAY_KEY_FILE, &wechatpay.platform_public_key_pem()?, false)?;
-    let alipay_file = dir.write(ALIPAY_KEY_FILE, &alipay.platform_public_key_pem()?, false)?;
+    // Alipay's key: its public key, or (certificate mode) the three certificates.
+    let path = |p: &Path| shell_word(&p.to_string_lossy());
+    let alipay_flags = match &certificates {
+        None => {
+            vec![("--alipay-public-key", path(&dir.write(ALIPAY_KEY_FILE, &alipay.platform_public_key_pem()?, false)?))]
+        }
+        Some(certs) => vec![
+            ("--alipay-app-cert", path(&dir.write(APP_CERT_FILE, &certs.app_cert_pem, false)?)),
+            ("--alipay-public-cert", path(&dir.write(PUBLIC_CERT_FILE, &certs.alipay_cert_pem, false)?)),
+            ("--alipay-root-cert", path(&dir.write(ROOT_CERT_FILE, &certs.root_pem, false)?)),
+        ],
+    };
 
     let platforms = Platforms { wechatpay, alipay };
     for trade in &opts.trades {
@@ -655,7 +695,6 @@ fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, Strin
         api.on_call(move |call| eprintln!("{}", call_line(platform, call)));
     }
 
-    let path = |p: &Path| shell_word(&p.to_string_lossy());
     let serial = platforms.wechatpay.platform_serial().unwrap_or_default();
     let mut flags = vec![
         ("--wechatpay-mchid", shell_word(platforms.wechatpay.merchant_id())),
@@ -668,9 +707,9 @@ fn serve(opts: &Options, dir: &Dir, stop: &AtomicBool) -> Result<ExitCode, Strin
         ("--wechatpay-appid", shell_word(WECHATPAY_APPID)),
         ("--alipay-app-id", shell_word(platforms.alipay.merchant_id())),
         ("--alipay-app-private-key", path(&merchant_file)),
-        ("--alipay-public-key", path(&alipay_file)),
-        ("--alipay-gateway", platforms.alipay.endpoint()),
     ];
+    flags.extend(alipay_flags);
+    flags.push(("--alipay-gateway", platforms.alipay.endpoint()));
     if let Some(base) = &opts.public_base_url {
         flags.push(("--public-base-url", shell_word(base)));
     }

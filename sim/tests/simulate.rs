@@ -243,6 +243,23 @@ fn every_channel_is_ok_against_an_in_process_payonce() {
     }
 }
 
+/// `--key-mode certificate`: Alipay plays certificate mode (its gateway
+/// refuses a request without the right app_cert_sn and alipay_root_cert_sn)
+/// and the in-process payonces hold the three certificate files; every
+/// scenario is ok on Alipay, those that call the platform too.
+#[test]
+fn alipay_in_certificate_mode_is_ok_in_process() {
+    let run =
+        simulate(&["--channel", "alipay", "--key-mode", "certificate", "--orders", "2", "--time-factor", "200000"]);
+    assert!(run.ok(), "{run:?}");
+    assert!(run.stderr.contains("alipay: certificate mode: payonce holds the app, Alipay public and root"), "{run:?}");
+    let last = run.stdout.lines().last().unwrap_or_default();
+    assert_eq!(last, "14 scenario runs: 14 ok, 0 with violations, 0 skipped (0 violations in all)", "{run:?}");
+    assert!(simulate(&["--key-mode", "pem"])
+        .error()
+        .contains("--key-mode \"pem\": expected certificate or public-key"));
+}
+
 /// payonce trusts the TEST_ONLY platform public keys; the simulator signs
 /// with their private halves, on every channel.
 #[test]

@@ -8,6 +8,10 @@
 #     node runs the result through openapi-fetch.
 #   Python: openapi-python-client (PyPI, pinned below, in target/clients-venv)
 #     writes target/clients/python/payonce_client; create_order.py calls it.
+#   Alipay: alipay_sn.cjs recomputes, with Alipay's official Node.js SDK
+#     (alipay-sdk, pinned in the same package.json), the certificate SNs of
+#     tests/fixtures/alipay-cert/expected_sn.txt that payonce's own test
+#     (src/platforms/alipay/certs.rs) checks payonce against.
 # Both create the README's minimal order (order_no, user_id, amount), replay
 # it, read it back and get a 409 for a conflicting one, on a
 # `payonce serve --dev` with an API token (PAYONCE_BIN, default the debug build).
@@ -147,6 +151,14 @@ fi
 
 echo "4. wechatpayv3 and payonce on the same notifications"
 run_client wechatpayv3 env PAYONCE_BIN="$BIN" "$WECHATPAY_VENV/bin/python" tests/clients/wechatpay_interop.py
+
+echo "5. alipay-sdk and payonce on the certificate SNs"
+# ---- Alipay's SDK: the certificate SNs payonce's tests expect ----
+if node tests/clients/alipay_sn.cjs >"$WORK/alipay-sn.log" 2>&1; then
+    pass "alipay-sdk computes the SNs of tests/fixtures/alipay-cert/expected_sn.txt"
+else
+    fail "alipay-sdk: $(cat "$WORK/alipay-sn.log")"
+fi
 
 echo
 echo "test-clients: $PASSES passed, $FAILURES failed"

@@ -168,3 +168,43 @@ fn the_start_names_each_channels_keys() {
     assert!(wechat.contains("PUB_KEY_ID_TEST_A (no expiry)"), "{wechat}");
     assert!(!err.contains("one-secret") && !err.contains("TESTONLYapiv3key"), "no secret is printed: {err}");
 }
+
+#[test]
+fn alipay_certificate_mode_is_all_three_certificates_or_none_and_never_beside_the_public_key() {
+    let dir = TempDir::new("cli-alipay-certs");
+    let fixture = |name: &str| format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    let (app, public, root) = (
+        fixture("alipay-cert/TEST_ONLY_app_cert.crt"),
+        fixture("alipay-cert/TEST_ONLY_alipay_public_cert.crt"),
+        fixture("alipay-cert/TEST_ONLY_alipay_root_cert.crt"),
+    );
+    let cases: [(&[&str], &str); 2] = [
+        (
+            &["--alipay-app-id", "2021", "--alipay-app-cert", &app, "--alipay-public-cert", &public],
+            "missing --alipay-root-cert",
+        ),
+        (
+            &[
+                "--alipay-app-id",
+                "2021",
+                "--alipay-public-key",
+                &fixture("TEST_ONLY_alipay_platform_public.pem"),
+                "--alipay-app-cert",
+                &app,
+                "--alipay-public-cert",
+                &public,
+                "--alipay-root-cert",
+                &root,
+            ],
+            "exclude each other",
+        ),
+    ];
+    for (args, why) in cases {
+        let args = [&["--callback-secret", "TEST-ONLY-secret"][..], args].concat();
+        let (code, err) = serve_in(&dir.path(""), &args);
+        assert_eq!(code, Some(2), "{err}");
+        let lines: Vec<&str> = err.lines().filter(|l| l.contains("alipay")).collect();
+        assert_eq!(lines.len(), 1, "one line: {err}");
+        assert!(lines[0].contains(why), "{err}");
+    }
+}

@@ -7,6 +7,7 @@ mod pg;
 mod platforms;
 mod prepay;
 
+mod alipay_cert_reload;
 mod api_http;
 mod auth;
 mod channels;

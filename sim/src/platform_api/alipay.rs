@@ -14,6 +14,7 @@ use super::{
     beijing_unix, notify_url_refusal, now_ms, other_trade_no, random_token, tamper, unique_digits, yuan_to_fen,
     AlipayApiConfig, Call, Fault, RefundStatus,
 };
+use crate::alipay_certs::CertSns;
 use crate::platform::{china_time, fen_to_yuan, rsa_sign};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, SigningKey, VerifyingKey};
@@ -127,6 +128,8 @@ pub(super) struct Alipay {
     verifying_key: VerifyingKey<Sha256>,
     signing_key: SigningKey<Sha256>,
     ledger: Arc<Ledger>,
+    /// Certificate mode's SNs, or `None` (public-key mode).
+    certificates: Option<CertSns>,
 }
 
 impl Alipay {
@@ -137,6 +140,7 @@ impl Alipay {
             verifying_key: VerifyingKey::new(config.app_public_key.clone()),
             signing_key: SigningKey::new(key),
             ledger,
+            certificates: config.certificates.clone(),
         }
     }
 
@@ -173,6 +177,19 @@ impl Alipay {
         if app_id != self.app_id {
             return Err(invalid("isv.invalid-app-id", format!("无效的 AppID 参数 {app_id}")));
         }
+        if let Some(sns) = &self.certificates {
+            // Certificate mode: the app's certificate and Alipay's root, by SN.
+            let app_cert_sn =
+                get("app_cert_sn").ok_or_else(|| missing("isv.missing-app-cert-sn", "应用公钥证书序列号"))?;
+            if app_cert_sn != sns.app_cert_sn {
+                return Err(invalid("isv.invalid-app-cert-sn", format!("应用公钥证书序列号 {app_cert_sn} 不匹配")));
+            }
+            let root_sn =
+                get("alipay_root_cert_sn").ok_or_else(|| missing("isv.missing-root-cert-sn", "支付宝根证书序列号"))?;
+            if root_sn != sns.alipay_root_cert_sn {
+                return Err(invalid("isv.invalid-root-cert-sn", format!("支付宝根证书序列号 {root_sn} 不匹配")));
+            }
+        }
         if !self.verifies(params, sign) {
             return Err(invalid("isv.invalid-signature", "验签出错".into()));
         }
@@ -205,6 +222,10 @@ impl Alipay {
         let prefix = format!("{{\"{key}\":");
         let mut body = prefix.clone().into_bytes();
         body.extend_from_slice(text.as_bytes());
+        if let Some(sns) = &self.certificates {
+            // Certificate mode: which Alipay certificate's key signed it.
+            body.extend_from_slice(format!(",\"alipay_cert_sn\":\"{}\"", sns.alipay_cert_sn).as_bytes());
+        }
         match rsa_sign(&self.signing_key, text.as_bytes()) {
             Ok(sign) => body.extend_from_slice(format!(",\"sign\":\"{sign}\"}}").as_bytes()),
             // Unsigned, so the client refuses it.

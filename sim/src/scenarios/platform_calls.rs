@@ -29,6 +29,7 @@
 //! ended, next to the judged pass. That pass is not judged.
 
 use super::{api_label, OrderRun, RefundPlan, Scenario, ScenarioRun, Sim, SimOrder};
+use crate::alipay_certs::KeyMode;
 use crate::client::{Conn, Req, Target};
 use crate::judge::{OrderExpect, OrderSeen};
 use crate::local::{self, LocalServer};
@@ -148,6 +149,15 @@ struct Merchant {
 /// take seconds per 2048-bit key, so they use the test fixture key, which
 /// never leaves this process (payonce and the platforms it calls are both
 /// here); release builds make a fresh one.
+/// The merchant's key, PEM and public half (certificate mode's app
+/// certificate holds the public half).
+pub(crate) fn merchant_key() -> Result<(String, RsaPrivateKey), String> {
+    use rsa::pkcs8::DecodePrivateKey;
+    let pem = &merchant()?.pem;
+    let key = RsaPrivateKey::from_pkcs8_pem(pem).map_err(|e| format!("the merchant key: {e}"))?;
+    Ok((pem.clone(), key))
+}
+
 fn merchant() -> Result<&'static Merchant, String> {
     static MERCHANT: OnceLock<Result<Merchant, String>> = OnceLock::new();
     MERCHANT.get_or_init(make_merchant).as_ref().map_err(Clone::clone)
@@ -213,6 +223,9 @@ struct World {
     clock: Clock,
     wechatpay: Arc<PlatformApi>,
     alipay: Arc<PlatformApi>,
+    /// Certificate mode (`--key-mode certificate`): Alipay's certificates,
+    /// which payonce is configured with.
+    alipay_certs: Option<Arc<crate::alipay_certs::CertSetup>>,
 }
 
 impl World {
@@ -226,10 +239,19 @@ impl World {
             ..WechatpayApiConfig::new(MERCHANT_SERIAL, merchant.public.clone())
         })?;
         let app_id = sim.keys.alipay.as_ref().map_or(SIM_ALIPAY_APP_ID, |k| k.app_id.as_str());
+        let alipay_key = platform_key(sim, Platform::Alipay)?;
+        let alipay_certs = match sim.keys.key_mode {
+            KeyMode::PublicKey => None,
+            KeyMode::Certificate => {
+                let (pem, key) = merchant_key()?;
+                Some(crate::alipay_certs::setup(&alipay_key.to_public_key(), &pem, &key)?)
+            }
+        };
         let alipay = PlatformApi::start_alipay(AlipayApiConfig {
-            alipay_key: Some(platform_key(sim, Platform::Alipay)?),
+            alipay_key: Some(alipay_key),
             app_id: app_id.to_owned(),
             expected_notify_url: Some(notify_url(Platform::Alipay)),
+            certificates: alipay_certs.as_ref().map(|setup| setup.certs.sns.clone()),
             ..AlipayApiConfig::new(merchant.public.clone())
         })?;
         Ok(World {
@@ -237,6 +259,7 @@ impl World {
             clock: Clock::manual(Clock::System.now_ms()),
             wechatpay: Arc::new(wechatpay),
             alipay: Arc::new(alipay),
+            alipay_certs,
         })
     }
 
@@ -276,15 +299,19 @@ impl World {
         // As `payonce serve --wechatpay-appid --public-base-url` sets them.
         wechatpay.appids = vec![WECHATPAY_APPID.to_owned()];
         wechatpay.refund_notify_url = Some(format!("{}/refund", notify_url(Platform::Wechatpay)));
-        let alipay = AlipayApi::new(
-            ali.merchant_id().to_owned(),
-            key()?,
-            &ali.endpoint(),
-            ali.platform_public_key().clone(),
-            timeout(Platform::Alipay),
-        );
         registry.add(PlatformParts::calls(wechatpay));
-        registry.add(PlatformParts::calls(alipay));
+        match &self.alipay_certs {
+            // Certificate mode: as `payonce serve` builds it from the certificate flags.
+            Some(setup) => registry
+                .add(setup.payonce_alipay(ali.merchant_id(), Some((&ali.endpoint(), timeout(Platform::Alipay))))?),
+            None => registry.add(PlatformParts::calls(AlipayApi::new(
+                ali.merchant_id().to_owned(),
+                key()?,
+                &ali.endpoint(),
+                ali.platform_public_key().clone(),
+                timeout(Platform::Alipay),
+            ))),
+        }
         Ok(Platforms {
             registry,
             timeout_ms: u64::try_from(HEALTHY_TIMEOUT.max(pace.timeout).as_millis()).unwrap_or(u64::MAX),

@@ -97,12 +97,23 @@ pub struct Serve {
 
 impl Serve {
     pub fn start(exe: &Path, db: &Path, sim: &Sim, extra: &[&str], env: &[(&str, &str)]) -> Serve {
+        Serve::start_flags(exe, db, &sim.flags, extra, env)
+    }
+
+    /// [`Serve::start`] with these flags instead of the simulator's.
+    pub fn start_flags(
+        exe: &Path,
+        db: &Path,
+        flags: &[(String, String)],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Serve {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let log = db.with_file_name(format!("serve-{n}.log"));
         let mut command = Command::new(exe);
         command.args(["serve", "--listen", "127.0.0.1:0", "--callback-secret", "test-secret", "--db"]).arg(db);
-        for (flag, value) in &sim.flags {
+        for (flag, value) in flags {
             command.args([flag, value]);
         }
         let mut child = command
@@ -126,6 +137,12 @@ impl Serve {
 
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Vec<u8>) {
         request(self.addr, method, path, body).unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// What it logged so far (its stderr).
+    #[allow(dead_code)]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub fn kill(&mut self) {

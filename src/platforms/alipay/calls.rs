@@ -34,10 +34,14 @@ pub fn can_carry(order_no: &str) -> bool {
 pub struct AlipayApi {
     pub app_id: String,
     /// The app key requests are signed with, Alipay's public key answers
-    /// are verified with; a reload replaces them.
+    /// are verified with (and, in certificate mode, the SNs); a reload
+    /// replaces them.
     keys: super::HeldKeys,
     pub gateway: String,
     agent: ureq::Agent,
+    /// The `alipay_cert_sn`s of verified answers that were not the
+    /// configured certificate's, each logged once.
+    rotations_seen: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
 impl AlipayApi {
@@ -48,13 +52,19 @@ impl AlipayApi {
         alipay_key: RsaPublicKey,
         timeout: Duration,
     ) -> AlipayApi {
-        let keys = super::Keys { public_key: alipay_key, app_private: Some(Arc::new(key)) };
+        let keys = super::Keys { public_key: alipay_key, app_private: Some(Arc::new(key)), certs: None };
         AlipayApi::with_keys(app_id, gateway, super::HeldKeys::new(keys), timeout)
     }
 
     /// The calls signed and verified with `keys` (shared with the notices).
     pub(super) fn with_keys(app_id: String, gateway: &str, keys: super::HeldKeys, timeout: Duration) -> AlipayApi {
-        AlipayApi { app_id, keys, gateway: gateway.to_owned(), agent: agent(timeout) }
+        AlipayApi {
+            app_id,
+            keys,
+            gateway: gateway.to_owned(),
+            agent: agent(timeout),
+            rotations_seen: parking_lot::Mutex::default(),
+        }
     }
 
     /// The signed form of one call with `extra` common parameters
@@ -79,8 +89,13 @@ impl AlipayApi {
             ("biz_content", biz_content.to_owned()),
         ]);
         form.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
-        let content = sign_content(&form);
         let keys = self.keys.current();
+        if let Some(certs) = &keys.certs {
+            // Certificate mode: the SNs are common parameters, signed with the rest.
+            form.insert("app_cert_sn", certs.app.sn.clone());
+            form.insert("alipay_root_cert_sn", certs.root_sn.clone());
+        }
+        let content = sign_content(&form);
         let key = keys.app_private.as_deref().ok_or("no --alipay-app-private-key")?;
         form.insert("sign", key.sign_base64(content.as_bytes())?);
         Ok(form)
@@ -117,23 +132,51 @@ impl AlipayApi {
 
     /// The `*_response` object of `method`'s answer once its `sign` verifies
     /// over the exact text of that value: the member that is verified is the
-    /// member that is read (docs/channels.md, "Alipay answers").
+    /// member that is read (docs/channels.md, "Alipay answers"). In
+    /// certificate mode an answer naming another `alipay_cert_sn` than the
+    /// configured certificate's is still verified with the key payonce
+    /// holds, and logged once per SN as a rotation (docs/channels.md, "Keys
+    /// and rotation").
     fn verified_response(&self, body: &str, method: &str) -> Result<Value, String> {
         let name = format!("{}_response", method.replace('.', "_"));
-        let (signed, sign) = signed_member(body, &name)?;
+        let (signed, sign, cert_sn) = signed_member(body, &name)?;
         let signature = base64::engine::general_purpose::STANDARD
             .decode(sign)
             .ok()
             .and_then(|bytes| Signature::try_from(bytes.as_slice()).ok())
             .ok_or("the answer's sign is not a base64 RSA signature")?;
-        VerifyingKey::<Sha256>::new(self.keys.current().public_key.clone())
-            .verify(signed.as_bytes(), &signature)
-            .map_err(|_| "the answer's sign does not verify".to_owned())?;
+        let keys = self.keys.current();
+        let verified = VerifyingKey::<Sha256>::new(keys.public_key.clone()).verify(signed.as_bytes(), &signature);
+        if let (Some(named), Some(certs)) = (cert_sn.as_deref(), &keys.certs) {
+            if named != certs.alipay.sn {
+                self.rotation(named, &certs.alipay.sn, verified.is_ok());
+            }
+        }
+        verified.map_err(|_| "the answer's sign does not verify".to_owned())?;
         let response: Value = serde_json::from_str(signed).map_err(|_| format!("{name} is not JSON"))?;
         if !response.is_object() {
             return Err(format!("{name} is not an object"));
         }
         Ok(response)
+    }
+
+    /// Logs, once per SN, an answer naming the Alipay certificate `named`
+    /// while payonce holds `configured`'s: Alipay is moving to a new
+    /// certificate, which the operator installs with `SIGHUP`.
+    fn rotation(&self, named: &str, configured: &str, verified: bool) {
+        let named = crate::platforms::printable(named);
+        let mut seen = self.rotations_seen.lock();
+        // Bounded: a verified answer is Alipay's, and a forger may add a few.
+        if seen.len() >= 64 || !seen.insert(named.clone()) {
+            return;
+        }
+        drop(seen);
+        let verified = if verified { "yes" } else { "no" };
+        crate::log::warn(
+            "an Alipay answer names another alipay_cert_sn than the configured Alipay public certificate: \
+             Alipay is rotating its certificate; install the new one with --alipay-public-cert and SIGHUP",
+            &[("alipay_cert_sn", &named), ("configured", &configured), ("verified_with_held_key", &verified)],
+        );
     }
 }
 
@@ -168,7 +211,8 @@ impl<'de> serde::Deserialize<'de> for Members<'de> {
 /// any other `*_response` member beside it (another method's answer).
 /// A copy of `name` nested deeper is part of some member's text: only the
 /// top-level one is verified, and only it is read.
-fn signed_member<'b>(body: &'b str, name: &str) -> Result<(&'b str, String), String> {
+/// Also answers the top-level `alipay_cert_sn` (certificate mode), if any.
+fn signed_member<'b>(body: &'b str, name: &str) -> Result<(&'b str, String, Option<String>), String> {
     let Members(members) = serde_json::from_str(body).map_err(|_| "the answer is not one JSON object".to_owned())?;
     let mut seen = std::collections::HashSet::new();
     if let Some((repeated, _)) = members.iter().find(|(key, _)| !seen.insert(key.as_str())) {
@@ -184,7 +228,8 @@ fn signed_member<'b>(body: &'b str, name: &str) -> Result<(&'b str, String), Str
     let sign = member("sign")
         .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
         .ok_or("the answer is not signed")?;
-    Ok((signed.get(), sign))
+    let cert_sn = member("alipay_cert_sn").and_then(|raw| serde_json::from_str::<String>(raw.get()).ok());
+    Ok((signed.get(), sign, cert_sn))
 }
 
 /// A call's `biz_content`, members in this order, those without a value left out.
@@ -584,8 +629,10 @@ mod tests {
         let body = r#"{"alipay_trade_query_response" : {"code":"10000","msg":"a } in \"text\"","sub":{"x":[1,{"y":2}]}},"sign":"abc"}"#;
         assert_eq!(
             signed_member(body, name),
-            Ok((r#"{"code":"10000","msg":"a } in \"text\"","sub":{"x":[1,{"y":2}]}}"#, "abc".to_owned()))
+            Ok((r#"{"code":"10000","msg":"a } in \"text\"","sub":{"x":[1,{"y":2}]}}"#, "abc".to_owned(), None))
         );
+        let certified = r#"{"alipay_trade_query_response":{},"alipay_cert_sn":"fda5","sign":"abc"}"#;
+        assert_eq!(signed_member(certified, name), Ok(("{}", "abc".to_owned(), Some("fda5".to_owned()))));
         let refused = [
             r#"{"sign":"abc"}"#,
             r#"{"alipay_trade_query_response":{},"alipay_trade_query_response":{},"sign":"abc"}"#,

@@ -53,7 +53,7 @@ enum Charset {
 impl Alipay {
     /// The notices of `config`, with a key of their own.
     pub fn new(config: AlipayConfig) -> Alipay {
-        let keys = super::Keys { public_key: config.public_key, app_private: None };
+        let keys = super::Keys { public_key: config.public_key, app_private: None, certs: None };
         Alipay { app_id: config.app_id, keys: super::HeldKeys::new(keys) }
     }
 
@@ -134,7 +134,18 @@ impl Notices for Alipay {
     }
 
     fn describe(&self) -> String {
-        format!("app_id {}, Alipay public key", self.app_id)
+        match &self.keys.current().certs {
+            None => format!("app_id {}, public-key mode (Alipay public key)", self.app_id),
+            Some(certs) => format!(
+                "app_id {}, certificate mode (Alipay public certificate {} expires {}, app_cert_sn {}, \
+                 alipay_root_cert_sn {})",
+                self.app_id,
+                certs.alipay.sn,
+                crate::clock::format_ms(certs.alipay.not_after_ms),
+                certs.app.sn,
+                certs.root_sn
+            ),
+        }
     }
 
     fn parse(&self, _now_ms: i64, req: &Request, _refund_route: bool) -> Result<Notice, Error> {
