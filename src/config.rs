@@ -218,7 +218,13 @@ pub const SETTINGS: &[Setting] = &[
         unsigned(&mut s.wechatpay_cert_refresh_s, "wechatpay-cert-refresh-s", v, 1, 30 * 86_400)
     }),
     setting("wechatpay-cert-unknown-serial-interval-s", |s, v| {
-        unsigned(&mut s.wechatpay_cert_unknown_serial_interval_s, "wechatpay-cert-unknown-serial-interval-s", v, 0, 86_400)
+        unsigned(
+            &mut s.wechatpay_cert_unknown_serial_interval_s,
+            "wechatpay-cert-unknown-serial-interval-s",
+            v,
+            0,
+            86_400,
+        )
     }),
     setting("wechatpay-api-base", |s, v| {
         s.wechatpay_api_base = http_url("wechatpay-api-base", v)?;

@@ -223,9 +223,7 @@ impl Downloads {
         trusted.retain(|d| !listed.iter().any(|l| l.serial.eq_ignore_ascii_case(&d.serial)));
         trusted.extend(listed.iter().cloned());
         let candidate = current.with_downloaded(trusted);
-        let header = |name: &str| {
-            headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone())
-        };
+        let header = |name: &str| headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.clone());
         verify_signed(&candidate, now_ms, &header, body.as_bytes())
             .map_err(|e| format!("the answer does not verify: {}", e.message))?;
         self.keep(listed, now_ms);
@@ -256,9 +254,8 @@ impl Downloads {
         let expire_time = entry["expire_time"].as_str().ok_or("no expire_time")?;
         let expire_ms = crate::clock::parse_rfc3339_ms(expire_time).ok_or("expire_time is not RFC 3339")?;
         let encrypted = &entry["encrypt_certificate"];
-        let text = |name: &str| {
-            encrypted[name].as_str().ok_or_else(|| format!("encrypt_certificate.{name} is missing"))
-        };
+        let text =
+            |name: &str| encrypted[name].as_str().ok_or_else(|| format!("encrypt_certificate.{name} is missing"));
         if text("algorithm")? != "AEAD_AES_256_GCM" {
             return Err("encrypt_certificate.algorithm must be AEAD_AES_256_GCM".into());
         }
@@ -318,7 +315,8 @@ impl Downloads {
 /// The serial number (upper-case hex) and the notAfter (Unix ms) of an X.509 PEM.
 fn certificate_facts(pem: &str) -> Result<(String, i64), String> {
     use x509_cert::der::DecodePem;
-    let cert = x509_cert::Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let cert =
+        x509_cert::Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("not an X.509 certificate: {e}"))?;
     let serial: String = cert.tbs_certificate.serial_number.as_bytes().iter().map(|b| format!("{b:02X}")).collect();
     let not_after = cert.tbs_certificate.validity.not_after.to_unix_duration();
     Ok((serial, i64::try_from(not_after.as_millis()).unwrap_or(i64::MAX)))

@@ -46,7 +46,10 @@ pub struct WechatpayConfig {
 impl WechatpayConfig {
     pub fn new(apiv3_key: &str, platform_keys: Vec<(String, RsaPublicKey)>) -> Result<WechatpayConfig, String> {
         if platform_keys.is_empty() {
-            return Err("WeChat Pay needs at least one --wechatpay-public-key SERIAL=FILE (or --wechatpay-platform-certs auto)".into());
+            return Err(
+                "WeChat Pay needs at least one --wechatpay-public-key SERIAL=FILE (or --wechatpay-platform-certs auto)"
+                    .into(),
+            );
         }
         WechatpayConfig::downloading(apiv3_key, platform_keys)
     }
@@ -215,9 +218,11 @@ impl Notices for Wechatpay {
                     None => format!("{serial} (no expiry)"),
                 }
             })
-            .chain(held.downloaded.iter().map(|d| {
-                format!("{} (downloaded, expires {})", d.serial, crate::clock::format_ms(d.not_after_ms))
-            }))
+            .chain(
+                held.downloaded
+                    .iter()
+                    .map(|d| format!("{} (downloaded, expires {})", d.serial, crate::clock::format_ms(d.not_after_ms))),
+            )
             .collect();
         format!("platform keys {}", keys.join(", "))
     }
