@@ -20,6 +20,9 @@ use std::time::Duration;
 
 pub const API_BASE_DEFAULT: &str = "https://api.mch.weixin.qq.com";
 
+/// An answer not verified yet: (HTTP status, body, its `Wechatpay-*` headers).
+pub(super) type Unverified = (u16, String, Vec<(String, String)>);
+
 /// WeChat Pay's `out_trade_no`: 6-32 characters of `[A-Za-z0-9_*|-]`.
 pub fn can_carry(order_no: &str) -> bool {
     (6..=32).contains(&order_no.len())
@@ -166,11 +169,7 @@ impl WechatpayApi {
     /// One signed `GET` whose answer is not verified here (the certificate
     /// download verifies it with what it lists): (status, body, the
     /// answer's `Wechatpay-*` headers), or why there is none.
-    pub(super) fn fetch_unverified(
-        &self,
-        path: &str,
-        now_ms: i64,
-    ) -> Result<(u16, String, Vec<(String, String)>), String> {
+    pub(super) fn fetch_unverified(&self, path: &str, now_ms: i64) -> Result<Unverified, String> {
         let keys = self.keys.current();
         let authorization = self.authorization(&keys, "GET", path, "", now_ms)?;
         let url = format!("{}{path}", self.api_base);
