@@ -21,7 +21,7 @@ payonce: exactly-once orders and payment callbacks on SQLite or PostgreSQL
 Usage:
   payonce serve     [--db PATH|:memory:|URL] [--listen ADDR:PORT] [settings]
   payonce simulate  [--target URL] [--channel generic|wechatpay|alipay|all] [--scenario NAME]... [--orders N]
-                    [--time-factor F] [--full-schedules]
+                    [--time-factor F] [--full-schedules] [--key-mode public-key|certificate]
                     (runs payonce-sim, the payment-platform simulator; exit 0 clean, 1 on any violation)
   payonce inspect   --db PATH|URL         (findings as JSON on stdout; exit 0 clean, 1 findings)
   payonce reconcile --db PATH|URL --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]

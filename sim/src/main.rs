@@ -233,6 +233,12 @@ Options:
                           answer before the gateway gives up [default: 0: it gives
                           up at once, so that answer is always lost; with MS > 0
                           a fast payonce may answer in time]
+  --key-mode MODE         public-key or certificate: how the simulated WeChat Pay
+                          signs. public-key: under a WeChat Pay public key
+                          (PUB_KEY_ID_...) payonce is configured with; certificate:
+                          with a platform certificate payonce downloads from it
+                          (--wechatpay-platform-certs auto, no key configured for
+                          that serial). In process only [default: public-key]
   -v, --verbose           the whole table: each scenario's deliveries and its
                           expected and observed effects in full (by default the
                           table fits 100 columns)
@@ -261,6 +267,15 @@ ORDER_PAID points entry per order, and relies on payonce's inspection
 (paid_without_rewards) for rewards that were due but are missing.
 ";
 
+/// `--key-mode`: what the simulated platforms sign with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyMode {
+    /// A public key payonce is configured with (WeChat Pay's `PUB_KEY_ID_...`).
+    PublicKey,
+    /// A platform certificate (WeChat Pay's, downloaded by payonce).
+    Certificate,
+}
+
 /// The command line.
 struct Options {
     target: Option<String>,
@@ -279,6 +294,7 @@ struct Options {
     wechatpay_apiv3_key: Option<String>,
     alipay_private_key: Option<String>,
     alipay_app_id: Option<String>,
+    key_mode: KeyMode,
 }
 
 fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
@@ -314,6 +330,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
         wechatpay_apiv3_key: env("PAYONCE_WECHATPAY_APIV3_KEY"),
         alipay_private_key: None,
         alipay_app_id: None,
+        key_mode: KeyMode::PublicKey,
     };
     let mut parser = lexopt::Parser::from_args(args);
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
@@ -371,6 +388,13 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
             Long("wechatpay-apiv3-key") => opts.wechatpay_apiv3_key = Some(string_value(&mut parser)?),
             Long("alipay-private-key") => opts.alipay_private_key = Some(string_value(&mut parser)?),
             Long("alipay-app-id") => opts.alipay_app_id = Some(string_value(&mut parser)?),
+            Long("key-mode") => {
+                opts.key_mode = match string_value(&mut parser)?.as_str() {
+                    "public-key" => KeyMode::PublicKey,
+                    "certificate" => KeyMode::Certificate,
+                    other => return Err(format!("--key-mode {other:?}: expected public-key or certificate")),
+                }
+            }
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 return Ok(None);
@@ -447,6 +471,12 @@ fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
     let started = Instant::now();
     let keys = platform_keys(&opts, opts.target.is_none())?;
     let keys_s = started.elapsed().as_secs_f64();
+    if let Some(wx) = keys.wechatpay.as_ref().filter(|k| k.certificate) {
+        eprintln!(
+            "WeChat Pay signs with the platform certificate {}; payonce holds no key for it and downloads it (--wechatpay-platform-certs auto)",
+            wx.serial
+        );
+    }
     let (target, local, rewards) = match &opts.target {
         Some(url) => {
             let token = match opts.api_token.as_deref().and_then(first_secret) {

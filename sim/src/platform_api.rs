@@ -298,9 +298,7 @@ pub struct PlatformApi {
 /// The path of WeChat Pay's platform certificate download.
 const CERTIFICATES_PATH: &str = "/v3/certificates";
 
-#[cfg(test)]
-use certs::new_serial;
-pub use certs::PlatformCertificate;
+pub use certs::{new_serial, PlatformCertificate};
 
 impl PlatformApi {
     pub fn start_wechatpay(config: WechatpayApiConfig) -> Result<PlatformApi, String> {

@@ -21,7 +21,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-mod platform_calls;
+pub(crate) mod platform_calls;
 mod row;
 
 /// WeChat Pay's notification retry intervals after the first delivery, in seconds.

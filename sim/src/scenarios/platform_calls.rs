@@ -47,7 +47,7 @@ use payonce::platform_ops::Platforms;
 use payonce::platforms::alipay::AlipayApi;
 use payonce::platforms::wechatpay::WechatpayApi;
 use payonce::platforms::{
-    MerchantKey, Platform as PlatformParts, PrepayAnswer, PrepayRequest, Registry, PLATFORM_WAITERS_MAX,
+    MerchantKey, Parts, Platform as PlatformParts, PrepayAnswer, PrepayRequest, Registry, PLATFORM_WAITERS_MAX,
 };
 use payonce::{App, Clock};
 use rsa::{RsaPrivateKey, RsaPublicKey};
@@ -139,16 +139,16 @@ type Played = (Vec<OrderRun>, Vec<OrderSeen>, Vec<String>);
 
 /// The merchant's API key payonce signs its requests with (ring: 2048 bits
 /// or more), and its public half the platforms verify them with.
-struct Merchant {
-    pem: String,
-    public: RsaPublicKey,
+pub(crate) struct Merchant {
+    pub(crate) pem: String,
+    pub(crate) public: RsaPublicKey,
 }
 
 /// One per run, made when first needed. Unoptimised builds (the test suite)
 /// take seconds per 2048-bit key, so they use the test fixture key, which
 /// never leaves this process (payonce and the platforms it calls are both
 /// here); release builds make a fresh one.
-fn merchant() -> Result<&'static Merchant, String> {
+pub(crate) fn merchant() -> Result<&'static Merchant, String> {
     static MERCHANT: OnceLock<Result<Merchant, String>> = OnceLock::new();
     MERCHANT.get_or_init(make_merchant).as_ref().map_err(Clone::clone)
 }
@@ -213,18 +213,26 @@ struct World {
     clock: Clock,
     wechatpay: Arc<PlatformApi>,
     alipay: Arc<PlatformApi>,
+    /// `--key-mode certificate`: WeChat Pay's keys, whose certificate payonce downloads.
+    certificates: Option<crate::platform::WechatpayKeys>,
 }
 
 impl World {
     fn start(sim: &Sim) -> Result<World, String> {
         let merchant = merchant()?;
         let serial = sim.keys.wechatpay.as_ref().map_or(SIM_WECHATPAY_SERIAL, |k| k.serial.as_str());
-        let wechatpay = PlatformApi::start_wechatpay(WechatpayApiConfig {
-            platform_key: Some(platform_key(sim, Platform::Wechatpay)?),
-            platform_serial: serial.to_owned(),
-            expected_notify_url: Some(notify_url(Platform::Wechatpay)),
-            ..WechatpayApiConfig::new(MERCHANT_SERIAL, merchant.public.clone())
-        })?;
+        let wechatpay = match sim.keys.wechatpay.as_ref().filter(|k| k.certificate) {
+            // --key-mode certificate: it signs with a platform certificate payonce downloads.
+            Some(wx) => local::certificate_platform(wx, |config| {
+                config.expected_notify_url = Some(notify_url(Platform::Wechatpay));
+            })?,
+            None => PlatformApi::start_wechatpay(WechatpayApiConfig {
+                platform_key: Some(platform_key(sim, Platform::Wechatpay)?),
+                platform_serial: serial.to_owned(),
+                expected_notify_url: Some(notify_url(Platform::Wechatpay)),
+                ..WechatpayApiConfig::new(MERCHANT_SERIAL, merchant.public.clone())
+            })?,
+        };
         let app_id = sim.keys.alipay.as_ref().map_or(SIM_ALIPAY_APP_ID, |k| k.app_id.as_str());
         let alipay = PlatformApi::start_alipay(AlipayApiConfig {
             alipay_key: Some(platform_key(sim, Platform::Alipay)?),
@@ -237,6 +245,7 @@ impl World {
             clock: Clock::manual(Clock::System.now_ms()),
             wechatpay: Arc::new(wechatpay),
             alipay: Arc::new(alipay),
+            certificates: sim.keys.wechatpay.clone().filter(|k| k.certificate),
         })
     }
 
@@ -264,6 +273,7 @@ impl World {
         let timeout = |platform: Platform| if platform == self.channel { pace.timeout } else { HEALTHY_TIMEOUT };
         let key = || MerchantKey::from_pem(&merchant.pem);
         let wx = &self.wechatpay;
+        let wx_api: &PlatformApi = wx;
         let ali = &self.alipay;
         let mut wechatpay = WechatpayApi::new(
             wx.merchant_id().to_owned(),
@@ -283,7 +293,16 @@ impl World {
             ali.platform_public_key().clone(),
             timeout(Platform::Alipay),
         );
-        registry.add(PlatformParts::calls(wechatpay));
+        match &self.certificates {
+            // As `serve --wechatpay-platform-certs auto` builds its calls: no key configured.
+            Some(wx) => {
+                let timeout = timeout(Platform::Wechatpay);
+                let downloading =
+                    local::downloading_wechatpay(wx, wx_api, Parts::CallsOnly, timeout, Some(PUBLIC_BASE_URL))?;
+                registry.add(PlatformParts { notices: None, keys: None, ..downloading });
+            }
+            None => registry.add(PlatformParts::calls(wechatpay)),
+        }
         registry.add(PlatformParts::calls(alipay));
         Ok(Platforms {
             registry,
@@ -624,7 +643,9 @@ fn merchant_calls(api: &PlatformApi) -> usize {
     // Alipay's gateway records what the buyer opened as GET (a URL) or APP (an order string).
     let opened_by_buyer = |c: &Call| api.platform() == Platform::Alipay && c.http_method != "POST";
     let creation = |c: &Call| matches!(classify(api.platform(), c), Some((Kind::Prepay, _)));
-    api.calls().iter().filter(|c| !opened_by_buyer(c) && !creation(c)).count()
+    // WeChat Pay's certificate download (--key-mode certificate) is about no trade.
+    let certificates = |c: &Call| c.api == "/v3/certificates";
+    api.calls().iter().filter(|c| !opened_by_buyer(c) && !creation(c) && !certificates(c)).count()
 }
 
 /// How many `kind` calls about `no` the platform received.
