@@ -523,6 +523,18 @@ fn an_unlisted_certificate_serves_until_it_expires_and_an_expired_one_never() {
         create_order(&server, order_no);
     }
     assert_eq!(send(&server, &notice("CERTS-EXP-1", KEY_OTHER, SERIAL_SHORT)).status, 204, "valid until it expires");
+    // A downloaded certificate is watched like a configured one: the short one is key_expiring, the others not.
+    let inspection = server.get("/v1/inspections").json();
+    let expiring: Vec<&str> = inspection["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["kind"] == "key_expiring")
+        .filter_map(|f| f["detail"]["id"].as_str())
+        .collect();
+    assert_eq!(expiring, vec![SERIAL_SHORT], "{inspection}");
+    let seconds = metric(&server, &expires_series(SERIAL_SHORT)).expect("the short certificate in /metrics");
+    assert!(seconds <= 10.0, "{seconds}");
     // WeChat Pay stops listing certificate 1 and lists 2: a notice of 2 makes payonce download.
     wechat.set(|s| {
         s.listed = vec![
