@@ -4,7 +4,8 @@
 //! `GET /v3/certificates` from a state the test changes while it runs (it
 //! rotates its certificate, moves the merchant to a public key, lets a
 //! certificate expire, forges its answers), checks payonce's request
-//! signature, and counts the downloads.
+//! signature, and counts the downloads. The PyPI SDK `wechatpayv3` checks
+//! the same notices and downloads, and signs notices payonce must accept.
 
 use crate::platform_answers::{Gateway, Reply, Seen};
 use crate::util::{self, Server, TempDir};
@@ -206,6 +207,7 @@ fn signed_headers(key: &SigningKey<Sha256>, serial: &str, body: &[u8]) -> Vec<(S
         ("Wechatpay-Timestamp".into(), timestamp),
         ("Wechatpay-Nonce".into(), nonce),
         ("Wechatpay-Signature".into(), base64(&key.sign(&message).to_bytes())),
+        ("Wechatpay-Signature-Type".into(), "WECHATPAY2-SHA256-RSA2048".into()),
     ]
 }
 
@@ -593,4 +595,117 @@ fn downloads_for_unknown_serials_are_rate_limited() {
     assert_eq!(wechat.downloads(), 2, "twenty unknown serials: one download within the interval");
     assert_eq!(status_of(&server, "CERTS-RATE-1"), "PENDING");
     assert_eq!(deliver(&server, KEY_A, SERIAL_1, "CERTS-RATE-1"), vec![204]);
+}
+
+// ---- interop with the PyPI SDK wechatpayv3 (scripts/wechatpay-venv) ----
+
+/// The Python that has `wechatpayv3`: `PAYONCE_WECHATPAY_PYTHON`, else
+/// target/wechatpay-venv's (scripts/wechatpay-venv), else `python3`.
+fn sdk_python() -> String {
+    if let Ok(python) = std::env::var("PAYONCE_WECHATPAY_PYTHON") {
+        return python;
+    }
+    let venv = concat!(env!("CARGO_MANIFEST_DIR"), "/target/wechatpay-venv/bin/python");
+    if std::path::Path::new(venv).exists() {
+        venv.to_owned()
+    } else {
+        "python3".to_owned()
+    }
+}
+
+/// One exchange with tests/wechatpay/sdk.py.
+fn sdk(asked: &Value) -> Value {
+    use std::io::Write;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/wechatpay/sdk.py");
+    let mut child = std::process::Command::new(sdk_python())
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tests/wechatpay/sdk.py (python3)");
+    child.stdin.take().expect("stdin").write_all(asked.to_string().as_bytes()).expect("write");
+    let out = child.wait_with_output().expect("sdk.py");
+    assert!(out.status.success(), "sdk.py: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("sdk.py answers JSON")
+}
+
+/// The value of header `name` of a signed notice.
+fn header_of<'a>(signed: &'a (Vec<(String, String)>, Vec<u8>), name: &str) -> &'a str {
+    signed.0.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str()).unwrap_or_default()
+}
+
+#[test]
+fn the_wechatpayv3_sdk_and_payonce_agree_on_both_serial_kinds() {
+    let probe = sdk(&json!({}));
+    if probe["sdk"].is_null() {
+        let required = std::env::var("PAYONCE_REQUIRE_WECHATPAY_SDK").is_ok_and(|v| v == "1");
+        assert!(!required, "PAYONCE_REQUIRE_WECHATPAY_SDK=1 but wechatpayv3 is not importable by {}", sdk_python());
+        eprintln!(
+            "=== wechatpayv3 is missing: WeChat Pay interop NOT checked with the SDK (run scripts/wechatpay-venv) ==="
+        );
+        return;
+    }
+    let dir = TempDir::new("wx-certs-sdk");
+    let cert_1 = certificate(&dir, KEY_A, SERIAL_1);
+    let wechat =
+        Wechat::start(vec![Listed { serial: SERIAL_1.into(), pem: cert_1, expire_ms: far() }], (SERIAL_1, KEY_A));
+    let public_file = public_key_file(&dir);
+    let server = start(&dir, &wechat, &["--wechatpay-public-key", &format!("{PUBLIC_KEY_ID}={public_file}")]);
+    let pem = |name: &str| std::fs::read_to_string(format!("{FIXTURES}/{name}")).expect("fixture");
+    // (serial, key, genuine): both kinds of serial, each also forged.
+    let cases = [
+        (SERIAL_1, KEY_A, true),
+        (PUBLIC_KEY_ID, KEY_PUBLIC, true),
+        (SERIAL_1, KEY_FORGER, false),
+        (PUBLIC_KEY_ID, KEY_FORGER, false),
+    ];
+    let mut notices = Vec::new();
+    for (i, (serial, key, _)) in cases.iter().enumerate() {
+        let order_no = format!("CERTS-SDK-{i}");
+        create_order(&server, &order_no);
+        notices.push(notice(&order_no, key, serial));
+    }
+    // The SDK signs each notice's message with the same key: PKCS#1 v1.5 is
+    // deterministic, so its signature is the one payonce is sent.
+    let messages: Vec<Value> = notices
+        .iter()
+        .zip(&cases)
+        .map(|(signed, (_, key, _))| {
+            let message = format!(
+                "{}\n{}\n{}\n",
+                header_of(signed, "Wechatpay-Timestamp"),
+                header_of(signed, "Wechatpay-Nonce"),
+                String::from_utf8_lossy(&signed.1)
+            );
+            json!([message, pem(key)])
+        })
+        .collect();
+    let public_pem = std::fs::read_to_string(&public_file).expect("public key");
+    let answer = sdk(&json!({
+        "sign": messages,
+        "gateway": wechat.gateway.url(),
+        "mchid": MCHID,
+        "merchant_serial": MERCHANT_SERIAL,
+        "merchant_key": pem("keys/merchant.pem"),
+        "apiv3_key": APIV3_KEY,
+        "public_key_id": PUBLIC_KEY_ID,
+        "public_key": public_pem,
+        "notices": notices.iter().map(|(headers, body)| json!({
+            "headers": headers.iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect::<serde_json::Map<String, Value>>(),
+            "body": String::from_utf8_lossy(body),
+        })).collect::<Vec<Value>>(),
+    }));
+    for (i, signed) in notices.iter().enumerate() {
+        assert_eq!(answer["signatures"][i], header_of(signed, "Wechatpay-Signature"), "case {i}: the SDK's signature");
+    }
+    // The SDK reads the simulated WeChat Pay's download as payonce does.
+    assert_eq!(answer["certificates"], json!([SERIAL_1]), "{answer}");
+    let expected: Vec<bool> = cases.iter().map(|(_, _, genuine)| *genuine).collect();
+    assert_eq!(answer["verdicts"], json!(expected), "the SDK's verdicts: {answer}");
+    for (i, signed) in notices.iter().enumerate() {
+        let status = send(&server, signed).status;
+        assert_eq!(status == 204, expected[i], "case {i}: payonce answered {status}");
+        assert_eq!(status_of(&server, &format!("CERTS-SDK-{i}")) == "PAID", expected[i], "case {i}");
+    }
 }
