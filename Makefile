@@ -18,7 +18,7 @@ WEBHOOK_SKIP_BANNER = if [ -z "$$PAYONCE_WEBHOOK_PYTHON" ] && ! target/webhook-v
 	echo "==================================================================================="; \
 	fi
 
-.PHONY: deb test-deb test-clients webhook-venv test-console build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
+.PHONY: deb test-deb test-clients webhook-venv wechatpay-venv test-console build run run-pg test test-slow fmt lint example clean test-deploy fuzz-api bench
 
 # The service and the simulator (`payonce simulate` runs payonce-sim from
 # the payonce binary's directory), release builds.
@@ -97,6 +97,12 @@ test-console:
 # standardwebhooks library, pinned, in target/webhook-venv (.ci/run makes it).
 webhook-venv:
 	bash scripts/webhook-venv
+
+# The WeChat Pay interop test checks notices and the certificate download
+# with the PyPI SDK wechatpayv3, pinned, in target/wechatpay-venv (.ci/run
+# makes it); without it the test says so and checks payonce alone.
+wechatpay-venv:
+	bash scripts/wechatpay-venv
 
 # The tests too slow for `make test` (each is #[ignore]d with the reason):
 # the backup SIGKILLed at 20 seeded moments on a 50 MiB database; the

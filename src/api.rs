@@ -700,6 +700,7 @@ fn metrics(app: &App) -> Result<Response, Error> {
         webhook_oldest_pending_s,
         platform_calls_pending: app.platform_calls().pending()?,
         key_expires_in_s: app.operations().key_expires_in_s(),
+        wechatpay_cert_downloads: app.operations().wechatpay_cert_downloads(),
     };
     Ok(Response {
         status: 200,

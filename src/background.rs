@@ -10,6 +10,9 @@
 //! - the storage watch: about once a second, checks that the database's
 //!   paths still name the files payonce has open, and once they do not,
 //!   logs an error every few seconds until payonce is restarted;
+//! - the key refresh: about once a second, lets each platform download the
+//!   certificates its schedule says are due (WeChat Pay's
+//!   `--wechatpay-cert-refresh-s`), on its own thread, so no request waits;
 //! - the signal handler: SIGINT, SIGTERM and SIGQUIT stop `serve`; SIGHUP
 //!   re-reads every key and certificate file; SIGUSR1 and SIGUSR2 are
 //!   logged, not obeyed.
@@ -200,6 +203,17 @@ pub fn spawn_storage_watch(app: Arc<App>, shutdown: Arc<AtomicBool>) -> std::io:
                 );
                 last_logged = Some(Instant::now());
             }
+        }
+    })
+}
+
+/// How often the key refresh asks the platforms whether a download is due.
+pub const KEY_REFRESH_POLL_MS: u64 = 1_000;
+
+pub fn spawn_key_refresh(app: Arc<App>, shutdown: Arc<AtomicBool>) -> std::io::Result<JoinHandle<()>> {
+    thread::Builder::new().name("payonce-key-refresh".into()).spawn(move || {
+        while sleep_unless_shutdown(Duration::from_millis(KEY_REFRESH_POLL_MS), &shutdown) {
+            app.operations().refresh_keys();
         }
     })
 }

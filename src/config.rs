@@ -73,6 +73,9 @@ pub struct Settings {
     refund_query_after_s: i64,
     public_base_url: Option<String>,
     wechatpay_appids: Vec<String>,
+    wechatpay_platform_certs: bool,
+    wechatpay_cert_refresh_s: u64,
+    wechatpay_cert_unknown_serial_interval_s: u64,
     prepay_reuse_s: i64,
     refund_unwanted: RefundUnwanted,
     /// `--log-format`: `main` sets it before anything logs.
@@ -213,6 +216,26 @@ pub const SETTINGS: &[Setting] = &[
     setting("wechatpay-mchid", |s, v| some(&mut s.wechatpay_mchid, v)),
     setting("wechatpay-merchant-serial", |s, v| some(&mut s.wechatpay_merchant_serial, v)),
     setting("wechatpay-merchant-key", |s, v| some(&mut s.wechatpay_merchant_key, v)),
+    setting("wechatpay-platform-certs", |s, v| {
+        s.wechatpay_platform_certs = match v {
+            "auto" => true,
+            "off" => false,
+            _ => return Err(format!("--wechatpay-platform-certs {v:?}: expected auto or off")),
+        };
+        Ok(())
+    }),
+    setting("wechatpay-cert-refresh-s", |s, v| {
+        unsigned(&mut s.wechatpay_cert_refresh_s, "wechatpay-cert-refresh-s", v, 1, 30 * 86_400)
+    }),
+    setting("wechatpay-cert-unknown-serial-interval-s", |s, v| {
+        unsigned(
+            &mut s.wechatpay_cert_unknown_serial_interval_s,
+            "wechatpay-cert-unknown-serial-interval-s",
+            v,
+            0,
+            86_400,
+        )
+    }),
     setting("wechatpay-api-base", |s, v| {
         s.wechatpay_api_base = http_url("wechatpay-api-base", v)?;
         Ok(())
@@ -488,6 +511,9 @@ impl Settings {
             refund_query_after_s: crate::platforms::REFUND_QUERY_AFTER_S_DEFAULT,
             public_base_url: None,
             wechatpay_appids: Vec::new(),
+            wechatpay_platform_certs: false,
+            wechatpay_cert_refresh_s: wechatpay::CERT_REFRESH_S_DEFAULT,
+            wechatpay_cert_unknown_serial_interval_s: wechatpay::CERT_UNKNOWN_SERIAL_INTERVAL_S_DEFAULT,
             prepay_reuse_s: crate::platforms::PREPAY_REUSE_S_DEFAULT,
             refund_unwanted: RefundUnwanted::Manual,
             log_format: crate::log::LogFormat::Logfmt,
@@ -637,6 +663,9 @@ impl Settings {
                 merchant_key: self.wechatpay_merchant_key.clone(),
                 api_base: self.wechatpay_api_base.clone(),
                 appids: self.wechatpay_appids.clone(),
+                platform_certs: self.wechatpay_platform_certs,
+                cert_refresh_s: self.wechatpay_cert_refresh_s,
+                cert_unknown_serial_interval_s: self.wechatpay_cert_unknown_serial_interval_s,
             },
             alipay: alipay::Settings {
                 public_key: self.alipay_public_key.clone(),

@@ -28,6 +28,15 @@ impl<K> Held<K> {
     pub fn replace(&self, keys: K) {
         *self.0.write() = Arc::new(keys);
     }
+
+    /// Makes `change` of the value in use the one every later
+    /// [`Held::current`] answers, with no other replacement in between
+    /// (`change` only copies: nothing slow runs under the lock).
+    pub fn update(&self, change: impl FnOnce(&K) -> K) {
+        let mut held = self.0.write();
+        let changed = change(&held);
+        *held = Arc::new(changed);
+    }
 }
 
 impl<K: Default> Default for Held<K> {

@@ -1,6 +1,8 @@
 //! `payonce`: argument parsing and wiring only; everything else is in the library.
 
-use payonce::background::{handle_signals, spawn_inspector, spawn_platform_worker, spawn_storage_watch, spawn_sweeper};
+use payonce::background::{
+    handle_signals, spawn_inspector, spawn_key_refresh, spawn_platform_worker, spawn_storage_watch, spawn_sweeper,
+};
 use payonce::config::{self, db_from_env, Checked, Settings, DEV_CALLBACK_SECRET};
 use payonce::http::Server;
 use payonce::recon::Format;
@@ -19,7 +21,7 @@ payonce: exactly-once orders and payment callbacks on SQLite or PostgreSQL
 Usage:
   payonce serve     [--db PATH|:memory:|URL] [--listen ADDR:PORT] [settings]
   payonce simulate  [--target URL] [--channel generic|wechatpay|alipay|all] [--scenario NAME]... [--orders N]
-                    [--time-factor F] [--full-schedules] [--key-mode certificate|public-key]
+                    [--time-factor F] [--full-schedules] [--key-mode public-key|certificate]
                     (runs payonce-sim, the payment-platform simulator; exit 0 clean, 1 on any violation)
   payonce inspect   --db PATH|URL         (findings as JSON on stdout; exit 0 clean, 1 findings)
   payonce reconcile --db PATH|URL --statement FILE [--format generic|wechatpay|alipay] [--date YYYY-MM-DD] [--repair]
@@ -192,6 +194,14 @@ calls are on when any of its outgoing-only settings is given; then all are requi
   --wechatpay-merchant-key FILE   the merchant's API private key (PEM); answers are verified
                                   with --wechatpay-public-key (no APIv3 key needed for that)
   --wechatpay-api-base URL        [default: https://api.mch.weixin.qq.com]
+  --wechatpay-platform-certs auto|off
+                                  auto: download the platform certificates (GET /v3/certificates)
+                                  at start, on a schedule and on an unknown serial; needs the
+                                  calls' settings and the APIv3 key [default: off]
+  --wechatpay-cert-refresh-s N    how often they are downloaded again [default: 43200]
+  --wechatpay-cert-unknown-serial-interval-s N
+                                  at most one download this often for a serial payonce does not
+                                  hold (and the retry after a failed one) [default: 60]
   --alipay-app-private-key FILE   the app's private key (PEM, PKCS#8 or PKCS#1); needs
                                   --alipay-app-id and --alipay-public-key (or the three
                                   certificates)
@@ -462,6 +472,8 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
             .map_err(|e| format!("cannot start the inspector: {e}"))?;
     let storage_watch = spawn_storage_watch(Arc::clone(&app), Arc::clone(&shutdown))
         .map_err(|e| format!("cannot start the storage watch: {e}"))?;
+    let key_refresh = spawn_key_refresh(Arc::clone(&app), Arc::clone(&shutdown))
+        .map_err(|e| format!("cannot start the key refresh: {e}"))?;
     let relay = spawn_relay(Arc::clone(&app), Arc::clone(&shutdown))
         .map_err(|e| format!("cannot start the webhook relay: {}", e.message))?;
     let platform_worker = if app.config().platforms.is_empty() {
@@ -492,6 +504,7 @@ fn serve(args: Settings) -> Result<ExitCode, String> {
     let _ = sweeper.join();
     let _ = inspector.join();
     let _ = storage_watch.join();
+    let _ = key_refresh.join();
     if let Some(relay) = relay {
         let _ = relay.join();
     }

@@ -55,6 +55,8 @@ pub struct ScrapeGauges {
     /// Every certificate payonce holds: (platform, id, seconds until its
     /// notAfter, negative once past).
     pub key_expires_in_s: Vec<(&'static str, String, i64)>,
+    /// WeChat Pay's platform certificate downloads so far: (ok, failed).
+    pub wechatpay_cert_downloads: (u64, u64),
 }
 
 /// How a key reload ended, as `payonce_keys_reload_total` labels it.
@@ -254,6 +256,15 @@ impl Metrics {
         for (platform, id, seconds) in &gauges.key_expires_in_s {
             sample(out, "payonce_key_expires_in_seconds", &[("platform", platform), ("id", id)], seconds);
         }
+        header(
+            out,
+            "payonce_wechatpay_cert_downloads_total",
+            "counter",
+            "WeChat Pay platform certificate downloads (--wechatpay-platform-certs auto) by result: ok, failed (refused; nothing learned).",
+        );
+        let (ok, failed) = gauges.wechatpay_cert_downloads;
+        sample(out, "payonce_wechatpay_cert_downloads_total", &[("result", "ok")], ok);
+        sample(out, "payonce_wechatpay_cert_downloads_total", &[("result", "failed")], failed);
         single(out, "payonce_group_commit_batches_total", "counter", "SQLite write transactions the group committer ended (committed or failed); each carried one or more operations.", gauges.group_commit.0);
         single(
             out,

@@ -21,7 +21,9 @@ use rsa::{RsaPrivateKey, RsaPublicKey};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How payonce holds Alipay's key (`--key-mode`): a bare public key, or
+/// How the simulated platforms sign and payonce holds their keys
+/// (`--key-mode`): WeChat Pay under a public key payonce is configured with,
+/// or a platform certificate payonce downloads; Alipay's bare public key, or
 /// the three certificates.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KeyMode {

@@ -234,17 +234,21 @@ Options:
                           answer before the gateway gives up [default: 0: it gives
                           up at once, so that answer is always lost; with MS > 0
                           a fast payonce may answer in time]
-  --key-mode MODE         how the in-process payonce holds the platforms' keys:
-                          public-key, or certificate: the simulated Alipay plays
-                          certificate mode (a root file with an RSA and an ECDSA
-                          root, an Alipay public certificate and the merchant's app
+  --key-mode MODE         public-key or certificate: how the simulated platforms
+                          sign and how the in-process payonce holds their keys.
+                          public-key: WeChat Pay signs under a public key
+                          (PUB_KEY_ID_...) payonce is configured with, Alipay
+                          with the Alipay public key. certificate: WeChat Pay signs
+                          with a platform certificate payonce downloads from it
+                          (--wechatpay-platform-certs auto, no key configured for
+                          that serial; in process only); Alipay plays certificate
+                          mode (a root file with an RSA and an ECDSA root, an
+                          Alipay public certificate and the merchant's app
                           certificate, made for the run; app_cert_sn and
                           alipay_root_cert_sn checked on every request,
-                          alipay_cert_sn in every answer) and payonce is configured
-                          with the three certificate files, as by --alipay-app-cert,
-                          --alipay-public-cert and --alipay-root-cert. Against
-                          --target it changes nothing: Alipay's notices are the same
-                          in both modes [default: public-key]
+                          alipay_cert_sn in every answer) and payonce holds the
+                          three files, as by --alipay-app-cert, --alipay-public-cert
+                          and --alipay-root-cert [default: public-key]
   -v, --verbose           the whole table: each scenario's deliveries and its
                           expected and observed effects in full (by default the
                           table fits 100 columns)
@@ -273,6 +277,9 @@ ORDER_PAID points entry per order, and relies on payonce's inspection
 (paid_without_rewards) for rewards that were due but are missing.
 ";
 
+/// `--key-mode`: what the simulated platforms sign with (sim/src/alipay_certs.rs).
+pub use alipay_certs::KeyMode;
+
 /// The command line.
 struct Options {
     target: Option<String>,
@@ -291,7 +298,7 @@ struct Options {
     wechatpay_apiv3_key: Option<String>,
     alipay_private_key: Option<String>,
     alipay_app_id: Option<String>,
-    key_mode: alipay_certs::KeyMode,
+    key_mode: KeyMode,
 }
 
 fn string_value(parser: &mut lexopt::Parser) -> Result<String, String> {
@@ -327,7 +334,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
         wechatpay_apiv3_key: env("PAYONCE_WECHATPAY_APIV3_KEY"),
         alipay_private_key: None,
         alipay_app_id: None,
-        key_mode: alipay_certs::KeyMode::PublicKey,
+        key_mode: KeyMode::PublicKey,
     };
     let mut parser = lexopt::Parser::from_args(args);
     while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
@@ -385,7 +392,7 @@ fn parse_args(args: impl Iterator<Item = OsString>) -> Result<Option<Options>, S
             Long("wechatpay-apiv3-key") => opts.wechatpay_apiv3_key = Some(string_value(&mut parser)?),
             Long("alipay-private-key") => opts.alipay_private_key = Some(string_value(&mut parser)?),
             Long("alipay-app-id") => opts.alipay_app_id = Some(string_value(&mut parser)?),
-            Long("key-mode") => opts.key_mode = alipay_certs::KeyMode::parse(&string_value(&mut parser)?)?,
+            Long("key-mode") => opts.key_mode = KeyMode::parse(&string_value(&mut parser)?)?,
             Short('h') | Long("help") => {
                 print!("{USAGE}");
                 return Ok(None);
@@ -462,6 +469,12 @@ fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
     let started = Instant::now();
     let keys = platform_keys(&opts, opts.target.is_none())?;
     let keys_s = started.elapsed().as_secs_f64();
+    if let Some(wx) = keys.wechatpay.as_ref().filter(|k| k.certificate) {
+        eprintln!(
+            "WeChat Pay signs with the platform certificate {}; payonce holds no key for it and downloads it (--wechatpay-platform-certs auto)",
+            wx.serial
+        );
+    }
     let (target, local, rewards) = match &opts.target {
         Some(url) => {
             let token = match opts.api_token.as_deref().and_then(first_secret) {
@@ -474,7 +487,7 @@ fn run(args: impl Iterator<Item = OsString>) -> Result<ExitCode, String> {
             // Its warnings each shown once, their repeats counted after the table.
             payonce_log::aggregate();
             let local = LocalServer::start(&keys)?;
-            if let (alipay_certs::KeyMode::Certificate, Some(ali)) = (keys.key_mode, &keys.alipay) {
+            if let (KeyMode::Certificate, Some(ali)) = (keys.key_mode, &keys.alipay) {
                 let sns = &local::alipay_setup(ali)?.certs.sns;
                 eprintln!(
                     "alipay: certificate mode: payonce holds the app, Alipay public and root certificate files; \

@@ -9,7 +9,7 @@
 //! (docs/channels.md) and the platforms' documentation.
 
 use crate::client::{Reply, ReplyExt, Req};
-use crate::{new_run_id, s, Options};
+use crate::{new_run_id, s, KeyMode, Options};
 use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use base64::Engine;
@@ -294,6 +294,7 @@ impl Keys {
                 signing_key: SigningKey::new(fresh()?),
                 serial: s(SIM_WECHATPAY_SERIAL),
                 apiv3_key: random_text(APIV3_KEY_BYTES)?.into_bytes(),
+                certificate: false,
             },
         };
         let alipay = match &self.alipay {
@@ -317,6 +318,10 @@ pub struct WechatpayKeys {
     pub serial: String,
     /// 32 bytes.
     pub apiv3_key: Vec<u8>,
+    /// `--key-mode certificate`: the key is a platform certificate's, under
+    /// that certificate's hex serial, which payonce downloads
+    /// (`--wechatpay-platform-certs auto`) rather than is configured with.
+    pub certificate: bool,
 }
 
 /// The Alipay platform's signing key, and the merchant's app_id.
@@ -635,6 +640,9 @@ pub fn platform_keys(opts: &Options, in_process: bool) -> Result<Keys, String> {
         need(&opts.alipay_private_key, "--alipay-private-key");
         need(&opts.alipay_app_id, "--alipay-app-id");
     }
+    if opts.key_mode == KeyMode::Certificate && !in_process && selected(Platform::Wechatpay) {
+        return Err("--key-mode certificate runs against the in-process payonce only (its simulated WeChat Pay serves the certificates payonce downloads)".into());
+    }
     if !missing.is_empty() {
         let channels: Vec<&str> = opts.channels.iter().map(|c| c.name()).collect();
         return Err(format!("--target with --channel {} needs {}", channels.join(","), missing.join(", ")));
@@ -668,8 +676,18 @@ pub fn platform_keys(opts: &Options, in_process: bool) -> Result<Keys, String> {
                 Some(key) => key.clone(),
                 None => random_text(APIV3_KEY_BYTES)?,
             };
-            let serial = opts.wechatpay_serial.clone().unwrap_or_else(|| s(SIM_WECHATPAY_SERIAL));
-            Some(WechatpayKeys { signing_key: SigningKey::new(key), serial, apiv3_key: apiv3_key.into_bytes() })
+            let certificate = opts.key_mode == KeyMode::Certificate;
+            let serial = match &opts.wechatpay_serial {
+                Some(serial) => serial.clone(),
+                None if certificate => crate::platform_api::new_serial(),
+                None => s(SIM_WECHATPAY_SERIAL),
+            };
+            Some(WechatpayKeys {
+                signing_key: SigningKey::new(key),
+                serial,
+                apiv3_key: apiv3_key.into_bytes(),
+                certificate,
+            })
         }
         None => None,
     };
@@ -730,6 +748,7 @@ mod tests {
                 signing_key: SigningKey::new(key.clone()),
                 serial: SIM_WECHATPAY_SERIAL.into(),
                 apiv3_key: b"0123456789abcdef0123456789abcdef".to_vec(),
+                certificate: false,
             }),
             alipay: Some(AlipayKeys { signing_key: SigningKey::new(key), app_id: SIM_ALIPAY_APP_ID.into() }),
             key_mode: crate::alipay_certs::KeyMode::PublicKey,

@@ -25,10 +25,13 @@
 //! - `wechatpay`, `alipay`: each platform's requests and answers.
 
 mod alipay;
+mod certs;
 mod http;
 mod ledger;
 mod wechatpay;
 
+#[cfg(test)]
+mod cert_tests;
 #[cfg(test)]
 mod pay_http;
 #[cfg(test)]
@@ -217,6 +220,13 @@ pub struct WechatpayApiConfig {
     pub platform_key: Option<RsaPrivateKey>,
     /// The platform key's serial, sent as `Wechatpay-Serial`.
     pub platform_serial: String,
+    /// The merchant's APIv3 key: `GET /v3/certificates` answers with the
+    /// platform certificates encrypted with it; `None`: that API is 404.
+    pub apiv3_key: Option<Vec<u8>>,
+    /// Certificate mode: the platform key is a platform certificate, whose
+    /// serial is `platform_serial`, listed by `GET /v3/certificates` and
+    /// valid this long (ms); `None`: a WeChat Pay public key, listed nowhere.
+    pub certificate_valid_ms: Option<i64>,
     /// The loopback port to listen on; 0 picks a free one.
     pub port: u16,
 }
@@ -234,6 +244,8 @@ impl WechatpayApiConfig {
             merchant_public_key,
             platform_key: None,
             platform_serial: SIM_WECHATPAY_SERIAL.to_owned(),
+            apiv3_key: None,
+            certificate_valid_ms: None,
             port: 0,
         }
     }
@@ -284,14 +296,37 @@ pub struct PlatformApi {
     ledger: Arc<Ledger>,
     /// Alipay's gateway, for the requests the buyer opens without a call.
     alipay: Option<Arc<alipay::Alipay>>,
+    /// WeChat Pay: what it signs with and the certificates it lists.
+    wechatpay_keys: Option<Arc<parking_lot::RwLock<wechatpay::SigningState>>>,
 }
+
+/// The path of WeChat Pay's platform certificate download.
+const CERTIFICATES_PATH: &str = "/v3/certificates";
+
+pub use certs::{new_serial, PlatformCertificate};
 
 impl PlatformApi {
     pub fn start_wechatpay(config: WechatpayApiConfig) -> Result<PlatformApi, String> {
         let key = key_or_throwaway(config.platform_key.clone())?;
         let public_key = RsaPublicKey::from(&key);
+        if config.certificate_valid_ms.is_some() && config.apiv3_key.is_none() {
+            return Err("certificate mode needs the merchant's APIv3 key (apiv3_key)".into());
+        }
         let ledger = Arc::new(Ledger::default());
-        let api = wechatpay::Wechatpay::new(&config, key, Arc::clone(&ledger));
+        let certificates = match config.certificate_valid_ms {
+            Some(valid_ms) => {
+                let expire_ms = now_ms() + valid_ms;
+                let pem = certs::certificate_pem(&key, &config.platform_serial, expire_ms)?;
+                vec![PlatformCertificate { serial: config.platform_serial.clone(), pem, expire_ms }]
+            }
+            None => Vec::new(),
+        };
+        let keys = Arc::new(parking_lot::RwLock::new(wechatpay::SigningState {
+            serial: config.platform_serial.clone(),
+            key: rsa::pkcs1v15::SigningKey::new(key),
+            certificates,
+        }));
+        let api = wechatpay::Wechatpay::new(&config, Arc::clone(&keys), Arc::clone(&ledger));
         let server = http::Server::start("wechatpay", config.port, Arc::new(api))?;
         Ok(PlatformApi {
             server,
@@ -301,6 +336,7 @@ impl PlatformApi {
             serial: Some(config.platform_serial),
             ledger,
             alipay: None,
+            wechatpay_keys: Some(keys),
         })
     }
 
@@ -318,6 +354,7 @@ impl PlatformApi {
             serial: None,
             ledger,
             alipay: Some(api),
+            wechatpay_keys: None,
         })
     }
 
@@ -359,9 +396,79 @@ impl PlatformApi {
         self.public_key.to_public_key_pem(LineEnding::LF).map_err(|e| format!("cannot encode the public key: {e}"))
     }
 
-    /// WeChat: the platform key's serial (`Wechatpay-Serial`). Alipay: `None`.
+    /// WeChat: the platform key's serial (`Wechatpay-Serial`) it started
+    /// with. Alipay: `None`.
     pub fn platform_serial(&self) -> Option<&str> {
         self.serial.as_deref()
+    }
+
+    /// WeChat: the serial it signs under now, and the key (a rotation or a
+    /// move to a public key changes them). Alipay: `None`.
+    pub fn signing_now(&self) -> Option<(String, RsaPrivateKey)> {
+        let keys = self.wechatpay_keys.as_ref()?.read();
+        let key: &RsaPrivateKey = keys.key.as_ref();
+        Some((keys.serial.clone(), key.clone()))
+    }
+
+    /// WeChat: the platform certificates `GET /v3/certificates` lists now.
+    pub fn listed_certificates(&self) -> Vec<PlatformCertificate> {
+        self.wechatpay_keys.as_ref().map(|k| k.read().certificates.clone()).unwrap_or_default()
+    }
+
+    /// WeChat: rotates its platform certificate as WeChat Pay does: a new
+    /// key's certificate (valid `valid_ms`) is listed beside the old ones,
+    /// and from now on answers are signed with it. Its serial, or why not.
+    pub fn rotate_certificate(&self, valid_ms: i64) -> Result<String, String> {
+        let keys = self.wechatpay_keys.as_ref().ok_or("Alipay has no platform certificates")?;
+        let key = key_or_throwaway(None)?;
+        let serial = certs::new_serial();
+        let expire_ms = now_ms() + valid_ms;
+        let pem = certs::certificate_pem(&key, &serial, expire_ms)?;
+        let mut keys = keys.write();
+        keys.certificates.push(PlatformCertificate { serial: serial.clone(), pem, expire_ms });
+        keys.serial = serial.clone();
+        keys.key = rsa::pkcs1v15::SigningKey::new(key);
+        Ok(serial)
+    }
+
+    /// WeChat: moves the merchant to a WeChat Pay public key: from now on
+    /// answers are signed by `key` under `public_key_id` (`PUB_KEY_ID_...`,
+    /// which the merchant configures; no download lists it). The
+    /// certificates stay listed.
+    pub fn switch_to_public_key(&self, public_key_id: &str, key: RsaPrivateKey) -> Result<(), String> {
+        let keys = self.wechatpay_keys.as_ref().ok_or("Alipay has no WeChat Pay public key")?;
+        let mut keys = keys.write();
+        keys.serial = public_key_id.to_owned();
+        keys.key = rsa::pkcs1v15::SigningKey::new(key);
+        Ok(())
+    }
+
+    /// WeChat: the certificate `serial` is listed as expired from now on
+    /// (its `expire_time` now); `false` when none is listed under it.
+    pub fn expire_certificate(&self, serial: &str) -> bool {
+        let Some(keys) = &self.wechatpay_keys else { return false };
+        let mut keys = keys.write();
+        let now = now_ms();
+        let mut found = false;
+        for cert in keys.certificates.iter_mut().filter(|c| c.serial == serial) {
+            cert.expire_ms = now;
+            found = true;
+        }
+        found
+    }
+
+    /// WeChat: stops listing the certificate `serial` (it stays valid); `false` when it was not listed.
+    pub fn unlist_certificate(&self, serial: &str) -> bool {
+        let Some(keys) = &self.wechatpay_keys else { return false };
+        let mut keys = keys.write();
+        let before = keys.certificates.len();
+        keys.certificates.retain(|c| c.serial != serial);
+        keys.certificates.len() != before
+    }
+
+    /// WeChat: the certificate downloads (`GET /v3/certificates`) it answered or refused.
+    pub fn certificate_downloads(&self) -> usize {
+        self.server.calls().iter().filter(|c| c.api == CERTIFICATES_PATH).count()
     }
 
     /// A trade made out of band (tests only): unpaid, never expiring, as if

@@ -21,7 +21,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-mod platform_calls;
+pub(crate) mod platform_calls;
 pub(crate) use platform_calls::merchant_key;
 mod row;
 

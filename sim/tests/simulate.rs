@@ -172,6 +172,23 @@ fn every_scenario_is_ok_against_an_in_process_payonce() {
 /// those that talk to the platforms' APIs on WeChat Pay and Alipay (each
 /// against a payonce of its own that calls the simulated platforms),
 /// skipped on generic, with the before/after comparison under the table.
+/// `--key-mode certificate`: the simulated WeChat Pay signs its notices and
+/// answers with a platform certificate, and the in-process payonces (the
+/// notices' and each platform scenario's) hold no key for its serial: they
+/// download it (`--wechatpay-platform-certs auto`), so a WeChat Pay scenario
+/// is ok only if the download worked.
+#[test]
+fn every_channel_is_ok_in_certificate_mode() {
+    let run = simulate(&[&ALL_CHANNELS[..], &["--key-mode", "certificate"]].concat());
+    assert!(run.ok(), "{run:?}");
+    assert!(run.stderr.contains("WeChat Pay signs with the platform certificate"), "{run:?}");
+    for scenario in PLATFORM_SCENARIOS {
+        let row = run.stdout.lines().find(|l| l.split_whitespace().take(2).eq([scenario, "wechatpay"]));
+        let verdict = row.and_then(|r| r.split_whitespace().nth(3));
+        assert_eq!(verdict, Some("ok"), "{scenario} on wechatpay: {run:?}");
+    }
+}
+
 #[test]
 fn every_channel_is_ok_against_an_in_process_payonce() {
     let run = simulate(&ALL_CHANNELS_IN_PROCESS);
@@ -462,6 +479,11 @@ fn setup_problems_are_errors() {
     for flag in ["--callback-secret", "--wechatpay-private-key", "--wechatpay-serial", "--wechatpay-apiv3-key"] {
         assert!(missing.error().contains(flag), "{flag}: {missing:?}");
     }
+    let mode = simulate(&["--key-mode", "both"]);
+    assert!(mode.error().contains("public-key or certificate"), "{mode:?}");
+    let certificate_target =
+        simulate(&["--target", "http://127.0.0.1:1", "--channel", "wechatpay", "--key-mode", "certificate"]);
+    assert!(certificate_target.error().contains("in-process payonce only"), "{certificate_target:?}");
     let short = simulate(&["--channel", "wechatpay", "--wechatpay-apiv3-key", "short", "--orders", "1"]);
     assert!(short.error().contains("32 bytes"), "{short:?}");
     let help = simulate(&["--help"]);

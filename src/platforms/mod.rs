@@ -196,6 +196,15 @@ pub trait KeyFiles: Send + Sync {
     fn reload(&self) -> Vec<KeyFileFailure>;
     /// The certificates held now (bare public keys have no expiry).
     fn certificates(&self) -> Vec<HeldCertificate>;
+    /// Downloads the platform's certificates when its schedule says so
+    /// (the background's key refresh calls it about once a second); most
+    /// platforms download nothing.
+    fn refresh(&self, _now_ms: i64) {}
+    /// Its certificate downloads so far, (ok, failed); `None` when it
+    /// downloads none.
+    fn downloads(&self) -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// Keys that a reload replaces (src/held.rs).
@@ -329,6 +338,19 @@ impl Registry {
     /// Every certificate the platforms hold now.
     pub fn certificates(&self) -> Vec<HeldCertificate> {
         self.keys.iter().flat_map(|k| k.certificates()).collect()
+    }
+
+    /// Lets every platform download what its schedule says is due.
+    pub fn refresh_keys(&self, now_ms: i64) {
+        for keys in &self.keys {
+            keys.refresh(now_ms);
+        }
+    }
+
+    /// The certificate downloads of the platform `name` so far, (ok,
+    /// failed); zeros when it downloads none.
+    pub fn certificate_downloads(&self, name: &str) -> (u64, u64) {
+        self.keys.iter().filter(|k| k.name() == name).find_map(|k| k.downloads()).unwrap_or((0, 0))
     }
 
     /// The platforms of [`LINES`] as `settings` turn them on.

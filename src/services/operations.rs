@@ -279,6 +279,18 @@ impl<'a> Operations<'a> {
         failures
     }
 
+    /// The platforms' scheduled certificate downloads, when due (the
+    /// background's key refresh, about once a second).
+    pub fn refresh_keys(&self) {
+        let now_ms = self.core.clock().now_ms();
+        self.core.config().platforms.registry.refresh_keys(now_ms);
+    }
+
+    /// WeChat Pay's platform certificate downloads so far, (ok, failed), for `/metrics`.
+    pub fn wechatpay_cert_downloads(&self) -> (u64, u64) {
+        self.core.config().platforms.registry.certificate_downloads(crate::platforms::wechatpay::NAME)
+    }
+
     /// Seconds until each held certificate expires, for `/metrics`.
     pub fn key_expires_in_s(&self) -> Vec<(&'static str, String, i64)> {
         let now_ms = self.core.clock().now_ms();

@@ -15,12 +15,7 @@
 # Both create the README's minimal order (order_no, user_id, amount), replay
 # it, read it back and get a 409 for a conflicting one, on a
 # `payonce serve --dev` with an API token (PAYONCE_BIN, default the debug build).
-#
-# And WeChat Pay's PyPI SDK wechatpayv3 (pinned below with the two libraries
-# it signs and fetches with, in target/wechatpay-venv): wechatpay_interop.py
-# signs notifications with the SDK's own signer under a public key and a
-# platform certificate, checks them with the SDK, sends the same bytes to a
-# payonce serve of its own and requires both to agree on every one.
+
 #
 # openapi-python-client 0.29.1 generates no function for POST
 # /v1/reconciliations: it supports no text/csv or text/plain request body
@@ -32,8 +27,6 @@ ROOT=$(pwd)
 
 OPENAPI_PYTHON_CLIENT_VERSION=0.29.1
 VENV=target/clients-venv
-WECHATPAY_PINS="wechatpayv3==2.0.4 cryptography==50.0.2 requests==2.34.2"
-WECHATPAY_VENV=target/wechatpay-venv
 BIN=${PAYONCE_BIN:-$ROOT/target/debug/payonce}
 for tool in node npm python3 "$BIN"; do
     command -v "$tool" >/dev/null 2>&1 || { echo "test-clients: $tool is required" >&2; exit 2; }
@@ -69,14 +62,6 @@ if [ "$(installed || true)" != "$OPENAPI_PYTHON_CLIENT_VERSION" ]; then
     mkdir -p target
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "openapi-python-client==$OPENAPI_PYTHON_CLIENT_VERSION"
-fi
-if [ "$(cat "$WECHATPAY_VENV/pins" 2>/dev/null || true)" != "$WECHATPAY_PINS" ]; then
-    rm -rf "$WECHATPAY_VENV"
-    mkdir -p target
-    python3 -m venv "$WECHATPAY_VENV"
-    # shellcheck disable=SC2086 # one pin a word
-    "$WECHATPAY_VENV/bin/pip" install --quiet --disable-pip-version-check $WECHATPAY_PINS
-    echo "$WECHATPAY_PINS" >"$WECHATPAY_VENV/pins"
 fi
 TS_VERSION=$(node -p 'require("./tests/clients/node_modules/openapi-typescript/package.json").version')
 echo "test-clients: openapi-typescript $TS_VERSION, openapi-python-client $(installed)"
@@ -149,10 +134,7 @@ else
     fail "python: no client generated"
 fi
 
-echo "4. wechatpayv3 and payonce on the same notifications"
-run_client wechatpayv3 env PAYONCE_BIN="$BIN" "$WECHATPAY_VENV/bin/python" tests/clients/wechatpay_interop.py
-
-echo "5. alipay-sdk and payonce on the certificate SNs"
+echo "4. alipay-sdk and payonce on the certificate SNs"
 # ---- Alipay's SDK: the certificate SNs payonce's tests expect ----
 if node tests/clients/alipay_sn.cjs >"$WORK/alipay-sn.log" 2>&1; then
     pass "alipay-sdk computes the SNs of tests/fixtures/alipay-cert/expected_sn.txt"

@@ -554,6 +554,7 @@ fn an_in_memory_database_has_no_files_to_watch() {
         webhook_oldest_pending_s: 0.0,
         platform_calls_pending: 0,
         key_expires_in_s: Vec::new(),
+        wechatpay_cert_downloads: (0, 0),
     };
     assert!(app.metrics().render(&gauges).lines().any(|l| l == "payonce_storage_ok 1"));
 }

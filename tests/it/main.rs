@@ -51,3 +51,4 @@ mod stats;
 mod storm;
 mod unwanted_money;
 mod webhooks;
+mod wechatpay_certs;

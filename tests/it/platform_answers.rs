@@ -28,6 +28,8 @@ pub struct Seen {
     /// The form's parameters, decoded (Alipay); empty otherwise.
     pub params: Vec<(String, String)>,
     pub body: String,
+    /// The `Authorization` header, if any (WeChat Pay's signed requests).
+    pub authorization: Option<String>,
 }
 
 impl Seen {
@@ -114,6 +116,7 @@ fn serve_one(stream: TcpStream, script: &Script, seen: &Mutex<Vec<Seen>>) {
     let mut words = line.split_whitespace();
     let (method, target) = (words.next().unwrap_or("").to_owned(), words.next().unwrap_or("").to_owned());
     let mut length = 0usize;
+    let mut authorization = None;
     loop {
         let mut header = String::new();
         if reader.read_line(&mut header).unwrap_or(0) == 0 || header.trim().is_empty() {
@@ -123,6 +126,9 @@ fn serve_one(stream: TcpStream, script: &Script, seen: &Mutex<Vec<Seen>>) {
             if name.trim().eq_ignore_ascii_case("content-length") {
                 length = value.trim().parse().unwrap_or(0);
             }
+            if name.trim().eq_ignore_ascii_case("authorization") {
+                authorization = Some(value.trim().to_owned());
+            }
         }
     }
     let mut body = vec![0u8; length];
@@ -131,7 +137,7 @@ fn serve_one(stream: TcpStream, script: &Script, seen: &Mutex<Vec<Seen>>) {
     }
     let body = String::from_utf8_lossy(&body).into_owned();
     let params = if method == "POST" && !body.starts_with('{') { form(&body) } else { Vec::new() };
-    let request = Seen { method, target, params, body };
+    let request = Seen { method, target, params, body, authorization };
     let (status, headers, answer) = script(&request);
     seen.lock().expect("seen").push(request);
     let mut head = format!("HTTP/1.1 {status} X\r\nContent-Length: {}\r\nConnection: close\r\n", answer.len());

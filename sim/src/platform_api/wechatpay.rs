@@ -17,7 +17,6 @@ use crate::platform::{china_time, wechatpay_signature_headers};
 use base64::Engine;
 use rsa::pkcs1v15::{Signature, SigningKey, VerifyingKey};
 use rsa::signature::Verifier;
-use rsa::RsaPrivateKey;
 use serde_json::{json, Value};
 use sha2::Sha256;
 use std::collections::HashMap;
@@ -124,6 +123,8 @@ enum Route {
     Close(String),
     Refund,
     RefundQuery(String),
+    /// `GET /v3/certificates`.
+    Certificates,
 }
 
 pub(super) struct Checked {
@@ -142,13 +143,30 @@ pub(super) struct Wechatpay {
     expected_notify_url: Option<String>,
     merchant_serial: String,
     verifying_key: VerifyingKey<Sha256>,
-    signing_key: SigningKey<Sha256>,
-    platform_serial: String,
+    /// What it signs with now and the certificates it lists: shared with
+    /// [`super::PlatformApi`], whose controls rotate them.
+    keys: Arc<parking_lot::RwLock<SigningState>>,
+    /// The merchant's APIv3 key, which `/v3/certificates` encrypts with;
+    /// `None`: that API answers 404.
+    apiv3_key: Option<Vec<u8>>,
     ledger: Arc<Ledger>,
 }
 
+/// The simulated WeChat Pay's keys at one moment.
+pub(super) struct SigningState {
+    /// The serial its answers name (`Wechatpay-Serial`), and its key.
+    pub serial: String,
+    pub key: SigningKey<Sha256>,
+    /// The platform certificates `GET /v3/certificates` lists.
+    pub certificates: Vec<super::certs::PlatformCertificate>,
+}
+
 impl Wechatpay {
-    pub fn new(config: &WechatpayApiConfig, key: RsaPrivateKey, ledger: Arc<Ledger>) -> Wechatpay {
+    pub fn new(
+        config: &WechatpayApiConfig,
+        keys: Arc<parking_lot::RwLock<SigningState>>,
+        ledger: Arc<Ledger>,
+    ) -> Wechatpay {
         Wechatpay {
             mchid: config.mchid.clone(),
             appid: config.appid.clone(),
@@ -156,8 +174,8 @@ impl Wechatpay {
             expected_notify_url: config.expected_notify_url.clone(),
             merchant_serial: config.merchant_serial.clone(),
             verifying_key: VerifyingKey::new(config.merchant_public_key.clone()),
-            signing_key: SigningKey::new(key),
-            platform_serial: config.platform_serial.clone(),
+            keys,
+            apiv3_key: config.apiv3_key.clone(),
             ledger,
         }
     }
@@ -227,13 +245,48 @@ impl Wechatpay {
 
     fn signature_headers(&self, body: &[u8]) -> Vec<(String, String)> {
         let mut headers = vec![("Request-ID".to_owned(), format!("sim-{}", unique_digits(20)))];
-        match wechatpay_signature_headers(&self.signing_key, &self.platform_serial, body, crate::now_s()) {
+        let keys = self.keys.read();
+        match wechatpay_signature_headers(&keys.key, &keys.serial, body, crate::now_s()) {
             Ok(signed) => headers.extend(signed),
             // Unsigned, so the client refuses it: the honest answer of a
             // platform that cannot sign.
             Err(e) => headers.push(("Wechatpay-Sim-Error".into(), e)),
         }
         headers
+    }
+
+    /// `GET /v3/certificates`: every certificate listed, its PEM encrypted
+    /// with the APIv3 key (AEAD_AES_256_GCM, a fresh nonce, associated data
+    /// `certificate`), the answer signed like every other.
+    fn certificates(&self, fault: Option<&Fault>) -> Answer {
+        use aes_gcm::aead::{Aead, Payload};
+        use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
+        let Some(cipher) = self.apiv3_key.as_deref().and_then(|key| Aes256Gcm::new_from_slice(key).ok()) else {
+            return self.error(404, "NOT_FOUND", "该商户未使用平台证书", fault);
+        };
+        let listed: Vec<(String, String, i64)> =
+            self.keys.read().certificates.iter().map(|c| (c.serial.clone(), c.pem.clone(), c.expire_ms)).collect();
+        let mut data = Vec::new();
+        for (serial, pem, expire_ms) in listed {
+            let nonce = random_token(12);
+            let Ok(ciphertext) = cipher
+                .encrypt(Nonce::from_slice(nonce.as_bytes()), Payload { msg: pem.as_bytes(), aad: b"certificate" })
+            else {
+                return self.error(500, "SYSTEM_ERROR", "加密失败", fault);
+            };
+            data.push(json!({
+                "serial_no": serial,
+                "effective_time": china_time(crate::now_s() - 86_400).rfc3339(),
+                "expire_time": china_time(expire_ms.div_euclid(1000)).rfc3339(),
+                "encrypt_certificate": {
+                    "algorithm": "AEAD_AES_256_GCM",
+                    "nonce": nonce,
+                    "associated_data": "certificate",
+                    "ciphertext": base64::engine::general_purpose::STANDARD.encode(ciphertext),
+                }
+            }));
+        }
+        self.json(200, &json!({ "data": data }), fault)
     }
 
     fn error(&self, status: u16, code: &str, message: &str, fault: Option<&Fault>) -> Answer {
@@ -512,6 +565,9 @@ fn route(method: &str, path: &str) -> Option<Route> {
             return Some(Route::Prepay(trade_type));
         }
     }
+    if (method, path) == ("GET", super::CERTIFICATES_PATH) {
+        return Some(Route::Certificates);
+    }
     let segment = |rest: &str| percent_decode(rest, false).filter(|s| !s.is_empty() && !s.contains('/'));
     if let Some(rest) = path.strip_prefix(TRADE) {
         return match (method, rest.strip_suffix("/close")) {
@@ -574,7 +630,7 @@ impl Api for Wechatpay {
         let bad_number = match &route {
             Route::Query(no) | Route::Close(no) => !valid_out_trade_no(no),
             Route::RefundQuery(no) => !valid_out_refund_no(no),
-            Route::Refund | Route::Prepay(_) => false,
+            Route::Refund | Route::Prepay(_) | Route::Certificates => false,
         };
         if bad_number {
             return self.error(400, "PARAM_ERROR", "商户订单号或退款单号格式错误", fault);
@@ -585,6 +641,7 @@ impl Api for Wechatpay {
             Route::Close(no) => self.close(&no, &checked.body, fault),
             Route::Refund => self.refund(&checked.body, fault),
             Route::RefundQuery(no) => self.refund_query(&no, fault),
+            Route::Certificates => self.certificates(fault),
         }
     }
 }

@@ -48,7 +48,7 @@ use payonce::platform_ops::Platforms;
 use payonce::platforms::alipay::AlipayApi;
 use payonce::platforms::wechatpay::WechatpayApi;
 use payonce::platforms::{
-    MerchantKey, Platform as PlatformParts, PrepayAnswer, PrepayRequest, Registry, PLATFORM_WAITERS_MAX,
+    MerchantKey, Parts, Platform as PlatformParts, PrepayAnswer, PrepayRequest, Registry, PLATFORM_WAITERS_MAX,
 };
 use payonce::{App, Clock};
 use rsa::{RsaPrivateKey, RsaPublicKey};
@@ -140,15 +140,11 @@ type Played = (Vec<OrderRun>, Vec<OrderSeen>, Vec<String>);
 
 /// The merchant's API key payonce signs its requests with (ring: 2048 bits
 /// or more), and its public half the platforms verify them with.
-struct Merchant {
-    pem: String,
-    public: RsaPublicKey,
+pub(crate) struct Merchant {
+    pub(crate) pem: String,
+    pub(crate) public: RsaPublicKey,
 }
 
-/// One per run, made when first needed. Unoptimised builds (the test suite)
-/// take seconds per 2048-bit key, so they use the test fixture key, which
-/// never leaves this process (payonce and the platforms it calls are both
-/// here); release builds make a fresh one.
 /// The merchant's key, PEM and public half (certificate mode's app
 /// certificate holds the public half).
 pub(crate) fn merchant_key() -> Result<(String, RsaPrivateKey), String> {
@@ -158,7 +154,11 @@ pub(crate) fn merchant_key() -> Result<(String, RsaPrivateKey), String> {
     Ok((pem.clone(), key))
 }
 
-fn merchant() -> Result<&'static Merchant, String> {
+/// One per run, made when first needed. Unoptimised builds (the test suite)
+/// take seconds per 2048-bit key, so they use the test fixture key, which
+/// never leaves this process (payonce and the platforms it calls are both
+/// here); release builds make a fresh one.
+pub(crate) fn merchant() -> Result<&'static Merchant, String> {
     static MERCHANT: OnceLock<Result<Merchant, String>> = OnceLock::new();
     MERCHANT.get_or_init(make_merchant).as_ref().map_err(Clone::clone)
 }
@@ -226,18 +226,26 @@ struct World {
     /// Certificate mode (`--key-mode certificate`): Alipay's certificates,
     /// which payonce is configured with.
     alipay_certs: Option<Arc<crate::alipay_certs::CertSetup>>,
+    /// `--key-mode certificate`: WeChat Pay's keys, whose certificate payonce downloads.
+    certificates: Option<crate::platform::WechatpayKeys>,
 }
 
 impl World {
     fn start(sim: &Sim) -> Result<World, String> {
         let merchant = merchant()?;
         let serial = sim.keys.wechatpay.as_ref().map_or(SIM_WECHATPAY_SERIAL, |k| k.serial.as_str());
-        let wechatpay = PlatformApi::start_wechatpay(WechatpayApiConfig {
-            platform_key: Some(platform_key(sim, Platform::Wechatpay)?),
-            platform_serial: serial.to_owned(),
-            expected_notify_url: Some(notify_url(Platform::Wechatpay)),
-            ..WechatpayApiConfig::new(MERCHANT_SERIAL, merchant.public.clone())
-        })?;
+        let wechatpay = match sim.keys.wechatpay.as_ref().filter(|k| k.certificate) {
+            // --key-mode certificate: it signs with a platform certificate payonce downloads.
+            Some(wx) => local::certificate_platform(wx, |config| {
+                config.expected_notify_url = Some(notify_url(Platform::Wechatpay));
+            })?,
+            None => PlatformApi::start_wechatpay(WechatpayApiConfig {
+                platform_key: Some(platform_key(sim, Platform::Wechatpay)?),
+                platform_serial: serial.to_owned(),
+                expected_notify_url: Some(notify_url(Platform::Wechatpay)),
+                ..WechatpayApiConfig::new(MERCHANT_SERIAL, merchant.public.clone())
+            })?,
+        };
         let app_id = sim.keys.alipay.as_ref().map_or(SIM_ALIPAY_APP_ID, |k| k.app_id.as_str());
         let alipay_key = platform_key(sim, Platform::Alipay)?;
         let alipay_certs = match sim.keys.key_mode {
@@ -260,6 +268,7 @@ impl World {
             wechatpay: Arc::new(wechatpay),
             alipay: Arc::new(alipay),
             alipay_certs,
+            certificates: sim.keys.wechatpay.clone().filter(|k| k.certificate),
         })
     }
 
@@ -287,6 +296,7 @@ impl World {
         let timeout = |platform: Platform| if platform == self.channel { pace.timeout } else { HEALTHY_TIMEOUT };
         let key = || MerchantKey::from_pem(&merchant.pem);
         let wx = &self.wechatpay;
+        let wx_api: &PlatformApi = wx;
         let ali = &self.alipay;
         let mut wechatpay = WechatpayApi::new(
             wx.merchant_id().to_owned(),
@@ -299,7 +309,16 @@ impl World {
         // As `payonce serve --wechatpay-appid --public-base-url` sets them.
         wechatpay.appids = vec![WECHATPAY_APPID.to_owned()];
         wechatpay.refund_notify_url = Some(format!("{}/refund", notify_url(Platform::Wechatpay)));
-        registry.add(PlatformParts::calls(wechatpay));
+        match &self.certificates {
+            // As `serve --wechatpay-platform-certs auto` builds its calls: no key configured.
+            Some(wx) => {
+                let timeout = timeout(Platform::Wechatpay);
+                let downloading =
+                    local::downloading_wechatpay(wx, wx_api, Parts::CallsOnly, timeout, Some(PUBLIC_BASE_URL))?;
+                registry.add(PlatformParts { notices: None, keys: None, ..downloading });
+            }
+            None => registry.add(PlatformParts::calls(wechatpay)),
+        }
         match &self.alipay_certs {
             // Certificate mode: as `payonce serve` builds it from the certificate flags.
             Some(setup) => registry
@@ -651,7 +670,9 @@ fn merchant_calls(api: &PlatformApi) -> usize {
     // Alipay's gateway records what the buyer opened as GET (a URL) or APP (an order string).
     let opened_by_buyer = |c: &Call| api.platform() == Platform::Alipay && c.http_method != "POST";
     let creation = |c: &Call| matches!(classify(api.platform(), c), Some((Kind::Prepay, _)));
-    api.calls().iter().filter(|c| !opened_by_buyer(c) && !creation(c)).count()
+    // WeChat Pay's certificate download (--key-mode certificate) is about no trade.
+    let certificates = |c: &Call| c.api == "/v3/certificates";
+    api.calls().iter().filter(|c| !opened_by_buyer(c) && !creation(c) && !certificates(c)).count()
 }
 
 /// How many `kind` calls about `no` the platform received.

@@ -4,7 +4,8 @@
 //! platform key of `Wechatpay-Serial`, a timestamp within 5 minutes), then
 //! checked to name this `mchid` and the `out_trade_no` asked about.
 
-use super::{notices::currency_of, verify_signed, KeyExpiries, NAME};
+use super::notices::{currency_of, named_serial};
+use super::{verify_signed, KeyExpiries, NAME};
 use crate::domain::PlatformStatus;
 use crate::platforms::{
     agent, beijing_rfc3339, body_text, nonce, normalised_time, unusable, Calls, CloseAnswer, Exchange, MerchantKey,
@@ -18,6 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub const API_BASE_DEFAULT: &str = "https://api.mch.weixin.qq.com";
+
+/// An answer not verified yet: (HTTP status, body, its `Wechatpay-*` headers).
+pub(super) type Unverified = (u16, String, Vec<(String, String)>);
 
 /// WeChat Pay's `out_trade_no`: 6-32 characters of `[A-Za-z0-9_*|-]`.
 pub fn can_carry(order_no: &str) -> bool {
@@ -37,6 +41,9 @@ pub struct WechatpayApi {
     agent: ureq::Agent,
     /// `notify_url` of refund requests (`--public-base-url`), if any.
     pub refund_notify_url: Option<String>,
+    /// The certificate downloads (`--wechatpay-platform-certs auto`): an
+    /// answer naming a serial not held is verified after they looked for it.
+    pub(super) downloads: Option<Arc<super::certs::Downloads>>,
     /// `--wechatpay-appid`, repeated: the official accounts, mini programs
     /// and apps payments are created under; none, no payment is created.
     pub appids: Vec<String>,
@@ -51,7 +58,7 @@ impl WechatpayApi {
         platform_keys: Vec<(String, RsaPublicKey)>,
         timeout: Duration,
     ) -> WechatpayApi {
-        let keys = super::Keys { platform: platform_keys, expiries: Vec::new(), merchant: Some(Arc::new(key)) };
+        let keys = super::Keys::configured(platform_keys, Vec::new(), Some(Arc::new(key)));
         WechatpayApi::with_keys(mchid, merchant_serial, api_base, super::HeldKeys::new(keys), timeout)
     }
 
@@ -72,14 +79,19 @@ impl WechatpayApi {
             agent: agent(timeout),
             refund_notify_url: None,
             appids: Vec::new(),
+            downloads: None,
         }
     }
 
     /// The platform certificates' ends of validity: an answer signed by an
     /// expired one counts as no answer.
     pub fn set_certificate_expiries(&mut self, expiries: KeyExpiries) {
-        let keys = self.keys.current();
-        self.keys.replace(super::Keys { platform: keys.platform.clone(), expiries, merchant: keys.merchant.clone() });
+        self.keys.update(|keys| super::Keys {
+            platform: keys.platform.clone(),
+            expiries,
+            merchant: keys.merchant.clone(),
+            downloaded: keys.downloaded.clone(),
+        });
     }
 
     /// The merchant key of `keys`.
@@ -139,10 +151,44 @@ impl WechatpayApi {
         let status = answer.status().as_u16();
         let text = body_text(&mut answer).map_err(|e| (Some(status), String::new(), e))?;
         let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        match verify_signed(&keys.platform, &keys.expiries, now_ms, &header, text.as_bytes()) {
+        let mut keys = keys;
+        if let (Some(downloads), Some(serial)) = (&self.downloads, named_serial(&header)) {
+            if keys.lookup(&serial).is_none() {
+                // A serial not held: the downloads look for it, then the
+                // same answer is verified with what they brought.
+                let _ = downloads.learn(&serial, now_ms);
+                keys = self.keys.current();
+            }
+        }
+        match verify_signed(&keys, now_ms, &header, text.as_bytes()) {
             Ok(()) => Ok((status, text)),
             Err(e) => Err((Some(status), text, format!("the answer does not verify: {}", e.message))),
         }
+    }
+
+    /// One signed `GET` whose answer is not verified here (the certificate
+    /// download verifies it with what it lists): (status, body, the
+    /// answer's `Wechatpay-*` headers), or why there is none.
+    pub(super) fn fetch_unverified(&self, path: &str, now_ms: i64) -> Result<Unverified, String> {
+        let keys = self.keys.current();
+        let authorization = self.authorization(&keys, "GET", path, "", now_ms)?;
+        let url = format!("{}{path}", self.api_base);
+        let mut answer = self
+            .agent
+            .get(url)
+            .header("Authorization", &authorization)
+            .header("Accept", "application/json")
+            .call()
+            .map_err(|e| format!("no answer: {e}"))?;
+        let status = answer.status().as_u16();
+        let text = body_text(&mut answer)?;
+        let headers = answer
+            .headers()
+            .iter()
+            .filter(|(name, _)| name.as_str().starts_with("wechatpay-"))
+            .filter_map(|(name, value)| Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned())))
+            .collect();
+        Ok((status, text, headers))
     }
 }
 

@@ -1,8 +1,10 @@
 //! WeChat Pay's keys: the platform's public keys (bare, or in the platform
 //! certificates, whose ends of validity are kept), read from
 //! `--wechatpay-public-key SERIAL=FILE`, and the merchant's API private
-//! key. One [`HeldKeys`] is shared by the notices and the calls; `SIGHUP`
-//! re-reads every file ([`KeyFiles`]) and swaps the whole set at once.
+//! key, and the platform certificates downloaded from WeChat Pay
+//! (`certs.rs`, `--wechatpay-platform-certs auto`). One [`HeldKeys`] is
+//! shared by the notices and the calls; `SIGHUP` re-reads every file
+//! ([`KeyFiles`]) and swaps the whole set at once, keeping what was downloaded.
 
 use super::NAME;
 use crate::clock::Clock;
@@ -16,6 +18,16 @@ pub type PlatformKeys = Vec<(String, RsaPublicKey)>;
 /// the certificate's notAfter in Unix ms). Bare public keys never expire.
 pub type KeyExpiries = Vec<(String, i64)>;
 
+/// A platform certificate downloaded from `GET /v3/certificates`: its
+/// serial, its key, and when it stops being used (its `expire_time`, or
+/// the certificate's notAfter if that is earlier), Unix ms.
+#[derive(Clone, Debug)]
+pub struct Downloaded {
+    pub serial: String,
+    pub key: RsaPublicKey,
+    pub not_after_ms: i64,
+}
+
 /// The keys in use at one moment: what a notice is verified with, what a
 /// call is signed with and its answer verified with.
 pub struct Keys {
@@ -23,6 +35,58 @@ pub struct Keys {
     pub expiries: KeyExpiries,
     /// The merchant's API private key, when the calls are on.
     pub merchant: Option<Arc<MerchantKey>>,
+    /// The platform certificates downloaded (`--wechatpay-platform-certs
+    /// auto`), each kept until it expires, listed or not by later downloads.
+    pub downloaded: Vec<Downloaded>,
+}
+
+/// The prefix of a WeChat Pay public key's id: such a serial names a
+/// configured `--wechatpay-public-key`, never a downloaded certificate.
+pub const PUBLIC_KEY_ID_PREFIX: &str = "PUB_KEY_ID_";
+
+/// Whether `serial` is a WeChat Pay public key's id (`PUB_KEY_ID_...`).
+pub fn is_public_key_id(serial: &str) -> bool {
+    serial.get(..PUBLIC_KEY_ID_PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(PUBLIC_KEY_ID_PREFIX))
+}
+
+impl Keys {
+    /// Keys without any downloaded certificate.
+    pub fn configured(platform: PlatformKeys, expiries: KeyExpiries, merchant: Option<Arc<MerchantKey>>) -> Keys {
+        Keys { platform, expiries, merchant, downloaded: Vec::new() }
+    }
+
+    /// The key `serial` names (compared case-insensitively: serials are hex
+    /// or `PUB_KEY_ID_...`, and SDKs differ in their case) and when it
+    /// stops being valid: a `PUB_KEY_ID_` serial picks a configured public
+    /// key; any other a configured key or certificate, else a downloaded
+    /// certificate. A merchant mid-migration is served by both.
+    pub fn lookup(&self, serial: &str) -> Option<(&RsaPublicKey, Option<i64>)> {
+        let configured = self.platform.iter().find(|(s, _)| s.eq_ignore_ascii_case(serial)).map(|(_, key)| {
+            let not_after = self.expiries.iter().find(|(s, _)| s.eq_ignore_ascii_case(serial)).map(|(_, at)| *at);
+            (key, not_after)
+        });
+        if configured.is_some() || is_public_key_id(serial) {
+            return configured;
+        }
+        self.downloaded.iter().find(|d| d.serial.eq_ignore_ascii_case(serial)).map(|d| (&d.key, Some(d.not_after_ms)))
+    }
+
+    /// Every serial held, configured first, for a log line.
+    pub fn serials(&self) -> Vec<&str> {
+        let configured = self.platform.iter().map(|(s, _)| s.as_str());
+        let downloaded = self.downloaded.iter().map(|d| d.serial.as_str());
+        configured.chain(downloaded).collect()
+    }
+
+    /// The same keys with `downloaded` instead.
+    pub fn with_downloaded(&self, downloaded: Vec<Downloaded>) -> Keys {
+        Keys {
+            platform: self.platform.clone(),
+            expiries: self.expiries.clone(),
+            merchant: self.merchant.clone(),
+            downloaded,
+        }
+    }
 }
 
 /// WeChat Pay's keys as a reload replaces them.
@@ -90,12 +154,19 @@ pub(super) struct Files {
     held: HeldKeys,
     /// One reload at a time (two `SIGHUP`s in a row read the files twice, in turn).
     reloading: parking_lot::Mutex<()>,
+    /// The certificate downloads, with `--wechatpay-platform-certs auto`.
+    downloads: Option<Arc<super::certs::Downloads>>,
 }
 
 impl Files {
-    pub(super) fn new(entries: &[String], merchant: Option<String>, held: HeldKeys) -> Result<Files, String> {
+    pub(super) fn new(
+        entries: &[String],
+        merchant: Option<String>,
+        held: HeldKeys,
+        downloads: Option<Arc<super::certs::Downloads>>,
+    ) -> Result<Files, String> {
         let platform = entries.iter().map(|e| entry(e)).collect::<Result<_, _>>()?;
-        Ok(Files { platform, merchant, held, reloading: parking_lot::Mutex::new(()) })
+        Ok(Files { platform, merchant, held, reloading: parking_lot::Mutex::new(()), downloads })
     }
 }
 
@@ -132,15 +203,36 @@ impl crate::platforms::KeyFiles for Files {
                 }
             },
         };
-        self.held.replace(Keys { platform, expiries, merchant });
+        // The downloaded certificates are not files: a download meanwhile stays.
+        self.held.update(|now| Keys { platform, expiries, merchant, downloaded: now.downloaded.clone() });
         failures
     }
 
     fn certificates(&self) -> Vec<HeldCertificate> {
-        let keys = self.held.current();
-        keys.expiries
-            .iter()
-            .map(|(serial, not_after)| HeldCertificate { platform: NAME, id: serial.clone(), not_after_ms: *not_after })
-            .collect()
+        held_certificates(&self.held.current())
     }
+
+    fn refresh(&self, now_ms: i64) {
+        if let Some(downloads) = &self.downloads {
+            downloads.refresh_if_due(now_ms);
+        }
+    }
+
+    fn downloads(&self) -> Option<(u64, u64)> {
+        self.downloads.as_ref().map(|d| d.counts())
+    }
+}
+
+/// Every certificate `keys` hold, configured and downloaded, once per serial.
+fn held_certificates(keys: &Keys) -> Vec<HeldCertificate> {
+    let configured = keys.expiries.iter().map(|(serial, at)| (serial, *at));
+    let downloaded = keys
+        .downloaded
+        .iter()
+        .filter(|d| !keys.expiries.iter().any(|(s, _)| s.eq_ignore_ascii_case(&d.serial)))
+        .map(|d| (&d.serial, d.not_after_ms));
+    configured
+        .chain(downloaded)
+        .map(|(serial, not_after_ms)| HeldCertificate { platform: NAME, id: serial.clone(), not_after_ms })
+        .collect()
 }

@@ -45,23 +45,38 @@ pub struct WechatpayConfig {
 
 impl WechatpayConfig {
     pub fn new(apiv3_key: &str, platform_keys: Vec<(String, RsaPublicKey)>) -> Result<WechatpayConfig, String> {
+        if platform_keys.is_empty() {
+            return Err(
+                "WeChat Pay needs at least one --wechatpay-public-key SERIAL=FILE (or --wechatpay-platform-certs auto)"
+                    .into(),
+            );
+        }
+        WechatpayConfig::downloading(apiv3_key, platform_keys)
+    }
+
+    /// The same, where the platform certificates are downloaded: no
+    /// configured key is required.
+    pub fn downloading(apiv3_key: &str, platform_keys: Vec<(String, RsaPublicKey)>) -> Result<WechatpayConfig, String> {
         if apiv3_key.len() != APIV3_KEY_BYTES {
             return Err(format!("the WeChat Pay APIv3 key must be {APIV3_KEY_BYTES} bytes, got {}", apiv3_key.len()));
-        }
-        if platform_keys.is_empty() {
-            return Err("WeChat Pay needs at least one --wechatpay-public-key SERIAL=FILE".into());
         }
         Ok(WechatpayConfig { apiv3_key: apiv3_key.as_bytes().to_vec(), platform_keys, expiries: Vec::new() })
     }
 }
 
+/// The serial a signed message names (`Wechatpay-Serial`), trimmed; `None` when absent.
+pub(super) fn named_serial(header: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    header("Wechatpay-Serial").map(|v| v.trim().to_owned()).filter(|v| !v.is_empty())
+}
+
 /// Verifies a message WeChat Pay signed (a notification, or an answer of
-/// its API): `Wechatpay-Signature` by the platform key that
-/// `Wechatpay-Serial` names, over `"{Wechatpay-Timestamp}\n{Wechatpay-Nonce}\n{body}\n"`,
-/// with a timestamp within 5 minutes of `now_ms`.
+/// its API): `Wechatpay-Signature` by the key that `Wechatpay-Serial` names
+/// in `keys` ([`super::Keys::lookup`]: a `PUB_KEY_ID_` serial a configured
+/// public key, any other a configured or downloaded certificate), over
+/// `"{Wechatpay-Timestamp}\n{Wechatpay-Nonce}\n{body}\n"`, with a timestamp
+/// within 5 minutes of `now_ms`.
 pub fn verify_signed(
-    platform_keys: &[(String, RsaPublicKey)],
-    expiries: &[(String, i64)],
+    keys: &super::Keys,
     now_ms: i64,
     header: &dyn Fn(&str) -> Option<String>,
     body: &[u8],
@@ -72,25 +87,18 @@ pub fn verify_signed(
     let timestamp = header("Wechatpay-Timestamp").ok_or_else(|| unauthorized("Wechatpay-Timestamp is missing"))?;
     let nonce = header("Wechatpay-Nonce").ok_or_else(|| unauthorized("Wechatpay-Nonce is missing"))?;
     let signature = header("Wechatpay-Signature").ok_or_else(|| unauthorized("Wechatpay-Signature is missing"))?;
-    let key = platform_keys
-        .iter()
-        // Serials are hex (certificate serial numbers) or PUB_KEY_ID_...;
-        // their case carries nothing, and SDKs differ in it.
-        .find(|(s, _)| s.eq_ignore_ascii_case(&serial))
-        .map(|(_, k)| k)
-        .ok_or_else(|| {
-            // The operator's first question: which key did WeChat Pay sign
-            // with, and which does payonce have? (A key given under the
-            // wrong serial starts fine and refuses every notification.)
-            let named = crate::platforms::printable(&serial);
-            let configured: Vec<&str> = platform_keys.iter().map(|(s, _)| s.as_str()).collect();
-            crate::log::warn(
-                "a WeChat Pay notification names a key payonce does not have",
-                &[("serial", &named), ("configured", &configured.join(","))],
-            );
-            unauthorized(&format!("Wechatpay-Serial {named} names no configured platform key"))
-        })?;
-    if expiries.iter().any(|(s, not_after)| s.eq_ignore_ascii_case(&serial) && now_ms > *not_after) {
+    let (key, not_after) = keys.lookup(&serial).ok_or_else(|| {
+        // The operator's first question: which key did WeChat Pay sign
+        // with, and which does payonce have? (A key given under the
+        // wrong serial starts fine and refuses every notification.)
+        let named = crate::platforms::printable(&serial);
+        crate::log::warn(
+            "a WeChat Pay notification names a key payonce does not have",
+            &[("serial", &named), ("configured", &keys.serials().join(","))],
+        );
+        unauthorized(&format!("Wechatpay-Serial {named} names no configured platform key"))
+    })?;
+    if not_after.is_some_and(|not_after| now_ms > not_after) {
         return Err(unauthorized("the platform certificate Wechatpay-Serial names has expired"));
     }
     if signature.starts_with(SIGN_TEST_PREFIX) {
@@ -118,26 +126,53 @@ pub fn verify_signed(
 pub struct Wechatpay {
     apiv3_key: Vec<u8>,
     keys: super::HeldKeys,
+    /// The certificate downloads (`--wechatpay-platform-certs auto`): a
+    /// serial not held is looked for there before the notice is refused.
+    downloads: Option<std::sync::Arc<super::certs::Downloads>>,
 }
 
 impl Wechatpay {
     /// The notices of `config`, with keys of their own.
     pub fn new(config: WechatpayConfig) -> Wechatpay {
-        let keys = super::Keys { platform: config.platform_keys, expiries: config.expiries, merchant: None };
-        Wechatpay { apiv3_key: config.apiv3_key, keys: super::HeldKeys::new(keys) }
+        let keys = super::Keys::configured(config.platform_keys, config.expiries, None);
+        Wechatpay { apiv3_key: config.apiv3_key, keys: super::HeldKeys::new(keys), downloads: None }
     }
 
     /// The notices of `config`'s APIv3 key, verified with `keys` (shared
-    /// with the calls, replaced by a reload).
-    pub(super) fn with_keys(config: WechatpayConfig, keys: super::HeldKeys) -> Wechatpay {
-        Wechatpay { apiv3_key: config.apiv3_key, keys }
+    /// with the calls, replaced by a reload) and the certificates
+    /// `downloads` brings.
+    pub(super) fn with_keys(
+        config: WechatpayConfig,
+        keys: super::HeldKeys,
+        downloads: Option<std::sync::Arc<super::certs::Downloads>>,
+    ) -> Wechatpay {
+        Wechatpay { apiv3_key: config.apiv3_key, keys, downloads }
     }
 
-    /// Verified with the keys in use when it arrived.
+    /// Verified with the keys in use when it arrived; a certificate serial
+    /// not held first makes the downloads look for it (at most once every
+    /// `--wechatpay-cert-unknown-serial-interval-s`), then the notice is
+    /// verified with the keys that brings. A download that failed answers
+    /// 503 (WeChat Pay delivers the notice again); a serial still unknown
+    /// is refused as before (401).
     fn verify(&self, now_ms: i64, req: &Request) -> Result<(), Error> {
         let header = |name: &str| req.header(name).map(str::to_owned);
-        let keys = self.keys.current();
-        verify_signed(&keys.platform, &keys.expiries, now_ms, &header, &req.body)
+        let mut keys = self.keys.current();
+        if let (Some(downloads), Some(serial)) = (&self.downloads, named_serial(&header)) {
+            if keys.lookup(&serial).is_none() {
+                if let Err(super::certs::NotLearned::Failed(why)) = downloads.learn(&serial, now_ms) {
+                    return Err(Error::new(
+                        ErrorKind::PlatformUnavailable,
+                        format!(
+                            "Wechatpay-Serial {} is not held yet and the certificate download failed: {why}",
+                            crate::platforms::printable(&serial)
+                        ),
+                    ));
+                }
+                keys = self.keys.current();
+            }
+        }
+        verify_signed(&keys, now_ms, &header, &req.body)
     }
 
     /// The decrypted `resource` of an authentic notification.
@@ -183,6 +218,11 @@ impl Notices for Wechatpay {
                     None => format!("{serial} (no expiry)"),
                 }
             })
+            .chain(
+                held.downloaded
+                    .iter()
+                    .map(|d| format!("{} (downloaded, expires {})", d.serial, crate::clock::format_ms(d.not_after_ms))),
+            )
             .collect();
         format!("platform keys {}", keys.join(", "))
     }
