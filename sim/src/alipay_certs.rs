@@ -37,7 +37,7 @@ impl KeyMode {
         match text {
             "public-key" => Ok(KeyMode::PublicKey),
             "certificate" => Ok(KeyMode::Certificate),
-            other => Err(format!("--key-mode {other:?}: expected certificate or public-key")),
+            other => Err(format!("--key-mode {other:?}: expected public-key or certificate")),
         }
     }
 }

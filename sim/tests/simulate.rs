@@ -274,7 +274,7 @@ fn alipay_in_certificate_mode_is_ok_in_process() {
     assert_eq!(last, "14 scenario runs: 14 ok, 0 with violations, 0 skipped (0 violations in all)", "{run:?}");
     assert!(simulate(&["--key-mode", "pem"])
         .error()
-        .contains("--key-mode \"pem\": expected certificate or public-key"));
+        .contains("--key-mode \"pem\": expected public-key or certificate"));
 }
 
 /// payonce trusts the TEST_ONLY platform public keys; the simulator signs
