@@ -357,58 +357,9 @@ fn is_secret_value(name: &str) -> bool {
     SECRETS.iter().any(|s| s.name == name)
 }
 
-/// Refuses a file of secrets that every user of the host may read or
-/// write; warns when its group may read it and that group is not this
-/// process's own (the deploy layout is 0640 root:payonce, payonce's group).
-fn check_secret_mode(
-    flag: &str,
-    path: &str,
-    metadata: &std::fs::Metadata,
-    warnings: &mut Vec<String>,
-) -> Result<(), String> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        let mode = metadata.mode() & 0o777;
-        if mode & 0o007 != 0 {
-            return Err(format!(
-                "--{flag} {path:?}: every user of this host may read or write it (mode {mode:04o}); \
-                 `chmod o-rwx` it (0600, or 0640 with payonce's group)"
-            ));
-        }
-        let own_group = std::fs::metadata("/proc/self").map(|m| m.gid()).ok();
-        if mode & 0o070 != 0 && own_group != Some(metadata.gid()) {
-            warnings.push(format!(
-                "--{flag} {path:?}: its group (gid {}) may read it (mode {mode:04o}) and is not payonce's own; \
-                 `chmod g-rwx` it unless that group is meant to",
-                metadata.gid()
-            ));
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = (flag, path, metadata, warnings);
-    Ok(())
-}
-
-/// A secret's file: its text with trailing newlines trimmed; several lines
-/// (blank ones skipped) become the comma-separated list the value takes.
-/// Refused when missing, unreadable, empty, of several lines for a single
-/// secret, or open to every user of the host.
+/// A secret's file, read and checked as `crate::held::read_secret_file` says.
 fn read_secret_file(secret: &Secret, path: &str, warnings: &mut Vec<String>) -> Result<String, String> {
-    let flag = format!("{}-file", secret.name);
-    let metadata = std::fs::metadata(path).map_err(|e| format!("--{flag} {path:?}: cannot read it: {e}"))?;
-    if !metadata.is_file() {
-        return Err(format!("--{flag} {path:?}: not a file"));
-    }
-    check_secret_mode(&flag, path, &metadata, warnings)?;
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--{flag} {path:?}: cannot read it: {e}"))?;
-    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    match lines.as_slice() {
-        [] => Err(format!("--{flag} {path:?}: the file is empty")),
-        [one] => Ok((*one).to_owned()),
-        _ if secret.list => Ok(lines.join(",")),
-        _ => Err(format!("--{flag} {path:?}: expected one line, found {}", lines.len())),
-    }
+    crate::held::read_secret_file(secret.file_setting, path, secret.list, warnings)
 }
 
 fn some(into: &mut Option<String>, value: &str) -> Result<(), String> {
@@ -576,8 +527,8 @@ impl Settings {
 
     /// How `SIGHUP` reads each secret file again: as at start (the same
     /// checks of the file, the same parsing), replacing what `held` gives
-    /// its readers; a file that fails changes nothing. The APIv3 key is
-    /// read with the WeChat Pay keys' reload.
+    /// its readers; a file that fails changes nothing. The APIv3 key's file
+    /// is read again with WeChat Pay's keys (src/platforms/wechatpay/keys.rs).
     fn secret_file_reloads(&self, held: &HeldSecrets) -> Vec<SecretFile> {
         let mut reloads = Vec::new();
         for (secret, path) in &self.secret_files_read {
@@ -657,6 +608,11 @@ impl Settings {
             callback_secrets,
             wechatpay: wechatpay::Settings {
                 apiv3_key: self.wechatpay_apiv3_key.clone(),
+                apiv3_key_file: self
+                    .secret_files_read
+                    .iter()
+                    .find(|(secret, _)| secret.name == "wechatpay-apiv3-key")
+                    .map(|(_, path)| path.clone()),
                 public_keys: self.wechatpay_public_keys.clone(),
                 mchid: self.wechatpay_mchid.clone(),
                 merchant_serial: self.wechatpay_merchant_serial.clone(),

@@ -2,7 +2,9 @@
 //! certificates, secrets. Every reader takes the current value once
 //! ([`Held::current`]) and keeps it for the whole request or call, so a
 //! swap never mixes two sets inside one verification or signature, and
-//! nothing in flight fails because of it.
+//! nothing in flight fails because of it. And how a secret's file is read
+//! (at start by `config`, again on `SIGHUP` by whoever holds the secret):
+//! the same checks both times.
 
 use std::sync::Arc;
 
@@ -71,5 +73,58 @@ pub struct SecretFile {
 impl std::fmt::Debug for SecretFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "SecretFile(--{} {:?})", self.setting, self.path)
+    }
+}
+
+/// Refuses a file of secrets that every user of the host may read or
+/// write; warns when its group may read it and that group is not this
+/// process's own (the deploy layout is 0640 root:payonce, payonce's group).
+pub fn check_secret_mode(
+    flag: &str,
+    path: &str,
+    metadata: &std::fs::Metadata,
+    warnings: &mut Vec<String>,
+) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let mode = metadata.mode() & 0o777;
+        if mode & 0o007 != 0 {
+            return Err(format!(
+                "--{flag} {path:?}: every user of this host may read or write it (mode {mode:04o}); \
+                 `chmod o-rwx` it (0600, or 0640 with payonce's group)"
+            ));
+        }
+        let own_group = std::fs::metadata("/proc/self").map(|m| m.gid()).ok();
+        if mode & 0o070 != 0 && own_group != Some(metadata.gid()) {
+            warnings.push(format!(
+                "--{flag} {path:?}: its group (gid {}) may read it (mode {mode:04o}) and is not payonce's own; \
+                 `chmod g-rwx` it unless that group is meant to",
+                metadata.gid()
+            ));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (flag, path, metadata, warnings);
+    Ok(())
+}
+
+/// A secret's file: its text with trailing newlines trimmed; several lines
+/// (blank ones skipped) become the comma-separated list the value takes.
+/// Refused when missing, unreadable, empty, of several lines for a single
+/// secret, or open to every user of the host.
+pub fn read_secret_file(flag: &str, path: &str, list: bool, warnings: &mut Vec<String>) -> Result<String, String> {
+    let metadata = std::fs::metadata(path).map_err(|e| format!("--{flag} {path:?}: cannot read it: {e}"))?;
+    if !metadata.is_file() {
+        return Err(format!("--{flag} {path:?}: not a file"));
+    }
+    check_secret_mode(flag, path, &metadata, warnings)?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--{flag} {path:?}: cannot read it: {e}"))?;
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    match lines.as_slice() {
+        [] => Err(format!("--{flag} {path:?}: the file is empty")),
+        [one] => Ok((*one).to_owned()),
+        _ if list => Ok(lines.join(",")),
+        _ => Err(format!("--{flag} {path:?}: expected one line, found {}", lines.len())),
     }
 }

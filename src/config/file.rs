@@ -4,7 +4,8 @@
 //! second list exists. A key is checked against the table and its value's
 //! type against the setting; a refusal names the file, the key and its line.
 
-use super::{check_secret_mode, is_secret_value, setting_named, Setting};
+use super::{is_secret_value, setting_named, Setting};
+use crate::held::check_secret_mode;
 use std::path::Path;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;

@@ -56,6 +56,11 @@ fn replace_file(path: &Path, content: &str) {
 /// A WeChat Pay payment notification of `order_no` (9900 fen), encrypted
 /// with the APIv3 key and signed by `key` under `serial` now: (headers, body).
 fn notice(order_no: &str, key: &SigningKey<Sha256>, serial: &str) -> Signed {
+    notice_encrypted_with(APIV3_KEY, order_no, key, serial)
+}
+
+/// [`notice`], its resource encrypted with `apiv3_key`.
+fn notice_encrypted_with(apiv3_key: &str, order_no: &str, key: &SigningKey<Sha256>, serial: &str) -> Signed {
     static N: AtomicU64 = AtomicU64::new(0);
     let n = N.fetch_add(1, Ordering::SeqCst);
     let plain = json!({
@@ -67,7 +72,7 @@ fn notice(order_no: &str, key: &SigningKey<Sha256>, serial: &str) -> Signed {
         "amount": {"total": 9900, "payer_total": 9900, "currency": "CNY", "payer_currency": "CNY"}
     });
     let nonce = format!("kr{n:010}");
-    let cipher = Aes256Gcm::new_from_slice(APIV3_KEY.as_bytes()).expect("32-byte key");
+    let cipher = Aes256Gcm::new_from_slice(apiv3_key.as_bytes()).expect("32-byte key");
     let ciphertext = cipher
         .encrypt(
             Nonce::from_slice(nonce.as_bytes()),
@@ -255,6 +260,61 @@ fn sighup_keeps_the_old_key_for_a_broken_file_and_swaps_a_good_one_under_load() 
 }
 
 /// A certificate for the platform key A, valid from now for `days` days (openssl, as an operator makes one).
+#[test]
+fn sighup_reads_the_apiv3_key_file_again_and_keeps_the_old_key_for_a_broken_one() {
+    use std::os::unix::fs::PermissionsExt;
+    const NEW_APIV3_KEY: &str = "TESTONLYnewapiv3key456789abcdefX";
+    let dir = TempDir::new("apiv3-reload");
+    let (key_file, apiv3_file) = (dir.path("wechatpay-steady.pem"), dir.path("apiv3-key"));
+    std::fs::write(&key_file, public_pem(WX_A_PRIVATE)).expect("write");
+    let write_apiv3 = |text: &str| {
+        replace_file(&apiv3_file, text);
+        std::fs::set_permissions(&apiv3_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    };
+    write_apiv3(&format!("{APIV3_KEY}\n"));
+    let log = dir.path("serve.log");
+    let key_flag = format!("{SERIAL_STEADY}={}", key_file.display());
+    let apiv3_flag = apiv3_file.display().to_string();
+    let mut server = Server::start_logged(
+        &dir.path("payonce.db"),
+        &["--wechatpay-apiv3-key-file", &apiv3_flag, "--wechatpay-public-key", &key_flag],
+        Stdio::from(std::fs::File::create(&log).expect("log file")),
+    );
+    server.set_stderr_log(log.clone());
+    let platform = signing_key(WX_A_PRIVATE);
+    for order_no in ["APIV3-1", "APIV3-2", "APIV3-3", "APIV3-4"] {
+        create_order(&server, order_no);
+    }
+    let (ok, failed) = ("payonce_keys_reload_total{result=\"ok\"}", "payonce_keys_reload_total{result=\"failed\"}");
+    let under = |apiv3: &str, order_no: &str| {
+        send(server.addr, &notice_encrypted_with(apiv3, order_no, &platform, SERIAL_STEADY))
+    };
+    assert_eq!(under(APIV3_KEY, "APIV3-1").status, 204, "the first key at start");
+
+    // 31 bytes: refused, the old key kept and the file named.
+    write_apiv3(&format!("{}\n", &NEW_APIV3_KEY[..31]));
+    server.signal(1);
+    wait_for(&server, failed, 1.0);
+    assert_eq!(under(APIV3_KEY, "APIV3-2").status, 204, "the old key kept");
+    let logged = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        logged.lines().any(|l| l.contains("failed to load") && l.contains(&apiv3_flag) && l.contains("32 bytes")),
+        "a line names the APIv3 key file and why: {logged}"
+    );
+    assert!(!logged.contains(&NEW_APIV3_KEY[..31]) && !logged.contains(APIV3_KEY), "no key in the log");
+
+    // The new key: what it encrypts decrypts from the reload on, the old one's no longer.
+    write_apiv3(&format!("{NEW_APIV3_KEY}\n"));
+    server.signal(1);
+    wait_for(&server, ok, 1.0);
+    assert_eq!(under(NEW_APIV3_KEY, "APIV3-3").status, 204, "the new key after");
+    let refused = under(APIV3_KEY, "APIV3-4");
+    assert_eq!(refused.status, 400, "the replaced key no longer decrypts: {}", refused.text());
+    for (order_no, status) in [("APIV3-1", "PAID"), ("APIV3-2", "PAID"), ("APIV3-3", "PAID"), ("APIV3-4", "PENDING")] {
+        assert_eq!(server.get(&format!("/v1/orders/{order_no}")).json()["status"], status, "{order_no}");
+    }
+}
+
 fn certificate(dir: &TempDir, days: u32) -> String {
     let path = dir.path(&format!("platform-{days}d.pem"));
     let out = std::process::Command::new("openssl")

@@ -63,7 +63,7 @@ struct State {
 pub struct Downloads {
     /// Signs `GET /v3/certificates` with the merchant's key.
     api: WechatpayApi,
-    apiv3_key: Vec<u8>,
+    apiv3_key: super::HeldApiv3Key,
     held: HeldKeys,
     refresh_ms: i64,
     unknown_interval_ms: i64,
@@ -78,7 +78,7 @@ pub struct Downloads {
 impl Downloads {
     pub(super) fn new(
         api: WechatpayApi,
-        apiv3_key: &[u8],
+        apiv3_key: super::HeldApiv3Key,
         held: HeldKeys,
         refresh: Duration,
         unknown_interval: Duration,
@@ -87,7 +87,7 @@ impl Downloads {
         let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         Downloads {
             api,
-            apiv3_key: apiv3_key.to_vec(),
+            apiv3_key,
             held,
             refresh_ms: ms(refresh),
             unknown_interval_ms: ms(unknown_interval),
@@ -267,7 +267,8 @@ impl Downloads {
         let ciphertext = base64::engine::general_purpose::STANDARD
             .decode(text("ciphertext")?)
             .map_err(|_| "encrypt_certificate.ciphertext is not base64".to_owned())?;
-        let cipher = Aes256Gcm::new_from_slice(&self.apiv3_key).map_err(|_| "the APIv3 key is not 32 bytes")?;
+        let cipher =
+            Aes256Gcm::new_from_slice(&self.apiv3_key.current()).map_err(|_| "the APIv3 key is not 32 bytes")?;
         let plain = cipher
             .decrypt(Nonce::from_slice(nonce), Payload { msg: &ciphertext, aad })
             .map_err(|_| "does not decrypt with the APIv3 key (tampered, or another merchant's)".to_owned())?;

@@ -91,6 +91,9 @@ impl Keys {
 
 /// WeChat Pay's keys as a reload replaces them.
 pub type HeldKeys = Held<Keys>;
+/// The APIv3 key (32 bytes) that decrypts notices and downloaded
+/// certificates, replaced by a reload of `--wechatpay-apiv3-key-file`.
+pub type HeldApiv3Key = Held<Vec<u8>>;
 
 /// The notAfter of an X.509 certificate PEM, in Unix ms; `None` for a bare public key.
 pub fn certificate_not_after_ms(pem: &str) -> Option<i64> {
@@ -144,6 +147,24 @@ pub(super) fn merchant_key(file: &str) -> Result<MerchantKey, String> {
     MerchantKey::from_pem(&read_key_file(file)?).map_err(|e| format!("--wechatpay-merchant-key {file}: {e}"))
 }
 
+/// The APIv3 key of `--wechatpay-apiv3-key-file`, read and checked as at
+/// start (`crate::held::read_secret_file`), and 32 bytes.
+fn apiv3_key(file: &str) -> Result<Vec<u8>, String> {
+    let mut warnings = Vec::new();
+    let key = crate::held::read_secret_file("wechatpay-apiv3-key-file", file, false, &mut warnings)?;
+    for warning in &warnings {
+        crate::log::warn("a secret file reloaded with a warning", &[("warning", warning)]);
+    }
+    if key.len() != super::APIV3_KEY_BYTES {
+        return Err(format!(
+            "--wechatpay-apiv3-key-file {file:?}: the APIv3 key must be {} bytes, got {}",
+            super::APIV3_KEY_BYTES,
+            key.len()
+        ));
+    }
+    Ok(key.into_bytes())
+}
+
 /// WeChat Pay's key files as the settings named them, and the keys they
 /// hold now.
 pub(super) struct Files {
@@ -156,17 +177,20 @@ pub(super) struct Files {
     reloading: parking_lot::Mutex<()>,
     /// The certificate downloads, with `--wechatpay-platform-certs auto`.
     downloads: Option<Arc<super::certs::Downloads>>,
+    /// `--wechatpay-apiv3-key-file` and the key it gave, when given as a file.
+    apiv3: Option<(String, HeldApiv3Key)>,
 }
 
 impl Files {
     pub(super) fn new(
         entries: &[String],
         merchant: Option<String>,
+        apiv3: Option<(String, HeldApiv3Key)>,
         held: HeldKeys,
         downloads: Option<Arc<super::certs::Downloads>>,
     ) -> Result<Files, String> {
         let platform = entries.iter().map(|e| entry(e)).collect::<Result<_, _>>()?;
-        Ok(Files { platform, merchant, held, reloading: parking_lot::Mutex::new(()), downloads })
+        Ok(Files { platform, merchant, held, reloading: parking_lot::Mutex::new(()), downloads, apiv3 })
     }
 }
 
@@ -205,6 +229,12 @@ impl crate::platforms::KeyFiles for Files {
         };
         // The downloaded certificates are not files: a download meanwhile stays.
         self.held.update(|now| Keys { platform, expiries, merchant, downloaded: now.downloaded.clone() });
+        if let Some((file, held)) = &self.apiv3 {
+            match apiv3_key(file) {
+                Ok(key) => held.replace(key),
+                Err(why) => failures.push(KeyFileFailure { file: file.clone(), why }),
+            }
+        }
         failures
     }
 

@@ -12,7 +12,9 @@ pub use crate::platforms::public_key_from_pem;
 pub use bill::Bill;
 pub use calls::{can_carry, WechatpayApi, API_BASE_DEFAULT};
 pub use certs::{CERTIFICATES_PATH, CERT_REFRESH_S_DEFAULT, CERT_UNKNOWN_SERIAL_INTERVAL_S_DEFAULT};
-pub use keys::{certificate_not_after_ms, is_public_key_id, Downloaded, HeldKeys, KeyExpiries, Keys, PlatformKeys};
+pub use keys::{
+    certificate_not_after_ms, is_public_key_id, Downloaded, HeldApiv3Key, HeldKeys, KeyExpiries, Keys, PlatformKeys,
+};
 pub use notices::{verify_signed, Wechatpay, WechatpayConfig, APIV3_KEY_BYTES, TIMESTAMP_TOLERANCE_S};
 
 use super::{Parts, Platform, PlatformSettings};
@@ -28,6 +30,9 @@ pub const PAID_TIME_FIELD: &str = "success_time";
 pub struct Settings {
     /// `--wechatpay-apiv3-key` (or `PAYONCE_WECHATPAY_APIV3_KEY`).
     pub apiv3_key: Option<String>,
+    /// `--wechatpay-apiv3-key-file`, when the key came from it: `SIGHUP`
+    /// reads it again.
+    pub apiv3_key_file: Option<String>,
     /// `--wechatpay-public-key SERIAL=FILE`, repeated.
     pub public_keys: Vec<String>,
     pub mchid: Option<String>,
@@ -50,6 +55,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             apiv3_key: None,
+            apiv3_key_file: None,
             public_keys: Vec::new(),
             mchid: None,
             merchant_serial: None,
@@ -99,10 +105,11 @@ pub fn configure(settings: &PlatformSettings, parts: Parts, warnings: &mut Vec<S
         return Ok(Platform::default());
     }
     let held = HeldKeys::new(Keys::configured(platform, expiries, merchant));
+    let apiv3 = HeldApiv3Key::new(own.apiv3_key.as_deref().unwrap_or_default().as_bytes().to_vec());
     let downloads = match (own.platform_certs, &own.apiv3_key) {
-        (true, Some(apiv3_key)) => Some(Arc::new(certs::Downloads::new(
+        (true, Some(_)) => Some(Arc::new(certs::Downloads::new(
             api(settings, held.clone(), None),
-            apiv3_key.as_bytes(),
+            apiv3.clone(),
             held.clone(),
             Duration::from_secs(own.cert_refresh_s),
             Duration::from_secs(own.cert_unknown_serial_interval_s),
@@ -116,12 +123,14 @@ pub fn configure(settings: &PlatformSettings, parts: Parts, warnings: &mut Vec<S
     let files = keys::Files::new(
         &own.public_keys,
         own.merchant_key.clone().filter(|_| outgoing),
+        own.apiv3_key_file.clone().map(|file| (file, apiv3.clone())),
         held.clone(),
         downloads.clone(),
     )?;
     Ok(Platform {
-        notices: notices
-            .map(|n| Arc::new(Wechatpay::with_keys(n, held.clone(), downloads.clone())) as Arc<dyn super::Notices>),
+        notices: notices.map(|_| {
+            Arc::new(Wechatpay::with_keys(apiv3.clone(), held.clone(), downloads.clone())) as Arc<dyn super::Notices>
+        }),
         calls: outgoing.then(|| Arc::new(api(settings, held.clone(), downloads.clone())) as Arc<dyn super::Calls>),
         keys: Some(Arc::new(files)),
     })

@@ -124,7 +124,8 @@ pub fn verify_signed(
 }
 
 pub struct Wechatpay {
-    apiv3_key: Vec<u8>,
+    /// Replaced by a reload of `--wechatpay-apiv3-key-file`.
+    apiv3_key: super::HeldApiv3Key,
     keys: super::HeldKeys,
     /// The certificate downloads (`--wechatpay-platform-certs auto`): a
     /// serial not held is looked for there before the notice is refused.
@@ -135,18 +136,22 @@ impl Wechatpay {
     /// The notices of `config`, with keys of their own.
     pub fn new(config: WechatpayConfig) -> Wechatpay {
         let keys = super::Keys::configured(config.platform_keys, config.expiries, None);
-        Wechatpay { apiv3_key: config.apiv3_key, keys: super::HeldKeys::new(keys), downloads: None }
+        Wechatpay {
+            apiv3_key: super::HeldApiv3Key::new(config.apiv3_key),
+            keys: super::HeldKeys::new(keys),
+            downloads: None,
+        }
     }
 
-    /// The notices of `config`'s APIv3 key, verified with `keys` (shared
-    /// with the calls, replaced by a reload) and the certificates
-    /// `downloads` brings.
+    /// The notices decrypted with `apiv3_key` and verified with `keys`
+    /// (both shared with the calls and the downloads, replaced by a reload)
+    /// and the certificates `downloads` brings.
     pub(super) fn with_keys(
-        config: WechatpayConfig,
+        apiv3_key: super::HeldApiv3Key,
         keys: super::HeldKeys,
         downloads: Option<std::sync::Arc<super::certs::Downloads>>,
     ) -> Wechatpay {
-        Wechatpay { apiv3_key: config.apiv3_key, keys, downloads }
+        Wechatpay { apiv3_key, keys, downloads }
     }
 
     /// Verified with the keys in use when it arrived; a certificate serial
@@ -191,8 +196,8 @@ impl Wechatpay {
         let ciphertext = base64::engine::general_purpose::STANDARD
             .decode(text("ciphertext")?)
             .map_err(|_| Error::invalid("resource.ciphertext is not base64"))?;
-        let cipher =
-            Aes256Gcm::new_from_slice(&self.apiv3_key).map_err(|_| Error::internal("the APIv3 key is not 32 bytes"))?;
+        let cipher = Aes256Gcm::new_from_slice(&self.apiv3_key.current())
+            .map_err(|_| Error::internal("the APIv3 key is not 32 bytes"))?;
         let plain = cipher
             .decrypt(Nonce::from_slice(nonce), Payload { msg: &ciphertext, aad })
             .map_err(|_| Error::invalid("resource does not decrypt with the configured APIv3 key"))?;
