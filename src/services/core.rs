@@ -129,6 +129,10 @@ impl Core {
             .into_iter()
             .chain(held.iter().map(|guard| guard.key().to_owned()))
             .collect();
+        // Decided once per write, not per run of its body: a body may run
+        // again (PostgreSQL's retries, SQLite's batch run again with
+        // savepoints) and this write must fail every time.
+        let fail_after_work = self.take_armed_failure();
         self.store().write_locking(&keys, |tx| {
             let result = match work(tx) {
                 Err(e) if !e.is_refusal() => return Err(e),
@@ -143,7 +147,9 @@ impl Core {
                     return Err(Error::new(ErrorKind::IdempotencyKeyInUse, "another request stored this key first"));
                 }
             }
-            self.maybe_fail_after_work()?;
+            if fail_after_work {
+                return Err(Error::internal("injected failure after the work (test hook)"));
+            }
             Ok(result)
         })?
     }
@@ -157,12 +163,8 @@ impl Core {
         self.fail_writes_after_work.swap(writes, Ordering::SeqCst)
     }
 
-    fn maybe_fail_after_work(&self) -> Result<(), Error> {
-        let armed =
-            self.fail_writes_after_work.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
-        if armed {
-            return Err(Error::internal("injected failure after the work (test hook)"));
-        }
-        Ok(())
+    /// Whether this write is one of the armed failures (counting it down).
+    fn take_armed_failure(&self) -> bool {
+        self.fail_writes_after_work.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
     }
 }

@@ -1,6 +1,6 @@
 //! Group commit on SQLite (docs/performance.md): operations queued behind
-//! one writer share one transaction and one COMMIT, each in its own
-//! savepoint. A gate operation holds the writer while the others queue, so
+//! one writer share one transaction and one COMMIT, and a failing one rolls
+//! back alone. A gate operation holds the writer while the others queue, so
 //! the batch below is certain, and the counters prove the operations shared
 //! one COMMIT (these tests cannot pass with batches of one).
 
@@ -47,11 +47,16 @@ fn one_batch_joined<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (Gate
     let (release_tx, release_rx) = mpsc::channel::<()>();
     // The work of a write is Send (the leader of its batch may run it).
     let release_rx = std::sync::Mutex::new(release_rx);
+    // A body may run again (its batch run again with savepoints): the gate
+    // waits on its first run only.
+    let released = std::sync::atomic::AtomicBool::new(false);
     thread::scope(|s| {
         let gate = s.spawn(move || {
             store.write(&[], |tx| {
-                let _ = entered_tx.send(());
-                release_rx.lock().expect("gate").recv().map_err(|_| Error::internal("gate released"))?;
+                if !released.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let _ = entered_tx.send(());
+                    release_rx.lock().expect("gate").recv().map_err(|_| Error::internal("gate released"))?;
+                }
                 tx.insert_order(&new_order("GATE")).map(drop)
             })
         });
@@ -99,6 +104,69 @@ fn a_failing_and_a_panicking_operation_roll_back_alone_and_the_rest_commit_in_on
     }
     let after = totals(&store);
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 5), "five operations, one COMMIT");
+}
+
+/// An insert that counts the runs of its body.
+fn counted_insert<'s>(order_no: &'static str, runs: &'s std::sync::atomic::AtomicUsize) -> Op<'s, bool> {
+    Box::new(move |store: &Store| {
+        store.write(&[], |tx| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tx.insert_order(&new_order(order_no)).map(|r| r.is_ok())
+        })
+    })
+}
+
+/// Operations run bare until one fails: then the batch is rolled back and
+/// what it took runs again, each in its own savepoint (src/store/sqlite/
+/// group_commit.rs, "Savepoints only when needed"). So a body runs once in
+/// a batch where all succeed, the ones before a failure twice; the batch
+/// after a failure uses savepoints from its start, and every body runs once.
+#[test]
+fn a_batch_runs_bare_until_an_operation_fails_then_again_with_savepoints() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let store = Store::open(":memory:", &StoreOptions::default()).expect("open");
+    let runs: Vec<AtomicUsize> = (0..7).map(|_| AtomicUsize::new(0)).collect();
+    let count = |i: usize| runs[i].load(SeqCst);
+    let failing = |runs: &'static str, counter: &AtomicUsize| -> Result<bool, Error> {
+        store.write(&[], |tx| {
+            counter.fetch_add(1, SeqCst);
+            let _inserted = tx.insert_order(&new_order(runs))?;
+            Err(Error::internal("this operation fails after its insert"))
+        })
+    };
+
+    // All succeed: one run each.
+    let (gate, results) =
+        one_batch(&store, vec![counted_insert("BARE-1", &runs[0]), counted_insert("BARE-2", &runs[1])]);
+    gate.expect("gate");
+    assert!(results.iter().all(|r| matches!(r, Ok(true))), "{results:?}");
+    assert_eq!((count(0), count(1)), (1, 1), "no failure, no second run");
+
+    // The second of three fails: the first and the failing one run twice, the third once.
+    let (gate, results) = one_batch(
+        &store,
+        vec![
+            counted_insert("RERUN-1", &runs[2]),
+            Box::new(|_: &Store| failing("RERUN-FAILS", &runs[3])),
+            counted_insert("RERUN-3", &runs[4]),
+        ],
+    );
+    gate.expect("gate");
+    assert!(matches!(results[0], Ok(true)) && results[1].is_err() && matches!(results[2], Ok(true)), "{results:?}");
+    assert_eq!((count(2), count(3), count(4)), (2, 2, 1), "run again with savepoints from the failure on");
+    for (order_no, kept) in [("RERUN-1", true), ("RERUN-FAILS", false), ("RERUN-3", true)] {
+        assert_eq!(order_exists(&store, order_no), kept, "{order_no}");
+    }
+
+    // The next batch starts with savepoints: its failure costs no second run.
+    let (gate, results) = one_batch(
+        &store,
+        vec![counted_insert("AFTER-1", &runs[5]), Box::new(|_: &Store| failing("AFTER-FAILS", &runs[6]))],
+    );
+    gate.expect("gate");
+    assert!(matches!(results[0], Ok(true)) && results[1].is_err(), "{results:?}");
+    assert_eq!((count(5), count(6)), (1, 1), "savepoints from the start");
+    assert!(order_exists(&store, "AFTER-1") && !order_exists(&store, "AFTER-FAILS"));
 }
 
 #[test]

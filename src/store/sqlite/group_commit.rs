@@ -1,6 +1,8 @@
 //! Group commit on SQLite (docs/performance.md): many write operations in
-//! one `BEGIN IMMEDIATE` transaction and one COMMIT (one fsync), each in its
-//! own SAVEPOINT, none answered before that COMMIT returned.
+//! one `BEGIN IMMEDIATE` transaction and one COMMIT (one fsync), none
+//! answered before that COMMIT returned. An operation that fails rolls back
+//! its own work only: it ran in its own SAVEPOINT, or its batch is run again
+//! with one SAVEPOINT per operation (below, "Savepoints only when needed").
 //!
 //! An operation (its caller already holds its key locks) joins the queue.
 //! If no thread is leading a batch, the caller leads one: it takes the
@@ -16,7 +18,9 @@
 //! ```text
 //! lock keys → queue → lead, or sleep until my batch is over
 //!   leader: [BEGIN IMMEDIATE;
-//!            for each queued op: SAVEPOINT op; work; RELEASE op | ROLLBACK TO op; RELEASE op
+//!            for each queued op: work (bare, until one fails: then ROLLBACK;
+//!              BEGIN IMMEDIATE; the ops so far again, and the rest, each as
+//!              SAVEPOINT op; work; RELEASE op | ROLLBACK TO op; RELEASE op)
 //!            COMMIT (ROLLBACK if it fails)] → wake every op of the batch
 //!           → lead the next batch while my own op is still queued,
 //!             else wake the next queued op to lead → return
@@ -33,6 +37,20 @@
 //! leader has finished with it (see [`Slot`]); a panic in the work is caught
 //! on the leader, in that operation's savepoint, and becomes its caller's
 //! error.
+//!
+//! Savepoints only when needed. A SAVEPOINT costs each operation a copy of
+//! every page it changes into SQLite's in-memory sub-journal (about 8 µs of
+//! the writer's 55 per payment, docs/performance.md), and almost every
+//! operation succeeds. So a batch runs its operations bare, back to back in
+//! the transaction; the first one that fails (an error or a caught panic)
+//! makes the leader ROLLBACK the whole transaction, BEGIN IMMEDIATE again
+//! and run every operation taken so far again, each in its own savepoint,
+//! then go on that way. The one that failed fails again in its savepoint and
+//! only its work is undone, as if the batch had used savepoints throughout:
+//! nothing was answered yet, and a body that runs twice is what PostgreSQL's
+//! retries already require (tests/it/reruns.rs). A batch after one with a
+//! failing operation starts with savepoints, so a stream of failing
+//! operations does not run each batch twice.
 
 use crate::error::Error;
 use parking_lot::Mutex;
@@ -66,12 +84,36 @@ pub(in crate::store) struct GroupCommitter {
     /// Test hook: the next batch's leader panics after its operations ran,
     /// before its COMMIT, outside any operation.
     panic_next_leader: AtomicBool,
+    /// The last batch had an operation that failed: the next one starts
+    /// with savepoints (and so on while operations keep failing).
+    failed_last_batch: AtomicBool,
 }
 
-/// One operation's work, type-erased: runs it in its savepoint on the
-/// writer connection and keeps the result where its caller will read it;
-/// answers why when the transaction is gone (the batch is poisoned).
-type Job<'a> = dyn FnMut(&Connection) -> Result<(), String> + Send + 'a;
+/// One operation's work, type-erased: runs it on the writer connection,
+/// bare or in its own savepoint, and keeps the result where its caller will
+/// read it (see [`Step`]).
+type Job<'a> = dyn FnMut(&Connection, Isolation) -> Step + Send + 'a;
+
+/// How an operation runs inside its batch's transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isolation {
+    /// Directly in the transaction: a failure can only be undone with the
+    /// whole transaction.
+    Bare,
+    /// In `SAVEPOINT op`: a failure undoes this operation's work alone.
+    Savepoint,
+}
+
+/// What running one job told the leader.
+enum Step {
+    /// Its result is kept for its caller; `failed`: that result is an
+    /// error (possible in savepoint mode only).
+    Done { failed: bool },
+    /// It failed bare: its result is not kept; the batch runs again with savepoints.
+    FailedBare,
+    /// The transaction is gone: every operation of the batch fails with this.
+    Poisoned(String),
+}
 
 /// A queued operation: its job, on its caller's stack, and the thread to wake.
 ///
@@ -121,6 +163,7 @@ impl GroupCommitter {
             counters: GroupCommitCounters::default(),
             fail_next_commit: AtomicBool::new(false),
             panic_next_leader: AtomicBool::new(false),
+            failed_last_batch: AtomicBool::new(false),
         }
     }
 
@@ -149,14 +192,20 @@ impl GroupCommitter {
         work: &mut (dyn FnMut(&Connection) -> Result<T, Error> + Send),
     ) -> Result<T, Error> {
         let mut ran: Option<Ran<T>> = None;
-        let mut job = |conn: &Connection| {
-            let result = run_in_savepoint(conn, work);
-            let alive = match &result {
-                Ran::Poisoned(e) => Err(e.message.clone()),
-                Ran::Done(_) => Ok(()),
+        let mut job = |conn: &Connection, isolation: Isolation| {
+            let result = match isolation {
+                Isolation::Bare => match run_bare(conn, work) {
+                    Some(result) => result,
+                    None => return Step::FailedBare,
+                },
+                Isolation::Savepoint => run_in_savepoint(conn, work),
+            };
+            let step = match &result {
+                Ran::Poisoned(e) => Step::Poisoned(e.message.clone()),
+                Ran::Done(result) => Step::Done { failed: result.is_err() },
             };
             ran = Some(result);
-            alive
+            step
         };
         let job: *mut Job<'_> = &mut job;
         // SAFETY: only the lifetime is erased. This function does not return
@@ -236,14 +285,28 @@ impl GroupCommitter {
             batch.take_next();
             return Err(e.into());
         }
+        let mut isolation =
+            if self.failed_last_batch.swap(false, Ordering::Relaxed) { Isolation::Savepoint } else { Isolation::Bare };
         while let Some((ticket, job)) = batch.take_next() {
             // A job runs only as a member of the batch that will finish its
             // ticket: that is what keeps its caller blocked meanwhile.
-            assert_eq!(batch.members.last().map(|(t, _)| *t), Some(ticket), "the job's ticket is a member");
+            assert_eq!(batch.members.last().map(|(t, _, _)| *t), Some(ticket), "the job's ticket is a member");
             let conn = batch.conn.as_ref().expect("the batch's connection");
             // SAFETY: see `Slot`: the job's owner is blocked in `run` until
             // `publish` finishes its ticket, and only this thread uses it.
-            unsafe { (*job)(conn) }.map_err(|why| did_not_commit(&why))?;
+            match unsafe { (*job)(conn, isolation) } {
+                Step::Done { failed } => {
+                    if failed {
+                        self.failed_last_batch.store(true, Ordering::Relaxed);
+                    }
+                }
+                Step::Poisoned(why) => return Err(did_not_commit(&why)),
+                Step::FailedBare => {
+                    isolation = Isolation::Savepoint;
+                    self.failed_last_batch.store(true, Ordering::Relaxed);
+                    self.rerun_with_savepoints(batch)?;
+                }
+            }
             if batch.members.len() >= self.max || self.queue_empty_after_wait() {
                 break;
             }
@@ -253,6 +316,28 @@ impl GroupCommitter {
             panic!("the batch's leader panics outside any operation (test hook)");
         }
         self.commit(batch.conn.as_ref().expect("the batch's connection"))
+    }
+
+    /// After an operation failed bare: the whole transaction is rolled
+    /// back and begun again, and every operation the batch took runs again,
+    /// oldest first, each in its own savepoint (module docs).
+    fn rerun_with_savepoints(&self, batch: &mut Batch<'_>) -> Result<(), Error> {
+        let conn = batch.conn.as_ref().expect("the batch's connection");
+        if !conn.is_autocommit() {
+            conn.execute_batch("ROLLBACK").map_err(|e| did_not_commit(&e.to_string()))?;
+        }
+        conn.prepare_cached("BEGIN IMMEDIATE")
+            .and_then(|mut s| s.execute([]))
+            .map_err(|e| did_not_commit(&e.to_string()))?;
+        for (_, _, job) in &batch.members {
+            // SAFETY: as in `run_batch`: every member's owner is blocked in `run`.
+            match unsafe { (**job)(conn, Isolation::Savepoint) } {
+                Step::Done { .. } => {}
+                Step::Poisoned(why) => return Err(did_not_commit(&why)),
+                Step::FailedBare => unreachable!("a job run in its savepoint keeps its result"),
+            }
+        }
+        Ok(())
     }
 
     /// Whether no operation is queued, after waiting up to
@@ -317,7 +402,8 @@ impl Drop for Unqueue<'_> {
 /// job is used after its caller returned.
 struct Batch<'c> {
     committer: &'c GroupCommitter,
-    members: Vec<(u64, Thread)>,
+    /// Ticket, thread to wake, job (run again after a bare failure).
+    members: Vec<(u64, Thread, *mut Job<'static>)>,
     conn: Option<Pooled>,
 }
 
@@ -329,8 +415,8 @@ impl Batch<'_> {
         let slot = state.queue.pop_front()?;
         debug_assert!(state.queue.iter().all(|queued| queued.ticket != slot.ticket), "a ticket is queued once");
         drop(state);
-        debug_assert!(self.members.iter().all(|(t, _)| *t != slot.ticket), "a ticket joins one batch once");
-        self.members.push((slot.ticket, slot.thread));
+        debug_assert!(self.members.iter().all(|(t, _, _)| *t != slot.ticket), "a ticket joins one batch once");
+        self.members.push((slot.ticket, slot.thread, slot.job));
         Some((slot.ticket, slot.job))
     }
 
@@ -360,7 +446,7 @@ impl Batch<'_> {
         if let Some(conn) = self.conn.take() {
             state.conn = Some(conn);
         }
-        for (ticket, _) in &self.members {
+        for (ticket, _, _) in &self.members {
             debug_assert!(state.queue.iter().all(|slot| slot.ticket != *ticket), "a member left the queue");
             state.finished.push((*ticket, outcome.clone()));
         }
@@ -370,7 +456,7 @@ impl Batch<'_> {
         if let Some(thread) = next_leader {
             thread.unpark();
         }
-        for (_, thread) in self.members.drain(..) {
+        for (_, thread, _) in self.members.drain(..) {
             thread.unpark();
         }
     }
@@ -379,6 +465,28 @@ impl Batch<'_> {
 impl Drop for Batch<'_> {
     fn drop(&mut self) {
         self.end(Err(did_not_commit("the batch's leader panicked outside any operation")));
+    }
+}
+
+/// The work directly in the transaction. `None` when it failed (an error
+/// or a caught panic) with the transaction still open: its writes cannot
+/// be undone alone, so the batch runs again with savepoints, and this
+/// result is not kept. A transaction SQLite ended is the batch's failure.
+fn run_bare<T>(conn: &Connection, work: &mut (dyn FnMut(&Connection) -> Result<T, Error> + Send)) -> Option<Ran<T>> {
+    if conn.is_autocommit() {
+        return Some(Ran::Poisoned(Error::internal("no open transaction for the operation")));
+    }
+    let result = catch_unwind(AssertUnwindSafe(|| work(conn)));
+    if conn.is_autocommit() {
+        let why = match result {
+            Ok(Err(e)) => e.message,
+            _ => "SQLite ended the transaction".to_owned(),
+        };
+        return Some(Ran::Poisoned(Error::internal(format!("the batch's transaction was rolled back: {why}"))));
+    }
+    match result {
+        Ok(Ok(value)) => Some(Ran::Done(Ok(value))),
+        Ok(Err(_)) | Err(_) => None,
     }
 }
 
