@@ -4,8 +4,6 @@
 //! expiry in `/metrics` and the inspection (`key_expiring`).
 
 use crate::util::{self, Server, TempDir};
-use aes_gcm::aead::{Aead, Payload};
-use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use base64::Engine;
 use rsa::pkcs1v15::SigningKey;
 use rsa::pkcs8::{DecodePrivateKey, EncodePublicKey, LineEnding};
@@ -63,33 +61,7 @@ fn notice(order_no: &str, key: &SigningKey<Sha256>, serial: &str) -> Signed {
 fn notice_encrypted_with(apiv3_key: &str, order_no: &str, key: &SigningKey<Sha256>, serial: &str) -> Signed {
     static N: AtomicU64 = AtomicU64::new(0);
     let n = N.fetch_add(1, Ordering::SeqCst);
-    let plain = json!({
-        "mchid": "1900000100", "appid": "wxd678efh567hg6787",
-        "out_trade_no": order_no, "transaction_id": format!("42000000012026120400{n:04}"),
-        "trade_type": "JSAPI", "trade_state": "SUCCESS", "trade_state_desc": "支付成功",
-        "success_time": util::utc8_rfc3339(util::now_ms() - 1_000),
-        "payer": {"openid": "oUpF8uMuAJO_M2pxb1Q9zNjWeS6o"},
-        "amount": {"total": 9900, "payer_total": 9900, "currency": "CNY", "payer_currency": "CNY"}
-    });
-    let nonce = format!("kr{n:010}");
-    let cipher = Aes256Gcm::new_from_slice(apiv3_key.as_bytes()).expect("32-byte key");
-    let ciphertext = cipher
-        .encrypt(
-            Nonce::from_slice(nonce.as_bytes()),
-            Payload { msg: plain.to_string().as_bytes(), aad: b"transaction" },
-        )
-        .expect("encrypt");
-    let body = json!({
-        "id": format!("EV-KEYS-{n}"), "create_time": "2026-12-04T06:13:20+08:00",
-        "resource_type": "encrypt-resource", "event_type": "TRANSACTION.SUCCESS", "summary": "支付成功",
-        "resource": {
-            "original_type": "transaction", "algorithm": "AEAD_AES_256_GCM",
-            "ciphertext": base64::engine::general_purpose::STANDARD.encode(ciphertext),
-            "associated_data": "transaction", "nonce": nonce
-        }
-    })
-    .to_string()
-    .into_bytes();
+    let body = util::wechatpay_payment_body(apiv3_key, order_no);
     let timestamp = (util::now_ms() / 1000).to_string();
     let sign_nonce = format!("KEYSRELOADNONCE{n:08}");
     let mut message = format!("{timestamp}\n{sign_nonce}\n").into_bytes();

@@ -400,3 +400,42 @@ pub fn payonce_cli(args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// The body of a WeChat Pay `TRANSACTION.SUCCESS` notification of
+/// `order_no` (9900 fen, merchant 1900000100) as WeChat Pay sends it: its
+/// resource encrypted with `apiv3_key` (AEAD_AES_256_GCM), each call with
+/// its own transaction id, nonce and event id. Signing is the caller's.
+pub fn wechatpay_payment_body(apiv3_key: &str, order_no: &str) -> Vec<u8> {
+    use aes_gcm::aead::{Aead, Payload};
+    use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
+    use base64::Engine;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::SeqCst);
+    let plain = json!({
+        "mchid": "1900000100", "appid": "wxd678efh567hg6787",
+        "out_trade_no": order_no, "transaction_id": format!("4200000001202612040{n:09}"),
+        "trade_type": "JSAPI", "trade_state": "SUCCESS", "trade_state_desc": "支付成功",
+        "success_time": utc8_rfc3339(now_ms() - 1_000),
+        "payer": {"openid": "oUpF8uMuAJO_M2pxb1Q9zNjWeS6o"},
+        "amount": {"total": 9900, "payer_total": 9900, "currency": "CNY", "payer_currency": "CNY"}
+    });
+    let nonce = format!("wx{n:010}");
+    let cipher = Aes256Gcm::new_from_slice(apiv3_key.as_bytes()).expect("a 32-byte APIv3 key");
+    let ciphertext = cipher
+        .encrypt(
+            Nonce::from_slice(nonce.as_bytes()),
+            Payload { msg: plain.to_string().as_bytes(), aad: b"transaction" },
+        )
+        .expect("encrypt");
+    json!({
+        "id": format!("EV-WX-{n}"), "create_time": utc8_rfc3339(now_ms()),
+        "resource_type": "encrypt-resource", "event_type": "TRANSACTION.SUCCESS", "summary": "支付成功",
+        "resource": {
+            "original_type": "transaction", "algorithm": "AEAD_AES_256_GCM",
+            "ciphertext": base64::engine::general_purpose::STANDARD.encode(ciphertext),
+            "associated_data": "transaction", "nonce": nonce
+        }
+    })
+    .to_string()
+    .into_bytes()
+}

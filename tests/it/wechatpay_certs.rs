@@ -213,31 +213,7 @@ fn signed_headers(key: &SigningKey<Sha256>, serial: &str, body: &[u8]) -> Vec<(S
 
 /// A payment notification of `order_no` (9900 fen), signed by `key` under `serial`: (headers, body).
 fn notice(order_no: &str, key: &str, serial: &str) -> (Vec<(String, String)>, Vec<u8>) {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let n = N.fetch_add(1, Ordering::SeqCst);
-    let plain = json!({
-        "mchid": MCHID, "appid": "wxd678efh567hg6787", "out_trade_no": order_no,
-        "transaction_id": format!("4200000001202612040{n:09}"), "trade_type": "NATIVE",
-        "trade_state": "SUCCESS", "trade_state_desc": "支付成功",
-        "success_time": util::utc8_rfc3339(util::now_ms() - 1_000),
-        "amount": {"total": 9900, "payer_total": 9900, "currency": "CNY", "payer_currency": "CNY"}
-    });
-    let nonce = format!("nt{n:010}");
-    let cipher = Aes256Gcm::new_from_slice(APIV3_KEY.as_bytes()).expect("32 bytes");
-    let ciphertext = cipher
-        .encrypt(
-            Nonce::from_slice(nonce.as_bytes()),
-            Payload { msg: plain.to_string().as_bytes(), aad: b"transaction" },
-        )
-        .expect("encrypt");
-    let body = json!({
-        "id": format!("EV-CERTS-{n}"), "create_time": util::utc8_rfc3339(util::now_ms()),
-        "resource_type": "encrypt-resource", "event_type": "TRANSACTION.SUCCESS", "summary": "支付成功",
-        "resource": {"original_type": "transaction", "algorithm": "AEAD_AES_256_GCM",
-            "ciphertext": base64(&ciphertext), "associated_data": "transaction", "nonce": nonce}
-    })
-    .to_string()
-    .into_bytes();
+    let body = util::wechatpay_payment_body(APIV3_KEY, order_no);
     let mut headers = signed_headers(&signer(key), serial, &body);
     headers.push(("Content-Type".into(), "application/json".into()));
     (headers, body)
