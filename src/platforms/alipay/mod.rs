@@ -78,7 +78,7 @@ fn key_source(own: &Settings) -> Result<Option<keys::Source>, String> {
 /// Alipay as its settings turn it on: its public key (or its three
 /// certificates) and the app key read once, held for both the notices and
 /// the calls, and their files kept for a reload.
-pub fn configure(settings: &PlatformSettings, parts: Parts, _warnings: &mut Vec<String>) -> Result<Platform, String> {
+pub fn configure(settings: &PlatformSettings, parts: Parts, warnings: &mut Vec<String>) -> Result<Platform, String> {
     let own = &settings.alipay;
     let source = key_source(own)?;
     let notices_on = parts == Parts::NoticesAndCalls && (source.is_some() || own.app_id.is_some());
@@ -101,6 +101,9 @@ pub fn configure(settings: &PlatformSettings, parts: Parts, _warnings: &mut Vec<
         return Ok(Platform::default());
     };
     let (public_key, certs) = keys::alipay_key(&source)?;
+    if let (Some(certs), keys::Source::Certificates { app, public, root }) = (&certs, &source) {
+        warn_expired(certs, [app.as_str(), public.as_str(), root.as_str()], warnings);
+    }
     let app_id = own.app_id.clone().unwrap_or_default();
     let app_private = match &own.app_private_key {
         Some(file) if calls_on => Some(Arc::new(keys::app_private_key(file)?)),
@@ -120,6 +123,22 @@ pub fn configure(settings: &PlatformSettings, parts: Parts, _warnings: &mut Vec<
         calls: calls.map(|c| Arc::new(c) as Arc<dyn super::Calls>),
         keys: Some(Arc::new(files)),
     })
+}
+
+/// One warning at start per certificate already past its notAfter, naming
+/// its file and SN: payonce starts (the file may be replaced and SIGHUP
+/// sent), but an expired Alipay public certificate's key is Alipay's no
+/// longer, and Alipay refuses requests naming an expired app certificate.
+fn warn_expired(certs: &keys::CertMode, [app, public, root]: [&str; 3], warnings: &mut Vec<String>) {
+    let now_ms = crate::clock::Clock::System.now_ms();
+    let named = [(app, &certs.app), (public, &certs.alipay)].into_iter().chain(certs.roots.iter().map(|r| (root, r)));
+    for (file, cert) in named.filter(|(_, cert)| cert.not_after_ms < now_ms) {
+        warnings.push(format!(
+            "the Alipay certificate {} in {file} expired at {}; replace it and send SIGHUP",
+            cert.sn,
+            crate::clock::format_ms(cert.not_after_ms)
+        ));
+    }
 }
 
 #[cfg(test)]
@@ -149,5 +168,23 @@ mod tests {
         let partial = Settings { root_cert: None, ..certificates };
         let why = configured(partial).expect_err("two of three");
         assert!(why.contains("missing --alipay-root-cert") && !why.contains('\n'), "{why}");
+    }
+
+    #[test]
+    fn an_expired_certificate_is_warned_about_at_start_naming_its_file_and_sn() {
+        use super::keys::{CertMode, CertSn};
+        let now_ms = crate::clock::Clock::System.now_ms();
+        let cert = |sn: &str, days: i64| CertSn { sn: sn.to_owned(), not_after_ms: now_ms + days * 86_400_000 };
+        let certs = CertMode {
+            app: cert("app-sn", 300),
+            alipay: cert("alipay-sn", -1),
+            root_sn: "root-a_root-b".into(),
+            roots: vec![cert("root-a", 3000), cert("root-b", -30)],
+        };
+        let mut warnings = Vec::new();
+        super::warn_expired(&certs, ["app.crt", "alipay.crt", "root.crt"], &mut warnings);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("alipay-sn") && warnings[0].contains("alipay.crt"), "{warnings:?}");
+        assert!(warnings[1].contains("root-b") && warnings[1].contains("root.crt"), "{warnings:?}");
     }
 }
