@@ -696,6 +696,7 @@ fn metrics(app: &App) -> Result<Response, Error> {
         received_waiting: app.operations().received_waiting()?,
         key_locks: app.operations().key_locks_held(),
         group_commit: app.operations().group_commit_totals().unwrap_or((0, 0)),
+        group_commit_reruns: app.operations().group_commit_reruns(),
         webhook_pending,
         webhook_oldest_pending_s,
         platform_calls_pending: app.platform_calls().pending()?,

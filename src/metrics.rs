@@ -47,6 +47,8 @@ pub struct ScrapeGauges {
     pub key_locks: usize,
     /// (batches, operations) the SQLite group committer committed; zeros on PostgreSQL.
     pub group_commit: (u64, u64),
+    /// Batches run again with savepoints after an operation failed.
+    pub group_commit_reruns: u64,
     /// Webhook deliveries pending, and the age of the oldest in seconds.
     pub webhook_pending: i64,
     pub webhook_oldest_pending_s: f64,
@@ -272,6 +274,13 @@ impl Metrics {
             "counter",
             "Write operations in those transactions: operations / batches is the mean batch size.",
             gauges.group_commit.1,
+        );
+        single(
+            out,
+            "payonce_group_commit_reruns_total",
+            "counter",
+            "SQLite batches rolled back and run again with a savepoint per operation because one failed (each failing write costs its batch one such run).",
+            gauges.group_commit_reruns,
         );
     }
 

@@ -64,6 +64,11 @@ impl<'a> Operations<'a> {
         self.core.store().group_commit_totals()
     }
 
+    /// Batches run again with savepoints after an operation failed, for `/metrics`.
+    pub fn group_commit_reruns(&self) -> u64 {
+        self.core.store().group_commit_reruns()
+    }
+
     /// Takes an Idempotency-Key's lock, waiting at most `wait`; `None` when
     /// another request holds it that long.
     pub(crate) fn lock_idempotency_key(&self, scope: &str, key: &str, wait: Duration) -> Option<KeyGuard<'a>> {

@@ -489,6 +489,15 @@ impl Store {
         }
     }
 
+    /// Batches SQLite's group committer ran again with savepoints after an
+    /// operation failed (src/store/sqlite/group_commit.rs); 0 on PostgreSQL.
+    pub fn group_commit_reruns(&self) -> u64 {
+        match &self.engine {
+            Engine::Sqlite(engine) => engine.group_commit().map_or(0, |c| c.counters.reruns.load(Relaxed)),
+            Engine::Postgres(_) => 0,
+        }
+    }
+
     #[cfg(any(test, feature = "test-support"))]
     /// Test hook: the next group COMMIT fails (and rolls back) on SQLite.
     #[doc(hidden)]

@@ -135,6 +135,7 @@ fn a_batch_runs_bare_until_an_operation_fails_then_again_with_savepoints() {
         })
     };
 
+    assert_eq!(store.group_commit_reruns(), 0);
     // All succeed: one run each.
     let (gate, results) =
         one_batch(&store, vec![counted_insert("BARE-1", &runs[0]), counted_insert("BARE-2", &runs[1])]);
@@ -154,6 +155,7 @@ fn a_batch_runs_bare_until_an_operation_fails_then_again_with_savepoints() {
     gate.expect("gate");
     assert!(matches!(results[0], Ok(true)) && results[1].is_err() && matches!(results[2], Ok(true)), "{results:?}");
     assert_eq!((count(2), count(3), count(4)), (2, 2, 1), "run again with savepoints from the failure on");
+    assert_eq!(store.group_commit_reruns(), 1, "one batch run again, counted for /metrics");
     for (order_no, kept) in [("RERUN-1", true), ("RERUN-FAILS", false), ("RERUN-3", true)] {
         assert_eq!(order_exists(&store, order_no), kept, "{order_no}");
     }
@@ -166,6 +168,7 @@ fn a_batch_runs_bare_until_an_operation_fails_then_again_with_savepoints() {
     gate.expect("gate");
     assert!(matches!(results[0], Ok(true)) && results[1].is_err(), "{results:?}");
     assert_eq!((count(5), count(6)), (1, 1), "savepoints from the start");
+    assert_eq!(store.group_commit_reruns(), 1, "no second run, none counted");
     assert!(order_exists(&store, "AFTER-1") && !order_exists(&store, "AFTER-FAILS"));
 }
 

@@ -550,6 +550,7 @@ fn an_in_memory_database_has_no_files_to_watch() {
         received_waiting: 0,
         key_locks: 0,
         group_commit: (0, 0),
+        group_commit_reruns: 0,
         webhook_pending: 0,
         webhook_oldest_pending_s: 0.0,
         platform_calls_pending: 0,

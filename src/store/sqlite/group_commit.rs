@@ -72,6 +72,8 @@ type Pooled = r2d2::PooledConnection<SqliteConnectionManager>;
 pub struct GroupCommitCounters {
     pub batches: AtomicU64,
     pub operations: AtomicU64,
+    /// Batches run again with savepoints after an operation failed bare.
+    pub reruns: AtomicU64,
 }
 
 pub(in crate::store) struct GroupCommitter {
@@ -303,6 +305,7 @@ impl GroupCommitter {
                 Step::Poisoned(why) => return Err(did_not_commit(&why)),
                 Step::FailedBare => {
                     isolation = Isolation::Savepoint;
+                    self.counters.reruns.fetch_add(1, Ordering::Relaxed);
                     self.failed_last_batch.store(true, Ordering::Relaxed);
                     self.rerun_with_savepoints(batch)?;
                 }
