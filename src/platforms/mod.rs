@@ -176,6 +176,20 @@ pub struct KeyFileFailure {
     pub why: String,
 }
 
+/// One file of a reload: what `read` makes of it; or, when that fails, what
+/// `old` gives (the key in use) and the file named in `failures` with why.
+pub(crate) fn reload_or_keep<T>(
+    file: &str,
+    read: impl FnOnce(&str) -> Result<T, String>,
+    old: impl FnOnce() -> T,
+    failures: &mut Vec<KeyFileFailure>,
+) -> T {
+    read(file).unwrap_or_else(|why| {
+        failures.push(KeyFileFailure { file: file.to_owned(), why });
+        old()
+    })
+}
+
 /// A certificate payonce holds: its platform, its id (WeChat Pay's serial)
 /// and its notAfter, Unix ms.
 #[derive(Clone, Debug, PartialEq, Eq)]

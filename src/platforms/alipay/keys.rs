@@ -7,7 +7,9 @@
 //! and swaps the set at once, a failing file keeping what it gave before.
 
 use super::{certs, NAME};
-use crate::platforms::{public_key_from_pem, read_key_file, Held, HeldCertificate, KeyFileFailure, MerchantKey};
+use crate::platforms::{
+    public_key_from_pem, read_key_file, reload_or_keep, Held, HeldCertificate, KeyFileFailure, MerchantKey,
+};
 use base64::Engine;
 use rsa::pkcs8::DecodePublicKey;
 use rsa::RsaPublicKey;
@@ -123,32 +125,19 @@ impl Files {
     /// Alipay's key and SNs re-read file by file: a file that fails keeps
     /// what it gave before, and is added to `failures`.
     fn reload_alipay(&self, old: &Keys, failures: &mut Vec<KeyFileFailure>) -> (RsaPublicKey, Option<CertMode>) {
-        let mut failed = |file: &str, why: String| failures.push(KeyFileFailure { file: file.to_owned(), why });
         match (&self.source, &old.certs) {
             (Source::Certificates { app, public, root }, Some(before)) => {
-                let mut now = before.clone();
-                let mut key = old.public_key.clone();
-                match app_cert(app) {
-                    Ok(read) => now.app = read,
-                    Err(why) => failed(app, why),
-                }
-                match public_cert(public) {
-                    Ok((read_key, read)) => (key, now.alipay) = (read_key, read),
-                    Err(why) => failed(public, why),
-                }
-                match root_cert(root) {
-                    Ok((sn, roots)) => (now.root_sn, now.roots) = (sn, roots),
-                    Err(why) => failed(root, why),
-                }
-                (key, Some(now))
+                let app = reload_or_keep(app, app_cert, || before.app.clone(), failures);
+                let (key, alipay) =
+                    reload_or_keep(public, public_cert, || (old.public_key.clone(), before.alipay.clone()), failures);
+                let (root_sn, roots) =
+                    reload_or_keep(root, root_cert, || (before.root_sn.clone(), before.roots.clone()), failures);
+                (key, Some(CertMode { app, alipay, root_sn, roots }))
             }
-            (Source::PublicKey(file), _) => match public_key(file) {
-                Ok(key) => (key, None),
-                Err(why) => {
-                    failed(file, why);
-                    (old.public_key.clone(), old.certs.clone())
-                }
-            },
+            // Public-key mode holds no certificates, before or after.
+            (Source::PublicKey(file), _) => {
+                (reload_or_keep(file, public_key, || old.public_key.clone(), failures), None)
+            }
             // Not reached: the mode is the settings', and so are the keys held.
             (Source::Certificates { .. }, None) => (old.public_key.clone(), None),
         }
@@ -167,13 +156,12 @@ impl crate::platforms::KeyFiles for Files {
         let (public_key, certs) = self.reload_alipay(&old, &mut failures);
         let app_private = match &self.app_private {
             None => old.app_private.clone(),
-            Some(file) => match app_private_key(file) {
-                Ok(key) => Some(Arc::new(key)),
-                Err(why) => {
-                    failures.push(KeyFileFailure { file: file.clone(), why });
-                    old.app_private.clone()
-                }
-            },
+            Some(file) => reload_or_keep(
+                file,
+                |file| app_private_key(file).map(|key| Some(Arc::new(key))),
+                || old.app_private.clone(),
+                &mut failures,
+            ),
         };
         self.held.replace(Keys { public_key, app_private, certs });
         failures

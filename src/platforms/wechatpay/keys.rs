@@ -8,7 +8,9 @@
 
 use super::NAME;
 use crate::clock::Clock;
-use crate::platforms::{public_key_from_pem, read_key_file, Held, HeldCertificate, KeyFileFailure, MerchantKey};
+use crate::platforms::{
+    public_key_from_pem, read_key_file, reload_or_keep, Held, HeldCertificate, KeyFileFailure, MerchantKey,
+};
 use rsa::RsaPublicKey;
 use std::sync::Arc;
 
@@ -219,13 +221,12 @@ impl crate::platforms::KeyFiles for Files {
         }
         let merchant = match &self.merchant {
             None => old.merchant.clone(),
-            Some(file) => match merchant_key(file) {
-                Ok(key) => Some(Arc::new(key)),
-                Err(why) => {
-                    failures.push(KeyFileFailure { file: file.clone(), why });
-                    old.merchant.clone()
-                }
-            },
+            Some(file) => reload_or_keep(
+                file,
+                |file| merchant_key(file).map(|key| Some(Arc::new(key))),
+                || old.merchant.clone(),
+                &mut failures,
+            ),
         };
         // The downloaded certificates are not files: a download meanwhile stays.
         self.held.update(|now| Keys { platform, expiries, merchant, downloaded: now.downloaded.clone() });
