@@ -40,11 +40,12 @@ fn with_token(server: &Server, token: &str, method: &str, path: &str, body: &str
     )
 }
 
-fn callback(server: &Server, secret: &str, pay: Pay<'_>) -> util::HttpResponse {
+/// A generic callback of `pay` signed with `secret` now, sent to `addr`.
+fn callback(addr: std::net::SocketAddr, secret: &str, pay: Pay<'_>) -> util::HttpResponse {
     let body = pay.body().to_string();
     let signature = util::sign_now(secret, body.as_bytes());
     util::request(
-        server.addr,
+        addr,
         "POST",
         "/v1/callbacks/generic",
         &[("Content-Type", "application/json"), ("Payonce-Signature", &signature)],
@@ -115,15 +116,7 @@ fn sighup_reads_the_secret_files_again_keeping_the_old_secret_for_a_broken_file(
                     let order_no = &orders[i % orders.len()];
                     let pay_no = format!("PAY-{order_no}");
                     let pay = Pay { pay_no: &pay_no, order_no, amount: 500, status: "SUCCESS" };
-                    let body = pay.body().to_string();
-                    let signature = util::sign_now(STEADY, body.as_bytes());
-                    let answer = util::request(
-                        addr,
-                        "POST",
-                        "/v1/callbacks/generic",
-                        &[("Content-Type", "application/json"), ("Payonce-Signature", &signature)],
-                        body.as_bytes(),
-                    );
+                    let answer = callback(addr, STEADY, pay);
                     statuses.lock().expect("statuses").push(answer.status);
                     sent.fetch_add(1, Ordering::SeqCst);
                     i += 3;
@@ -141,7 +134,7 @@ fn sighup_reads_the_secret_files_again_keeping_the_old_secret_for_a_broken_file(
     };
     wait_more(20);
     let pay = |pay_no, order_no| Pay { pay_no, order_no, amount: 500, status: "SUCCESS" };
-    assert_eq!(callback(&server, OLD, pay("P-OLD-1", "SECRET-OLD-1")).status, 200, "the old secret before");
+    assert_eq!(callback(server.addr, OLD, pay("P-OLD-1", "SECRET-OLD-1")).status, 200, "the old secret before");
 
     // Broken files: an empty callback secret file, a token file with a bad entry.
     replace_file(&secret_file, "\n");
@@ -150,7 +143,7 @@ fn sighup_reads_the_secret_files_again_keeping_the_old_secret_for_a_broken_file(
     wait_for(&server, failed, 1.0);
     assert_eq!(metric(&server, ok), Some(0.0));
     wait_more(20);
-    assert_eq!(callback(&server, OLD, pay("P-OLD-2", "SECRET-OLD-2")).status, 200, "the old secret kept");
+    assert_eq!(callback(server.addr, OLD, pay("P-OLD-2", "SECRET-OLD-2")).status, 200, "the old secret kept");
     assert_eq!(with_token(&server, TOKEN_OLD, "GET", "/v1/orders/SECRET-OLD-2", "").status, 200, "old token kept");
     let logged = std::fs::read_to_string(&log).expect("log");
     for file in [&secret_file, &token_file] {
@@ -169,8 +162,8 @@ fn sighup_reads_the_secret_files_again_keeping_the_old_secret_for_a_broken_file(
     wait_for(&server, ok, 1.0);
     assert_eq!(metric(&server, failed), Some(1.0));
     wait_more(20);
-    assert_eq!(callback(&server, NEW, pay("P-NEW-1", "SECRET-NEW-1")).status, 200, "the new secret after");
-    let refused = callback(&server, OLD, pay("P-NEW-2", "SECRET-NEW-2"));
+    assert_eq!(callback(server.addr, NEW, pay("P-NEW-1", "SECRET-NEW-1")).status, 200, "the new secret after");
+    let refused = callback(server.addr, OLD, pay("P-NEW-2", "SECRET-NEW-2"));
     assert_eq!(refused.status, 401, "the removed secret no longer verifies: {}", refused.text());
     assert_eq!(with_token(&server, TOKEN_OLD, "GET", "/v1/orders/SECRET-NEW-1", "").status, 401, "old token gone");
     let order = with_token(&server, TOKEN_NEW, "GET", "/v1/orders/SECRET-NEW-1", "");
