@@ -49,10 +49,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-FAILURES=0
-PASSES=0
-pass() { echo "  ok    $*"; PASSES=$((PASSES + 1)); }
-fail() { echo "  FAIL  $*"; FAILURES=$((FAILURES + 1)); }
+. "$ROOT/tests/checks.sh"
 
 # ---- the generators ----
 (cd tests/clients && npm ci --no-audit --no-fund --loglevel=error)
@@ -143,5 +140,4 @@ else
 fi
 
 echo
-echo "test-clients: $PASSES passed, $FAILURES failed"
-[ "$FAILURES" -eq 0 ]
+checks_verdict test-clients

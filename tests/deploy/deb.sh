@@ -90,14 +90,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-FAILURES=0
-PASSES=0
-pass() { echo "  ok    $*"; PASSES=$((PASSES + 1)); }
-fail() { echo "  FAIL  $*"; FAILURES=$((FAILURES + 1)); }
-check() { # check DESCRIPTION COMMAND...
-    local what=$1; shift
-    if "$@"; then pass "$what"; else fail "$what"; fi
-}
+. "$ROOT/tests/checks.sh"
 stat_is() { [ "$(stat -c '%a %U:%G' "$1" 2>/dev/null)" = "$2" ]; }
 
 # ---- the unit's [Service] settings, read as systemd reads them ----
@@ -177,10 +170,6 @@ run_unit_by_hand() {
             exec "${run[@]}") >"$WORK/payonce.out" 2>"$WORK/payonce.err" &
         MANUAL_PID=$!
     fi
-}
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
 echo "test-deb: $DEB"
@@ -329,5 +318,4 @@ grep -q '/var/lib/payonce KEPT' "$WORK/dpkg-purge.log" &&
 check "the payonce user stays (owner of the kept ledger)" sh -c "getent passwd payonce >/dev/null"
 
 echo
-echo "test-deb: $PASSES passed, $FAILURES failed"
-[ "$FAILURES" -eq 0 ]
+checks_verdict test-deb

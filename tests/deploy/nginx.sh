@@ -50,14 +50,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-FAILURES=0
-PASSES=0
-pass() { echo "  ok    $*"; PASSES=$((PASSES + 1)); }
-fail() { echo "  FAIL  $*"; FAILURES=$((FAILURES + 1)); }
-
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+. "$ROOT/tests/checks.sh"
 
 # ---- payonce ----
 SECRET="deploy-secret-$RANDOM$RANDOM"
@@ -223,5 +216,4 @@ inspection=$(direct_api GET /v1/inspections)
 [[ "$inspection" == *'"ok":true'* ]] && pass "inspection clean: $inspection" || fail "inspection: $inspection"
 
 echo
-echo "test-deploy: $PASSES passed, $FAILURES failed"
-[ "$FAILURES" -eq 0 ]
+checks_verdict test-deploy
