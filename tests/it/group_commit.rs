@@ -31,7 +31,8 @@ fn order_exists(store: &Store, order_no: &str) -> bool {
 }
 
 /// Runs `ops` as one batch: a gate operation takes the writer and waits
-/// until every op is queued behind it. Returns each op's result, in order.
+/// until every op is queued behind it, in the order given. Returns each
+/// op's result, in order.
 fn one_batch<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (Result<(), Error>, Vec<Result<T, Error>>) {
     let (gate, results) = one_batch_joined(store, ops);
     (gate.expect("gate thread"), results)
@@ -61,9 +62,17 @@ fn one_batch_joined<'s, T: Send>(store: &'s Store, ops: Vec<Op<'s, T>>) -> (Gate
             })
         });
         entered_rx.recv().expect("the gate holds the writer");
-        let n = ops.len();
-        let handles: Vec<_> = ops.into_iter().map(|op| s.spawn(move || op(store))).collect();
-        wait_until_queued(store, n);
+        // One at a time, so the queue (and the batch) holds them in the
+        // order given: a test of which body runs again depends on it.
+        let handles: Vec<_> = ops
+            .into_iter()
+            .enumerate()
+            .map(|(i, op)| {
+                let handle = s.spawn(move || op(store));
+                wait_until_queued(store, i + 1);
+                handle
+            })
+            .collect();
         release_tx.send(()).expect("release the gate");
         let results = handles.into_iter().map(|h| h.join().expect("op thread")).collect();
         (gate.join(), results)
