@@ -6,7 +6,7 @@
 //! certificate's expiry under its SN in `/metrics` and the inspection's
 //! `key_expiring`.
 
-use crate::util::{self, Server, TempDir};
+use crate::util::{self, metric, wait_for_metric, Server, TempDir};
 use base64::Engine;
 use payonce::platforms::alipay::certs::read_cert;
 use rsa::pkcs1v15::SigningKey;
@@ -16,7 +16,6 @@ use serde_json::{json, Value};
 use sha2::Sha256;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/");
 /// Alipay's key of the first certificate, then the second's.
@@ -25,7 +24,6 @@ const KEY_B: &str = "TEST_ONLY_wechatpay_platform_b_private.pem";
 /// The test CA's key (and the app certificate's).
 const CA_KEY: &str = "TEST_ONLY_merchant_other_private.pem";
 const APP_ID: &str = "2021000000000042";
-const WAIT: Duration = Duration::from_secs(30);
 
 fn fixture(name: &str) -> String {
     format!("{FIXTURES}{name}")
@@ -111,21 +109,8 @@ fn send(server: &Server, order_no: &str, key: &SigningKey<Sha256>) -> (u16, Stri
     (answer.status, answer.text())
 }
 
-fn metric(server: &Server, series: &str) -> Option<f64> {
-    let text = server.get("/metrics").text();
-    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 fn expiry_series(sn: &str) -> String {
     format!("payonce_key_expires_in_seconds{{platform=\"alipay\",id=\"{sn}\"}}")
-}
-
-fn wait_for(server: &Server, series: &str, value: f64) {
-    let deadline = Instant::now() + WAIT;
-    while metric(server, series) != Some(value) {
-        assert!(Instant::now() < deadline, "{series} never read {value}: {:?}", metric(server, series));
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn replace_file(path: &str, content: &str) {
@@ -175,7 +160,7 @@ fn sighup_swaps_a_new_alipay_public_certificate_and_keeps_the_old_one_for_a_brok
     let (ok, failed) = ("payonce_keys_reload_total{result=\"ok\"}", "payonce_keys_reload_total{result=\"failed\"}");
     replace_file(&public, "-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n");
     server.signal(1);
-    wait_for(&server, failed, 1.0);
+    wait_for_metric(&server, failed, 1.0);
     assert_eq!(send(&server, "ALICERT-A2", &key_a), (200, "success".to_owned()), "the old certificate kept");
     let logged = log();
     let line = logged.lines().find(|l| l.contains("failed to load")).unwrap_or_else(|| panic!("{logged}"));
@@ -186,7 +171,7 @@ fn sighup_swaps_a_new_alipay_public_certificate_and_keeps_the_old_one_for_a_brok
     // The next certificate: its key verifies, the old one no longer; /metrics follows.
     replace_file(&public, &std::fs::read_to_string(&new_cert).expect("the next certificate"));
     server.signal(1);
-    wait_for(&server, ok, 1.0);
+    wait_for_metric(&server, ok, 1.0);
     assert_eq!(send(&server, "ALICERT-B2", &key_b), (200, "success".to_owned()), "the new certificate's key");
     assert_eq!(send(&server, "ALICERT-A3", &key_a).0, 401, "the replaced certificate's key");
     assert!(metric(&server, &expiry_series(&sn_b)).is_some(), "the new SN");

@@ -3,7 +3,7 @@
 //! signed WeChat Pay notifications keep arriving, and the certificates'
 //! expiry in `/metrics` and the inspection (`key_expiring`).
 
-use crate::util::{self, Server, TempDir};
+use crate::util::{self, metric, wait_for_metric, Server, TempDir};
 use base64::Engine;
 use rsa::pkcs1v15::SigningKey;
 use rsa::pkcs8::{DecodePrivateKey, EncodePublicKey, LineEnding};
@@ -87,21 +87,6 @@ fn send(server_addr: std::net::SocketAddr, (headers, body): &Signed) -> util::Ht
 fn create_order(server: &Server, order_no: &str) {
     let created = server.post_json("/v1/orders", &json!({"order_no": order_no, "user_id": "u1", "amount": 9900}));
     assert_eq!(created.status, 201, "{order_no}: {}", created.text());
-}
-
-/// The value of the sample `series` (name and labels as exported) in `/metrics`.
-fn metric(server: &Server, series: &str) -> Option<f64> {
-    let text = server.get("/metrics").text();
-    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
-/// Waits until `series` reads `value` (a reload runs on the signal thread).
-fn wait_for(server: &Server, series: &str, value: f64) {
-    let deadline = Instant::now() + WAIT;
-    while metric(server, series) != Some(value) {
-        assert!(Instant::now() < deadline, "{series} never read {value}: {:?}", metric(server, series));
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Signed notifications of the steady key, sent by [`SENDERS`] threads
@@ -199,7 +184,7 @@ fn sighup_keeps_the_old_key_for_a_broken_file_and_swaps_a_good_one_under_load() 
     // A broken file: the old key stays in use, the log names the file, the counter says failed.
     replace_file(&rotated_file, "-----BEGIN PUBLIC KEY-----\nnot a key\n-----END PUBLIC KEY-----\n");
     server.signal(1);
-    wait_for(&server, failed, 1.0);
+    wait_for_metric(&server, failed, 1.0);
     assert_eq!(metric(&server, ok), Some(0.0));
     load.wait_more(20);
     assert_eq!(send(server.addr, &notice("KEYS-OLD-2", &old, SERIAL_ROTATED)).status, 204, "the old key kept");
@@ -214,7 +199,7 @@ fn sighup_keeps_the_old_key_for_a_broken_file_and_swaps_a_good_one_under_load() 
     // A good file: the new key verifies from the reload on, the old one no longer.
     replace_file(&rotated_file, &public_pem(WX_B_PRIVATE));
     server.signal(1);
-    wait_for(&server, ok, 1.0);
+    wait_for_metric(&server, ok, 1.0);
     assert_eq!(metric(&server, failed), Some(1.0));
     load.wait_more(20);
     assert_eq!(send(server.addr, &notice("KEYS-NEW-1", &new, SERIAL_ROTATED)).status, 204, "the new key after");
@@ -266,7 +251,7 @@ fn sighup_reads_the_apiv3_key_file_again_and_keeps_the_old_key_for_a_broken_one(
     // 31 bytes: refused, the old key kept and the file named.
     write_apiv3(&format!("{}\n", &NEW_APIV3_KEY[..31]));
     server.signal(1);
-    wait_for(&server, failed, 1.0);
+    wait_for_metric(&server, failed, 1.0);
     assert_eq!(under(APIV3_KEY, "APIV3-2").status, 204, "the old key kept");
     let logged = std::fs::read_to_string(&log).expect("log");
     assert!(
@@ -278,7 +263,7 @@ fn sighup_reads_the_apiv3_key_file_again_and_keeps_the_old_key_for_a_broken_one(
     // The new key: what it encrypts decrypts from the reload on, the old one's no longer.
     write_apiv3(&format!("{NEW_APIV3_KEY}\n"));
     server.signal(1);
-    wait_for(&server, ok, 1.0);
+    wait_for_metric(&server, ok, 1.0);
     assert_eq!(under(NEW_APIV3_KEY, "APIV3-3").status, 204, "the new key after");
     let refused = under(APIV3_KEY, "APIV3-4");
     assert_eq!(refused.status, 400, "the replaced key no longer decrypts: {}", refused.text());

@@ -6,7 +6,7 @@
 //! submission to the platform. Storage cases run on both engines.
 
 use crate::engines::Db;
-use crate::util::{HttpResponse, Pay, Server, SECRET};
+use crate::util::{eventually, HttpResponse, Pay, Server, EVENTUALLY, SECRET};
 use payonce::api::{self, Request};
 use payonce::platforms::generic::Generic;
 use payonce::platforms::{Platform, Platforms};
@@ -1063,15 +1063,6 @@ fn refund_submissions(platforms: &mut SimulatedPlatforms) -> Vec<String> {
     platforms.calls().into_iter().filter(|c| c.starts_with("wechatpay POST /v3/refund/domestic/refunds ")).collect()
 }
 
-/// Polls `check` until it holds, or fails with `what` after 20 s.
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !check() {
-        assert!(std::time::Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
 for_each_engine! {
     /// A `payonce serve` is SIGKILLed right after answering 201 to a refund
     /// of part of an order paid at WeChat Pay, before its pool submitted it:
@@ -1112,7 +1103,7 @@ for_each_engine! {
             "--sweep-interval-s", "1", "--platform-timeout-ms", "2000", "--platform-retry-s", "0.2",
             "--refund-query-after-s", "1",
         ]));
-        eventually("the submission is made after the restart", || {
+        eventually(EVENTUALLY, "the submission is made after the restart", || {
             count(&format!("{refund_calls} AND status = 'done'")) == 1
         });
         let submitted = refund_submissions(&mut platforms);
@@ -1127,7 +1118,7 @@ for_each_engine! {
         // Accepted, its result is asked for after --refund-query-after-s: the
         // platform still processes it, so it stays REQUESTED.
         let queries = "SELECT count(*) FROM platform_call WHERE kind = 'refund_query' AND refund_no = 'RK-1'";
-        eventually("the refund query is made", || count(&format!("{queries} AND attempts >= 1")) == 1);
+        eventually(EVENTUALLY, "the refund query is made", || count(&format!("{queries} AND attempts >= 1")) == 1);
         let order = detail(&second, ORDER);
         assert_eq!(money(&order), state("REFUNDING", 0, 30_000, Some("RK-1")), "{}: {order}", db.label());
         second.kill();

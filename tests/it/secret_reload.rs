@@ -57,9 +57,7 @@ fn callback(addr: std::net::SocketAddr, secret: &str, pay: Pay<'_>) -> util::Htt
 fn metric(server: &Server, series: &str) -> Option<f64> {
     [TOKEN_OLD, TOKEN_NEW].iter().find_map(|token| {
         let answer = with_token(server, token, "GET", "/metrics", "");
-        (answer.status == 200).then(|| {
-            answer.text().lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        })?
+        (answer.status == 200).then(|| util::metric_in(&answer.text(), series))?
     })
 }
 

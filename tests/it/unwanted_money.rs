@@ -21,7 +21,7 @@
 //! Every case runs on both engines.
 
 use crate::engines::Db;
-use crate::util::SECRET;
+use crate::util::{eventually, EVENTUALLY, SECRET};
 use parking_lot::Mutex;
 use payonce::api::{self, Request};
 use payonce::config::RefundUnwanted;
@@ -1695,15 +1695,6 @@ fn serve_flags(fake: &FakePlatforms) -> Vec<String> {
     .collect()
 }
 
-/// Polls `check` until it holds, or fails with `what` after 20 s.
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(std::time::Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 for_each_engine! {
     /// `payonce serve --refund-unwanted auto` learns (by its sync) that both
     /// platforms took the order's money; the refund of the unwanted payment
@@ -1737,7 +1728,7 @@ for_each_engine! {
         let channel = if unwanted.starts_with("WX") { WECHATPAY } else { ALIPAY };
         let refund_no = format!("U-{unwanted}");
         // The pool tries, the platform refuses: still queued.
-        eventually("a refused submission", || !fake.submissions_of(&unwanted).is_empty());
+        eventually(EVENTUALLY, "a refused submission", || !fake.submissions_of(&unwanted).is_empty());
         let before = own_state(&first.get(&format!("/v1/orders/{ORDER}")).json());
         first.kill();
 
@@ -1753,7 +1744,7 @@ for_each_engine! {
         // The platform answers again; the next payonce submits it.
         fake.refuse_refunds(false);
         let mut second = db.serve(&args);
-        eventually("the refund submitted after the restart", || count(&format!("{calls} AND status = 'done'")) == 1);
+        eventually(EVENTUALLY, "the refund submitted after the restart", || count(&format!("{calls} AND status = 'done'")) == 1);
         accepted_submission(&fake, channel, &unwanted, &refund_no, 10_000);
         std::thread::sleep(Duration::from_millis(1_000));
         let detail = second.get(&format!("/v1/orders/{ORDER}")).json();

@@ -306,6 +306,37 @@ impl HttpResponse {
     }
 }
 
+/// The value of `series` (its name and labels as payonce writes them) in a
+/// Prometheus text.
+pub fn metric_in(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// `series` as `server`'s /metrics reads now (a server without API tokens).
+pub fn metric(server: &Server, series: &str) -> Option<f64> {
+    metric_in(&server.get("/metrics").text(), series)
+}
+
+/// Waits until `series` on `server`'s /metrics reads `value` (a SIGHUP
+/// reload, say, which runs on the signal thread).
+pub fn wait_for_metric(server: &Server, series: &str, value: f64) {
+    eventually(std::time::Duration::from_secs(30), &format!("{series} reads {value}"), || {
+        metric(server, series) == Some(value)
+    });
+}
+
+/// How long a test waits, by default, for what must happen soon.
+pub const EVENTUALLY: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Polls `check` until it holds, or fails with `what` after `within`.
+pub fn eventually(within: std::time::Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Now, in Unix milliseconds, from the system clock `payonce serve` uses.
 pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)

@@ -4,7 +4,7 @@
 
 use crate::engines::Db;
 use crate::receiver::{webhook_id, webhook_timestamp, Receiver, SECRETS};
-use crate::util::{now_ms, Pay, Server};
+use crate::util::{self, now_ms, Pay, Server};
 use payonce::domain::AttemptResult;
 use payonce::relay::Relay;
 use payonce::webhook::{parse_secrets, WebhookConfig};
@@ -62,14 +62,6 @@ fn metric(server: &Server, line_prefix: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {line_prefix} in /metrics:\n{text}"))
 }
 
-fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
 #[test]
 fn every_delivery_verifies_with_the_standard_webhooks_library() {
     let receiver = Receiver::start();
@@ -96,7 +88,7 @@ fn every_delivery_verifies_with_the_standard_webhooks_library() {
         assert_eq!(signatures.split(' ').filter(|s| s.starts_with("v1,")).count(), 2, "both secrets sign");
         assert!((webhook_timestamp(call) - now_ms() / 1000).abs() < 60, "a timestamp of now: {call}");
     }
-    wait_until("4 delivered", || deliveries(&server, "?status=delivered").len() == 4);
+    util::eventually(util::EVENTUALLY, "4 delivered", || deliveries(&server, "?status=delivered").len() == 4);
     let listed = deliveries(&server, "");
     for d in &listed {
         for field in [
@@ -143,7 +135,7 @@ fn a_receiver_failing_twice_then_succeeding_is_retried_on_the_schedule() {
     // Waits of 0.3 s and 0.6 s, each jittered by at most 20 %.
     assert!(at[1] - at[0] >= 0.3 * 0.8, "first retry after {} s", at[1] - at[0]);
     assert!(at[2] - at[1] >= 0.6 * 0.8, "second retry after {} s", at[2] - at[1]);
-    wait_until("delivered", || deliveries(&server, "?status=delivered").len() == 1);
+    util::eventually(util::EVENTUALLY, "delivered", || deliveries(&server, "?status=delivered").len() == 1);
     let delivery = &deliveries(&server, "")[0];
     assert_eq!(delivery["attempts"], 3);
     assert_eq!(delivery["last_status"], 200);
@@ -169,7 +161,7 @@ fn a_receiver_that_times_out_is_retried() {
     assert!(error.contains("timeout") || error.contains("timed out"), "the timeout is the last error: {error}");
     assert_eq!(pending[0]["last_status"], Value::Null);
     receiver.behave("/slow", json!({}));
-    wait_until("delivered", || deliveries(&server, "?status=delivered").len() == 1);
+    util::eventually(util::EVENTUALLY, "delivered", || deliveries(&server, "?status=delivered").len() == 1);
     let calls = receiver.log();
     assert_eq!(distinct_ids(&calls).len(), 1);
     receiver.assert_all_verified(&calls);
@@ -383,7 +375,7 @@ for_each_engine! {
         receiver.behave("/down", json!({"status": 500, "retry_after": "1"}));
         let server = serve_with_webhooks(db, &[receiver.url("/down")], &["--webhook-retry-s", "0.05"]);
         pay_order(&server, "D-1");
-        wait_until("a dead letter", || deliveries(&server, "?status=failed").len() == 1);
+        util::eventually(util::EVENTUALLY, "a dead letter", || deliveries(&server, "?status=failed").len() == 1);
         let calls = receiver.log();
         assert_eq!(calls.len(), 2, "one retry on a one-wait schedule: {calls:#?}");
         let waited = calls[1]["at"].as_f64().unwrap_or_default() - calls[0]["at"].as_f64().unwrap_or_default();
@@ -411,7 +403,7 @@ for_each_engine! {
         assert_eq!(retried.status, 200, "{}", retried.text());
         assert_eq!(retried.json()["status"], "pending");
         receiver.wait_for("the retried delivery", |log| log.iter().any(|c| c["status"] == 200));
-        wait_until("delivered", || deliveries(&server, "?status=delivered").len() == 1);
+        util::eventually(util::EVENTUALLY, "delivered", || deliveries(&server, "?status=delivered").len() == 1);
         assert_eq!(distinct_ids(&receiver.log()).len(), 1);
         // A delivered delivery is not retried; an unknown one is 404.
         let again = server.post_json(&format!("/v1/webhooks/deliveries/{id}/retry"), &json!({}));
@@ -445,7 +437,7 @@ for_each_engine! {
         assert_eq!(failed[0]["last_status"], 500);
         let error = failed[0]["last_error"].as_str().unwrap_or_default();
         assert_eq!(error, "HTTP 500: bad\\u0000answer \u{fffd}\u{fffd} end", "recorded escaped");
-        wait_until("the next event delivered", || deliveries(&server, "?status=delivered").len() == 1);
+        util::eventually(util::EVENTUALLY, "the next event delivered", || deliveries(&server, "?status=delivered").len() == 1);
         std::thread::sleep(Duration::from_millis(1_500));
         assert_eq!(paid_calls(&receiver.log()), 3, "nothing more after the dead letter");
         assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"failed\"}"), 1.0);
@@ -457,7 +449,7 @@ for_each_engine! {
         let url = receiver.url("/gone");
         let server = serve_with_webhooks(db, std::slice::from_ref(&url), &[]);
         pay_order(&server, "G-1");
-        wait_until("disabled", || deliveries(&server, "?status=disabled").len() == 1);
+        util::eventually(util::EVENTUALLY, "disabled", || deliveries(&server, "?status=disabled").len() == 1);
         assert_eq!(metric(&server, "payonce_webhook_deliveries_total{result=\"disabled\"}"), 1.0);
         // While disabled nothing more is sent, and neither retry nor replay is taken.
         pay_order(&server, "G-2");
@@ -487,7 +479,7 @@ for_each_engine! {
             .map(|c| c["order_no"].as_str().unwrap_or_default().to_owned())
             .collect();
         assert_eq!(delivered, BTreeSet::from(["G-1".to_owned(), "G-2".to_owned()]));
-        wait_until("both delivered", || deliveries(&server, "?status=delivered").len() == 2);
+        util::eventually(util::EVENTUALLY, "both delivered", || deliveries(&server, "?status=delivered").len() == 2);
     }
 
     fn sigkill_with_deliveries_in_flight_loses_no_event(db) {
@@ -506,7 +498,7 @@ for_each_engine! {
         server.kill();
         receiver.behave("/k", json!({}));
         let server = serve_with_webhooks(db, std::slice::from_ref(&url), &flags);
-        wait_until("every event delivered", || deliveries(&server, "?status=delivered").len() == 12);
+        util::eventually(util::EVENTUALLY, "every event delivered", || deliveries(&server, "?status=delivered").len() == 12);
         let calls = receiver.log();
         assert_eq!(distinct_ids(&calls), all, "every event reached the endpoint at least once");
         receiver.assert_all_verified(&calls);
@@ -518,7 +510,7 @@ for_each_engine! {
         for n in 0..5 {
             pay_order(&server, &format!("L-{n}"));
         }
-        wait_until("5 delivered", || deliveries(&server, "?status=delivered").len() == 5);
+        util::eventually(util::EVENTUALLY, "5 delivered", || deliveries(&server, "?status=delivered").len() == 5);
         let first = server.get("/v1/webhooks/deliveries?limit=2").json();
         assert_eq!(first["deliveries"].as_array().map(Vec::len), Some(2));
         let mut ids: Vec<i64> =
@@ -550,7 +542,7 @@ for_each_engine! {
             pay_order(if n % 2 == 0 { &a } else { &b }, &format!("P-{n}"));
         }
         let calls = receiver.wait_for("10 events", |log| distinct_ids(log).len() == 10);
-        wait_until("10 delivered", || deliveries(&a, "?status=delivered").len() == 10);
+        util::eventually(util::EVENTUALLY, "10 delivered", || deliveries(&a, "?status=delivered").len() == 10);
         std::thread::sleep(Duration::from_millis(300));
         let calls = if calls.len() == 10 { receiver.log() } else { calls };
         let mut per_id: BTreeMap<String, usize> = BTreeMap::new();

@@ -8,7 +8,7 @@
 //! the same notices and downloads, and signs notices payonce must accept.
 
 use crate::platform_answers::{Gateway, Reply, Seen};
-use crate::util::{self, Server, TempDir};
+use crate::util::{self, metric, Server, TempDir};
 use aes_gcm::aead::{Aead, Payload};
 use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use base64::Engine;
@@ -249,11 +249,6 @@ fn status_of(server: &Server, order_no: &str) -> String {
     server.get(&format!("/v1/orders/{order_no}")).json()["status"].as_str().unwrap_or_default().to_owned()
 }
 
-fn metric(server: &Server, series: &str) -> Option<f64> {
-    let text = server.get("/metrics").text();
-    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 const DOWNLOADS_OK: &str = "payonce_wechatpay_cert_downloads_total{result=\"ok\"}";
 const DOWNLOADS_FAILED: &str = "payonce_wechatpay_cert_downloads_total{result=\"failed\"}";
 
@@ -379,11 +374,9 @@ fn a_storm_of_notices_survives_a_rotation_and_the_move_to_a_public_key() {
     // the scheduled download (WeChat Pay lists a new certificate well before
     // it signs with it), then signing.
     wechat.set(|s| s.listed.push(Listed { serial: SERIAL_2.into(), pem: cert_2.clone(), expire_ms: far() }));
-    let deadline = Instant::now() + WAIT;
-    while metric(&server, &expires_series(SERIAL_2)).is_none() {
-        assert!(Instant::now() < deadline, "the listed certificate was never downloaded");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    util::eventually(WAIT, "the listed certificate downloaded", || {
+        metric(&server, &expires_series(SERIAL_2)).is_some()
+    });
     wait_sent(4);
     wechat.set(|s| s.signer = (SERIAL_2.into(), KEY_B));
     wait_sent(16);
@@ -538,11 +531,9 @@ fn an_unlisted_certificate_serves_until_it_expires_and_an_expired_one_never() {
     assert!(metric(&server, &expires_series(SERIAL_1)).is_some());
     // SIGHUP re-reads the files and keeps what was downloaded.
     server.signal(1);
-    let deadline = Instant::now() + WAIT;
-    while metric(&server, "payonce_keys_reload_total{result=\"ok\"}") != Some(1.0) {
-        assert!(Instant::now() < deadline, "the reload never finished");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    util::eventually(WAIT, "the reload finished", || {
+        metric(&server, "payonce_keys_reload_total{result=\"ok\"}") == Some(1.0)
+    });
     assert_eq!(send(&server, &notice("CERTS-EXP-4", KEY_A, SERIAL_1)).status, 204, "kept across SIGHUP");
     // Past its expire_time the short certificate verifies nothing.
     while util::now_ms() <= short_until + 1_000 {
